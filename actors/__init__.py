@@ -1,0 +1,1 @@
+"""trio actors of the serving engine and the messages they exchange."""

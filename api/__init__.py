@@ -1,0 +1,1 @@
+"""HTTP layer: the OpenAI-compatible quart-trio app, schemas, routes, SSE and binds."""

@@ -1,0 +1,16 @@
+// RMSNorm kernels on CPU: rows of `hidden` elements, normalised in f32 and scaled by a weight vector.
+#pragma once
+#include <cstdint>
+
+#include "bindings/tensor_arg.h"
+
+namespace candle_vllm::cpu {
+
+// out[r] = x[r] / rms(x[r]) * weight; all buffers share `dtype`.
+void rms_norm(void* out, const void* x, const void* weight, int64_t rows, int64_t hidden, float eps, DType dtype);
+
+// In place, vLLM's fused form: residual[r] += x[r]; x[r] = rms_norm(residual[r]) * weight.
+void fused_add_rms_norm(void* x, void* residual, const void* weight, int64_t rows, int64_t hidden, float eps,
+                        DType dtype);
+
+}  // namespace candle_vllm::cpu

@@ -1,0 +1,1 @@
+"""The engine: config, loaders, tokenizer, models, quantization, KV cache, scheduler, sampler, runner."""

@@ -1,0 +1,51 @@
+"""RMSNorm, plain and fused with the residual add: torch references and native dispatch."""
+
+from __future__ import annotations
+
+import torch
+
+from candle_vllm.pyengine.ops import native
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF Llama's RMSNorm: normalise in f32, cast back, then scale."""
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+def fused_add_rms_norm_reference(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    residual = x + residual
+    return rms_norm_reference(residual, weight, eps), residual
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Normalise the last dimension of ``x``; returns a new tensor."""
+    if x.device.type == "cpu" and x.dtype == weight.dtype and native.ready(x, weight):
+        out = torch.empty_like(x)
+        hidden = x.shape[-1]
+        native.module().cpu_rms_norm(
+            native.ptr(out), native.ptr(x), native.ptr(weight), x.numel() // hidden, hidden, eps, native.dtype_code(x)
+        )
+        return out
+    return rms_norm_reference(x, weight, eps)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return (rms_norm(x + residual), x + residual); the native path works in place on x and residual."""
+    if (
+        x.device.type == "cpu"
+        and x.dtype == residual.dtype == weight.dtype
+        and native.ready(x, residual, weight)
+    ):
+        hidden = x.shape[-1]
+        native.module().cpu_fused_add_rms_norm(
+            native.ptr(x), native.ptr(residual), native.ptr(weight), x.numel() // hidden, hidden, eps,
+            native.dtype_code(x),
+        )
+        return x, residual
+    return fused_add_rms_norm_reference(x, residual, weight, eps)

@@ -1,0 +1,1 @@
+"""The ChatGPT-style web UI and the code that serves it."""
