@@ -1,0 +1,85 @@
+"""The batched sampler: one call per step turns f32 logits [B, V] into a token per row (plus logprobs).
+
+Order, as vLLM: logit_bias, min_tokens, penalties; greedy rows take the argmax there; the others divide by
+their temperature, apply top-k, top-p, min-p, and draw. Drawing is an exponential race: the token is
+``argmax(p / q)`` with ``q ~ Exp(1)`` i.i.d. per token, which picks token ``t`` with probability ``p_t``.
+A seeded row takes its ``q`` from its own generator, exactly ``V`` values per step, so its tokens depend only
+on its seed and its own logits, never on which other rows share the step or where it sits in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from candle_vllm.pyengine.sampling.batch import SamplingBatch
+from candle_vllm.pyengine.sampling.filters import apply_min_p, apply_top_k_top_p
+from candle_vllm.pyengine.sampling.logprobs import LogprobsTensors, compute_logprobs
+from candle_vllm.pyengine.sampling.penalties import apply_logit_bias, apply_min_tokens, apply_penalties
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    """The step's chosen tokens and, when any row asked, their raw logprobs (``max_num_logprobs`` wide)."""
+
+    sampled_token_ids: torch.Tensor  # int64 [B]
+    logprobs: LogprobsTensors | None
+
+
+class Sampler:
+    """Samples every row of a step with that row's own parameters, on the logits' device (CPU or CUDA).
+
+    ``generator`` is the stream shared by unseeded rows (torch's default stream when None); it must live on
+    the device of the logits.
+    """
+
+    def __init__(self, generator: torch.Generator | None = None) -> None:
+        self.generator = generator
+
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        if logits.dim() != 2 or logits.shape[0] != batch.num_rows or logits.shape[1] != batch.vocab_size:
+            raise ValueError(
+                f"logits of shape {tuple(logits.shape)} do not match the batch "
+                f"({batch.num_rows} rows, vocab {batch.vocab_size})"
+            )
+        raw = logits.float()
+        processed = self.process_logits(raw, batch)
+        token_ids = self._choose(processed, batch)
+        logprobs = None
+        if batch.max_num_logprobs is not None:
+            logprobs = compute_logprobs(raw, token_ids, batch.max_num_logprobs)
+        return SamplerOutput(sampled_token_ids=token_ids, logprobs=logprobs)
+
+    @staticmethod
+    def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """A copy of ``logits`` with logit_bias, min_tokens and penalties applied; greedy rows argmax it."""
+        out = logits.clone()
+        apply_logit_bias(out, batch)
+        apply_min_tokens(out, batch)
+        apply_penalties(out, batch)
+        return out
+
+    def _choose(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        greedy_ids = logits.argmax(dim=-1) if batch.any_greedy else None
+        if greedy_ids is not None and batch.all_greedy:
+            return greedy_ids
+        logits.div_(batch.temperature[:, None])
+        logits = apply_top_k_top_p(logits, batch.top_k, batch.max_top_k, batch.top_p)
+        if batch.min_p is not None:
+            apply_min_p(logits, batch.min_p)
+        probs = logits.softmax(dim=-1)
+        random_ids = probs.div_(self._exponential_noise(probs, batch)).argmax(dim=-1)
+        if greedy_ids is None:
+            return random_ids
+        return torch.where(batch.greedy, greedy_ids, random_ids)
+
+    def _exponential_noise(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        noise = torch.empty_like(probs)
+        if batch.any_unseeded_random:
+            noise.exponential_(generator=self.generator)
+        for row, gen in enumerate(batch.generators):
+            if gen is not None:
+                noise[row].exponential_(generator=gen)
+        # A draw of exactly 0 would turn p / q into inf or nan and could pick a masked token.
+        return noise.clamp_min_(torch.finfo(noise.dtype).tiny)
