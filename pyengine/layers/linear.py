@@ -1,0 +1,72 @@
+"""Linear layers whose weight format is decided when the checkpoint's tensors arrive."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from candle_vllm.pyengine.layers.embedding import VocabEmbedding
+from candle_vllm.pyengine.quant import WeightData, build_linear_methods
+from torch import nn
+
+
+class Linear(nn.Module):
+    """``y = x @ W.T (+ b)`` where W is the row-concatenation of ``len(output_sizes)`` shards.
+
+    Fusing q/k/v (or gate/up) into one layer makes one matmul out of several. Shards are collected with
+    :meth:`load_shard` and turned into :class:`LinearMethod` s (dense or quantized) by :meth:`finalize`.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        output_sizes: Sequence[int],
+        bias: bool,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.output_sizes = list(output_sizes)
+        self.dtype, self.device = dtype, device
+        self.methods = nn.ModuleList()
+        self._pending: dict[int, WeightData] = {}
+        self.bias = (
+            nn.Parameter(torch.empty(sum(output_sizes), dtype=dtype, device=device), requires_grad=False)
+            if bias
+            else None
+        )
+
+    def shard_shape(self, shard: int) -> tuple[int, int]:
+        return (self.output_sizes[shard], self.in_features)
+
+    def load_shard(self, shard: int, weight: WeightData) -> None:
+        """Accept shard ``shard``'s weight; the layer is built once every shard is there."""
+        shape = tuple(weight.shape)
+        if shape != self.shard_shape(shard):
+            raise ValueError(f"weight shape {list(shape)} does not match the model's {list(self.shard_shape(shard))}")
+        self._pending[shard] = weight
+        if len(self._pending) == len(self.output_sizes):
+            shards = [self._pending[i] for i in range(len(self.output_sizes))]
+            self._pending.clear()
+            self.methods = nn.ModuleList(build_linear_methods(shards, self.dtype, self.device))
+
+    def load_bias(self, shard: int, bias: torch.Tensor) -> None:
+        if self.bias is None or bias.shape != (self.output_sizes[shard],):
+            raise ValueError(f"unexpected bias of shape {list(bias.shape)}")
+        start = sum(self.output_sizes[:shard])
+        self.bias.data[start : start + bias.shape[0]].copy_(bias)
+
+    def tie_to(self, embedding: VocabEmbedding) -> None:
+        """Share the token embedding matrix as this layer's weight (tied LM head)."""
+        self.methods = nn.ModuleList([embedding.as_linear_method()])
+
+    @property
+    def loaded(self) -> bool:
+        return len(self.methods) > 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        methods = self.methods
+        y = methods[0](x) if len(methods) == 1 else torch.cat([m(x) for m in methods], dim=-1)
+        return y + self.bias if self.bias is not None else y
+

@@ -1,0 +1,146 @@
+"""``load_model``: config + model + weights + tokenizer + generation config from a ``ModelSource``."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from candle_vllm.pyengine.config import ModelConfig, config_from_hf_dir
+from candle_vllm.pyengine.loader import dummy, gguf_io, safetensors_io
+from candle_vllm.pyengine.loader.errors import ModelLoadError
+from candle_vllm.pyengine.loader.source import LOAD_FORMATS, ModelSource
+from candle_vllm.pyengine.models.registry import model_class
+from candle_vllm.pyengine.quant import WeightData
+from torch import nn
+from tqdm.auto import tqdm
+
+if TYPE_CHECKING:
+    from candle_vllm.pyengine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@dataclass
+class LoadedModel:
+    """Everything the engine needs from a checkpoint. ``tokenizer`` is None only when the source has no
+    tokenizer files (e.g. a bare config.json for dummy weights)."""
+
+    model: nn.Module
+    config: ModelConfig
+    tokenizer: Tokenizer | None
+    generation_config: dict[str, Any] = field(default_factory=dict)
+    source: ModelSource | None = None
+
+
+def load_model(
+    source: ModelSource,
+    dtype: torch.dtype,
+    device: torch.device,
+    load_format: str = "auto",
+    yarn_scaling_factor: float | None = None,
+) -> LoadedModel:
+    """Build the model for ``source`` on ``device`` in ``dtype`` and fill its weights (random for "dummy")."""
+    if load_format not in LOAD_FORMATS:
+        raise ModelLoadError(f"unknown load format {load_format!r} (choose from {', '.join(LOAD_FORMATS)})")
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"dtype {dtype} is not supported (use bf16, f16 or f32)")
+    ckpt = gguf_io.open_gguf(list(source.weight_files)) if source.format == "gguf" else None
+    config = gguf_io.gguf_config(ckpt) if ckpt is not None else _hf_config(source)
+    if yarn_scaling_factor is not None:
+        try:
+            config = config.with_yarn_scaling(yarn_scaling_factor)
+        except ValueError as e:
+            raise ModelLoadError(str(e)) from e
+    where = str(source.weight_files[0] if source.weight_files else source.config_dir)
+    try:
+        model = model_class(config)(config, dtype, device)
+    except ValueError as e:
+        raise ModelLoadError(f"{where}: {e}") from e
+    expected = model.expected_weights()
+    if load_format == "dummy" or source.format == "config":
+        weights: Iterator[tuple[str, WeightData, Path | None]] = (
+            (n, w, None) for n, w in dummy.dummy_weights(expected, dtype, device)
+        )
+    elif ckpt is not None:
+        weights = gguf_io.iter_gguf_weights(ckpt, config, model.hf_name_from_gguf)
+    else:
+        assert source.config_dir is not None
+        weights = safetensors_io.iter_tensors(safetensors_io.checkpoint_files(source.config_dir))
+    _fill(model, expected, weights, where)
+    model.eval()
+    tokenizer = _tokenizer(source, ckpt.metadata if ckpt is not None else None)
+    return LoadedModel(model, config, tokenizer, _generation_config(source), source)
+
+
+def _hf_config(source: ModelSource) -> ModelConfig:
+    assert source.config_dir is not None
+    path = source.config_dir / "config.json"
+    try:
+        return config_from_hf_dir(source.config_dir)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ModelLoadError(f"{path}: {type(e).__name__}: {e}") from e
+
+
+def _fill(
+    model: nn.Module,
+    expected: dict[str, tuple[int, ...]],
+    weights: Iterator[tuple[str, WeightData, Path | None]],
+    where: str,
+) -> None:
+    """Stream weights into the model with a progress bar; unknown tensors are skipped, missing ones fail."""
+    seen: set[str] = set()
+    skipped: list[str] = []
+    with torch.inference_mode(), tqdm(total=len(expected), desc="Loading weights", unit="tensor",
+                                       disable=None) as bar:
+        for name, w, f in weights:
+            if name not in expected:
+                skipped.append(name)
+                continue
+            try:
+                model.load_weights([(name, w)])
+            except (ValueError, KeyError) as e:
+                raise ModelLoadError(f"{f or where}: tensor {name}: {e}") from e
+            seen.add(name)
+            bar.update(1)
+    missing = [n for n in expected if n not in seen]
+    if missing:
+        more = f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise ModelLoadError(f"{where}: missing tensor {', '.join(missing[:3])}{more}")
+    model.finish_loading()
+    if skipped:
+        log.warning("ignored %d checkpoint tensors the model does not use (e.g. %s)", len(skipped), skipped[0])
+
+
+def _tokenizer(source: ModelSource, gguf_meta: dict[str, Any] | None) -> Tokenizer | None:
+    """The tokenizer the checkpoint ships (GGUF metadata or tokenizer.json), None when it has none."""
+    try:
+        if gguf_meta is not None and "tokenizer.ggml.model" in gguf_meta:
+            from candle_vllm.pyengine.tokenizer import load_tokenizer_from_gguf
+
+            return load_tokenizer_from_gguf(source.weight_files[0])
+        if source.config_dir is not None and (source.config_dir / "tokenizer.json").is_file():
+            from candle_vllm.pyengine.tokenizer import load_tokenizer_from_hf_dir
+
+            return load_tokenizer_from_hf_dir(source.config_dir)
+    except ModelLoadError:
+        raise
+    except Exception as e:
+        raise ModelLoadError(f"{source.name}: cannot load the tokenizer ({type(e).__name__}: {e})") from e
+    log.warning("%s has no tokenizer files; only token-id prompts will work", source.name)
+    return None
+
+
+def _generation_config(source: ModelSource) -> dict[str, Any]:
+    path = source.config_dir / "generation_config.json" if source.config_dir is not None else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        return dict(json.loads(path.read_text(encoding="utf-8")))
+    except ValueError as e:
+        raise ModelLoadError(f"{path}: invalid JSON ({e})") from e

@@ -1,0 +1,249 @@
+"""The Llama family in one module: Llama (1-3.x), Mistral, Yi, Qwen2 (qkv bias), Qwen3 (q/k RMSNorm), SmolLM.
+
+They differ only in switches the config carries (bias, q/k norm, sliding window, tied embeddings, rope
+scaling), so one implementation serves all of them. Weights are named as in HF checkpoints; the GGUF
+loader maps llama.cpp names onto these (``GGUF_NAMES``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import torch
+from candle_vllm.pyengine.config import ModelConfig
+from candle_vllm.pyengine.layers import Attention, Linear, RMSNorm, RotaryEmbedding, VocabEmbedding
+from candle_vllm.pyengine.ops.activation import silu_and_mul
+from candle_vllm.pyengine.ops.attention import AttentionMetadata
+from candle_vllm.pyengine.quant import WeightData
+from torch import nn
+
+# llama.cpp tensor names (after ``blk.N.``) -> HF names (after ``model.layers.N.``).
+GGUF_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_HF_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
+# HF projection name -> (fused layer attribute path, shard index)
+_FUSED = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+    "self_attn.o_proj": ("self_attn.o_proj", 0),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+    "mlp.down_proj": ("mlp.down_proj", 0),
+}
+
+
+def hf_name_from_gguf(name: str) -> str | None:
+    """HF weight name of a llama.cpp tensor name, or None for tensors the model does not use."""
+    m = _GGUF_LAYER_RE.match(name)
+    if m:
+        hf = GGUF_LAYER_NAMES.get(m.group(2))
+        return f"model.layers.{m.group(1)}.{hf}.{m.group(3)}" if hf else None
+    stem, _, kind = name.rpartition(".")
+    hf = GGUF_GLOBAL_NAMES.get(stem)
+    return f"{hf}.{kind}" if hf else None
+
+
+class LlamaAttention(nn.Module):
+    def __init__(
+        self, cfg: ModelConfig, layer: int, rotary: RotaryEmbedding, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        super().__init__()
+        h, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.sizes = [h * d, hk * d, hk * d]
+        self.head_dim = d
+        self.qkv_proj = Linear(cfg.hidden_size, self.sizes, cfg.attention_bias, dtype, device)
+        self.o_proj = Linear(h * d, [cfg.hidden_size], False, dtype, device)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
+        self.rotary = rotary
+        self.attn = Attention(h, hk, d, d**-0.5, cfg.layer_sliding_window(layer))
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor | None, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        t, d = x.shape[0], self.head_dim
+        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        q, k, v = q.reshape(t, -1, d), k.reshape(t, -1, d), v.reshape(t, -1, d)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, kv_cache, meta))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        i = cfg.intermediate_size
+        self.gate_up_proj = Linear(cfg.hidden_size, [i, i], False, dtype, device)
+        self.down_proj = Linear(i, [cfg.hidden_size], False, dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(
+        self, cfg: ModelConfig, layer: int, rotary: RotaryEmbedding, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.self_attn = LlamaAttention(cfg, layer, rotary, dtype, device)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.mlp = LlamaMLP(cfg, dtype, device)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        kv_cache: torch.Tensor | None,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, kv_cache, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device)
+        # One cos/sin table for all layers (it can be tens of MB at long contexts).
+        rotary = RotaryEmbedding(
+            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, True, device,
+            cfg.rope_freq_factors,
+        )
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(cfg, i, rotary, dtype, device) for i in range(cfg.num_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Decoder-only Llama-family LM over a flat token batch (contract C)."""
+
+    hf_name_from_gguf = staticmethod(hf_name_from_gguf)
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        if config.extra.get("mlp_bias"):
+            raise ValueError("mlp_bias=true is not supported by the Llama family implementation")
+        self.config = config
+        self.model = LlamaModel(config, dtype, device)
+        self.lm_head = Linear(config.hidden_size, [config.vocab_size], False, dtype, device)
+        self.kv_caches: list[torch.Tensor] = []  # set by the engine, one per layer
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
+        """Token ids [T] at absolute positions [T] -> final-normed hidden states [T, H]."""
+        x = self.model.embed_tokens(input_ids)
+        residual: torch.Tensor | None = None
+        for i, layer in enumerate(self.model.layers):
+            kv_cache = self.kv_caches[i] if self.kv_caches else None
+            x, residual = layer(positions, x, residual, kv_cache, attn)
+        x, _ = self.model.norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden states [N, H] (only the rows that need logits) -> f32 logits [N, V]."""
+        return self.lm_head(hidden).float()
+
+    def expected_weights(self) -> dict[str, tuple[int, ...]]:
+        """HF name -> shape of every checkpoint tensor this model needs (lm_head only when untied)."""
+        c = self.config
+        h, hk, d, hid, i = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size
+        out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, hid), "model.norm.weight": (hid,)}
+        if not c.tie_word_embeddings:
+            out["lm_head.weight"] = (c.vocab_size, hid)
+        for n in range(c.num_layers):
+            p = f"model.layers.{n}."
+            out |= {
+                p + "input_layernorm.weight": (hid,),
+                p + "post_attention_layernorm.weight": (hid,),
+                p + "self_attn.q_proj.weight": (h * d, hid),
+                p + "self_attn.k_proj.weight": (hk * d, hid),
+                p + "self_attn.v_proj.weight": (hk * d, hid),
+                p + "self_attn.o_proj.weight": (hid, h * d),
+                p + "mlp.gate_proj.weight": (i, hid),
+                p + "mlp.up_proj.weight": (i, hid),
+                p + "mlp.down_proj.weight": (hid, i),
+            }
+            if c.attention_bias:
+                out |= {p + f"self_attn.{x}_proj.bias": (s,) for x, s in zip("qkv", (h * d, hk * d, hk * d), strict=True)}
+            if c.qk_norm:
+                out |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
+        return out
+
+    def load_weights(self, weights: Iterable[tuple[str, WeightData]]) -> set[str]:
+        """Load HF-named tensors (any subset, any order); returns the names used. Unknown names raise
+        KeyError, except known extras (rotary ``inv_freq`` buffers, an lm_head that tied models ignore)."""
+        loaded: set[str] = set()
+        for name, w in weights:
+            if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and self.config.tie_word_embeddings):
+                continue
+            self._load_one(name, w)
+            loaded.add(name)
+        return loaded
+
+    def finish_loading(self) -> None:
+        """Called once all weights are in: binds a tied LM head to the embedding."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.tie_to(self.model.embed_tokens)
+
+    def _load_one(self, name: str, w: WeightData) -> None:
+        if name == "model.embed_tokens.weight":
+            self.model.embed_tokens.load(w)
+        elif name == "lm_head.weight":
+            self.lm_head.load_shard(0, w)
+        elif name == "model.norm.weight":
+            _copy_dense(self.model.norm.weight, w)
+        else:
+            m = _HF_LAYER_RE.match(name)
+            if m is None or int(m.group(1)) >= len(self.model.layers):
+                raise KeyError(name)
+            layer = self.model.layers[int(m.group(1))]
+            stem, kind = m.group(2), m.group(3)
+            if stem in _FUSED:
+                path, shard = _FUSED[stem]
+                target = layer.get_submodule(path)
+                if kind == "weight":
+                    target.load_shard(shard, w)
+                else:
+                    target.load_bias(shard, _dense(w))
+            else:
+                target = layer.get_submodule(stem) if kind == "weight" else None
+                if not isinstance(target, RMSNorm):
+                    raise KeyError(name)
+                _copy_dense(target.weight, w)
+
+
+def _dense(w: WeightData) -> torch.Tensor:
+    if not isinstance(w, torch.Tensor):
+        raise ValueError(f"expected a dense tensor, got quantized {w.qtype.name}")
+    return w
+
+
+def _copy_dense(param: torch.Tensor, w: WeightData) -> None:
+    t = _dense(w)
+    if t.shape != param.shape:
+        raise ValueError(f"shape {list(t.shape)} does not match the model's {list(param.shape)}")
+    param.data.copy_(t)

@@ -1,0 +1,25 @@
+"""Model classes by HF ``architectures`` name (GGUF architectures map onto these in ``config``)."""
+
+from __future__ import annotations
+
+from candle_vllm.pyengine.config import ModelConfig
+from candle_vllm.pyengine.models.llama import LlamaForCausalLM
+from torch import nn
+
+MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": LlamaForCausalLM,
+    "YiForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": LlamaForCausalLM,
+    "Qwen3ForCausalLM": LlamaForCausalLM,
+}
+
+
+def model_class(config: ModelConfig) -> type[nn.Module]:
+    """The class implementing ``config.architecture``; a clear error for architectures not ported yet."""
+    cls = MODEL_REGISTRY.get(config.architecture)
+    if cls is None:
+        raise ValueError(
+            f"architecture {config.architecture!r} is not supported (supported: {', '.join(sorted(MODEL_REGISTRY))})"
+        )
+    return cls

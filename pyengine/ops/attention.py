@@ -1,0 +1,208 @@
+"""Attention over a flattened token batch, with or without a paged KV cache (torch reference).
+
+All sequences of a step are packed into one batch of T new tokens (vLLM v1 style); ``AttentionMetadata``
+says where each sequence's tokens start and how long its context is. Chunked prefill and decode are one
+code path: a query at absolute position p attends to its sequence's keys at positions <= p (and > p -
+sliding_window when set). Decode rows (one new token each) are batched into a single padded call; longer
+query runs go one sequence at a time so a long prefill never pads the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each sequence's new tokens sit in the flat batch and how they reach the KV cache."""
+
+    query_start_loc: torch.Tensor  # int32 [S+1], cumulative new-token counts
+    seq_lens: torch.Tensor  # int32 [S], context length after this step (cached + new)
+    slot_mapping: torch.Tensor | None = None  # int64 [T], block_id * block_size + offset per new token
+    block_tables: torch.Tensor | None = None  # int32 [S, max_blocks]
+    query_start_loc_cpu: list[int] | None = None  # host copies, so CPU code needs no device syncs
+    seq_lens_cpu: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.query_start_loc_cpu is None:
+            self.query_start_loc_cpu = self.query_start_loc.tolist()
+        if self.seq_lens_cpu is None:
+            self.seq_lens_cpu = self.seq_lens.tolist()
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_cpu or ())
+
+    @classmethod
+    def build(
+        cls,
+        query_lens: Sequence[int],
+        seq_lens: Sequence[int] | None = None,
+        device: torch.device | str = "cpu",
+        block_tables: Sequence[Sequence[int]] | None = None,
+        block_size: int | None = None,
+    ) -> AttentionMetadata:
+        """Metadata from host lists. Without ``block_tables`` the batch has no cache (seq_lens = query_lens);
+        with them, slot_mapping places each new token at its absolute position in its sequence's blocks."""
+        seq_lens = list(query_lens) if seq_lens is None else list(seq_lens)
+        if len(seq_lens) != len(query_lens) or any(q > s for q, s in zip(query_lens, seq_lens, strict=True)):
+            raise ValueError(f"each query length must be <= its sequence length: {query_lens} vs {seq_lens}")
+        qsl = [0]
+        for q in query_lens:
+            qsl.append(qsl[-1] + q)
+        slot_mapping = tables = None
+        if block_tables is not None:
+            if block_size is None:
+                raise ValueError("block_size is required with block_tables")
+            slots = [
+                table[pos // block_size] * block_size + pos % block_size
+                for table, q, s in zip(block_tables, query_lens, seq_lens, strict=True)
+                for pos in range(s - q, s)
+            ]
+            width = max(len(t) for t in block_tables)
+            padded = [list(t) + [0] * (width - len(t)) for t in block_tables]
+            slot_mapping = torch.tensor(slots, dtype=torch.int64, device=device)
+            tables = torch.tensor(padded, dtype=torch.int32, device=device)
+        return cls(
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            slot_mapping=slot_mapping,
+            block_tables=tables,
+            query_start_loc_cpu=qsl,
+            seq_lens_cpu=seq_lens,
+        )
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store new keys/values [T, Hk, D] into a cache [2, num_blocks, block_size, Hk, D] at flat slots [T]."""
+    _, _, _, hk, d = kv_cache.shape
+    flat = kv_cache.view(2, -1, hk, d)
+    flat[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
+    flat[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+
+
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    softcap: float | None,
+) -> torch.Tensor:
+    """q [B, Lq, Hq, D], k/v [B, Lk, Hk, D], mask [B, Lq, Lk] (True = attend) -> [B, Lq, Hq, D].
+
+    GQA without copying K/V: the query heads sharing a KV head are folded into the query-length axis.
+    """
+    b, lq, hq, d = q.shape
+    hk, lk = k.shape[2], k.shape[1]
+    g = hq // hk
+    qg = q.view(b, lq, hk, g, d).permute(0, 2, 3, 1, 4).reshape(b, hk, g * lq, d)
+    kt, vt = k.transpose(1, 2), v.transpose(1, 2)
+    m = mask.unsqueeze(1).unsqueeze(1).expand(b, 1, g, lq, lk).reshape(b, 1, g * lq, lk)
+    if softcap is None:
+        out = F.scaled_dot_product_attention(qg, kt, vt, attn_mask=m, scale=scale)
+    else:
+        scores = (qg @ kt.transpose(-1, -2)).float() * scale
+        scores = softcap * torch.tanh(scores / softcap)
+        probs = scores.masked_fill(~m, float("-inf")).softmax(-1).to(vt.dtype)
+        out = probs @ vt
+    return out.view(b, hk, g, lq, d).permute(0, 3, 1, 2, 4).reshape(b, lq, hq, d)
+
+
+def _mask(
+    q_pos: torch.Tensor, k_len: torch.Tensor, max_k: int, sliding_window: int | None
+) -> torch.Tensor:
+    """[B, Lq, Lk] causal-by-position mask; q_pos [B, Lq] absolute positions, k_len [B] valid keys."""
+    kp = torch.arange(max_k, device=q_pos.device).view(1, 1, -1)
+    qp = q_pos.unsqueeze(-1)
+    m = (kp <= qp) & (kp < k_len.view(-1, 1, 1))
+    if sliding_window is not None:
+        m &= kp > qp - sliding_window
+    return m
+
+
+def _gather_context(kv_cache: torch.Tensor, table: torch.Tensor, ctx: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V [ctx, Hk, D] of one sequence, read through its block table."""
+    bs = kv_cache.shape[2]
+    blocks = kv_cache[:, table[: (ctx + bs - 1) // bs].long()]
+    kv = blocks.flatten(1, 2)[:, :ctx]
+    return kv[0], kv[1]
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor | None,
+    meta: AttentionMetadata,
+    scale: float,
+    num_kv_heads: int,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Causal attention for a flat batch: q [T, Hq*D or Hq, D], k/v [T, Hk, D] -> [T, Hq, D].
+
+    With ``kv_cache`` and ``meta.slot_mapping`` the new K/V are written to the cache first and queries read
+    their whole context through ``meta.block_tables``; otherwise each sequence attends within its new tokens.
+    """
+    t, d = k.shape[0], k.shape[-1]
+    if k.shape[1] != num_kv_heads:
+        raise ValueError(f"k has {k.shape[1]} heads, expected num_kv_heads={num_kv_heads}")
+    q = q.view(t, -1, d)
+    paged = kv_cache is not None and meta.slot_mapping is not None
+    if paged:
+        assert kv_cache is not None and meta.slot_mapping is not None and meta.block_tables is not None
+        write_kv(k, v, kv_cache, meta.slot_mapping)
+    qsl, lens = meta.query_start_loc_cpu or [], meta.seq_lens_cpu or []
+    out = torch.empty_like(q)
+    decode_rows: list[int] = []
+    for s in range(len(lens)):
+        start, end = qsl[s], qsl[s + 1]
+        q_len, ctx = end - start, lens[s] if paged else end - start
+        if q_len == 0:
+            continue
+        if paged and q_len == 1:
+            decode_rows.append(s)
+            continue
+        if paged:
+            assert kv_cache is not None and meta.block_tables is not None
+            ks, vs = _gather_context(kv_cache, meta.block_tables[s], ctx)
+        else:
+            ks, vs = k[start:end], v[start:end]
+        q_pos = torch.arange(ctx - q_len, ctx, device=q.device).unsqueeze(0)
+        mask = _mask(q_pos, torch.tensor([ctx], device=q.device), ctx, sliding_window)
+        out[start:end] = _attend(
+            q[start:end].unsqueeze(0), ks.to(q.dtype).unsqueeze(0), vs.to(q.dtype).unsqueeze(0), mask, scale, softcap
+        )[0]
+    if decode_rows:
+        assert kv_cache is not None and meta.block_tables is not None
+        _decode_batch(q, out, kv_cache, meta, decode_rows, scale, sliding_window, softcap)
+    return out
+
+
+def _decode_batch(
+    q: torch.Tensor,
+    out: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    rows: list[int],
+    scale: float,
+    sliding_window: int | None,
+    softcap: float | None,
+) -> None:
+    """All single-token sequences in one padded call: keys gathered up to the longest context."""
+    assert meta.block_tables is not None and meta.seq_lens_cpu is not None and meta.query_start_loc_cpu is not None
+    bs = kv_cache.shape[2]
+    ctx = [meta.seq_lens_cpu[s] for s in rows]
+    n_blocks = (max(ctx) + bs - 1) // bs
+    idx = torch.tensor(rows, device=q.device)
+    tables = meta.block_tables.index_select(0, idx)[:, :n_blocks].long()
+    kv = kv_cache[:, tables].flatten(2, 3).to(q.dtype)  # [2, B, n_blocks*bs, Hk, D]
+    tok = torch.tensor([meta.query_start_loc_cpu[s] for s in rows], device=q.device)
+    k_len = torch.tensor(ctx, device=q.device)
+    mask = _mask((k_len - 1).unsqueeze(1), k_len, kv.shape[2], sliding_window)
+    out[tok] = _attend(q[tok].unsqueeze(1), kv[0], kv[1], mask, scale, softcap)[:, 0]

@@ -1,0 +1,127 @@
+"""Rotary position embeddings: frequency tables (plain, linear, llama3, YaRN, GGUF freq factors) and their
+application in the two layouts checkpoints use.
+
+HF checkpoints rotate the two halves of each head ("neox" layout); the original Llama/GPT-J code and
+llama.cpp's NORM mode rotate adjacent pairs ("gptj" layout). The formulas follow transformers'
+``modeling_rope_utils`` so logits match it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def _yarn_inv_freq(
+    base_inv: torch.Tensor, dim: int, base: float, params: dict[str, Any]
+) -> tuple[torch.Tensor, float]:
+    factor = float(params["factor"])
+    orig = float(params["original_max_position_embeddings"])
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+
+        def mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+        attention_factor = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    beta_fast = float(params.get("beta_fast") or 32)
+    beta_slow = float(params.get("beta_slow") or 1)
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation_weight = 1 - ramp
+    inv = base_inv / factor * (1 - extrapolation_weight) + base_inv * extrapolation_weight
+    return inv, float(attention_factor)
+
+
+def _llama3_inv_freq(base_inv: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
+    factor = float(params["factor"])
+    low_ff, high_ff = float(params["low_freq_factor"]), float(params["high_freq_factor"])
+    old_len = float(params["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / base_inv
+    scaled = torch.where(wavelen > old_len / low_ff, base_inv / factor, base_inv)
+    smooth = (old_len / wavelen - low_ff) / (high_ff - low_ff)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high_ff) & (wavelen <= old_len / low_ff)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_inv_freq(
+    rotary_dim: int,
+    rope_theta: float,
+    rope_scaling: dict[str, Any] | None = None,
+    freq_factors: Sequence[float] | None = None,
+) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [rotary_dim/2] (f32) and the factor cos/sin are multiplied by (YaRN's mscale).
+
+    ``rope_scaling`` is a transformers-style dict with ``rope_type`` (or legacy ``type``); ``freq_factors``
+    are llama.cpp's ``rope_freqs`` tensor (Llama 3.1 GGUFs carry their llama3 scaling that way).
+    """
+    base_inv = 1.0 / (rope_theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+    if freq_factors is not None:
+        base_inv = base_inv / torch.tensor(list(freq_factors), dtype=torch.float32)
+    params = rope_scaling or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        return base_inv, 1.0
+    if rope_type == "linear":
+        return base_inv / float(params["factor"]), 1.0
+    if rope_type == "llama3":
+        return _llama3_inv_freq(base_inv, params), 1.0
+    if rope_type == "yarn":
+        return _yarn_inv_freq(base_inv, rotary_dim, rope_theta, params)
+    raise ValueError(
+        f"rope scaling type {rope_type!r} is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)}); "
+        "remove rope_scaling from config.json or use --yarn-scaling-factor"
+    )
+
+
+def rope_cos_sin_cache(
+    inv_freq: torch.Tensor, attention_factor: float, max_positions: int, device: torch.device | None = None
+) -> torch.Tensor:
+    """[max_positions, rotary_dim] f32 table: cos in the first half of each row, sin in the second."""
+    pos = torch.arange(max_positions, dtype=torch.float32, device=device)
+    freqs = torch.outer(pos, inv_freq.to(device))
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1) * attention_factor
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
+    if is_neox:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
+
+
+def apply_rotary(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q [T, Hq, D] and k [T, Hk, D] by their token positions [T]; returns new tensors.
+
+    Only the first ``rotary_dim`` (the cache's width) channels of each head rotate (partial rotary).
+    cos/sin are cast to the activations' dtype before use, as transformers does.
+    """
+    rotary_dim = cos_sin_cache.shape[-1]
+    cos, sin = cos_sin_cache[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
+    out = []
+    for x in (q, k):
+        if rotary_dim == x.shape[-1]:
+            out.append(_rotate(x, cos, sin, is_neox))
+        else:
+            rot = _rotate(x[..., :rotary_dim], cos, sin, is_neox)
+            out.append(torch.cat([rot, x[..., rotary_dim:]], dim=-1))
+    return out[0], out[1]

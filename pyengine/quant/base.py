@@ -1,0 +1,66 @@
+"""The LinearMethod interface and the choice of method for a (possibly fused) layer's weight shards."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Union
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from candle_vllm.pyengine.quant.gguf import GGUFWeight
+
+# A weight as it arrives from a checkpoint: a dense tensor, or quantized blocks with their format.
+WeightData = Union[torch.Tensor, "GGUFWeight"]
+
+
+class LinearMethod(nn.Module, ABC):
+    """Owns one weight matrix [out_features, in_features] in some storage format and multiplies by it.
+
+    A module (not a stateless strategy) so ``.to(device)`` and state inspection cover the stored tensors.
+    """
+
+    out_features: int
+    in_features: int
+
+    @abstractmethod
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., in_features] -> x @ W.T [..., out_features]`` in x's dtype."""
+
+
+def build_linear_methods(
+    shards: Sequence[WeightData], dtype: torch.dtype, device: torch.device
+) -> list[LinearMethod]:
+    """Methods for a layer whose weight is the row-concatenation of ``shards`` (e.g. q, k, v).
+
+    Consecutive shards in the same format are merged into one matrix so the layer runs one matmul per
+    format run; GGUF files may store q/k and v in different quant types, which then stay separate.
+    """
+    from candle_vllm.pyengine.quant.gguf import GGUFLinear, GGUFWeight
+    from candle_vllm.pyengine.quant.unquantized import UnquantizedLinear
+
+    methods: list[LinearMethod] = []
+    run: list[WeightData] = []
+
+    def flush() -> None:
+        if not run:
+            return
+        if isinstance(run[0], GGUFWeight):
+            methods.append(GGUFLinear.merged([w for w in run if isinstance(w, GGUFWeight)], device))
+        else:
+            methods.append(UnquantizedLinear(torch.cat([w.to(device, dtype) for w in run]) if len(run) > 1
+                                             else run[0].to(device, dtype)))
+        run.clear()
+
+    for w in shards:
+        if run and _format_key(run[0]) != _format_key(w):
+            flush()
+        run.append(w)
+    flush()
+    return methods
+
+
+def _format_key(w: WeightData) -> object:
+    return w.qtype if not isinstance(w, torch.Tensor) else "dense"
