@@ -1,0 +1,76 @@
+"""How many KV blocks to allocate: a fraction of the memory left after loading, or a fixed budget.
+
+`--kv-fraction` wins over `--mem` when both are given (the Rust project's rule, NOTES.md); EngineArgs leaves
+`kv_fraction` unset when only `--mem` is given. On CPU the "free memory" is the host's available RAM, and
+the budget is capped (``CPU_KV_CAP_BYTES``) so a server never claims most of a workstation by default.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+CPU_KV_CAP_BYTES = 4 << 30
+MIB = 1 << 20
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes one token's K and V take across all layers (one rank's heads)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * num_layers * num_kv_heads * head_dim * elem
+
+
+def host_available_bytes() -> int:
+    """RAM the OS could hand out now: MemAvailable from /proc/meminfo, else free pages (macOS, BSD)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def device_free_bytes(device: torch.device) -> int:
+    """Memory free on ``device`` now (after the weights were loaded)."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    if device.type == "mps":
+        return int(torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory())
+    if device.type == "cpu":
+        return host_available_bytes()
+    raise ValueError(f"cannot size a KV cache on device type {device.type!r}; use cuda, mps or cpu")
+
+
+def kv_cache_budget_bytes(device: torch.device, kv_fraction: float | None, mem_mb: int | None) -> int:
+    """Bytes for the KV cache: ``kv_fraction`` of free memory (capped at 4 GiB on CPU) when given, else the
+    fixed ``mem_mb`` MiB."""
+    if kv_fraction is not None:
+        if not 0.0 < kv_fraction <= 1.0:
+            raise ValueError(f"--kv-fraction must be in (0, 1], got {kv_fraction}")
+        budget = int(device_free_bytes(device) * kv_fraction)
+        return min(budget, CPU_KV_CAP_BYTES) if device.type == "cpu" else budget
+    if mem_mb is not None:
+        if mem_mb <= 0:
+            raise ValueError(f"--mem must be a positive number of MB, got {mem_mb}")
+        return mem_mb * MIB
+    raise ValueError("no KV cache budget: pass --kv-fraction (fraction of free memory) or --mem (MB)")
+
+
+def num_kv_blocks(budget_bytes: int, block_size: int, bytes_per_token: int) -> int:
+    """Blocks that fit in ``budget_bytes``; logs the resulting token capacity. Raises when not even one fits."""
+    block_bytes = block_size * bytes_per_token
+    num_blocks = budget_bytes // block_bytes
+    if num_blocks < 1:
+        raise ValueError(
+            f"the KV cache budget ({budget_bytes / MIB:.1f} MiB) holds no block of {block_size} tokens "
+            f"({block_bytes / MIB:.2f} MiB); raise --kv-fraction or --mem, or lower --block-size")
+    logger.info("KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB)", num_blocks, block_size,
+                num_blocks * block_size, num_blocks * block_bytes / MIB)
+    return int(num_blocks)
