@@ -1,0 +1,175 @@
+"""The engine core: model, KV cache, scheduler, runner and output processor wired from ``EngineArgs``.
+
+The offline ``LLM`` drives it synchronously (``step()`` until done); the serving actors call the same three
+stages (``schedule``, ``runner.execute``, ``process``) from different tasks so they overlap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from candle_vllm.pyengine.config import ModelConfig
+from candle_vllm.pyengine.engine_args import EngineArgs
+from candle_vllm.pyengine.kv_cache import allocate_kv_caches, kv_bytes_per_token, kv_cache_budget_bytes, num_kv_blocks
+from candle_vllm.pyengine.loader import load_model, resolve_model_source
+from candle_vllm.pyengine.loader.embedded import default_model_path
+from candle_vllm.pyengine.output_processor import OutputProcessor, RequestGroup
+from candle_vllm.pyengine.outputs import RequestOutput
+from candle_vllm.pyengine.request import FinishReason, Request
+from candle_vllm.pyengine.runner import ModelRunner, StepResult
+from candle_vllm.pyengine.sampling import SamplingDefaults, SamplingParams
+from candle_vllm.pyengine.scheduler import Scheduler, SchedulerConfig
+from candle_vllm.pyengine.scheduler.plan import StepPlan
+from candle_vllm.pyengine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """Facts for start-up summaries, /v1/models and metrics."""
+
+    model_name: str
+    device: torch.device
+    dtype: torch.dtype
+    quantization: str
+    max_model_len: int
+    num_blocks: int
+    block_size: int
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+class EngineCore:
+    """Owns the engine's state; not thread-safe: one task (or the offline loop) drives it."""
+
+    def __init__(self, args: EngineArgs) -> None:
+        device = args.resolve_device()
+        args = args.resolved(device)
+        self.args = args
+        dtype = args.torch_dtype(device)
+        model_arg = args.model
+        if model_arg is None and args.weight_path is None and args.weight_file is None:
+            model_arg = str(default_model_path())
+        source = resolve_model_source(model_arg, args.weight_path, args.weight_file, args.hf_token_value(),
+                                      args.load_format)
+        loaded = load_model(source, dtype, device, args.load_format, args.yarn_scaling_factor)
+        if loaded.tokenizer is None:
+            raise ValueError(f"{source.name}: no tokenizer found next to the weights (tokenizer.json or GGUF vocab)")
+        self.tokenizer: Tokenizer = loaded.tokenizer
+        self.model_config: ModelConfig = loaded.config
+        cfg = loaded.config
+        max_model_len = cfg.max_position_embeddings
+        if args.max_model_len is not None:
+            max_model_len = min(args.max_model_len, max_model_len)
+        self.max_model_len = max_model_len
+
+        assert args.block_size is not None
+        per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
+        budget = kv_cache_budget_bytes(device, args.kv_fraction, args.mem)
+        num_blocks = num_kv_blocks(budget, args.block_size, per_token)
+        if num_blocks < 1:
+            raise ValueError(f"the KV cache budget ({budget >> 20} MiB) holds no block of {args.block_size} tokens; "
+                             "raise --kv-fraction or --mem")
+        caches = allocate_kv_caches(cfg.num_layers, num_blocks, args.block_size, cfg.num_kv_heads, cfg.head_dim,
+                                    dtype, device)
+        log.info("KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB)", num_blocks, args.block_size,
+                 num_blocks * args.block_size, num_blocks * args.block_size * per_token / 2**20)
+        self.scheduler = Scheduler(SchedulerConfig(
+            num_blocks=num_blocks, block_size=args.block_size, max_model_len=max_model_len,
+            max_num_seqs=args.max_num_seqs, prefill_chunk_size=args.prefill_chunk_size,
+            enable_prefix_caching=not args.disable_prefix_cache,
+            prefix_cache_max_tokens=args.prefix_cache_max_tokens,
+        ))
+        self.runner = ModelRunner(loaded.model, caches, cfg.vocab_size, device, self.tokenizer.stop_token_ids,
+                                  seed=args.seed)
+        self.outputs = OutputProcessor(self.tokenizer)
+        self.sampling_defaults = SamplingDefaults.from_generation_config(loaded.generation_config).overridden_by(
+            SamplingDefaults(**args.sampling_defaults()))
+        self.max_gen_tokens = args.max_gen_tokens_for(max_model_len)
+        self.info = EngineInfo(
+            model_name=source.name, device=device, dtype=dtype, quantization=_quantization(source.format, loaded),
+            max_model_len=max_model_len, num_blocks=num_blocks, block_size=args.block_size,
+        )
+
+    # ---- requests --------------------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    prompt: str | None = None) -> None:
+        """Queue a user request (``n`` engine requests sharing the prompt). Raises ``RequestRejected`` or
+        ``ValueError`` when it can never run."""
+        params = self.resolve_params(params)
+        group = RequestGroup(request_id, prompt, list(prompt_token_ids), params)
+        requests = []
+        for index in range(params.n):
+            child = params if params.seed is None or index == 0 else dataclasses.replace(params, seed=params.seed + index)
+            requests.append(Request(
+                f"{request_id}#{index}" if params.n > 1 else request_id, group.prompt_token_ids, child,
+                eos_token_ids=self.tokenizer.stop_token_ids,
+                fork_of=requests[0].request_id if index > 0 else None,
+            ))
+        added: list[Request] = []
+        try:
+            for req in requests:
+                self.scheduler.add_request(req)
+                added.append(req)
+        except ValueError:
+            for req in added:
+                self.scheduler.abort(req.request_id)
+            raise
+        self.outputs.add(group, requests)
+
+    def resolve_params(self, params: SamplingParams) -> SamplingParams:
+        """Server defaults for unset fields, the output cap, and vocabulary checks."""
+        params = self.sampling_defaults.apply(params)
+        params.check_vocab(self.model_config.vocab_size)
+        if params.max_tokens is None:
+            params = dataclasses.replace(params, max_tokens=self.max_gen_tokens)
+        return params
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Cancel a user request: its engine requests free their blocks; returns its final output."""
+        for engine_id in self.outputs.engine_request_ids(request_id):
+            self.scheduler.abort(engine_id)
+        return self.outputs.abort(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or bool(self.outputs.groups)
+
+    # ---- stages of a step ------------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        return self.scheduler.schedule()
+
+    def process(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
+        """Apply a step's samples, detokenize, match stop strings; returns outputs of requests that changed."""
+        self.scheduler.update(plan, result.sampled_token_ids)
+        for engine_id, entries in result.prompt_logprobs.items():
+            self.outputs.add_prompt_logprobs(engine_id, entries)
+        logprobs = {req.request_id: lp for req, lp in zip(plan.sampled_requests, result.logprobs) if lp is not None}
+        outputs, hits = self.outputs.process(plan.sampled_requests, logprobs)
+        for hit in hits:
+            self.scheduler.finish(hit.request_id, FinishReason.STOP, hit.stop)
+        return outputs
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run and process one step."""
+        plan = self.schedule()
+        if plan.is_empty:
+            if self.scheduler.has_unfinished_requests():
+                raise RuntimeError("the scheduler has unfinished requests but planned nothing")
+            return []
+        return self.process(plan, self.runner.execute(plan))
+
+
+def _quantization(fmt: str, loaded: object) -> str:
+    if fmt != "gguf":
+        return "none"
+    file_type = getattr(loaded.config, "extra", {}).get("gguf_file_type")  # type: ignore[attr-defined]
+    return f"gguf{'' if file_type is None else f' ({file_type})'}"

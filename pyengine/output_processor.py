@@ -1,0 +1,191 @@
+"""Output processing: engine tokens -> text deltas, stop strings and ``RequestOutput`` objects.
+
+A user request with ``n`` choices runs as ``n`` engine requests (one ``Request`` each, sharing the prompt's
+KV blocks); this module folds them back into one ``RequestOutput``. It reads each engine request's
+``output_token_ids`` past what it already processed, so tokens the scheduler dropped (a request aborted while
+its step ran) are never reported. Stop strings found here end the engine request through the scheduler.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from candle_vllm.pyengine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
+from candle_vllm.pyengine.request import FinishReason, Request, RequestStatus
+from candle_vllm.pyengine.sampling import SamplingParams
+from candle_vllm.pyengine.stop_strings import StopStringMatcher
+from candle_vllm.pyengine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+@dataclass(slots=True)
+class _Choice:
+    request: Request
+    output: CompletionOutput
+    detokenizer: IncrementalDetokenizer
+    stops: StopStringMatcher
+    processed: int = 0  # output tokens of the engine request already turned into text
+    emitted: int = 0  # characters of stops.text already reported
+
+
+@dataclass(slots=True)
+class RequestGroup:
+    """One user request: its prompt, parameters and the engine requests of its choices."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    choices: list[_Choice] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+
+    @property
+    def finished(self) -> bool:
+        return all(c.output.finish_reason is not None for c in self.choices)
+
+
+@dataclass(slots=True)
+class StopStringHit:
+    """A stop string ended an engine request: the scheduler must finish it."""
+
+    request_id: str
+    stop: str
+
+
+class OutputProcessor:
+    """Keeps per-request text state and builds the engine's outputs after each step."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.groups: dict[str, RequestGroup] = {}
+        self._group_of: dict[str, RequestGroup] = {}  # engine request id -> its group
+
+    def add(self, group: RequestGroup, requests: list[Request]) -> None:
+        """Register a user request and the engine requests of its choices (index order)."""
+        params = group.params
+        for index, req in enumerate(requests):
+            detok = IncrementalDetokenizer(self.tokenizer, group.prompt_token_ids, params.skip_special_tokens)
+            stops = StopStringMatcher(params.stop, params.include_stop_str_in_output)
+            output = CompletionOutput(index=index, logprobs=[] if params.logprobs is not None else None)
+            group.choices.append(_Choice(req, output, detok, stops))
+            self._group_of[req.request_id] = group
+        if params.prompt_logprobs is not None:
+            group.prompt_logprobs = []
+        self.groups[group.request_id] = group
+
+    def engine_request_ids(self, request_id: str) -> list[str]:
+        group = self.groups.get(request_id)
+        return [c.request.request_id for c in group.choices] if group else []
+
+    def add_prompt_logprobs(self, engine_request_id: str, entries: list[TokenLogprobs | None]) -> None:
+        """Prompt logprobs of a prefill chunk (only the first choice's are kept: all choices share the prompt)."""
+        group = self._group_of.get(engine_request_id)
+        if group is None or group.prompt_logprobs is None or group.choices[0].request.request_id != engine_request_id:
+            return
+        self._decode_logprobs(entries)
+        group.prompt_logprobs.extend(entries)
+
+    def process(
+        self, touched: list[Request], logprobs: dict[str, TokenLogprobs | None] | None = None
+    ) -> tuple[list[RequestOutput], list[StopStringHit]]:
+        """Turn the new tokens of ``touched`` engine requests into outputs; finished groups are forgotten.
+
+        ``logprobs`` maps an engine request id to the logprobs of the one token it sampled this step.
+        """
+        now = time.monotonic()
+        hits: list[StopStringHit] = []
+        changed: dict[str, RequestGroup] = {}
+        for req in touched:
+            group = self._group_of.get(req.request_id)
+            if group is None:
+                continue
+            choice = next(c for c in group.choices if c.request is req)
+            if choice.output.finish_reason is not None:
+                continue
+            hit = self._advance(choice, (logprobs or {}).get(req.request_id))
+            if hit is not None:
+                hits.append(hit)
+            changed[group.request_id] = group
+            if choice.output.token_ids_delta:
+                if group.metrics.first_token_time is None:
+                    group.metrics.first_token_time = now
+                group.metrics.last_token_time = now
+        outputs = [self._snapshot(group, now) for group in changed.values()]
+        return outputs, hits
+
+    def _advance(self, choice: _Choice, step_logprobs: TokenLogprobs | None) -> StopStringHit | None:
+        req, out = choice.request, choice.output
+        new_ids = req.output_token_ids[choice.processed :]
+        choice.processed += len(new_ids)
+        stopped_by_token = req.status is RequestStatus.FINISHED and req.finish_reason is FinishReason.STOP
+        hit: StopStringHit | None = None
+        for i, tok in enumerate(new_ids):
+            out.token_ids.append(tok)
+            out.token_ids_delta.append(tok)
+            is_stop_token = stopped_by_token and i == len(new_ids) - 1 and tok in req.stop_ids
+            if is_stop_token and not (req.sampling_params.include_stop_str_in_output and tok not in req.eos_token_ids):
+                continue  # the stop token's text is not part of the output
+            match = choice.stops.append(choice.detokenizer.push(tok))
+            if match is not None:
+                out.finish_reason, out.stop_reason = "stop", match.stop
+                hit = StopStringHit(req.request_id, match.stop)
+                break
+        if step_logprobs is not None and out.logprobs is not None and new_ids:
+            self._decode_logprobs([step_logprobs])
+            out.logprobs.append(step_logprobs)
+            out.logprobs_delta = [*(out.logprobs_delta or []), step_logprobs]
+        if out.finish_reason is None and req.status is RequestStatus.FINISHED:
+            out.finish_reason = req.finish_reason.value if req.finish_reason else "abort"
+            out.stop_reason = req.stop_reason
+            choice.stops.append(choice.detokenizer.flush())
+        end = len(choice.stops.text) if out.finish_reason is not None else choice.stops.safe_length()
+        if end > choice.emitted:
+            delta = choice.stops.text[choice.emitted : end]
+            out.text += delta
+            out.text_delta += delta
+            choice.emitted = end
+        return hit
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Mark every unfinished choice of a user request aborted; returns the final output."""
+        group = self.groups.get(request_id)
+        if group is None:
+            return None
+        for choice in group.choices:
+            if choice.output.finish_reason is None:
+                choice.output.finish_reason = "abort"
+        return self._snapshot(group, time.monotonic())
+
+    def _snapshot(self, group: RequestGroup, now: float) -> RequestOutput:
+        outputs = []
+        for choice in group.choices:
+            out = choice.output
+            outputs.append(
+                CompletionOutput(
+                    index=out.index, text=out.text, token_ids=list(out.token_ids),
+                    logprobs=list(out.logprobs) if out.logprobs is not None else None,
+                    finish_reason=out.finish_reason, stop_reason=out.stop_reason, text_delta=out.text_delta,
+                    token_ids_delta=out.token_ids_delta, logprobs_delta=out.logprobs_delta,
+                )
+            )
+            out.text_delta, out.token_ids_delta, out.logprobs_delta = "", [], None
+        finished = group.finished
+        if finished:
+            group.metrics.finished_time = now
+            del self.groups[group.request_id]
+            for choice in group.choices:
+                self._group_of.pop(choice.request.request_id, None)
+        return RequestOutput(
+            request_id=group.request_id, prompt=group.prompt, prompt_token_ids=group.prompt_token_ids,
+            outputs=outputs, finished=finished, num_cached_tokens=group.choices[0].request.num_cached_tokens,
+            prompt_logprobs=group.prompt_logprobs, metrics=group.metrics,
+        )
+
+    def _decode_logprobs(self, entries: list[TokenLogprobs | None]) -> None:
+        for entry in entries:
+            if entry is None:
+                continue
+            for token_id, lp in entry.items():
+                if lp.decoded_token is None:
+                    lp.decoded_token = self.tokenizer.decode([token_id], skip_special_tokens=False)

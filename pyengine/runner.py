@@ -1,0 +1,139 @@
+"""The model runner: turns a scheduler ``StepPlan`` into device tensors, runs the model once, and samples.
+
+It is the only part of the engine that touches the model and the KV-cache tensors, and it runs on the
+executor's worker thread. Per-request device state (seeded generators) is kept here, keyed by request id, and
+dropped when the plan reports the request finished.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from candle_vllm.pyengine.ops.attention import AttentionMetadata
+from candle_vllm.pyengine.outputs import TokenLogprobs
+from candle_vllm.pyengine.request import Request
+from candle_vllm.pyengine.sampling import (
+    Sampler,
+    SamplingBatch,
+    SamplingParams,
+    SamplingRow,
+    make_generator,
+    prompt_logprobs,
+)
+from candle_vllm.pyengine.scheduler.plan import StepPlan
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What one step produced, in ``plan.sampled_requests`` order, plus prompt logprobs of prefill chunks."""
+
+    step_id: int
+    sampled_token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+    prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)
+
+
+class ModelRunner:
+    """Runs steps of one model on one device over its paged KV cache."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        kv_caches: list[torch.Tensor],
+        vocab_size: int,
+        device: torch.device,
+        eos_token_ids: Collection[int] = (),
+        seed: int | None = None,
+    ) -> None:
+        self.model = model
+        self.model.kv_caches = kv_caches
+        self.vocab_size = vocab_size
+        self.device = device
+        self.eos_token_ids = tuple(eos_token_ids)
+        shared = torch.Generator(device=device)
+        if seed is not None:
+            shared.manual_seed(seed)
+        else:
+            shared.seed()
+        self.sampler = Sampler(shared)
+        self._generators: dict[str, torch.Generator] = {}
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Run one planned step and sample the requests whose known tokens it completes."""
+        for request_id in plan.finished_ids:
+            self._generators.pop(request_id, None)
+        if plan.is_empty:
+            return StepResult(plan.step_id, [], [])
+        if (plan.input_ids < 0).any():
+            raise RuntimeError("the plan holds placeholder tokens; run schedule() and update() alternately")
+        with torch.inference_mode():
+            hidden = self.model(self._tensor(plan.input_ids, torch.int64), self._tensor(plan.positions, torch.int64),
+                                self._attention_metadata(plan))
+            result = StepResult(plan.step_id, [], [])
+            if plan.sampled_requests:
+                logits = self.model.compute_logits(hidden[self._tensor(plan.sample_indices, torch.int64)])
+                self._sample(plan.sampled_requests, logits, result)
+            self._prompt_logprobs(plan, hidden, result)
+        return result
+
+    def _tensor(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        t = torch.from_numpy(array)
+        if t.dtype != dtype:
+            t = t.to(dtype)
+        return t.to(self.device, non_blocking=True)
+
+    def _attention_metadata(self, plan: StepPlan) -> AttentionMetadata:
+        return AttentionMetadata(
+            query_start_loc=self._tensor(plan.query_start_loc, torch.int32),
+            seq_lens=self._tensor(plan.seq_lens, torch.int32),
+            slot_mapping=self._tensor(plan.slot_mapping, torch.int64),
+            block_tables=self._tensor(plan.block_tables, torch.int32),
+            query_start_loc_cpu=plan.query_start_loc.tolist(),
+            seq_lens_cpu=plan.seq_lens.tolist(),
+        )
+
+    def _sample(self, requests: list[Request], logits: torch.Tensor, result: StepResult) -> None:
+        rows = [
+            SamplingRow(req.sampling_params, req.output_token_ids, req.prompt_token_ids, self._generator(req))
+            for req in requests
+        ]
+        batch = SamplingBatch.build(rows, self.vocab_size, self.device, self.eos_token_ids)
+        out = self.sampler(logits, batch)
+        result.sampled_token_ids = out.sampled_token_ids.tolist()
+        if out.logprobs is None:
+            result.logprobs = [None] * len(requests)
+        else:
+            result.logprobs = out.logprobs.tolists(batch.num_logprobs)
+
+    def _generator(self, req: Request) -> torch.Generator | None:
+        params: SamplingParams = req.sampling_params  # type: ignore[assignment]
+        if params.seed is None or params.is_greedy:
+            return None
+        gen = self._generators.get(req.request_id)
+        if gen is None:
+            gen = self._generators[req.request_id] = make_generator(params.seed, self.device)
+        return gen
+
+    def _prompt_logprobs(self, plan: StepPlan, hidden: torch.Tensor, result: StepResult) -> None:
+        """Logprobs of the prompt tokens this step computed, for requests that asked for them."""
+        qsl = plan.query_start_loc
+        for i, req in enumerate(plan.requests):
+            params: SamplingParams = req.sampling_params  # type: ignore[assignment]
+            start = plan.start_positions[i]
+            if params.prompt_logprobs is None or start >= req.num_prompt_tokens:
+                continue
+            # Row j (position start + j) predicts prompt token start + j + 1 while that is still a prompt token.
+            n_rows = min(plan.num_new_tokens[i], req.num_prompt_tokens - 1 - start)
+            entries: list[TokenLogprobs | None] = [None] if start == 0 else []
+            if n_rows > 0:
+                first = int(qsl[i])
+                logits = self.model.compute_logits(hidden[first : first + n_rows])
+                targets = torch.tensor(req.prompt_token_ids[start + 1 : start + 1 + n_rows], device=self.device)
+                lp = prompt_logprobs(logits, targets, params.prompt_logprobs)
+                entries.extend(lp.tolists([params.prompt_logprobs] * n_rows))
+            result.prompt_logprobs[req.request_id] = entries
