@@ -1,0 +1,75 @@
+"""The quart-trio application factory: routes, API-key check, limits, and OpenAI-shaped error handlers."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Any
+
+from candle_vllm.api.errors import APIError, error_body
+from candle_vllm.api.routes import chat, completions, misc
+from candle_vllm.api.routes.common import STATE_KEY
+from candle_vllm.api.state import ServerState
+from quart import Response, jsonify, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+log = logging.getLogger(__name__)
+
+# Operational endpoints stay open when --api-key is set (probes and scrapers carry no key), as in vLLM.
+PUBLIC_PATHS = frozenset({"/health", "/version", "/metrics", "/openapi.json"})
+
+
+def _error_response(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
+    response = jsonify(body)
+    response.status_code = status
+    response.headers.update(headers or {})
+    return response
+
+
+def create_app(state: ServerState) -> QuartTrio:
+    """A new app bound to ``state`` (its engine, settings, metrics); serve it with ``api.server``."""
+    app = QuartTrio("candle_vllm.api")
+    app.extensions[STATE_KEY] = state
+    app.config.update(
+        RESPONSE_TIMEOUT=None,  # streams may run for minutes; quart's 60 s default cuts them silently
+        BODY_TIMEOUT=60,
+        MAX_CONTENT_LENGTH=state.config.max_body_bytes,
+        JSON_SORT_KEYS=False,
+    )
+    app.json.sort_keys = False
+    app.json.ensure_ascii = False
+    for bp in (chat.bp, completions.bp, misc.bp):
+        app.register_blueprint(bp)
+
+    @app.before_request
+    async def _authenticate() -> None:
+        key = state.config.api_key
+        if key is None or request.path in PUBLIC_PATHS:
+            return
+        given = request.headers.get("Authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' (see --api-key)",
+                           code="invalid_api_key")
+
+    @app.errorhandler(APIError)
+    async def _api_error(exc: APIError) -> Response:
+        return _error_response(exc.status, exc.body(), exc.headers)
+
+    @app.errorhandler(HTTPException)
+    async def _http_error(exc: HTTPException) -> Response:
+        status = exc.code or 500
+        message = exc.description or exc.name
+        if status == 404:
+            message = f"{request.method} {request.path} is not an endpoint of this server; see /openapi.json"
+        elif status == 413:
+            message = f"the request body is larger than {state.config.max_body_bytes} bytes"
+        return _error_response(status, error_body(status, message))
+
+    @app.errorhandler(Exception)
+    async def _unexpected(exc: Exception) -> Response:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return _error_response(500, error_body(500, f"internal error: {type(exc).__name__}: {exc}"))
+
+    return app

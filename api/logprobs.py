@@ -1,0 +1,87 @@
+"""The two logprob shapes of the OpenAI API, built from the engine's per-token ``{token_id: Logprob}`` dicts.
+
+Chat: ``{"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}``.
+Completions: ``{tokens, token_logprobs, top_logprobs: [{text: logprob}], text_offset}``, with echoed prompt
+positions first (the first prompt token has no logprob: ``null``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from candle_vllm.pyengine.outputs import Logprob
+
+FLOOR = -9999.0  # OpenAI clients choke on -inf; vLLM clamps to this value too
+
+TokenLogprobs = dict[int, Logprob]
+
+
+def _text(token_id: int, lp: Logprob | None, tokenizer: Any) -> str:
+    if lp is not None and lp.decoded_token is not None:
+        return lp.decoded_token
+    return tokenizer.id_to_piece(token_id)
+
+
+def _value(lp: Logprob | None) -> float:
+    return FLOOR if lp is None else max(float(lp.logprob), FLOOR)
+
+
+def _top(entry: TokenLogprobs, k: int) -> list[tuple[int, Logprob]]:
+    """The ``k`` most likely candidates of a position, most likely first."""
+    return sorted(entry.items(), key=lambda kv: -kv[1].logprob)[:k]
+
+
+def chat_logprobs(token_ids: Sequence[int], entries: Sequence[TokenLogprobs], top_k: int,
+                  tokenizer: Any) -> list[dict[str, Any]]:
+    """``choices[].logprobs.content`` items for generated tokens (one per token id)."""
+    content = []
+    for tid, entry in zip(token_ids, entries, strict=False):
+        text = _text(tid, entry.get(tid), tokenizer)
+        tops = []
+        for cand, lp in _top(entry, top_k):
+            cand_text = _text(cand, lp, tokenizer)
+            tops.append({"token": cand_text, "logprob": _value(lp), "bytes": list(cand_text.encode())})
+        content.append({"token": text, "logprob": _value(entry.get(tid)), "bytes": list(text.encode()),
+                        "top_logprobs": tops})
+    return content
+
+
+class CompletionLogprobs:
+    """Accumulates the completions-style logprobs of one choice, with running ``text_offset``."""
+
+    def __init__(self, top_k: int, tokenizer: Any, text_offset: int = 0) -> None:
+        self.top_k = top_k
+        self.tokenizer = tokenizer
+        self.offset = text_offset
+        self.tokens: list[str] = []
+        self.token_logprobs: list[float | None] = []
+        self.top_logprobs: list[dict[str, float] | None] = []
+        self.text_offset: list[int] = []
+
+    def add(self, token_ids: Sequence[int], entries: Sequence[TokenLogprobs | None]) -> None:
+        """Append positions; an entry of ``None`` (first prompt token) gives null logprob fields."""
+        for tid, entry in zip(token_ids, entries, strict=False):
+            lp = entry.get(tid) if entry is not None else None
+            text = _text(tid, lp, self.tokenizer)
+            self.tokens.append(text)
+            self.text_offset.append(self.offset)
+            self.offset += len(text)
+            if entry is None:
+                self.token_logprobs.append(None)
+                self.top_logprobs.append(None)
+                continue
+            self.token_logprobs.append(_value(lp))
+            top = {_text(c, clp, self.tokenizer): _value(clp) for c, clp in _top(entry, self.top_k)}
+            top.setdefault(text, _value(lp))  # the chosen token is always listed (k or k+1 entries)
+            self.top_logprobs.append(top)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "token_logprobs": self.token_logprobs,
+                "top_logprobs": self.top_logprobs, "text_offset": self.text_offset}
+
+    def take(self) -> dict[str, Any]:
+        """The positions added since the last ``take`` (for a stream chunk), clearing them."""
+        out = self.to_json()
+        self.tokens, self.token_logprobs, self.top_logprobs, self.text_offset = [], [], [], []
+        return out

@@ -1,0 +1,117 @@
+"""From a validated request to what the engine takes: prompt token ids and ``SamplingParams``.
+
+Every check a client can fail happens here, before the engine sees the request, and fails as a 400 that names
+the parameter: template errors, unsupported content, token ids outside the vocabulary, and prompts that
+(with the requested ``max_tokens``) do not fit the model's context.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from candle_vllm.api.errors import bad_request
+from candle_vllm.api.schemas import ChatCompletionRequest, ChatMessage, SamplingFields, TokenizeRequest
+from candle_vllm.pyengine.sampling.params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+def _message_dict(msg: ChatMessage, index: int) -> dict[str, Any]:
+    """A message as chat templates expect it (vLLM's preprocessing): text parts joined into one string,
+    tool-call arguments as dicts, reasoning under both names clients use."""
+    out = {k: v for k, v in msg.model_dump().items() if v is not None or k == "content"}
+    content = msg.content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            kind = part.get("type")
+            if kind in ("text", "input_text") and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            else:
+                raise bad_request(f"messages[{index}]: content part type {kind!r} is not supported by this model; "
+                                  "send text parts only", param=f"messages.{index}.content")
+        out["content"] = "\n".join(texts)
+    calls = out.get("tool_calls")
+    if calls == [] or calls is None:
+        out.pop("tool_calls", None)
+    elif isinstance(calls, list):
+        out["tool_calls"] = [_parse_arguments(c) for c in calls]
+    reasoning = out.get("reasoning_content", out.get("reasoning"))
+    if reasoning is not None:
+        out["reasoning_content"] = out["reasoning"] = reasoning
+    return out
+
+
+def _parse_arguments(call: Any) -> Any:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+        try:
+            args = json.loads(fn["arguments"])
+        except ValueError:
+            return call
+        if isinstance(args, dict):
+            return {**call, "function": {**fn, "arguments": args}}
+    return call
+
+
+def render_chat(tokenizer: Any, req: ChatCompletionRequest | TokenizeRequest) -> str:
+    """The prompt text of a chat request, rendered by the model's chat template (errors are 400s)."""
+    messages = [_message_dict(m, i) for i, m in enumerate(req.messages or [])]
+    tools = req.tools
+    if isinstance(req, ChatCompletionRequest) and req.tool_choice == "none":
+        tools = None
+    try:
+        return tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=req.add_generation_prompt,
+            chat_template_kwargs=req.chat_template_kwargs, chat_template=req.chat_template)
+    except Exception as exc:  # jinja errors, raise_exception() in templates, templates missing
+        log.info("chat template failed: %s", exc)
+        raise bad_request(f"the chat template could not be rendered: {exc}", param="messages") from None
+
+
+def check_response_format(req: ChatCompletionRequest) -> None:
+    """Structured output is not built yet: refuse it rather than answer unconstrained text."""
+    fmt = req.response_format
+    if fmt is not None and fmt.type != "text":
+        raise bad_request(f"response_format type {fmt.type!r} is not supported yet; use 'text' or omit it",
+                          param="response_format")
+
+
+def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    bad = [t for t in ids if t < 0 or t >= vocab_size]
+    if bad:
+        raise bad_request(f"token ids {bad[:5]} are outside the vocabulary (size {vocab_size})", param=param)
+
+
+def check_length(prompt_len: int, max_tokens: int | None, max_model_len: int) -> None:
+    """vLLM's context checks: the prompt must leave room for one token, and prompt + max_tokens must fit."""
+    if prompt_len == 0:
+        raise bad_request("the prompt is empty after tokenization", param="prompt")
+    if prompt_len >= max_model_len:
+        raise bad_request(f"this model's maximum context length is {max_model_len} tokens, but the prompt has "
+                          f"{prompt_len} tokens; shorten the prompt", param="input_tokens",
+                          code="context_length_exceeded")
+    if max_tokens is not None and prompt_len + max_tokens > max_model_len:
+        raise bad_request(f"this model's maximum context length is {max_model_len} tokens; the prompt has "
+                          f"{prompt_len} tokens and max_tokens asks for {max_tokens} more; lower max_tokens",
+                          param="max_tokens", code="context_length_exceeded")
+
+
+def sampling_params(req: SamplingFields, max_tokens: int | None, vocab_size: int, *, logprobs: int | None,
+                    prompt_logprobs: int | None = None) -> SamplingParams:
+    """The request's sampling fields as ``SamplingParams`` (unset fields stay unset for server defaults)."""
+    try:
+        params = SamplingParams(
+            n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
+            seed=req.seed, presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+            repetition_penalty=req.repetition_penalty, logit_bias=req.logit_bias, stop=req.stop_list(),
+            stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, min_tokens=req.min_tokens,
+            max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            skip_special_tokens=req.skip_special_tokens, include_stop_str_in_output=req.include_stop_str_in_output,
+        )
+        params.check_vocab(vocab_size)
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+    return params

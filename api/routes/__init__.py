@@ -1,0 +1,1 @@
+"""Route blueprints of the OpenAI-compatible API."""

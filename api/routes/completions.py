@@ -1,0 +1,170 @@
+"""``POST /v1/completions``: text or token-id prompts (one or a batch), echo, integer logprobs, SSE or JSON.
+
+A batch of prompts runs as one engine request per prompt; choice ``index`` is ``prompt_i * n + j``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from candle_vllm.api import sse
+from candle_vllm.api.generation import EngineRequest, KeepAlive
+from candle_vllm.api.logprobs import CompletionLogprobs
+from candle_vllm.api.prompts import check_length, check_token_ids, sampling_params
+from candle_vllm.api.routes.common import (
+    check_model,
+    collect,
+    event_stream,
+    get_state,
+    now_s,
+    read_json,
+    submit,
+)
+from candle_vllm.api.routes.common import usage as usage_of
+from candle_vllm.api.schemas import CompletionRequest, parse_request
+from candle_vllm.pyengine.outputs import CompletionOutput, RequestOutput
+from quart import Blueprint
+
+bp = Blueprint("completions", __name__)
+
+
+@dataclass(slots=True)
+class _Prompt:
+    text: str
+    ids: list[int]
+
+
+def _prompts(req: CompletionRequest, tokenizer: Any, max_model_len: int) -> list[_Prompt]:
+    out = []
+    for i, item in enumerate(req.prompts()):
+        param = "prompt" if not isinstance(req.prompt, list) else f"prompt.{i}"
+        if isinstance(item, str):
+            ids = tokenizer.encode(item, add_special_tokens=True)
+            out.append(_Prompt(item, ids))
+        else:
+            check_token_ids(item, tokenizer.vocab_size, param)
+            out.append(_Prompt(tokenizer.decode(item, skip_special_tokens=False) if req.echo else "", item))
+        check_length(len(out[-1].ids), req.token_limit(), max_model_len)
+    return out
+
+
+@bp.post("/v1/completions")
+async def completions() -> Any:
+    state = get_state()
+    req = parse_request(CompletionRequest, await read_json())
+    model = check_model(state, req.model)
+    tokenizer = state.engine.tokenizer
+    prompts = _prompts(req, tokenizer, state.engine.max_model_len)
+    echo_logprobs = req.logprobs if req.echo else None
+    params = sampling_params(req, req.token_limit(), tokenizer.vocab_size, logprobs=req.logprobs,
+                             prompt_logprobs=echo_logprobs)
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    requests = [EngineRequest(f"{request_id}-{i}", p.ids, params, p.text or None) for i, p in enumerate(prompts)]
+    batch, outputs, head = await submit(state, requests, req.stream)
+    view = CompletionView(req, request_id, model, now_s(), prompts, tokenizer)
+    if req.stream:
+        return event_stream(batch, lambda: view.events(head, outputs))
+    try:
+        last = await collect(outputs, len(prompts))
+    finally:
+        await batch.close()
+    return view.response(last)
+
+
+class CompletionView:
+    """Builds ``text_completion`` objects (whole, or chunk by chunk) for the prompts of one request."""
+
+    def __init__(self, req: CompletionRequest, request_id: str, model: str, created: int, prompts: list[_Prompt],
+                 tokenizer: Any) -> None:
+        self.req = req
+        self.base = {"id": request_id, "object": "text_completion", "created": created, "model": model}
+        self.prompts = prompts
+        self.tokenizer = tokenizer
+        opts = req.stream_options
+        self.include_usage = bool(opts and opts.include_usage)
+        self.continuous_usage = bool(opts and opts.continuous_usage_stats)
+        self.last: list[RequestOutput | None] = [None] * len(prompts)
+        self.started: set[int] = set()
+        self.finished: set[int] = set()
+        self.logprobs: dict[int, CompletionLogprobs] = {}
+
+    def _usage(self) -> dict[str, Any]:
+        return usage_of(self.last, [len(p.ids) for p in self.prompts])
+
+    def _choice(self, prompt_i: int, out: RequestOutput | None, c: CompletionOutput, whole: bool) -> dict[str, Any]:
+        """A choice with the text/logprobs since the last chunk (``whole``: everything, for a response)."""
+        index = prompt_i * self.req.n + c.index
+        first = index not in self.started
+        self.started.add(index)
+        text = c.text if whole else c.text_delta
+        ids = c.token_ids if whole else c.token_ids_delta
+        entries = c.logprobs if whole else c.logprobs_delta
+        prompt = self.prompts[prompt_i]
+        if self.req.echo and first:
+            text = prompt.text + text
+        logprobs = None
+        if self.req.logprobs is not None:
+            acc = self.logprobs.setdefault(index, CompletionLogprobs(self.req.logprobs, self.tokenizer))
+            if self.req.echo and first:
+                prompt_entries = (out.prompt_logprobs if out else None) or [None] * len(prompt.ids)
+                acc.add(prompt.ids, prompt_entries)
+            acc.add(ids, entries or [{} for _ in ids])
+            logprobs = acc.take()
+        finish = c.finish_reason
+        if finish:
+            self.finished.add(index)
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish,
+                "stop_reason": c.stop_reason}
+
+    def response(self, last: list[RequestOutput | None]) -> dict[str, Any]:
+        self.last = last
+        choices = []
+        for prompt_i, out in enumerate(last):
+            by_index = {c.index: c for c in (out.outputs if out else [])}
+            for j in range(self.req.n):
+                c = by_index.get(j) or CompletionOutput(index=j)
+                choice = self._choice(prompt_i, out, c, whole=True)
+                choice["finish_reason"] = choice["finish_reason"] or "abort"
+                choices.append(choice)
+        return {**self.base, "choices": choices, "usage": self._usage()}
+
+    def _chunk(self, choices: list[dict[str, Any]]) -> bytes:
+        body: dict[str, Any] = {**self.base, "choices": choices}
+        if self.include_usage:
+            body["usage"] = self._usage() if self.continuous_usage else None
+        return sse.event(body)
+
+    def _render(self, item: Any) -> list[bytes]:
+        if isinstance(item, KeepAlive):
+            return [sse.PING]
+        prompt_i, out = item
+        self.last[prompt_i] = out
+        chunks = []
+        for c in out.outputs:
+            index = prompt_i * self.req.n + c.index
+            if index in self.finished:
+                continue
+            wants_logprobs = self.req.logprobs is not None and c.token_ids_delta
+            if c.text_delta or wants_logprobs or c.finish_reason or (self.req.echo and index not in self.started):
+                chunks.append(self._chunk([self._choice(prompt_i, out, c, whole=False)]))
+        return chunks
+
+    async def events(self, head: list[Any], outputs: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+        """All SSE events of the stream, ending with ``[DONE]``."""
+        for item in head:
+            for chunk in self._render(item):
+                yield chunk
+        async for item in outputs:
+            for chunk in self._render(item):
+                yield chunk
+        for prompt_i in range(len(self.prompts)):  # the server ended requests (draining): all choices finish
+            for j in range(self.req.n):
+                if prompt_i * self.req.n + j not in self.finished:
+                    c = CompletionOutput(index=j, finish_reason="abort")
+                    yield self._chunk([self._choice(prompt_i, self.last[prompt_i], c, whole=False)])
+        if self.include_usage:
+            yield sse.event({**self.base, "choices": [], "usage": self._usage()})
+        yield sse.DONE

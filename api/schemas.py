@@ -1,0 +1,196 @@
+"""Request bodies of the OpenAI-compatible routes (pydantic models) and their validation.
+
+The models accept unknown fields (clients send vendor extras such as ``ignore_eos`` or ``chat_template_kwargs``)
+and declare the ranges OpenAI and vLLM enforce, so a bad value is a 400 naming the parameter, and
+``/openapi.json`` documents the same constraints the server checks.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypeVar
+
+from candle_vllm.api.errors import APIError, bad_request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_TOP_LOGPROBS = 20
+MAX_N = 128
+
+NonNegInt = Annotated[int, Field(ge=0)]
+M = TypeVar("M", bound=BaseModel)
+
+
+class _Open(BaseModel):
+    """Base for request models: unknown fields are kept (and ignored) instead of rejected."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Open):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class ResponseFormat(_Open):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class ChatMessage(_Open):
+    """One message; content is text, a list of content parts, or null (assistant turns with tool calls)."""
+
+    role: str = Field(min_length=1)
+    content: str | list[dict[str, Any]] | None = None
+
+
+class SamplingFields(_Open):
+    """Fields shared by chat and completions that map onto ``SamplingParams``."""
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    best_of: int | None = Field(None, ge=1, le=MAX_N)
+    temperature: float | None = Field(None, ge=0.0, le=100.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=100.0)
+    logit_bias: dict[str, float] | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[NonNegInt] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
+    max_tokens: int | None = Field(None, ge=1)
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    @model_validator(mode="after")
+    def _check_common(self) -> SamplingFields:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options can only be set when stream is true")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of different from n is not supported; leave best_of unset")
+        for key, value in (self.logit_bias or {}).items():
+            if not key.lstrip("-").isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            if not -100.0 <= value <= 100.0:
+                raise ValueError(f"logit_bias values must be within [-100, 100], got {value} for token {key}")
+        return self
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class ChatCompletionRequest(SamplingFields):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _check_chat(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs to be true")
+        return self
+
+    def token_limit(self) -> int | None:
+        """``max_completion_tokens`` wins over the deprecated ``max_tokens``."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+PromptInput = str | list[str] | list[int] | list[list[int]]
+
+
+class CompletionRequest(SamplingFields):
+    """``POST /v1/completions``: the prompt is text, token ids, or a batch of either."""
+
+    prompt: PromptInput
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _check_completion(self) -> CompletionRequest:
+        if self.suffix:
+            raise ValueError("suffix is not supported; put the whole text in prompt")
+        if isinstance(self.prompt, list) and (
+            not self.prompt or any(isinstance(p, list | str) and not p for p in self.prompt)
+        ):
+            raise ValueError("prompt must not be empty")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        """The batch as a list: each item is text or token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
+
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+
+class TokenizeRequest(_Open):
+    """``POST /tokenize``: a completion prompt or chat messages, as vLLM's tokenizer endpoint takes them."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+    tools: list[dict[str, Any]] | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        return self
+
+
+class DetokenizeRequest(_Open):
+    """``POST /detokenize``."""
+
+    model: str | None = None
+    tokens: list[NonNegInt]
+
+
+def parse_request(model: type[M], body: Any) -> M:
+    """Validate a decoded JSON body; any problem becomes a 400 naming the first offending parameter."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+def validation_error(exc: ValidationError) -> APIError:
+    """A 400 listing pydantic's complaints (at most three) with ``param`` set to the first location."""
+    errors = exc.errors(include_url=False, include_input=False)
+    parts = []
+    for err in errors[:3]:
+        loc = ".".join(str(x) for x in err["loc"])
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    first_loc = ".".join(str(x) for x in errors[0]["loc"]) if errors else ""
+    return bad_request("; ".join(parts) or "invalid request", param=first_loc or None)

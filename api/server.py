@@ -1,0 +1,90 @@
+"""Serve the app with hypercorn's trio worker in the engine's nursery, and shut down on SIGINT/SIGTERM by
+draining: new requests get 503, in-flight ones get ``shutdown_timeout_s`` to finish, the rest end with
+``finish_reason: "abort"`` and ``[DONE]``, then the listeners close; the whole sequence stays under 5 s."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+import trio
+from candle_vllm.api.app import create_app
+from candle_vllm.api.binds import Bind
+from candle_vllm.api.state import ServerConfig, ServerState
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+log = logging.getLogger(__name__)
+
+ABORT_GRACE_S = 1.0  # after aborting, how long streams get to write their last chunks
+HTTP_GRACE_S = 1.0  # hypercorn's wait for open connections once the listeners are closed
+
+
+def hypercorn_config(binds: list[Bind]) -> HypercornConfig:
+    cfg = HypercornConfig()
+    cfg.bind = [b.hypercorn for b in binds]
+    cfg.graceful_timeout = HTTP_GRACE_S
+    cfg.accesslog = None
+    cfg.keep_alive_timeout = 30
+    if any(b.kind == "unix" for b in binds):
+        cfg.umask = 0o177  # the socket file is created 0600: only this user may talk to the server
+    return cfg
+
+
+async def drain(state: ServerState, timeout_s: float) -> None:
+    """Refuse new requests, let in-flight ones finish for ``timeout_s``, then abort what is left."""
+    state.draining = True
+    log.info("draining: %d request(s) in flight, %.1f s to finish", state.num_active, timeout_s)
+    with trio.move_on_after(timeout_s):
+        await state.wait_idle()
+    if state.num_active:
+        log.info("aborting %d request(s) still running", state.num_active)
+        state.abort_all()
+        with trio.move_on_after(ABORT_GRACE_S):
+            await state.wait_idle()
+
+
+async def wait_for_signal() -> None:
+    """Return at the first SIGINT or SIGTERM."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            return
+
+
+async def serve(
+    engine: Any,
+    config: ServerConfig,
+    binds: list[Bind],
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]] = wait_for_signal,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``engine`` on ``binds`` until ``shutdown_trigger`` returns, then drain and stop.
+
+    ``task_status.started`` receives the real URLs (port 0 resolved), so callers can print or test them.
+    """
+    state = ServerState(engine, config)
+    app = create_app(state)
+    stop = trio.Event()
+    try:
+        async with trio.open_nursery() as nursery:
+            state.nursery = nursery
+            urls = await nursery.start(partial(hypercorn_serve, app, hypercorn_config(binds),
+                                               shutdown_trigger=stop.wait))
+            task_status.started(urls)
+            await shutdown_trigger()
+            await drain(state, config.shutdown_timeout_s)
+            stop.set()
+            # hypercorn closes its connections within HTTP_GRACE_S; nothing may outlive that by much
+            nursery.cancel_scope.deadline = trio.current_time() + HTTP_GRACE_S + 0.5
+    finally:
+        for b in binds:
+            if b.kind == "unix":
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(b.address)

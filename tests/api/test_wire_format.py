@@ -1,0 +1,194 @@
+"""The OpenAI wire format through the real HTTP stack, read by the official ``openai`` client and its pydantic
+types (the oracle), in front of the scripted fake engine (fast and deterministic)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+from candle_vllm.api.state import ServerConfig
+from openai.types import Completion
+from openai.types.chat import ChatCompletionChunk
+
+from tests.api.conftest import ServerThread, engine_cm, running, tcp_bind
+from tests.api.fake_engine import DEFAULT_MAX_TOKENS, FakeEngine
+
+MESSAGES = [{"role": "user", "content": "Name a colour."}]
+
+
+@pytest.fixture(scope="module")
+def server(smol_tokenizer) -> Iterator[ServerThread]:
+    engine = FakeEngine(smol_tokenizer, delay_s=0.002)
+    with running(engine_cm(engine), ServerConfig(keepalive_s=5.0), tcp_bind()) as srv:
+        yield srv
+
+
+def sse_events(raw: str) -> list[str]:
+    """Data payloads of an SSE body, checking the framing: events are ``data: ...`` or ``:`` comments."""
+    events = []
+    for block in raw.split("\n\n"):
+        if not block:
+            continue
+        assert block.startswith(("data: ", ":")), block
+        if block.startswith("data: "):
+            events.append(block[len("data: "):])
+    return events
+
+
+def test_chat_non_stream_n2_logprobs(server: ServerThread, smol_tokenizer) -> None:
+    r = server.openai().chat.completions.create(model="fake-model", messages=MESSAGES, n=2, logprobs=True,
+                                                top_logprobs=3, max_completion_tokens=4, max_tokens=50)
+    assert [c.index for c in r.choices] == [0, 1]
+    assert r.choices[0].message.content != r.choices[1].message.content
+    prompt = smol_tokenizer.encode(smol_tokenizer.apply_chat_template(MESSAGES), add_special_tokens=False)
+    assert r.usage.prompt_tokens == len(prompt)
+    assert r.usage.completion_tokens == 2 * 4  # max_completion_tokens wins over max_tokens
+    assert r.usage.total_tokens == len(prompt) + 8
+    assert r.usage.prompt_tokens_details.cached_tokens == 0
+    for choice in r.choices:
+        assert choice.finish_reason == "length"
+        content = choice.logprobs.content
+        assert len(content) == 4
+        assert "".join(t.token for t in content) == choice.message.content
+        for t in content:
+            assert len(t.top_logprobs) == 3
+            assert t.bytes == list(t.token.encode())
+            assert [x.logprob for x in t.top_logprobs] == sorted((x.logprob for x in t.top_logprobs), reverse=True)
+            assert t.logprob <= 0
+
+
+def test_chat_stream_invariants(server: ServerThread) -> None:
+    with server.http() as http:
+        raw = http.post("/v1/chat/completions", json={
+            "model": "fake-model", "messages": MESSAGES, "n": 2, "stream": True, "max_tokens": 5,
+            "stream_options": {"include_usage": True}, "logprobs": True, "top_logprobs": 0,
+            "some_unknown_field": {"x": 1}}).text
+    events = sse_events(raw)
+    assert events[-1] == "[DONE]"
+    chunks = [ChatCompletionChunk.model_validate_json(e) for e in events[:-1]]
+    assert len({c.id for c in chunks}) == 1 and len({c.created for c in chunks}) == 1
+    roles: Counter[int] = Counter()
+    finishes: Counter[int] = Counter()
+    text: dict[int, str] = {0: "", 1: ""}
+    for c in chunks[:-1]:
+        assert c.usage is None and len(c.choices) == 1
+        ch = c.choices[0]
+        roles[ch.index] += ch.delta.role == "assistant"
+        finishes[ch.index] += ch.finish_reason is not None
+        text[ch.index] += ch.delta.content or ""
+        if ch.delta.content:
+            assert ch.logprobs is not None and all(t.top_logprobs == [] for t in ch.logprobs.content)
+    assert roles == {0: 1, 1: 1} and finishes == {0: 1, 1: 1}
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens == 10
+    assert text[0] and text[1]
+
+
+def test_stream_equals_non_stream(server: ServerThread) -> None:
+    client = server.openai()
+    whole = client.chat.completions.create(model="fake-model", messages=MESSAGES, max_tokens=6)
+    parts = client.chat.completions.create(model="fake-model", messages=MESSAGES, max_tokens=6, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in parts if c.choices) == whole.choices[0].message.content
+
+
+def test_completions_batch_echo_logprobs(server: ServerThread, smol_tokenizer) -> None:
+    prompts = ["The sky is", "One two three"]
+    r = server.openai().completions.create(model="fake-model", prompt=prompts, n=2, echo=True, logprobs=2,
+                                           max_tokens=3)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    for c in r.choices:
+        prompt = prompts[c.index // 2]
+        ids = smol_tokenizer.encode(prompt)
+        assert c.text.startswith(prompt)
+        lp = c.logprobs
+        assert len(lp.tokens) == len(ids) + 3
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        assert all(isinstance(x, float) for x in lp.token_logprobs[1:])
+        assert all(2 <= len(d) <= 3 for d in lp.top_logprobs[1:])
+        assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+        assert "".join(lp.tokens) == c.text
+    assert r.usage.prompt_tokens == sum(len(smol_tokenizer.encode(p)) for p in prompts)
+    assert r.usage.completion_tokens == 4 * 3
+
+
+def test_completions_token_prompts_stream(server: ServerThread, smol_tokenizer) -> None:
+    ids = [smol_tokenizer.encode("hello world"), smol_tokenizer.encode("good night")]
+    with server.http() as http:
+        raw = http.post("/v1/completions", json={"prompt": ids, "stream": True, "max_tokens": 4,
+                                                 "stream_options": {"include_usage": True}}).text
+    events = sse_events(raw)
+    assert events[-1] == "[DONE]"
+    # the SDK builds completion chunks without validation (finish_reason is null mid-stream)
+    chunks = [Completion.model_construct(**json.loads(e)) for e in events[:-1]]
+    assert all(c.object == "text_completion" for c in chunks)
+    finishes = Counter(c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason)
+    assert finishes == {0: 1, 1: 1}
+    assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == len(ids[0]) + len(ids[1])
+
+
+def test_single_token_id_prompt(server: ServerThread, smol_tokenizer) -> None:
+    ids = smol_tokenizer.encode("hello")
+    r = server.openai().completions.create(model="fake-model", prompt=ids, max_tokens=2)
+    assert r.usage.prompt_tokens == len(ids) and len(r.choices) == 1
+
+
+def test_default_max_tokens_left_to_engine(server: ServerThread) -> None:
+    r = server.openai().chat.completions.create(model="fake-model", messages=MESSAGES)
+    assert r.usage.completion_tokens == DEFAULT_MAX_TOKENS
+    assert server.engine.seen_params[-1].max_tokens is None
+
+
+def test_sampling_fields_reach_engine(server: ServerThread) -> None:
+    server.openai().chat.completions.create(
+        model="fake-model", messages=MESSAGES, max_tokens=2, temperature=0.5, top_p=0.9, seed=7, stop=["x", "y"],
+        frequency_penalty=0.5, logit_bias={"42": 3.0}, extra_body={"top_k": 5, "min_p": 0.1, "ignore_eos": True,
+                                                                   "repetition_penalty": 1.1, "min_tokens": 1})
+    p = server.engine.seen_params[-1]
+    assert (p.temperature, p.top_p, p.seed, p.stop, p.top_k, p.min_p) == (0.5, 0.9, 7, ["x", "y"], 5, 0.1)
+    assert (p.ignore_eos, p.repetition_penalty, p.min_tokens, p.frequency_penalty) == (True, 1.1, 1, 0.5)
+    assert p.logit_bias == {42: 3.0}
+    assert p.explicit_fields >= {"temperature", "top_p", "seed"} and "presence_penalty" not in p.explicit_fields
+
+
+def test_models_and_small_routes(server: ServerThread, smol_tokenizer) -> None:
+    models = server.openai().models.list()
+    assert [m.id for m in models.data] == ["fake-model"]
+    card = models.data[0].model_dump()
+    assert card["max_model_len"] == 512 and card["owned_by"] and isinstance(card["created"], int)
+    with server.http() as http:
+        assert http.get("/health").status_code == 200 and http.get("/health").text == ""
+        assert http.get("/version").json()["version"]
+        tok = http.post("/tokenize", json={"prompt": "Hello there", "return_token_strs": True}).json()
+        assert tok["tokens"] == smol_tokenizer.encode("Hello there") and tok["count"] == len(tok["tokens"])
+        assert "".join(tok["token_strs"]) == "Hello there"
+        assert http.post("/detokenize", json={"tokens": tok["tokens"]}).json()["prompt"] == "Hello there"
+        chat = http.post("/tokenize", json={"messages": MESSAGES}).json()
+        assert chat["tokens"] == smol_tokenizer.encode(smol_tokenizer.apply_chat_template(MESSAGES),
+                                                       add_special_tokens=False)
+        info = http.get("/tokenizer_info").json()
+        assert info["eos_token"] == "<|im_end|>" and info["chat_template"] == smol_tokenizer.chat_template
+        spec = http.get("/openapi.json").json()
+        assert {"/v1/chat/completions", "/v1/completions", "/tokenize", "/metrics"} <= set(spec["paths"])
+
+
+def test_metrics_count_requests(server: ServerThread) -> None:
+    before = server.metrics()
+    for _ in range(3):
+        server.openai().completions.create(model="fake-model", prompt="abc", max_tokens=4)
+    after = server.metrics()
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    assert delta["vllm:time_to_first_token_seconds_count"] == 3
+    assert delta["vllm:inter_token_latency_seconds_count"] == 3 * (4 - 1)
+    assert delta["vllm:e2e_request_latency_seconds_count"] == 3
+    assert delta["vllm:generation_tokens_total"] == 12
+    assert delta['vllm:request_success_total{finished_reason="length"}'] == 3
+    assert after["vllm:num_requests_running"] == 0 and after["vllm:kv_cache_usage_perc"] == 0
+
+
+def test_raw_sse_is_valid_json_and_done(server: ServerThread) -> None:
+    with server.http() as http:
+        raw = http.post("/v1/completions", json={"prompt": "x", "stream": True, "max_tokens": 2}).text
+    events = sse_events(raw)
+    assert events[-1] == "[DONE]" and all(json.loads(e)["object"] == "text_completion" for e in events[:-1])
