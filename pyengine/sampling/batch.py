@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from candle_vllm.pyengine.sampling.params import SamplingParams
@@ -60,6 +61,7 @@ class SamplingBatch:
     temperature: torch.Tensor  # f32 [B], 1.0 on greedy rows
     top_k: torch.Tensor | None  # int64 [B], 0 = disabled
     max_top_k: int
+    top_k_on_every_row: bool  # every sampled (non-greedy) row has a top-k: sort only max_top_k per row
     top_p: torch.Tensor | None  # f32 [B]
     min_p: torch.Tensor | None  # f32 [B]
     logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # (rows, token ids, biases)
@@ -90,7 +92,7 @@ class SamplingBatch:
         params = [row.params for row in rows]
         greedy = [p.is_greedy for p in params]
         random_params = [p for p in params if not p.is_greedy]
-        top_k = [0 if p.is_greedy or p.top_k >= vocab_size else p.top_k for p in params]
+        top_k, top_k_on_every_row = _top_k(params, vocab_size)
         generators = [_row_generator(i, row, device) for i, row in enumerate(rows)]
         requested = [p.logprobs for p in params if p.logprobs is not None]
 
@@ -106,6 +108,7 @@ class SamplingBatch:
             temperature=per_row([1.0 if p.is_greedy else p.temperature for p in params], torch.float32),
             top_k=per_row(top_k, torch.int64) if any(top_k) else None,
             max_top_k=max(top_k, default=0),
+            top_k_on_every_row=top_k_on_every_row,
             top_p=per_row([p.top_p for p in params], torch.float32)
             if any(p.top_p < 1.0 for p in random_params)
             else None,
@@ -119,6 +122,20 @@ class SamplingBatch:
             num_logprobs=[p.logprobs for p in params],
             max_num_logprobs=max(requested) if requested else None,
         )
+
+
+def _top_k(params: Sequence[SamplingParams], vocab_size: int) -> tuple[list[int], bool]:
+    """Per-row top-k (0 = none) and whether every sampled row has one."""
+
+    def effective(p: SamplingParams) -> int:
+        return p.top_k if p.top_k < vocab_size else 0  # a top-k covering the vocabulary is no top-k
+
+    on_every_row = all(effective(p) for p in params if not p.is_greedy) and not all(
+        p.is_greedy for p in params
+    )
+    # Greedy rows never use their value; top-1 (the same as greedy) keeps the "every row" fast path open.
+    greedy_value = 1 if on_every_row else 0
+    return [greedy_value if p.is_greedy else effective(p) for p in params], on_every_row
 
 
 def _row_generator(index: int, row: SamplingRow, device: torch.device) -> torch.Generator | None:
@@ -190,8 +207,8 @@ def _penalties(rows: Sequence[SamplingRow], vocab_size: int, device: torch.devic
     output_counts = _token_counts([row.output_token_ids for row in chosen], vocab_size, device)
     seen = None
     if uses_repetition:
-        seen = _token_counts([row.prompt_token_ids for row in chosen], vocab_size, device) > 0
-        seen |= output_counts > 0
+        seen = output_counts > 0
+        seen[_flat_indices([row.prompt_token_ids for row in chosen], vocab_size, device)] = True
     return Penalties(
         rows=torch.tensor(picked, dtype=torch.int64).to(device),
         repetition=floats("repetition_penalty"),
@@ -202,17 +219,24 @@ def _penalties(rows: Sequence[SamplingRow], vocab_size: int, device: torch.devic
     )
 
 
+def _flat_indices(
+    sequences: Sequence[Sequence[int]], vocab_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, token) index pairs of every token of every sequence, for scatter-style updates of [N, V]."""
+    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.int64)
+    total = int(lengths.sum())
+    tokens = torch.from_numpy(
+        np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=total)
+    )
+    if total and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        raise ValueError(f"token ids must lie in [0, {vocab_size}) to apply penalties")
+    rows = torch.repeat_interleave(torch.arange(len(sequences)), lengths)
+    return rows.to(device), tokens.to(device)
+
+
 def _token_counts(sequences: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
     """f32 [len(sequences), vocab_size]: how often each token occurs in each sequence."""
     counts = torch.zeros(len(sequences), vocab_size, dtype=torch.float32, device=device)
-    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.int64)
-    if int(lengths.sum()) == 0:
-        return counts
-    tokens = torch.tensor(list(itertools.chain.from_iterable(sequences)), dtype=torch.int64)
-    if int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size:
-        raise ValueError(f"token ids must lie in [0, {vocab_size}) to apply penalties")
-    rows = torch.repeat_interleave(torch.arange(len(sequences)), lengths)
-    counts.index_put_(
-        (rows.to(device), tokens.to(device)), torch.ones(len(tokens), device=device), accumulate=True
-    )
+    rows, tokens = _flat_indices(sequences, vocab_size, device)
+    counts.index_put_((rows, tokens), torch.ones(len(tokens), device=device), accumulate=True)
     return counts

@@ -65,7 +65,9 @@ class Sampler:
         if greedy_ids is not None and batch.all_greedy:
             return greedy_ids
         logits.div_(batch.temperature[:, None])
-        logits = apply_top_k_top_p(logits, batch.top_k, batch.max_top_k, batch.top_p)
+        logits = apply_top_k_top_p(
+            logits, batch.top_k, batch.max_top_k, batch.top_p, batch.top_k_on_every_row
+        )
         if batch.min_p is not None:
             apply_min_p(logits, batch.min_p)
         probs = logits.softmax(dim=-1)

@@ -56,12 +56,21 @@ def test_top_k_one_equals_greedy_for_seeded_and_unseeded_rows() -> None:
         assert sampler(logits, batch).sampled_token_ids.tolist() == np.argmax(logits.numpy(), axis=1).tolist()
 
 
-def test_mixed_batch_greedy_rows_unaffected_by_random_rows() -> None:
+@pytest.mark.parametrize("random_top_k", [0, 5])
+def test_mixed_batch_greedy_rows_unaffected_by_random_rows(random_top_k: int) -> None:
     logits = random_logits(6, 300, 2)
-    rows = [SamplingRow(SamplingParams(temperature=0.0 if i % 3 == 0 else 1.0), []) for i in range(6)]
-    out = Sampler()(logits, SamplingBatch.build(rows, 300, "cpu")).sampled_token_ids
+    rows = [
+        SamplingRow(SamplingParams(temperature=0.0 if i % 3 == 0 else 1.0, top_k=random_top_k), [])
+        for i in range(6)
+    ]
+    batch = SamplingBatch.build(rows, 300, "cpu")
+    assert batch.top_k_on_every_row == (random_top_k > 0)
+    out = Sampler()(logits, batch).sampled_token_ids
     argmax = logits.argmax(dim=-1)
     assert out[0] == argmax[0] and out[3] == argmax[3]
+    if random_top_k:
+        top = logits.topk(random_top_k, dim=-1).indices
+        assert all(int(out[i]) in top[i].tolist() for i in range(6))
 
 
 def run_request(position: int, others: list[SamplingParams], seed: int, steps: int = 8) -> list[int]:
@@ -179,7 +188,9 @@ def test_cuda_matches_cpu_semantics() -> None:
         SamplingRow(r.params, r.output_token_ids, r.prompt_token_ids, make_generator(i, device))
         for i, r in enumerate(rows)
     ]
-    again = Sampler()(logits, SamplingBatch.build(rows_again[::-1], 32_000, device, eos_token_ids={2}))
+    again = Sampler()(
+        logits.flip(0), SamplingBatch.build(rows_again[::-1], 32_000, device, eos_token_ids={2})
+    )
     assert torch.equal(again.sampled_token_ids.flip(0), first.sampled_token_ids)
     assert first.logprobs is not None
     torch.testing.assert_close(

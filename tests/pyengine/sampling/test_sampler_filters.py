@@ -55,35 +55,43 @@ def random_logits(rows: int, seed: int) -> torch.Tensor:
     return torch.randn(rows, V, generator=g) * 2.5
 
 
+def kept_tokens(masked: torch.Tensor) -> set[int]:
+    return set(torch.isfinite(masked).nonzero().flatten().tolist())
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_masks_match_reference(seed: int) -> None:
+    """Rows with and without top-k: the full-sort path."""
     logits = random_logits(len(ROW_SETTINGS), seed)
     top_k = torch.tensor([0 if k >= V else k for k, _, _ in ROW_SETTINGS])
     top_p = torch.tensor([p for _, p, _ in ROW_SETTINGS])
     min_p = torch.tensor([m for _, _, m in ROW_SETTINGS])
-    masked = apply_min_p(apply_top_k_top_p(logits.clone(), top_k, int(top_k.max()), top_p), min_p)
+    masked = apply_min_p(apply_top_k_top_p(logits.clone(), top_k, int(top_k.max()), top_p, False), min_p)
     for i, (k, p, m) in enumerate(ROW_SETTINGS):
-        kept = set(torch.isfinite(masked[i]).nonzero().flatten().tolist())
+        kept = kept_tokens(masked[i])
         assert kept == kept_reference(logits[i].double().numpy(), k, p, m), (k, p, m)
         keep_idx = sorted(kept)
         assert torch.equal(masked[i, keep_idx], logits[i, keep_idx])
 
 
-def test_top_k_only_path_matches_reference() -> None:
-    """Without top-p the sampler uses torch.topk instead of a full sort."""
-    logits = random_logits(6, 3)
-    ks = [0, 1, 2, 7, V - 1, 30]
-    masked = apply_top_k_top_p(logits.clone(), torch.tensor(ks), max(ks), None)
-    for i, k in enumerate(ks):
-        kept = set(torch.isfinite(masked[i]).nonzero().flatten().tolist())
-        assert kept == kept_reference(logits[i].double().numpy(), k, 1.0, 0.0)
+@pytest.mark.parametrize("with_top_p", [False, True])
+def test_top_k_on_every_row_path_matches_reference(with_top_p: bool) -> None:
+    """Every row has a top-k: only the best max_top_k logits per row are sorted."""
+    ks = [1, 2, 7, V - 1, 30, 12]
+    ps = [1.0, 0.5, 0.9, 0.95, 1e-4, 0.999] if with_top_p else [1.0] * len(ks)
+    logits = random_logits(len(ks), 3)
+    top_p = torch.tensor(ps) if with_top_p else None
+    masked = apply_top_k_top_p(logits.clone(), torch.tensor(ks), max(ks), top_p, True)
+    for i, (k, p) in enumerate(zip(ks, ps, strict=True)):
+        assert kept_tokens(masked[i]) == kept_reference(logits[i].double().numpy(), k, p, 0.0), (k, p)
 
 
-def test_top_k_keeps_ties() -> None:
+@pytest.mark.parametrize("every_row", [False, True])
+def test_top_k_keeps_exactly_k_among_ties(every_row: bool) -> None:
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.5, 3.0]])
-    for top_p in (None, torch.tensor([1.0])):
-        masked = apply_top_k_top_p(logits.clone(), torch.tensor([2]), 2, top_p)
-        assert torch.isfinite(masked[0]).tolist() == [False, True, True, False, True]
+    masked = apply_top_k_top_p(logits.clone(), torch.tensor([2]), 2, torch.tensor([1.0]), every_row)
+    kept = kept_tokens(masked[0])
+    assert len(kept) == 2 and kept <= {1, 2, 4}
 
 
 def test_samples_stay_inside_reference_set() -> None:
