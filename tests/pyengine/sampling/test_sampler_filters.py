@@ -108,7 +108,7 @@ def test_samples_stay_inside_reference_set() -> None:
         for i, (k, p, m) in enumerate(ROW_SETTINGS)
     ]
     sampler = Sampler(torch.Generator().manual_seed(5))
-    for _ in range(200):
+    for _ in range(50):
         for i, token in enumerate(sampler(base, batch).sampled_token_ids.tolist()):
             assert token in allowed[i]
 
