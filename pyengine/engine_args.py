@@ -19,16 +19,29 @@ from typing import Any
 import torch
 
 KV_CACHE_DTYPES: dict[str, str] = {
-    "auto": "auto", "fp8": "fp8", "e4m3": "fp8", "turbo8": "turbo8", "k8v4": "turbo8",
-    "turbo4": "turbo4", "4bit": "turbo4", "turbo3": "turbo3", "k3v4": "turbo3",
+    "auto": "auto",
+    "fp8": "fp8",
+    "e4m3": "fp8",
+    "turbo8": "turbo8",
+    "k8v4": "turbo8",
+    "turbo4": "turbo4",
+    "4bit": "turbo4",
+    "turbo3": "turbo3",
+    "k3v4": "turbo3",
 }  # accepted spelling -> canonical name
 ISQ_TYPES: tuple[str, ...] = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2k", "q3k", "q4k", "q5k", "q6k")
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 LOAD_FORMATS: tuple[str, ...] = ("auto", "dummy")
 
 # Flags whose name is not `--` + the field name with dashes.
-FLAG_NAMES: dict[str, str] = {"model": "--m", "weight_path": "--w", "weight_file": "--f", "device_ids": "--d",
-                              "host": "--h", "port": "--p"}
+FLAG_NAMES: dict[str, str] = {
+    "model": "--m",
+    "weight_path": "--w",
+    "weight_file": "--f",
+    "device_ids": "--d",
+    "host": "--h",
+    "port": "--p",
+}
 
 
 def flag_name(field: str) -> str:
@@ -54,7 +67,9 @@ NOT_YET_SUPPORTED: tuple[PendingFeature, ...] = (
     PendingFeature("kvcache_dtype", "quantized KV cache", lambda v: v not in (None, "auto")),
     PendingFeature("multithread", "multi-threaded tensor parallelism", bool),
     PendingFeature("num_nodes", "multi-node inference", lambda v: v > 1),
-    PendingFeature("device_ids", "tensor parallelism over several devices", lambda v: v is not None and len(v) > 1),
+    PendingFeature(
+        "device_ids", "tensor parallelism over several devices", lambda v: v is not None and len(v) > 1
+    ),
     PendingFeature("mcp_config", "MCP tools", lambda v: v is not None),
     PendingFeature("mcp_command", "MCP tools", lambda v: v is not None),
     PendingFeature("mcp_args", "MCP tools", lambda v: v is not None),
@@ -74,17 +89,30 @@ def check_supported(values: Mapping[str, Any]) -> None:
             value = values[pending.field]
             shown = ",".join(map(str, value)) if isinstance(value, list) else value
             given = flag_name(pending.field) + ("" if isinstance(value, bool) else f" {shown}")
-            raise UnsupportedFeatureError(f"{given} is not supported yet ({pending.feature} is not built); remove it")
+            raise UnsupportedFeatureError(
+                f"{given} is not supported yet ({pending.feature} is not built); remove it"
+            )
 
 
-def _check_number(values: Mapping[str, Any], field: str, lo: float | None = None, hi: float | None = None,
-                  *, lo_open: bool = False, integer: bool = False) -> None:
+def _check_number(
+    values: Mapping[str, Any],
+    field: str,
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    lo_open: bool = False,
+    integer: bool = False,
+) -> None:
     value = values[field]
     if value is None:
         return
     kinds = (int,) if integer else (int, float)
     bad = isinstance(value, bool) or not isinstance(value, kinds)
-    bad = bad or (lo is not None and (value <= lo if lo_open else value < lo)) or (hi is not None and value > hi)
+    bad = (
+        bad
+        or (lo is not None and (value <= lo if lo_open else value < lo))
+        or (hi is not None and value > hi)
+    )
     if bad:
         left = "(" if lo_open else "["
         span = f"{left}{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
@@ -179,7 +207,9 @@ class EngineArgs:
         _check_number(v, "num_nodes", 1, integer=True)
         _check_number(v, "node_rank", 0, integer=True)
         if self.node_rank >= self.num_nodes:
-            raise ValueError(f"node_rank (--node-rank) must be below --num-nodes ({self.num_nodes}), got {self.node_rank}")
+            raise ValueError(
+                f"node_rank (--node-rank) must be below --num-nodes ({self.num_nodes}), got {self.node_rank}"
+            )
         _check_number(v, "master_port", 1, 65535, integer=True)
         ids = self.device_ids
         if ids is not None:
@@ -194,8 +224,10 @@ class EngineArgs:
         known = [f.name for f in dataclasses.fields(cls)]
         unknown = [k for k in kwargs if k not in known]
         if unknown:
-            hints = [f"{k} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(k, known, 1)) else k
-                     for k in unknown]
+            hints = [
+                f"{k} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(k, known, 1)) else k
+                for k in unknown
+            ]
             raise TypeError(f"unknown engine argument(s): {', '.join(hints)}")
         return cls(**kwargs)
 
@@ -252,7 +284,9 @@ class EngineArgs:
         if self.hf_token is not None:
             token = os.environ.get(self.hf_token)
             if not token:
-                raise ValueError(f"--hf-token {self.hf_token}: environment variable {self.hf_token} is not set")
+                raise ValueError(
+                    f"--hf-token {self.hf_token}: environment variable {self.hf_token} is not set"
+                )
             return token
         if self.hf_token_path is not None:
             path = Path(self.hf_token_path).expanduser()

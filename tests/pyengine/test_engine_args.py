@@ -112,9 +112,16 @@ def test_invalid_values_are_rejected(kwargs: dict[str, Any], message: str) -> No
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"kv_fraction": 1.0}, {"frequency_penalty": -2.0, "presence_penalty": 2.0}, {"top_k": -1},
-        {"top_p": 1.0, "min_p": 0.0}, {"block_size": 16}, {"device_ids": [3]}, {"seed": 0},
-        {"prefill_chunk_size": 0}, {"yarn_scaling_factor": 4.0}, {"temperature": 0.0},
+        {"kv_fraction": 1.0},
+        {"frequency_penalty": -2.0, "presence_penalty": 2.0},
+        {"top_k": -1},
+        {"top_p": 1.0, "min_p": 0.0},
+        {"block_size": 16},
+        {"device_ids": [3]},
+        {"seed": 0},
+        {"prefill_chunk_size": 0},
+        {"yarn_scaling_factor": 4.0},
+        {"temperature": 0.0},
     ],
 )
 def test_boundary_values_are_accepted(kwargs: dict[str, Any]) -> None:
