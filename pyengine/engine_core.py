@@ -17,8 +17,8 @@ from candle_vllm.pyengine.engine_args import EngineArgs
 from candle_vllm.pyengine.kv_cache import allocate_kv_caches, kv_bytes_per_token, kv_cache_budget_bytes, num_kv_blocks
 from candle_vllm.pyengine.loader import load_model, resolve_model_source
 from candle_vllm.pyengine.loader.embedded import default_model_path
-from candle_vllm.pyengine.output_processor import OutputProcessor, RequestGroup
-from candle_vllm.pyengine.outputs import RequestOutput
+from candle_vllm.pyengine.output_processor import OutputProcessor, RequestGroup, StopStringHit, TokenEvent
+from candle_vllm.pyengine.outputs import RequestOutput, TokenLogprobs
 from candle_vllm.pyengine.request import FinishReason, Request
 from candle_vllm.pyengine.runner import ModelRunner, StepResult
 from candle_vllm.pyengine.sampling import SamplingDefaults, SamplingParams
@@ -27,6 +27,14 @@ from candle_vllm.pyengine.scheduler.plan import StepPlan
 from candle_vllm.pyengine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class StepEvents:
+    """A step's results as the output processor needs them, detached from scheduler state."""
+
+    events: list[TokenEvent]
+    prompt_logprobs: dict[str, list[TokenLogprobs | None]]
 
 
 @dataclass(frozen=True)
@@ -147,16 +155,29 @@ class EngineCore:
     def schedule(self) -> StepPlan:
         return self.scheduler.schedule()
 
-    def process(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
-        """Apply a step's samples, detokenize, match stop strings; returns outputs of requests that changed."""
+    def apply(self, plan: StepPlan, result: StepResult) -> StepEvents:
+        """Apply a step's samples to the scheduler; returns the tokens kept, with the finish state each left
+        its request in (tokens of requests that ended while the step ran are dropped)."""
+        sampled = plan.sampled_requests
+        alive = [not req.is_finished for req in sampled]
         self.scheduler.update(plan, result.sampled_token_ids)
-        for engine_id, entries in result.prompt_logprobs.items():
+        events = [
+            TokenEvent(req.request_id, tok, req.finish_reason.value if req.is_finished and req.finish_reason else None,
+                       req.stop_reason if isinstance(req.stop_reason, int) else None, lp, req.num_cached_tokens)
+            for req, tok, lp, ok in zip(sampled, result.sampled_token_ids, result.logprobs, alive, strict=True)
+            if ok
+        ]
+        return StepEvents(events, result.prompt_logprobs)
+
+    def process(self, step: StepEvents) -> tuple[list[RequestOutput], list[StopStringHit]]:
+        """Detokenize and match stop strings; the caller ends the hit requests with ``finish_stop``."""
+        for engine_id, entries in step.prompt_logprobs.items():
             self.outputs.add_prompt_logprobs(engine_id, entries)
-        logprobs = {req.request_id: lp for req, lp in zip(plan.sampled_requests, result.logprobs) if lp is not None}
-        outputs, hits = self.outputs.process(plan.sampled_requests, logprobs)
+        return self.outputs.process(step.events)
+
+    def finish_stop(self, hits: list[StopStringHit]) -> None:
         for hit in hits:
             self.scheduler.finish(hit.request_id, FinishReason.STOP, hit.stop)
-        return outputs
 
     def step(self) -> list[RequestOutput]:
         """Schedule, run and process one step."""
@@ -165,7 +186,9 @@ class EngineCore:
             if self.scheduler.has_unfinished_requests():
                 raise RuntimeError("the scheduler has unfinished requests but planned nothing")
             return []
-        return self.process(plan, self.runner.execute(plan))
+        outputs, hits = self.process(self.apply(plan, self.runner.execute(plan)))
+        self.finish_stop(hits)
+        return outputs
 
 
 def _quantization(fmt: str, loaded: object) -> str:

@@ -1,9 +1,10 @@
 """Output processing: engine tokens -> text deltas, stop strings and ``RequestOutput`` objects.
 
 A user request with ``n`` choices runs as ``n`` engine requests (one ``Request`` each, sharing the prompt's
-KV blocks); this module folds them back into one ``RequestOutput``. It reads each engine request's
-``output_token_ids`` past what it already processed, so tokens the scheduler dropped (a request aborted while
-its step ran) are never reported. Stop strings found here end the engine request through the scheduler.
+KV blocks); this module folds them back into one ``RequestOutput``. It never reads scheduler state: each step
+hands it ``TokenEvent``s (token, and the finish state the scheduler decided right after that token), so it can
+run in another task, a step behind the scheduler. Stop strings found here must end the engine request in the
+scheduler (``StopStringHit``).
 """
 
 from __future__ import annotations
@@ -12,19 +13,30 @@ import time
 from dataclasses import dataclass, field
 
 from candle_vllm.pyengine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
-from candle_vllm.pyengine.request import FinishReason, Request, RequestStatus
+from candle_vllm.pyengine.request import Request
 from candle_vllm.pyengine.sampling import SamplingParams
 from candle_vllm.pyengine.stop_strings import StopStringMatcher
 from candle_vllm.pyengine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 @dataclass(slots=True)
+class TokenEvent:
+    """One token an engine request kept in a step, and its state right after it."""
+
+    request_id: str
+    token_id: int
+    finish_reason: str | None = None  # "stop" | "length" set when this token ended the request
+    stop_reason: int | None = None  # the stop token id (None for the model's own EOS)
+    logprobs: TokenLogprobs | None = None
+    num_cached_tokens: int = 0
+
+
+@dataclass(slots=True)
 class _Choice:
-    request: Request
+    request_id: str
     output: CompletionOutput
     detokenizer: IncrementalDetokenizer
     stops: StopStringMatcher
-    processed: int = 0  # output tokens of the engine request already turned into text
     emitted: int = 0  # characters of stops.text already reported
 
 
@@ -37,6 +49,7 @@ class RequestGroup:
     prompt_token_ids: list[int]
     params: SamplingParams
     choices: list[_Choice] = field(default_factory=list)
+    num_cached_tokens: int = 0
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
@@ -68,7 +81,7 @@ class OutputProcessor:
             detok = IncrementalDetokenizer(self.tokenizer, group.prompt_token_ids, params.skip_special_tokens)
             stops = StopStringMatcher(params.stop, params.include_stop_str_in_output)
             output = CompletionOutput(index=index, logprobs=[] if params.logprobs is not None else None)
-            group.choices.append(_Choice(req, output, detok, stops))
+            group.choices.append(_Choice(req.request_id, output, detok, stops))
             self._group_of[req.request_id] = group
         if params.prompt_logprobs is not None:
             group.prompt_logprobs = []
@@ -76,68 +89,58 @@ class OutputProcessor:
 
     def engine_request_ids(self, request_id: str) -> list[str]:
         group = self.groups.get(request_id)
-        return [c.request.request_id for c in group.choices] if group else []
+        return [c.request_id for c in group.choices] if group else []
 
     def add_prompt_logprobs(self, engine_request_id: str, entries: list[TokenLogprobs | None]) -> None:
         """Prompt logprobs of a prefill chunk (only the first choice's are kept: all choices share the prompt)."""
         group = self._group_of.get(engine_request_id)
-        if group is None or group.prompt_logprobs is None or group.choices[0].request.request_id != engine_request_id:
+        if group is None or group.prompt_logprobs is None or group.choices[0].request_id != engine_request_id:
             return
         self._decode_logprobs(entries)
         group.prompt_logprobs.extend(entries)
 
-    def process(
-        self, touched: list[Request], logprobs: dict[str, TokenLogprobs | None] | None = None
-    ) -> tuple[list[RequestOutput], list[StopStringHit]]:
-        """Turn the new tokens of ``touched`` engine requests into outputs; finished groups are forgotten.
-
-        ``logprobs`` maps an engine request id to the logprobs of the one token it sampled this step.
-        """
+    def process(self, events: list[TokenEvent]) -> tuple[list[RequestOutput], list[StopStringHit]]:
+        """Turn a step's token events into outputs (one per user request that changed); finished user
+        requests are forgotten. Events of requests that already ended (an abort, a stop string) are ignored."""
         now = time.monotonic()
         hits: list[StopStringHit] = []
         changed: dict[str, RequestGroup] = {}
-        for req in touched:
-            group = self._group_of.get(req.request_id)
+        for event in events:
+            group = self._group_of.get(event.request_id)
             if group is None:
                 continue
-            choice = next(c for c in group.choices if c.request is req)
+            choice = next(c for c in group.choices if c.request_id == event.request_id)
             if choice.output.finish_reason is not None:
                 continue
-            hit = self._advance(choice, (logprobs or {}).get(req.request_id))
+            group.num_cached_tokens = max(group.num_cached_tokens, event.num_cached_tokens)
+            hit = self._advance(choice, event, group.params)
             if hit is not None:
                 hits.append(hit)
             changed[group.request_id] = group
-            if choice.output.token_ids_delta:
-                if group.metrics.first_token_time is None:
-                    group.metrics.first_token_time = now
-                group.metrics.last_token_time = now
+            if group.metrics.first_token_time is None:
+                group.metrics.first_token_time = now
+            group.metrics.last_token_time = now
         outputs = [self._snapshot(group, now) for group in changed.values()]
         return outputs, hits
 
-    def _advance(self, choice: _Choice, step_logprobs: TokenLogprobs | None) -> StopStringHit | None:
-        req, out = choice.request, choice.output
-        new_ids = req.output_token_ids[choice.processed :]
-        choice.processed += len(new_ids)
-        stopped_by_token = req.status is RequestStatus.FINISHED and req.finish_reason is FinishReason.STOP
+    def _advance(self, choice: _Choice, event: TokenEvent, params: SamplingParams) -> StopStringHit | None:
+        out = choice.output
+        out.token_ids.append(event.token_id)
+        out.token_ids_delta.append(event.token_id)
+        if event.logprobs is not None and out.logprobs is not None:
+            self._decode_logprobs([event.logprobs])
+            out.logprobs.append(event.logprobs)
+            out.logprobs_delta = [*(out.logprobs_delta or []), event.logprobs]
         hit: StopStringHit | None = None
-        for i, tok in enumerate(new_ids):
-            out.token_ids.append(tok)
-            out.token_ids_delta.append(tok)
-            is_stop_token = stopped_by_token and i == len(new_ids) - 1 and tok in req.stop_ids
-            if is_stop_token and not (req.sampling_params.include_stop_str_in_output and tok not in req.eos_token_ids):
-                continue  # the stop token's text is not part of the output
-            match = choice.stops.append(choice.detokenizer.push(tok))
+        stop_token = event.finish_reason == "stop"
+        # A stop token's text is not part of the output, except a requested stop id with include_stop_str.
+        if not stop_token or (params.include_stop_str_in_output and event.stop_reason is not None):
+            match = choice.stops.append(choice.detokenizer.push(event.token_id))
             if match is not None:
                 out.finish_reason, out.stop_reason = "stop", match.stop
-                hit = StopStringHit(req.request_id, match.stop)
-                break
-        if step_logprobs is not None and out.logprobs is not None and new_ids:
-            self._decode_logprobs([step_logprobs])
-            out.logprobs.append(step_logprobs)
-            out.logprobs_delta = [*(out.logprobs_delta or []), step_logprobs]
-        if out.finish_reason is None and req.status is RequestStatus.FINISHED:
-            out.finish_reason = req.finish_reason.value if req.finish_reason else "abort"
-            out.stop_reason = req.stop_reason
+                hit = StopStringHit(choice.request_id, match.stop)
+        if out.finish_reason is None and event.finish_reason is not None:
+            out.finish_reason, out.stop_reason = event.finish_reason, event.stop_reason
             choice.stops.append(choice.detokenizer.flush())
         end = len(choice.stops.text) if out.finish_reason is not None else choice.stops.safe_length()
         if end > choice.emitted:
@@ -175,10 +178,10 @@ class OutputProcessor:
             group.metrics.finished_time = now
             del self.groups[group.request_id]
             for choice in group.choices:
-                self._group_of.pop(choice.request.request_id, None)
+                self._group_of.pop(choice.request_id, None)
         return RequestOutput(
             request_id=group.request_id, prompt=group.prompt, prompt_token_ids=group.prompt_token_ids,
-            outputs=outputs, finished=finished, num_cached_tokens=group.choices[0].request.num_cached_tokens,
+            outputs=outputs, finished=finished, num_cached_tokens=group.num_cached_tokens,
             prompt_logprobs=group.prompt_logprobs, metrics=group.metrics,
         )
 
