@@ -6,14 +6,13 @@ import random
 
 import numpy as np
 import pytest
-
 from candle_vllm.pyengine.kv_cache import build_step_arrays
 
 
 def reference(tables: np.ndarray, bs: int, rows: list[int], starts: list[int], counts: list[int],
               prompts: list[list[int]], outputs: list[list[int]], samples: list[bool]) -> list[np.ndarray]:
     ids, pos, slots, qsl, seq, smp = [], [], [], [0], [], []
-    for row, start, count, prompt, output, s in zip(rows, starts, counts, prompts, outputs, samples):
+    for row, start, count, prompt, output, s in zip(rows, starts, counts, prompts, outputs, samples, strict=True):
         known = prompt + output
         for p in range(start, start + count):
             ids.append(known[p] if p < len(known) else -1)
@@ -25,7 +24,7 @@ def reference(tables: np.ndarray, bs: int, rows: list[int], starts: list[int], c
             smp.append(qsl[-1] - 1)
     width = max(-(-n // bs) for n in seq)
     bt = np.zeros((len(rows), width), dtype=np.int32)
-    for i, (row, n) in enumerate(zip(rows, seq)):
+    for i, (row, n) in enumerate(zip(rows, seq, strict=True)):
         nb = -(-n // bs)
         bt[i, :nb] = tables[row, :nb]
     return [np.array(ids), np.array(pos), np.array(slots), np.array(qsl), np.array(seq), bt, np.array(smp)]
@@ -52,7 +51,7 @@ def test_matches_reference(seed: int) -> None:
     got = build_step_arrays(tables, bs, rows, starts, counts, prompts, outputs, samples)
     want = reference(tables, bs, rows, starts, counts, prompts, outputs, samples)
     dtypes = [np.int64, np.int64, np.int64, np.int32, np.int32, np.int32, np.int64]
-    for g, w, dt in zip(got, want, dtypes):
+    for g, w, dt in zip(got, want, dtypes, strict=True):
         assert g.dtype == dt
         np.testing.assert_array_equal(g, w.astype(dt))
 

@@ -1,0 +1,59 @@
+"""Scheduler limits, resolved once from the engine flags so the per-step code only reads plain ints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_PREFILL_CHUNK = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Limits of the scheduling policy.
+
+    ``prefill_chunk_size`` caps the prompt tokens one request computes per step (0 disables chunking: a
+    prompt is prefilled in one step). ``max_num_batched_tokens`` is the per-step token budget shared by all
+    requests; by default the chunk size (at least ``max_num_seqs``, so every running request can decode),
+    or, without chunking, enough for the longest prompt.
+    """
+
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    max_num_seqs: int = 256
+    prefill_chunk_size: int = DEFAULT_PREFILL_CHUNK
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool = True
+    prefix_cache_max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("num_blocks", "block_size", "max_model_len", "max_num_seqs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.prefill_chunk_size < 0:
+            raise ValueError(f"prefill_chunk_size must be >= 0 (0 disables chunking), got {self.prefill_chunk_size}")
+        if self.max_num_batched_tokens is None:
+            budget = (max(self.prefill_chunk_size, self.max_num_seqs) if self.chunked_prefill
+                      else max(self.max_model_len, DEFAULT_PREFILL_CHUNK))
+            object.__setattr__(self, "max_num_batched_tokens", budget)
+        elif self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        elif not self.chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"with chunked prefill off (prefill_chunk_size=0) a prompt is prefilled in one step, so "
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
+                f"({self.max_model_len}); raise it or enable chunking with --prefill-chunk-size")
+
+    @property
+    def chunked_prefill(self) -> bool:
+        return self.prefill_chunk_size > 0
+
+    @property
+    def token_budget(self) -> int:
+        """The resolved per-step budget (``max_num_batched_tokens`` after defaults)."""
+        assert self.max_num_batched_tokens is not None
+        return self.max_num_batched_tokens
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return min(self.num_blocks, -(-self.max_model_len // self.block_size))
