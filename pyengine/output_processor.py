@@ -91,6 +91,11 @@ class OutputProcessor:
         group = self.groups.get(request_id)
         return [c.request_id for c in group.choices] if group else []
 
+    def group_id(self, engine_request_id: str) -> str | None:
+        """The user request an engine request belongs to."""
+        group = self._group_of.get(engine_request_id)
+        return group.request_id if group else None
+
     def add_prompt_logprobs(self, engine_request_id: str, entries: list[TokenLogprobs | None]) -> None:
         """Prompt logprobs of a prefill chunk (only the first choice's are kept: all choices share the prompt)."""
         group = self._group_of.get(engine_request_id)

@@ -1,0 +1,96 @@
+"""Typed messages between the actors (DESIGN.md data flow). Channels are bounded except the per-request output
+sinks: one slow client must never stall the engine loop, so its sink is unbounded and holds small deltas."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import trio
+
+from candle_vllm.pyengine.engine_core import StepEvents
+from candle_vllm.pyengine.output_processor import StopStringHit
+from candle_vllm.pyengine.outputs import RequestOutput
+from candle_vllm.pyengine.runner import StepResult
+from candle_vllm.pyengine.sampling import SamplingParams
+from candle_vllm.pyengine.scheduler.plan import StepPlan
+
+# What a request's sink carries: progress, or the exception that rejected it.
+SinkItem = RequestOutput | Exception
+Sink = trio.MemorySendChannel[SinkItem]
+
+
+@dataclass(slots=True)
+class Submit:
+    """A new user request (API -> intake -> scheduler). ``prompt_token_ids`` None: intake tokenizes ``prompt``."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int] | None
+    params: SamplingParams
+    sink: Sink
+
+
+@dataclass(slots=True)
+class Abort:
+    """Cancel a request (client gone, or shutdown); applied between steps, frees its KV blocks."""
+
+    request_id: str
+
+
+@dataclass(slots=True)
+class StopStrings:
+    """Engine requests the output actor ended on a stop string (output -> scheduler)."""
+
+    hits: list[StopStringHit]
+
+
+SchedulerInbox = Submit | Abort | StopStrings
+
+
+@dataclass(slots=True)
+class Execute:
+    """One step for the executor (scheduler -> executor)."""
+
+    plan: StepPlan
+
+
+@dataclass(slots=True)
+class Executed:
+    """The step's results, or the error it raised (executor -> scheduler)."""
+
+    plan: StepPlan
+    result: StepResult | None
+    error: BaseException | None = None
+
+
+@dataclass(slots=True)
+class Emit:
+    """Token events of a step to turn into outputs (scheduler -> output)."""
+
+    step: StepEvents
+
+
+@dataclass(slots=True)
+class Deliver:
+    """Finished outputs made outside a step, e.g. aborts (scheduler -> output)."""
+
+    outputs: list[RequestOutput]
+
+
+@dataclass(slots=True)
+class Reject:
+    """A request that can never run: its sink gets the error (scheduler -> output)."""
+
+    request_id: str
+    error: Exception
+
+
+@dataclass(slots=True)
+class Register:
+    """Route a request's outputs to its sink (scheduler -> output, before the request's first step)."""
+
+    request_id: str
+    sink: Sink
+
+
+OutputInbox = Emit | Deliver | Reject | Register

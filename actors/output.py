@@ -1,0 +1,56 @@
+"""Output actor: detokenizes and matches stop strings a step behind the scheduler, and fans outputs out to
+each request's sink; stop-string hits go back to the scheduler as messages."""
+
+from __future__ import annotations
+
+import trio
+
+from candle_vllm.actors.messages import Deliver, Emit, OutputInbox, Register, Reject, SchedulerInbox, Sink, StopStrings
+from candle_vllm.pyengine.engine_core import EngineCore
+from candle_vllm.pyengine.outputs import RequestOutput
+
+
+class OutputActor:
+    """Owns the per-request sinks."""
+
+    def __init__(self, core: EngineCore, inbox: trio.MemoryReceiveChannel[OutputInbox],
+                 scheduler: trio.MemorySendChannel[SchedulerInbox]) -> None:
+        self.core = core
+        self.inbox = inbox
+        self.scheduler = scheduler
+        self.sinks: dict[str, Sink] = {}
+
+    async def run(self) -> None:
+        async with self.inbox, self.scheduler:
+            async for msg in self.inbox:
+                if isinstance(msg, Register):
+                    self.sinks[msg.request_id] = msg.sink
+                elif isinstance(msg, Emit):
+                    outputs, hits = self.core.process(msg.step)
+                    self._deliver(outputs)
+                    if hits:
+                        await self.scheduler.send(StopStrings(hits))
+                elif isinstance(msg, Deliver):
+                    self._deliver(msg.outputs)
+                elif isinstance(msg, Reject):
+                    sink = self.sinks.pop(msg.request_id, None)
+                    if sink is not None:
+                        _send(sink, msg.error)
+                        sink.close()
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            sink = self.sinks.get(out.request_id)
+            if sink is None:
+                continue
+            _send(sink, out)
+            if out.finished:
+                del self.sinks[out.request_id]
+                sink.close()
+
+
+def _send(sink: Sink, item: RequestOutput | Exception) -> None:
+    try:
+        sink.send_nowait(item)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass  # the client left; its Abort is on the way

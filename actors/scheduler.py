@@ -1,0 +1,91 @@
+"""Scheduler actor: the engine's step loop. Between steps it applies new requests, aborts and stop-string
+hits; it plans a step, hands it to the executor, applies the sampled tokens, and passes the token events to
+the output actor, which detokenizes them while the next step runs."""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from candle_vllm.actors.messages import (
+    Abort,
+    Deliver,
+    Emit,
+    Executed,
+    Execute,
+    OutputInbox,
+    Register,
+    Reject,
+    SchedulerInbox,
+    StopStrings,
+    Submit,
+)
+from candle_vllm.pyengine.engine_core import EngineCore
+
+log = logging.getLogger(__name__)
+
+
+class SchedulerActor:
+    """Owns the scheduler and the KV bookkeeping; the only task that mutates them."""
+
+    def __init__(self, core: EngineCore, inbox: trio.MemoryReceiveChannel[SchedulerInbox],
+                 executor: trio.MemorySendChannel[Execute], results: trio.MemoryReceiveChannel[Executed],
+                 output: trio.MemorySendChannel[OutputInbox]) -> None:
+        self.core = core
+        self.inbox = inbox
+        self.executor = executor
+        self.results = results
+        self.output = output
+        self.steps = 0
+
+    async def run(self) -> None:
+        async with self.inbox, self.executor, self.results, self.output:
+            while True:
+                await self._apply_pending()
+                if not self.core.scheduler.has_unfinished_requests():
+                    await self._handle(await self.inbox.receive())
+                    continue
+                plan = self.core.schedule()
+                if plan.is_empty:
+                    await trio.sleep(0)
+                    continue
+                await self.executor.send(Execute(plan))
+                done = await self.results.receive()
+                if done.error is not None:
+                    await self._fail_step(done)
+                    continue
+                assert done.result is not None
+                self.steps += 1
+                await self.output.send(Emit(self.core.apply(plan, done.result)))
+
+    async def _apply_pending(self) -> None:
+        while True:
+            try:
+                msg = self.inbox.receive_nowait()
+            except trio.WouldBlock:
+                return
+            await self._handle(msg)
+
+    async def _handle(self, msg: SchedulerInbox) -> None:
+        core = self.core
+        if isinstance(msg, Submit):
+            await self.output.send(Register(msg.request_id, msg.sink))
+            try:
+                assert msg.prompt_token_ids is not None
+                core.add_request(msg.request_id, msg.prompt_token_ids, msg.params, msg.prompt)
+            except ValueError as exc:
+                await self.output.send(Reject(msg.request_id, exc))
+        elif isinstance(msg, Abort):
+            final = core.abort(msg.request_id)
+            if final is not None:
+                await self.output.send(Deliver([final]))
+        elif isinstance(msg, StopStrings):
+            core.finish_stop(msg.hits)
+
+    async def _fail_step(self, done: Executed) -> None:
+        """A step raised: its requests are aborted with the error logged, so none hangs and the engine lives."""
+        log.error("step %d failed: %r; aborting its requests", done.plan.step_id, done.error, exc_info=done.error)
+        groups = {self.core.outputs.group_id(req.request_id) for req in done.plan.requests}
+        finals = [out for gid in groups if gid is not None and (out := self.core.abort(gid)) is not None]
+        await self.output.send(Deliver(finals))
