@@ -46,7 +46,7 @@ class FinishReason(str, enum.Enum):
     ABORT = "abort"
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, repr=False)
 class Request:
     """One sequence: its tokens, sampling limits and scheduling progress.
 
@@ -89,6 +89,11 @@ class Request:
             raise ValueError(f"request {self.request_id!r} has an empty prompt; send at least one token")
         if not isinstance(self.prompt_token_ids, list):
             self.prompt_token_ids = list(self.prompt_token_ids)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.status.value}, prompt={self.num_prompt_tokens}, "
+                f"output={len(self.output_token_ids)}, computed={self.num_computed_tokens}, "
+                f"finish={self.finish_reason and self.finish_reason.value})")
 
     @property
     def num_prompt_tokens(self) -> int:
