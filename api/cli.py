@@ -172,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV cache block size in tokens (default: 64 on CUDA, 32 elsewhere)",
     )
     g.add_argument(
-        "--max-num-seqs", type=int, default=8, metavar="N", help="most sequences running at once (default: 8)"
+        "--max-num-seqs", type=int, default=256, metavar="N", help="most sequences running at once (default: 256, as vLLM)"
     )
     g.add_argument(
         "--prefill-chunk-size",

@@ -150,7 +150,7 @@ class EngineArgs:
     kv_fraction: float | None = None
     mem: int | None = None
     block_size: int | None = None
-    max_num_seqs: int = 8
+    max_num_seqs: int = 256
     prefill_chunk_size: int = 8192
     disable_prefix_cache: bool = False
     prefix_cache_max_tokens: int | None = None

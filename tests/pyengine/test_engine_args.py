@@ -21,7 +21,7 @@ CUDA = torch.device("cuda", 0)
 def test_defaults_match_reference_cli() -> None:
     a = EngineArgs()
     assert (a.prefill_chunk_size, a.master_port, a.num_nodes, a.node_rank) == (8192, 29500, 1, 0)
-    assert (a.kvcache_dtype, a.load_format, a.max_num_seqs) == ("auto", "auto", 8)
+    assert (a.kvcache_dtype, a.load_format, a.max_num_seqs) == ("auto", "auto", 256)
     assert not (a.disable_prefix_cache or a.disable_cuda_graph or a.multithread or a.cpu)
     assert a.model is a.weight_path is a.weight_file is a.isq is a.max_gen_tokens is None
 
