@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from candle_vllm.pyengine.ops import native
+
 
 @dataclass
 class AttentionMetadata:
@@ -157,6 +159,8 @@ def attention(
     if paged:
         assert kv_cache is not None and meta.slot_mapping is not None and meta.block_tables is not None
         write_kv(k, v, kv_cache, meta.slot_mapping)
+        if _native_paged_ready(q, kv_cache, meta):
+            return _native_paged_attention(q, kv_cache, meta, scale, num_kv_heads, sliding_window, softcap)
     qsl, lens = meta.query_start_loc_cpu or [], meta.seq_lens_cpu or []
     out = torch.empty_like(q)
     decode_rows: list[int] = []
@@ -206,3 +210,35 @@ def _decode_batch(
     k_len = torch.tensor(ctx, device=q.device)
     mask = _mask((k_len - 1).unsqueeze(1), k_len, kv.shape[2], sliding_window)
     out[tok] = _attend(q[tok].unsqueeze(1), kv[0], kv[1], mask, scale, softcap)[:, 0]
+
+
+def _native_paged_ready(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> bool:
+    assert meta.block_tables is not None
+    return (
+        q.device.type == "cpu"
+        and q.dtype == kv_cache.dtype
+        and native.ready(q, kv_cache)
+        and native.ready(meta.block_tables, meta.query_start_loc, meta.seq_lens, dtypes=(torch.int32,))
+    )
+
+
+def _native_paged_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    num_kv_heads: int,
+    sliding_window: int | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    """The CPU kernel: each (token, head) alone with an online softmax, so results are batch invariant."""
+    assert meta.block_tables is not None
+    t, hq, d = q.shape
+    out = torch.empty_like(q)
+    native.module().cpu_paged_attention(
+        native.ptr(out), native.ptr(q), native.ptr(kv_cache), native.ptr(meta.block_tables),
+        native.ptr(meta.query_start_loc), native.ptr(meta.seq_lens), meta.seq_lens.shape[0], t, hq, num_kv_heads, d,
+        kv_cache.shape[2], kv_cache.shape[1], meta.block_tables.shape[1], scale, sliding_window or 0, softcap or 0.0,
+        native.dtype_code(q),
+    )
+    return out

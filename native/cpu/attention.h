@@ -1,0 +1,27 @@
+// Paged attention on CPU: every query token attends to its sequence's cached context through the block table.
+// One code path for prefill chunks and decode; each (token, head) is computed alone in a fixed order, so a
+// sequence's result never depends on which other sequences share the step (batch invariance).
+#pragma once
+#include <cstdint>
+
+#include "bindings/tensor_arg.h"
+
+namespace candle_vllm::cpu {
+
+struct PagedAttentionArgs {
+  void* out;                   // [T, Hq, D]
+  const void* q;               // [T, Hq, D]
+  const void* kv_cache;        // [2, num_blocks, block_size, Hk, D]
+  const int32_t* block_tables; // [S, max_blocks]
+  const int32_t* query_start_loc;  // [S + 1]
+  const int32_t* seq_lens;     // [S]
+  int64_t num_seqs, num_tokens, num_q_heads, num_kv_heads, head_dim, block_size, num_blocks, max_blocks;
+  float scale;
+  int64_t sliding_window;  // 0 = none
+  float softcap;           // 0 = none
+  DType dtype;             // of q, out and the cache
+};
+
+void paged_attention(const PagedAttentionArgs& a);
+
+}  // namespace candle_vllm::cpu
