@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from candle_vllm.pyengine.ops import native
 
 
@@ -23,12 +22,14 @@ def fused_add_rms_norm_reference(
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Normalise the last dimension of ``x``; returns a new tensor."""
-    if x.device.type == "cpu" and x.dtype == weight.dtype and native.ready(x, weight):
+    if x.dtype == weight.dtype and native.ready(x, weight):
         out = torch.empty_like(x)
         hidden = x.shape[-1]
-        native.module().cpu_rms_norm(
-            native.ptr(out), native.ptr(x), native.ptr(weight), x.numel() // hidden, hidden, eps, native.dtype_code(x)
-        )
+        args = (native.ptr(out), native.ptr(x), native.ptr(weight), x.numel() // hidden, hidden, eps, native.dtype_code(x))
+        if x.device.type == "cpu":
+            native.module().cpu_rms_norm(*args)
+        else:
+            native.module().cuda_rms_norm(*args, native.stream(x.device))
         return out
     return rms_norm_reference(x, weight, eps)
 
@@ -37,15 +38,15 @@ def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (rms_norm(x + residual), x + residual); the native path works in place on x and residual."""
-    if (
-        x.device.type == "cpu"
-        and x.dtype == residual.dtype == weight.dtype
-        and native.ready(x, residual, weight)
-    ):
+    if x.dtype == residual.dtype == weight.dtype and native.ready(x, residual, weight):
         hidden = x.shape[-1]
-        native.module().cpu_fused_add_rms_norm(
+        args = (
             native.ptr(x), native.ptr(residual), native.ptr(weight), x.numel() // hidden, hidden, eps,
             native.dtype_code(x),
         )
+        if x.device.type == "cpu":
+            native.module().cpu_fused_add_rms_norm(*args)
+        else:
+            native.module().cuda_fused_add_rms_norm(*args, native.stream(x.device))
         return x, residual
     return fused_add_rms_norm_reference(x, residual, weight, eps)

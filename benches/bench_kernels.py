@@ -1,0 +1,197 @@
+# ruff: noqa: B023  (each timing lambda is captured and replayed before its loop variables move on)
+"""Micro-benchmarks of the CUDA kernels on Llama-3-8B decode shapes, against torch/cuBLAS.
+
+Why: issue 5's decode budget is set by HBM bandwidth, so each kernel is reported as time and achieved GB/s
+over the bytes it must move, next to the measured device-to-device copy bandwidth (the practical ceiling).
+Each timing replays a CUDA graph of many calls (no Python/launch gaps), rotating over enough input copies
+to defeat the 60 MB L2, median of several replays. Run: ``python benches/bench_kernels.py [--json out.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import traceback
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from candle_vllm.pyengine.ops import cuda, norm
+
+DEV = torch.device("cuda")
+BF16 = torch.bfloat16
+ROTATE_BYTES = 512 << 20  # inputs rotated over at least this many bytes
+
+
+def graph_seconds(fn: Callable[[int], object], calls: int = 20, reps: int = 15) -> float:
+    """Median seconds per fn(i) call, from replays of a graph holding `calls` calls."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(3):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / calls)
+    return statistics.median(times)
+
+
+def copies_for(nbytes: int, cap: int = 16) -> int:
+    return max(2, min(cap, math.ceil(ROTATE_BYTES / max(1, nbytes))))
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read + written per second, timed eagerly: inside a CUDA graph the copy
+    becomes a memcpy node that can run on a copy engine (measured 2.8 TB/s that way on the H200)."""
+    n = 1 << 30
+    a, b = torch.empty(n, dtype=torch.uint8, device=DEV), torch.empty(n, dtype=torch.uint8, device=DEV)
+    a.random_(0, 255)
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        b.copy_(a)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * n / statistics.median(times[2:])
+
+
+def gemm_rows(peak: float, results: list[dict]) -> None:
+    shapes = [("qkv", 6144, 4096), ("o_proj", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336),
+              ("lm_head", 128256, 4096)]
+    print(f"\n== skinny GEMM bf16 (copy ceiling {peak / 1e9:.0f} GB/s) ==")
+    print(f"{'shape':<24}{'M':>3}{'ours us':>10}{'GB/s':>8}{'%ceil':>7}{'cuBLAS us':>11}{'GB/s':>8}{'speedup':>9}")
+    for name, n, k in shapes:
+        copies = copies_for(n * k * 2)
+        ws = [torch.randn(n, k, device=DEV).to(BF16) for _ in range(copies)]
+        for m in (1, 4, 8, 16):
+            x = torch.randn(m, k, device=DEV).to(BF16)
+            want = x.double() @ ws[0].double().T
+            err = ((cuda.skinny_gemm(x, ws[0]).double() - want).norm() / want.norm()).item()
+            nbytes = n * k * 2 + m * (k + n) * 2
+            ours = graph_seconds(lambda i: cuda.skinny_gemm(x, ws[i % copies]))
+            blas = graph_seconds(lambda i: F.linear(x, ws[i % copies]))
+            row = dict(kernel="skinny_gemm", shape=f"{name} {n}x{k}", m=m, us=ours * 1e6, gbps=nbytes / ours / 1e9,
+                       cublas_us=blas * 1e6, cublas_gbps=nbytes / blas / 1e9, rel_err=err)
+            results.append(row)
+            print(f"{row['shape']:<24}{m:>3}{ours * 1e6:>10.1f}{row['gbps']:>8.0f}{100 * nbytes / ours / peak:>6.0f}%"
+                  f"{blas * 1e6:>11.1f}{row['cublas_gbps']:>8.0f}{blas / ours:>8.2f}x  err {err:.1e}")
+    print("\n-- split-K sweep (M=1 and 16) --")
+    for name, n, k in [("o_proj", 4096, 4096), ("down", 4096, 14336), ("qkv", 6144, 4096)]:
+        copies = copies_for(n * k * 2)
+        ws = [torch.randn(n, k, device=DEV).to(BF16) for _ in range(copies)]
+        for m in (1, 16):
+            x = torch.randn(m, k, device=DEV).to(BF16)
+            cells = []
+            for splits in (1, 2, 3, 4, 6, 8):
+                t = graph_seconds(lambda i, s=splits: cuda.skinny_gemm(x, ws[i % copies], splits=s))
+                cells.append(f"s{splits}:{t * 1e6:.1f}")
+                results.append(dict(kernel="skinny_gemm_splits", shape=f"{name} {n}x{k}", m=m, splits=splits, us=t * 1e6))
+            auto = cuda.skinny_gemm_splits(n, k, cuda.sm_count(0))
+            print(f"{name} {n}x{k} M={m} (auto {auto}): " + "  ".join(cells))
+
+
+def attention_rows(peak: float, results: list[dict]) -> None:
+    hq, hk, d, bs = 32, 8, 128, 16
+    print("\n== paged decode attention bf16 (Llama-3-8B heads 32/8, D=128, block 16) ==")
+    print(f"{'case':<18}{'ours us':>10}{'GB/s':>8}{'%ceil':>7}{'sdpa us':>10}")
+    for b, ctx in ((1, 4096), (1, 32768), (64, 1024), (16, 4096)):
+        blocks_per_seq = math.ceil(ctx / bs)
+        nblocks = b * blocks_per_seq
+        kv_bytes = 2 * b * ctx * hk * d * 2
+        copies = copies_for(kv_bytes, cap=8)
+        caches = [torch.randn(2, nblocks, bs, hk, d, device=DEV).to(BF16) for _ in range(copies)]
+        tables = torch.randperm(nblocks, device=DEV).view(b, blocks_per_seq).to(torch.int32)
+        lens = torch.full((b,), ctx, dtype=torch.int32, device=DEV)
+        q = torch.randn(b, hq, d, device=DEV).to(BF16)
+        t = graph_seconds(lambda i: cuda.paged_decode_attention(q, caches[i % copies], tables, lens, d**-0.5, ctx))
+        sdpa_us = float("nan")
+        if b == 1:
+            kc = [torch.randn(1, hk, ctx, d, device=DEV).to(BF16) for _ in range(copies)]
+            q4 = q.view(1, hq, 1, d)
+            sdpa = graph_seconds(lambda i: F.scaled_dot_product_attention(q4, kc[i % copies], kc[i % copies], enable_gqa=True))
+            sdpa_us = sdpa * 1e6
+        row = dict(kernel="paged_decode", b=b, ctx=ctx, us=t * 1e6, gbps=kv_bytes / t / 1e9, sdpa_us=sdpa_us)
+        results.append(row)
+        print(f"B={b:<3} ctx={ctx:<7}{t * 1e6:>10.1f}{row['gbps']:>8.0f}{100 * kv_bytes / t / peak:>6.0f}%{sdpa_us:>10.1f}")
+
+
+def elementwise_rows(peak: float, results: list[dict]) -> None:
+    print("\n== element-wise kernels bf16 (ours vs torch eager ops, both in graphs) ==")
+    print(f"{'case':<34}{'ours us':>10}{'GB/s':>8}{'torch us':>10}")
+    for rows in (64, 4096):
+        copies = copies_for(rows * 4096 * 2)
+        xs = [torch.randn(rows, 4096, device=DEV).to(BF16) for _ in range(copies)]
+        rs = [torch.randn(rows, 4096, device=DEV).to(BF16) for _ in range(copies)]
+        w = torch.randn(4096, device=DEV).to(BF16)
+        nb = 2 * rows * 4096 * 2
+        ours = graph_seconds(lambda i: norm.rms_norm(xs[i % copies], w, 1e-5))
+        ref = graph_seconds(lambda i: norm.rms_norm_reference(xs[i % copies], w, 1e-5))
+        _report(results, f"rms_norm rows={rows} h=4096", ours, nb, ref)
+        nb = 4 * rows * 4096 * 2
+        ours = graph_seconds(lambda i: norm.fused_add_rms_norm(xs[i % copies], rs[i % copies], w, 1e-5))
+        ref = graph_seconds(lambda i: norm.fused_add_rms_norm_reference(xs[i % copies], rs[i % copies], w, 1e-5))
+        _report(results, f"fused_add_rms_norm rows={rows}", ours, nb, ref)
+        copies = copies_for(rows * 28672 * 2)
+        gs = [torch.randn(rows, 28672, device=DEV).to(BF16) for _ in range(copies)]
+        nb = rows * 28672 * 2 * 3 // 2
+        ours = graph_seconds(lambda i: cuda.silu_and_mul(gs[i % copies]))
+        ref = graph_seconds(lambda i: F.silu(gs[i % copies][:, :14336]) * gs[i % copies][:, 14336:])
+        _report(results, f"silu_and_mul tokens={rows} d=14336", ours, nb, ref)
+        qkv = torch.randn(rows, 6144, device=DEV).to(BF16)
+        q, k = qkv[:, :4096].view(rows, 32, 128), qkv[:, 4096:5120].view(rows, 8, 128)
+        pos = torch.randint(0, 8192, (rows,), device=DEV)
+        inv = 1.0 / (500000 ** (torch.arange(0, 128, 2, dtype=torch.float32, device=DEV) / 128))
+        fr = torch.outer(torch.arange(8192, dtype=torch.float32, device=DEV), inv)
+        table = torch.cat([fr.cos(), fr.sin()], -1)
+        ours = graph_seconds(lambda i: cuda.rotary_embedding_(q, k, pos, table, True))
+        _report(results, f"rotary q32/k8 tokens={rows}", ours, 2 * rows * 5120 * 2 + rows * 128 * 4, float("nan"))
+    for rows in (1, 64):
+        logits = torch.randn(rows, 128256, device=DEV)
+        ours = graph_seconds(lambda i: cuda.argmax(logits))
+        ref = graph_seconds(lambda i: torch.argmax(logits, dim=-1))
+        _report(results, f"argmax f32 rows={rows} V=128256", ours, rows * 128256 * 4, ref)
+
+
+def _report(results: list[dict], case: str, ours: float, nbytes: int, ref: float) -> None:
+    results.append(dict(kernel=case, us=ours * 1e6, gbps=nbytes / ours / 1e9, torch_us=ref * 1e6))
+    print(f"{case:<34}{ours * 1e6:>10.1f}{nbytes / ours / 1e9:>8.0f}{ref * 1e6:>10.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--json", help="write all rows to this file")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    peak = copy_bandwidth()
+    print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}; "
+          f"copy bandwidth {peak / 1e9:.0f} GB/s (read + write)")
+    results: list[dict] = [dict(kernel="copy", gbps=peak / 1e9, device=props.name)]
+    for section in (elementwise_rows, attention_rows, gemm_rows):
+        try:
+            section(peak, results)
+        except Exception:  # one broken section must not hide the others' numbers
+            traceback.print_exc()
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

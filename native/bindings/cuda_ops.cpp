@@ -1,0 +1,94 @@
+// Bindings for the CUDA kernels (pyengine/ops/cuda.py wraps them with the shape/dtype/alignment checks).
+// Every function takes device pointers as integers and the caller's stream handle, and only enqueues work,
+// so the calls are cheap and CUDA-graph capturable.
+#ifdef CANDLE_VLLM_WITH_CUDA
+#include "bindings/registry.h"
+#include "bindings/tensor_arg.h"
+#include "cuda/activation.h"
+#include "cuda/argmax.h"
+#include "cuda/norm.h"
+#include "cuda/paged_attention.h"
+#include "cuda/rotary.h"
+#include "cuda/skinny_gemm.h"
+
+namespace py = pybind11;
+using namespace candle_vllm;
+using std::uintptr_t;
+
+static Registrar registrar([](py::module_& m) {
+  m.def(
+      "cuda_skinny_gemm",
+      [](uintptr_t y, uintptr_t x, uintptr_t w, uintptr_t partials, uintptr_t counters, int64_t M, int64_t N,
+         int64_t K, int splits, int dtype, uintptr_t stream) {
+        cuda::skinny_gemm(as_ptr<void>(y), as_ptr<const void>(x), as_ptr<const void>(w), as_ptr<float>(partials),
+                          as_ptr<int>(counters), M, N, K, splits, to_dtype(dtype), stream);
+      },
+      "y[M,N] = x[M,K] @ W[N,K]^T for M <= 16 (decode), optional serial split-K");
+  m.attr("cuda_skinny_max_m") = cuda::kSkinnyMaxM;
+  m.attr("cuda_skinny_chunk_k") = cuda::kSkinnyChunkK;
+  m.def(
+      "cuda_rms_norm",
+      [](uintptr_t out, uintptr_t x, uintptr_t w, int64_t rows, int64_t hidden, float eps, int dtype, uintptr_t stream) {
+        cuda::rms_norm(as_ptr<void>(out), as_ptr<const void>(x), as_ptr<const void>(w), rows, hidden, eps,
+                       to_dtype(dtype), stream);
+      },
+      "out = x / rms(x) * weight over contiguous rows");
+  m.def(
+      "cuda_fused_add_rms_norm",
+      [](uintptr_t x, uintptr_t residual, uintptr_t w, int64_t rows, int64_t hidden, float eps, int dtype,
+         uintptr_t stream) {
+        cuda::fused_add_rms_norm(as_ptr<void>(x), as_ptr<void>(residual), as_ptr<const void>(w), rows, hidden, eps,
+                                 to_dtype(dtype), stream);
+      },
+      "in place: residual += x; x = rms_norm(residual) * weight");
+  m.def(
+      "cuda_silu_and_mul",
+      [](uintptr_t out, uintptr_t x, int64_t tokens, int64_t d, int dtype, uintptr_t stream) {
+        cuda::silu_and_mul(as_ptr<void>(out), as_ptr<const void>(x), tokens, d, to_dtype(dtype), stream);
+      },
+      "out = silu(x[:, :d]) * x[:, d:]");
+  m.def(
+      "cuda_rotary_embedding",
+      [](uintptr_t q, uintptr_t k, uintptr_t positions, uintptr_t cos_sin, int64_t tokens, int64_t q_heads,
+         int64_t k_heads, int64_t head_dim, int64_t rotary_dim, int64_t q_stride, int64_t k_stride, bool is_neox,
+         int dtype, uintptr_t stream) {
+        cuda::rotary_embedding(as_ptr<void>(q), as_ptr<void>(k), as_ptr<const int64_t>(positions),
+                               as_ptr<const float>(cos_sin), tokens, q_heads, k_heads, head_dim, rotary_dim, q_stride,
+                               k_stride, is_neox, to_dtype(dtype), stream);
+      },
+      "RoPE in place on q and k (neox or gptj pairs)");
+  m.def(
+      "cuda_paged_attention_decode",
+      [](uintptr_t out, uintptr_t q, uintptr_t key_cache, uintptr_t value_cache, uintptr_t block_tables,
+         uintptr_t seq_lens, uintptr_t partial_out, uintptr_t partial_ml, int64_t num_seqs, int64_t q_heads,
+         int64_t kv_heads, int64_t head_dim, int64_t q_stride, int64_t block_size, int64_t max_blocks,
+         int64_t partition_size, int64_t num_partitions, float scale, float softcap, int64_t sliding_window,
+         int dtype, uintptr_t stream) {
+        cuda::paged_attention_decode(as_ptr<void>(out), as_ptr<const void>(q), as_ptr<const void>(key_cache),
+                                     as_ptr<const void>(value_cache), as_ptr<const int32_t>(block_tables),
+                                     as_ptr<const int32_t>(seq_lens), as_ptr<float>(partial_out),
+                                     as_ptr<float>(partial_ml), num_seqs, q_heads, kv_heads, head_dim, q_stride,
+                                     block_size, max_blocks, partition_size, num_partitions, scale, softcap,
+                                     sliding_window, to_dtype(dtype), stream);
+      },
+      "one-token-per-sequence attention over a paged KV cache (split-KV when num_partitions > 1)");
+  m.def("cuda_paged_attention_smem_bytes", &cuda::paged_attention_smem_bytes,
+        "shared memory a decode CTA needs for (group, head_dim, partition_size)");
+  m.attr("cuda_paged_attention_smem_limit") = cuda::kAttnSmemLimit;
+  m.def(
+      "cuda_reshape_and_cache",
+      [](uintptr_t k, uintptr_t v, uintptr_t key_cache, uintptr_t value_cache, uintptr_t slots, int64_t tokens,
+         int64_t kv_heads, int64_t head_dim, int64_t k_stride, int64_t v_stride, int dtype, uintptr_t stream) {
+        cuda::reshape_and_cache(as_ptr<const void>(k), as_ptr<const void>(v), as_ptr<void>(key_cache),
+                                as_ptr<void>(value_cache), as_ptr<const int64_t>(slots), tokens, kv_heads, head_dim,
+                                k_stride, v_stride, to_dtype(dtype), stream);
+      },
+      "write new K/V rows into the paged cache at their flat slots (negative slots skipped)");
+  m.def(
+      "cuda_argmax",
+      [](uintptr_t out, uintptr_t logits, int64_t rows, int64_t vocab, int dtype, uintptr_t stream) {
+        cuda::argmax_rows(as_ptr<int64_t>(out), as_ptr<const void>(logits), rows, vocab, to_dtype(dtype), stream);
+      },
+      "int64 argmax over the last dim of [rows, vocab] logits");
+});
+#endif  // CANDLE_VLLM_WITH_CUDA

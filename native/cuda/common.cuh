@@ -1,0 +1,99 @@
+// Shared device helpers for the CUDA kernels: dtype conversion, 16-byte vectors, warp/block reductions,
+// launch checks and the dtype dispatch the launchers use. Kernels assume the Python wrappers
+// (pyengine/ops/cuda.py) checked shapes, contiguity and alignment.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "bindings/tensor_arg.h"
+
+namespace candle_vllm::cuda {
+
+inline cudaStream_t as_stream(std::uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
+
+// Launches are asynchronous: this catches configuration errors (bad grid, too much shared memory) at once.
+inline void check_launch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+inline void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+// True when every pointer allows 16-byte vector access.
+template <typename... P>
+inline bool aligned16(const P*... ptrs) {
+  return ((reinterpret_cast<std::uintptr_t>(ptrs) % 16 == 0) && ...);
+}
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// Rounds through T, so f32 maths can reproduce a torch op that materialises an intermediate in T.
+template <typename T>
+__device__ __forceinline__ float round_to(float v) { return to_f32(from_f32<T>(v)); }
+
+// N elements of T moved as one aligned access (16 bytes for 8 halves or 4 floats).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < warps ? partial[lane] : 0.f;
+  return warp_sum(v);
+}
+
+// Calls f(T{}) with T the storage type of `dtype`; f32 only when kAllowF32 (else it is never instantiated).
+template <bool kAllowF32, typename F>
+void dispatch_float(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::F16: f(__half{}); return;
+    case DType::BF16: f(__nv_bfloat16{}); return;
+    case DType::F32:
+      if constexpr (kAllowF32) {
+        f(float{});
+        return;
+      }
+      break;
+    default: break;
+  }
+  throw std::invalid_argument(std::string(op) + (kAllowF32 ? ": dtype must be f32, f16 or bf16" : ": dtype must be f16 or bf16"));
+}
+
+}  // namespace candle_vllm::cuda

@@ -1,0 +1,39 @@
+// Paged decode attention and the KV-cache write on CUDA (declared in plain C++ for the bindings).
+// Cache layout (contracts.md C): [2, num_blocks, block_size, kv_heads, head_dim]; key_cache / value_cache
+// point at its two halves; a flat slot is block_id * block_size + offset.
+#pragma once
+#include <cstdint>
+
+#include "bindings/tensor_arg.h"
+
+namespace candle_vllm::cuda {
+
+constexpr int kAttnMaxGroup = 16;        // query heads per kv head
+constexpr int kAttnSmemLimit = 48 * 1024;  // dynamic shared memory per CTA without opt-in
+
+// Shared memory one CTA of the decode kernel needs (the wrapper picks partition_size to stay under the limit).
+inline int64_t paged_attention_smem_bytes(int64_t group, int64_t head_dim, int64_t partition_size) {
+  return (group * (partition_size + head_dim) + 2 * group) * 4;
+}
+
+// One query token per sequence: q [num_seqs, q_heads, head_dim] (sequence stride q_stride elements, heads
+// contiguous) attends to seq_lens[s] cached tokens through block_tables [num_seqs, max_blocks] (int32).
+// out [num_seqs, q_heads, head_dim] contiguous, same dtype as q and the cache (f16/bf16); head_dim 64/128/256.
+// softcap <= 0 disables logit soft-capping; sliding_window <= 0 disables the window. With num_partitions > 1
+// the context is cut in partition_size pieces (split-KV): partial_out f32 [num_seqs, q_heads, num_partitions,
+// head_dim] and partial_ml f32 [2, num_seqs, q_heads, num_partitions] hold the pieces until the reduce kernel
+// (launched here too) combines them. num_partitions * partition_size must cover the longest context.
+void paged_attention_decode(void* out, const void* q, const void* key_cache, const void* value_cache,
+                            const int32_t* block_tables, const int32_t* seq_lens, float* partial_out,
+                            float* partial_ml, int64_t num_seqs, int64_t q_heads, int64_t kv_heads,
+                            int64_t head_dim, int64_t q_stride, int64_t block_size, int64_t max_blocks,
+                            int64_t partition_size, int64_t num_partitions, float scale, float softcap,
+                            int64_t sliding_window, DType dtype, std::uintptr_t stream);
+
+// key_cache/value_cache[slot_mapping[t]] = k[t], v[t]; k, v [tokens, kv_heads, head_dim] with token strides
+// k_stride / v_stride (heads contiguous); slots < 0 are skipped (padding tokens).
+void reshape_and_cache(const void* k, const void* v, void* key_cache, void* value_cache, const int64_t* slot_mapping,
+                       int64_t tokens, int64_t kv_heads, int64_t head_dim, int64_t k_stride, int64_t v_stride,
+                       DType dtype, std::uintptr_t stream);
+
+}  // namespace candle_vllm::cuda

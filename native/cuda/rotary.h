@@ -1,0 +1,17 @@
+// Rotary position embedding on CUDA, in place on q and k (declared in plain C++ for the bindings).
+#pragma once
+#include <cstdint>
+
+#include "bindings/tensor_arg.h"
+
+namespace candle_vllm::cuda {
+
+// q [tokens, q_heads, head_dim] and k [tokens, k_heads, head_dim] in `dtype` (f32/f16/bf16), heads contiguous
+// within a token, token strides q_stride / k_stride in elements (so views into a fused qkv buffer work);
+// positions int64 [tokens]; cos_sin f32 [max_pos, rotary_dim] (cos half then sin half). The first
+// rotary_dim channels of each head rotate: neox pairs (i, i + rotary_dim/2), gptj pairs (2i, 2i+1).
+void rotary_embedding(void* q, void* k, const int64_t* positions, const float* cos_sin, int64_t tokens,
+                      int64_t q_heads, int64_t k_heads, int64_t head_dim, int64_t rotary_dim, int64_t q_stride,
+                      int64_t k_stride, bool is_neox, DType dtype, std::uintptr_t stream);
+
+}  // namespace candle_vllm::cuda

@@ -1,0 +1,200 @@
+// Skinny GEMM on tensor cores, built to stream W once at HBM speed.
+//
+// A warp owns a tile of 16 weight rows and walks K in chunks of 128: each lane loads 16 bytes of row g and of
+// row g+8 (g = lane/4) per 32-wide step, so the 4 lanes of a group read 64 contiguous bytes of a row. Those
+// registers feed mma.m16n8k16 as the A operand directly: the dot product does not care in which order k is
+// summed, so the k slots of the A fragment are mapped onto the bytes the lane happens to hold, and x (the B
+// operand, one token per group) is loaded with the same mapping. Every weight byte is loaded once for all M
+// tokens. The 4 warps of a CTA interleave over the chunks of the CTA's K range and are reduced through
+// shared memory; with split-K (small N, too few tiles to fill the GPU) the last CTA of a tile adds the f32
+// partials of the others (serial split-K, no second launch).
+#include "cuda/common.cuh"
+#include "cuda/skinny_gemm.h"
+
+namespace candle_vllm::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kSteps = kSkinnyChunkK / 32;  // 32-wide k steps per chunk
+
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+
+template <>
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <>
+__device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Weights are read exactly once: keep them out of L1 so x stays there.
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+template <int NT>
+struct Chunk {
+  uint4 w_lo[kSteps], w_hi[kSteps];  // rows g and g+8
+  uint4 x[NT][kSteps];               // tokens g and g+8
+};
+
+template <typename T, int NT>
+__device__ __forceinline__ void load_chunk(Chunk<NT>& c, int chunk, int t, int K, const T* w_lo, const T* w_hi,
+                                           const T* const (&x)[NT], const bool (&x_ok)[NT]) {
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    const int k = chunk * kSkinnyChunkK + s * 32 + t * 8;
+    const bool in = k < K;
+    c.w_lo[s] = in ? load_stream(w_lo + k) : make_uint4(0, 0, 0, 0);
+    c.w_hi[s] = in ? load_stream(w_hi + k) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+      c.x[n][s] = in && x_ok[n] ? __ldg(reinterpret_cast<const uint4*>(x[n] + k)) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+template <typename T, int NT>
+__device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const Chunk<NT>& c) {
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      // A fragment: {row g, k slots 0-1}, {row g+8, 0-1}, {row g, 8-9}, {row g+8, 8-9} of this lane.
+      const uint32_t a[4] = {word(c.w_lo[s], 2 * j), word(c.w_hi[s], 2 * j), word(c.w_lo[s], 2 * j + 1),
+                             word(c.w_hi[s], 2 * j + 1)};
+#pragma unroll
+      for (int n = 0; n < NT; ++n) mma_16816<T>(acc[n], a, word(c.x[n][s], 2 * j), word(c.x[n][s], 2 * j + 1));
+    }
+  }
+}
+
+template <typename T, int NT>
+__global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(T* __restrict__ y, const T* __restrict__ x,
+                                                                  const T* __restrict__ w, float* __restrict__ partials,
+                                                                  int* __restrict__ counters, int M, int N, int K,
+                                                                  int chunks_per_split) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+  // Rows past N re-read row N-1 (in bounds); their results are dropped below.
+  const T* w_lo = w + static_cast<size_t>(min(tile * 16 + g, N - 1)) * K;
+  const T* w_hi = w + static_cast<size_t>(min(tile * 16 + g + 8, N - 1)) * K;
+  const T* xs[NT];
+  bool x_ok[NT];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    const int token = n * 8 + g;
+    x_ok[n] = token < M;
+    xs[n] = x + static_cast<size_t>(min(token, M - 1)) * K;
+  }
+  const int total_chunks = (K + kSkinnyChunkK - 1) / kSkinnyChunkK;
+  const int chunk_end = min(total_chunks, (split + 1) * chunks_per_split);
+
+  float acc[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
+
+  // Double-buffered: the next chunk's loads are in flight while the current one is multiplied.
+  int chunk = split * chunks_per_split + warp;
+  Chunk<NT> cur, next;
+  if (chunk < chunk_end) load_chunk<T, NT>(cur, chunk, t, K, w_lo, w_hi, xs, x_ok);
+  for (; chunk < chunk_end; chunk += kWarps) {
+    if (chunk + kWarps < chunk_end) load_chunk<T, NT>(next, chunk + kWarps, t, K, w_lo, w_hi, xs, x_ok);
+    mma_chunk<T, NT>(acc, cur);
+    cur = next;
+  }
+
+  __shared__ float red[kWarps][NT * 4][32];
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[warp][n * 4 + i][lane] = acc[n][i];
+  __syncthreads();
+
+  // Accumulator layout: c0,c1 = (row g, tokens 2t, 2t+1), c2,c3 = (row g+8, same tokens).
+  float sums[(NT * 4 * 32 + kWarps * 32 - 1) / (kWarps * 32)];
+  int feats[sizeof(sums) / sizeof(float)], toks[sizeof(sums) / sizeof(float)];
+  constexpr int kPer = sizeof(sums) / sizeof(float);
+#pragma unroll
+  for (int r = 0; r < kPer; ++r) {
+    const int e = threadIdx.x + r * kWarps * 32;
+    const int l = e & 31, idx = e >> 5, n = idx >> 2, i = idx & 3;
+    float s = 0.f;
+#pragma unroll
+    for (int v = 0; v < kWarps; ++v) s += red[v][idx][l];
+    sums[r] = s;
+    feats[r] = tile * 16 + (l >> 2) + (i >= 2 ? 8 : 0);
+    toks[r] = n * 8 + (l & 3) * 2 + (i & 1);
+  }
+  if (splits == 1) {
+#pragma unroll
+    for (int r = 0; r < kPer; ++r)
+      if (feats[r] < N && toks[r] < M) y[static_cast<size_t>(toks[r]) * N + feats[r]] = from_f32<T>(sums[r]);
+    return;
+  }
+#pragma unroll
+  for (int r = 0; r < kPer; ++r)
+    if (feats[r] < N && toks[r] < M) partials[(static_cast<size_t>(split) * M + toks[r]) * N + feats[r]] = sums[r];
+  __threadfence();
+  __syncthreads();
+  __shared__ bool is_last;
+  if (threadIdx.x == 0) is_last = atomicAdd(&counters[tile], 1) == splits - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+#pragma unroll
+  for (int r = 0; r < kPer; ++r) {
+    if (feats[r] >= N || toks[r] >= M) continue;
+    float s = 0.f;
+    for (int p = 0; p < splits; ++p) s += __ldcg(&partials[(static_cast<size_t>(p) * M + toks[r]) * N + feats[r]]);
+    y[static_cast<size_t>(toks[r]) * N + feats[r]] = from_f32<T>(s);
+  }
+  if (threadIdx.x == 0) counters[tile] = 0;
+}
+
+}  // namespace
+
+void skinny_gemm(void* y, const void* x, const void* w, float* partials, int* counters, int64_t M, int64_t N,
+                 int64_t K, int splits, DType dtype, std::uintptr_t stream) {
+  if (M < 1 || M > kSkinnyMaxM) throw std::invalid_argument("skinny_gemm: M must be in 1..16");
+  if (K % 8 != 0) throw std::invalid_argument("skinny_gemm: K must be a multiple of 8");
+  if (N < 1 || splits < 1) throw std::invalid_argument("skinny_gemm: N and splits must be >= 1");
+  if (splits > 1 && (partials == nullptr || counters == nullptr))
+    throw std::invalid_argument("skinny_gemm: split-K needs partials and counters");
+  const int total_chunks = static_cast<int>((K + kSkinnyChunkK - 1) / kSkinnyChunkK);
+  const int chunks_per_split = (total_chunks + splits - 1) / splits;
+  const dim3 grid(static_cast<unsigned>((N + 15) / 16), static_cast<unsigned>(splits));
+  dispatch_float<false>(dtype, "skinny_gemm", [&](auto tag) {
+    using T = decltype(tag);
+    auto launch = [&](auto kernel) {
+      kernel<<<grid, kWarps * 32, 0, as_stream(stream)>>>(static_cast<T*>(y), static_cast<const T*>(x),
+                                                          static_cast<const T*>(w), partials, counters,
+                                                          static_cast<int>(M), static_cast<int>(N),
+                                                          static_cast<int>(K), chunks_per_split);
+    };
+    if (M <= 8) launch(skinny_gemm_kernel<T, 1>);
+    else launch(skinny_gemm_kernel<T, 2>);
+  });
+  check_launch("skinny_gemm");
+}
+
+}  // namespace candle_vllm::cuda

@@ -1,0 +1,19 @@
+// Skinny GEMM for decode: y[M, N] = x[M, K] @ W[N, K]^T with M <= 16 (declared in plain C++ for the bindings).
+#pragma once
+#include <cstdint>
+
+#include "bindings/tensor_arg.h"
+
+namespace candle_vllm::cuda {
+
+constexpr int kSkinnyMaxM = 16;
+constexpr int kSkinnyRowsPerTile = 16;
+constexpr int kSkinnyChunkK = 128;
+
+// x, w, y share `dtype` (f16 or bf16); contiguous, 16-byte aligned, K % 8 == 0, 1 <= M <= 16.
+// With splits > 1, the K range is cut into `splits` parts: partials (f32, splits*M*N) hold their sums and
+// counters (int32, ceil(N/16), all zero before the call; left zero after it) elect the CTA that adds them up.
+void skinny_gemm(void* y, const void* x, const void* w, float* partials, int* counters, int64_t M, int64_t N,
+                 int64_t K, int splits, DType dtype, std::uintptr_t stream);
+
+}  // namespace candle_vllm::cuda

@@ -1,0 +1,288 @@
+"""Checked wrappers around the CUDA kernels of ``candle_vllm._native`` (built with CANDLE_VLLM_CUDA).
+
+Why a separate layer: the kernels take raw device pointers, so every precondition they rely on (device,
+dtype, contiguity, 16-byte alignment, size limits) is checked here once, and the op dispatchers
+(``ops/norm.py``, ``ops/activation.py``, ``ops/rotary.py``, ``ops/attention.py``) and the linear layers only ask
+``*_supported`` and call. Every kernel launches on the caller's current stream and allocates only through
+torch, so the calls can be captured in CUDA graphs (after one warm-up call outside capture, which creates the
+split-K counters).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from candle_vllm.pyengine.ops import native
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+_COUNTER_SLOTS = 1 << 16  # split-K tiles of 16 rows: covers N up to ~1M
+
+
+def available(device: torch.device) -> bool:
+    """Whether the CUDA kernels can run on ``device`` (built with CUDA, not forced to the references)."""
+    return device.type == "cuda" and native.available(device)
+
+
+def _aligned(*tensors: torch.Tensor) -> bool:
+    return all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+@functools.cache
+def sm_count(device_index: int) -> int:
+    """Multiprocessors of a GPU: the work-splitting heuristics size grids to fill them."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@functools.cache
+def _split_counters(device_index: int) -> torch.Tensor:
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("skinny_gemm: call it once before CUDA-graph capture (its split-K counters are created then)")
+    return torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=torch.device("cuda", device_index))
+
+
+# ---- skinny GEMM (decode linear layers) -------------------------------------------------------------------
+
+
+def skinny_gemm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """True when ``x @ weight.T`` can run on the skinny kernel: 2-D x [M<=16, K], weight [N, K], both f16/bf16
+    of one dtype on a CUDA device, contiguous, 16-byte aligned, K a multiple of 8."""
+    return (
+        available(x.device)
+        and x.dim() == 2
+        and weight.dim() == 2
+        and x.dtype in HALF_DTYPES
+        and weight.dtype == x.dtype
+        and weight.device == x.device
+        and 1 <= x.shape[0] <= native.module().cuda_skinny_max_m
+        and x.shape[1] == weight.shape[1]
+        and x.shape[1] % 8 == 0
+        and x.is_contiguous()
+        and weight.is_contiguous()
+        and _aligned(x, weight)
+    )
+
+
+def skinny_gemm_splits(n: int, k: int, sms: int) -> int:
+    """K splits for an [N, K] weight: one as soon as the 16-row tiles give every SM a CTA (measured on the
+    H200, 2026-11-30: splitting 4096x4096 or 4096x14336 gained <= 10% at M=1 and lost 20-30% at M=16), else
+    enough to reach about two CTAs per SM, keeping at least 4 chunks of 128 k per split (one per warp)."""
+    tiles = math.ceil(n / 16)
+    chunks = math.ceil(k / native.module().cuda_skinny_chunk_k)
+    if tiles >= sms:
+        return 1
+    splits = max(1, min(math.ceil(2 * sms / tiles), chunks // 4))
+    per_split = math.ceil(chunks / splits)
+    return math.ceil(chunks / per_split)
+
+
+def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, splits: int | None = None) -> torch.Tensor:
+    """y [M, N] = x [M, K] @ weight [N, K].T for decode-sized M (<= 16), reading the weight once at HBM speed.
+
+    ``splits`` overrides the split-K heuristic (benchmarks use it); the result does not depend on it beyond
+    f32 summation order.
+    """
+    if not skinny_gemm_supported(x, weight):
+        raise ValueError(
+            "skinny_gemm needs x [M<=16, K] and weight [N, K] contiguous f16/bf16 CUDA tensors of one dtype, "
+            f"16-byte aligned, K % 8 == 0; got x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} {weight.dtype}"
+        )
+    m, k = x.shape
+    n = weight.shape[0]
+    dev = _device_index(x.device)
+    if splits is None:
+        splits = skinny_gemm_splits(n, k, sm_count(dev))
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    partials_ptr = counters_ptr = 0
+    if splits > 1:
+        if math.ceil(n / 16) > _COUNTER_SLOTS:
+            raise ValueError(f"skinny_gemm: split-K supports N up to {_COUNTER_SLOTS * 16}; use splits=1")
+        counters = _split_counters(dev)
+        partials = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
+        partials_ptr, counters_ptr = partials.data_ptr(), counters.data_ptr()
+    native.module().cuda_skinny_gemm(
+        y.data_ptr(), x.data_ptr(), weight.data_ptr(), partials_ptr, counters_ptr, m, n, k, splits,
+        native.dtype_code(x), native.stream(x.device),
+    )
+    return y
+
+
+# ---- element-wise layers -----------------------------------------------------------------------------------
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
+    """``silu(x[..., :d]) * x[..., d:]`` on the GPU, or None when x is not a contiguous float CUDA tensor."""
+    if not (available(x.device) and x.dtype in native.FLOAT_DTYPES and x.is_contiguous() and x.shape[-1] % 2 == 0):
+        return None
+    d = x.shape[-1] // 2
+    tokens = x.numel() // max(1, x.shape[-1])
+    if tokens > 65535:
+        return None
+    out = torch.empty(*x.shape[:-1], d, dtype=x.dtype, device=x.device)
+    native.module().cuda_silu_and_mul(
+        out.data_ptr(), x.data_ptr(), tokens, d, native.dtype_code(x), native.stream(x.device)
+    )
+    return out
+
+
+def _heads_view_ok(t: torch.Tensor) -> bool:
+    """[T, H, D] with D contiguous and heads packed, any token stride (views into a fused qkv buffer)."""
+    return t.dim() == 3 and t.stride(2) == 1 and (t.shape[1] == 1 or t.stride(1) == t.shape[2])
+
+
+def rotary_supported(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> bool:
+    """True when :func:`rotary_embedding_` can rotate these tensors in place."""
+    return (
+        available(q.device)
+        and q.dtype in native.FLOAT_DTYPES
+        and k.dtype == q.dtype
+        and _heads_view_ok(q)
+        and _heads_view_ok(k)
+        and q.shape[0] == k.shape[0] == positions.numel()
+        and q.shape[2] == k.shape[2]
+        and positions.dtype == torch.int64
+        and positions.is_contiguous()
+        and cos_sin_cache.dtype == torch.float32
+        and cos_sin_cache.is_contiguous()
+        and cos_sin_cache.shape[-1] % 2 == 0
+        and cos_sin_cache.shape[-1] <= q.shape[2]
+        and all(t.device == q.device for t in (k, positions, cos_sin_cache))
+    )
+
+
+def rotary_embedding_(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool
+) -> None:
+    """Rotate q [T, Hq, D] and k [T, Hk, D] in place (same maths as ``ops.rotary.apply_rotary``)."""
+    if not rotary_supported(q, k, positions, cos_sin_cache):
+        raise ValueError("rotary_embedding_: unsupported tensors (see rotary_supported)")
+    native.module().cuda_rotary_embedding(
+        q.data_ptr(), k.data_ptr(), positions.data_ptr(), cos_sin_cache.data_ptr(), q.shape[0], q.shape[1],
+        k.shape[1], q.shape[2], cos_sin_cache.shape[-1], q.stride(0), k.stride(0), is_neox, native.dtype_code(q),
+        native.stream(q.device),
+    )
+
+
+# ---- paged attention ---------------------------------------------------------------------------------------
+
+
+def _cache_halves(kv_cache: torch.Tensor) -> tuple[int, int]:
+    return kv_cache[0].data_ptr(), kv_cache[1].data_ptr()
+
+
+def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Write k, v [T, Hk, D] into kv_cache [2, blocks, block_size, Hk, D] at flat slots [T] (int64; < 0 skips)."""
+    ok = (
+        available(k.device)
+        and k.dtype == v.dtype == kv_cache.dtype
+        and kv_cache.dtype in native.FLOAT_DTYPES
+        and _heads_view_ok(k)
+        and _heads_view_ok(v)
+        and kv_cache.is_contiguous()
+        and kv_cache.dim() == 5
+        and tuple(k.shape[1:]) == tuple(v.shape[1:]) == tuple(kv_cache.shape[3:])
+        and slot_mapping.dtype == torch.int64
+        and slot_mapping.is_contiguous()
+        and slot_mapping.numel() == k.shape[0] == v.shape[0]
+    )
+    if not ok:
+        raise ValueError("reshape_and_cache: needs k/v [T, Hk, D] matching the cache dtype and int64 slots")
+    kp, vp = _cache_halves(kv_cache)
+    native.module().cuda_reshape_and_cache(
+        k.data_ptr(), v.data_ptr(), kp, vp, slot_mapping.data_ptr(), k.shape[0], k.shape[1], k.shape[2],
+        k.stride(0), v.stride(0), native.dtype_code(k), native.stream(k.device),
+    )
+
+
+def decode_partition_size(num_seqs: int, kv_heads: int, group: int, head_dim: int, max_seq_len: int, sms: int) -> int:
+    """Tokens per split-KV piece: the largest power of two <= 512 that fits shared memory and still gives
+    about two CTAs per SM (not below 64 tokens)."""
+    mod = native.module()
+    size = 512
+    while size > 32 and mod.cuda_paged_attention_smem_bytes(group, head_dim, size) > mod.cuda_paged_attention_smem_limit:
+        size //= 2
+    while size > 64 and num_seqs * kv_heads * math.ceil(max_seq_len / size) < 2 * sms:
+        size //= 2
+    return size
+
+
+def paged_decode_supported(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """True when :func:`paged_decode_attention` handles q [B, Hq, D] over this cache."""
+    if not (available(q.device) and q.dtype in HALF_DTYPES and kv_cache.dtype == q.dtype and kv_cache.dim() == 5):
+        return False
+    hk, d = kv_cache.shape[3], kv_cache.shape[4]
+    return (
+        _heads_view_ok(q)
+        and q.shape[2] == d
+        and d in (64, 128, 256)
+        and q.shape[1] % hk == 0
+        and q.shape[1] // hk <= 16
+        and q.stride(0) % 8 == 0
+        and kv_cache.is_contiguous()
+        and _aligned(q, kv_cache)
+    )
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    max_seq_len: int,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    partition_size: int | None = None,
+) -> torch.Tensor:
+    """One query token per sequence over the paged cache: q [B, Hq, D] -> out [B, Hq, D].
+
+    ``max_seq_len`` (host int, >= every seq_lens entry) fixes the split-KV grid, so a CUDA graph captured with
+    the model's maximum length serves every shorter context. block_tables int32 [B, max_blocks], seq_lens int32 [B].
+    """
+    if not paged_decode_supported(q, kv_cache):
+        raise ValueError(
+            "paged_decode_attention needs f16/bf16 q [B, Hq, D] and cache [2, blocks, block_size, Hk, D] of one "
+            "dtype, D in 64/128/256, Hq a multiple of Hk (at most 16x), 16-byte aligned"
+        )
+    if block_tables.dtype != torch.int32 or seq_lens.dtype != torch.int32:
+        raise ValueError("paged_decode_attention: block_tables and seq_lens must be int32")
+    block_tables, seq_lens = block_tables.contiguous(), seq_lens.contiguous()
+    b, hq, d = q.shape
+    _, _, block_size, hk, _ = kv_cache.shape
+    if partition_size is None:
+        partition_size = decode_partition_size(b, hk, hq // hk, d, max_seq_len, sm_count(_device_index(q.device)))
+    parts = max(1, math.ceil(max_seq_len / partition_size))
+    out = torch.empty(b, hq, d, dtype=q.dtype, device=q.device)
+    po_ptr = pml_ptr = 0
+    if parts > 1:
+        partial_out = torch.empty(b, hq, parts, d, dtype=torch.float32, device=q.device)
+        partial_ml = torch.empty(2, b, hq, parts, dtype=torch.float32, device=q.device)
+        po_ptr, pml_ptr = partial_out.data_ptr(), partial_ml.data_ptr()
+    kp, vp = _cache_halves(kv_cache)
+    native.module().cuda_paged_attention_decode(
+        out.data_ptr(), q.data_ptr(), kp, vp, block_tables.data_ptr(), seq_lens.data_ptr(), po_ptr, pml_ptr,
+        b, hq, hk, d, q.stride(0), block_size, block_tables.shape[1], partition_size, parts, scale,
+        softcap or 0.0, sliding_window or 0, native.dtype_code(q), native.stream(q.device),
+    )
+    return out
+
+
+# ---- sampling ----------------------------------------------------------------------------------------------
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """int64 [B] argmax of logits [B, V] (f32/f16/bf16) on the GPU; ties and NaN resolve as torch.argmax."""
+    if not (available(logits.device) and logits.dim() == 2 and logits.dtype in native.FLOAT_DTYPES):
+        raise ValueError("argmax: needs 2-D f32/f16/bf16 CUDA logits")
+    logits = logits.contiguous()
+    out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    native.module().cuda_argmax(
+        out.data_ptr(), logits.data_ptr(), logits.shape[0], logits.shape[1], native.dtype_code(logits),
+        native.stream(logits.device),
+    )
+    return out

@@ -1,0 +1,107 @@
+"""Paged decode attention and the KV-cache write against float64 attention over gathered K/V."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from _cuda_helpers import REL_TOL, poison_allocator, rel_error
+from candle_vllm.pyengine.ops import cuda
+
+pytestmark = pytest.mark.cuda
+DEV = torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def _needs_cuda_kernels() -> None:
+    if not cuda.available(DEV):
+        pytest.fail("candle_vllm._native was built without CUDA kernels")
+
+
+def _paged_case(seq_lens: list[int], hq: int, hk: int, d: int, block_size: int, dtype: torch.dtype, seed: int):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    need = [math.ceil(s / block_size) for s in seq_lens]
+    num_blocks = sum(need) + 3
+    cache = torch.randn(2, num_blocks, block_size, hk, d, generator=g, device=DEV).to(dtype)
+    perm = torch.randperm(num_blocks, generator=g, device=DEV).tolist()  # blocks scattered over the cache
+    tables, pos = [], 0
+    for n in need:
+        tables.append(perm[pos : pos + n])
+        pos += n
+    width = max(need) + 1
+    table_t = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=DEV)
+    q = torch.randn(len(seq_lens), hq, d, generator=g, device=DEV).to(dtype)
+    return q, cache, table_t, tables
+
+
+def _reference(q, cache, tables, seq_lens, scale, window=None, softcap=None) -> torch.Tensor:
+    hq, hk = q.shape[1], cache.shape[3]
+    out = []
+    for b, (table, ctx) in enumerate(zip(tables, seq_lens, strict=True)):
+        kv = cache[:, table].flatten(1, 2)[:, :ctx].double()  # [2, ctx, hk, d]
+        k = kv[0].repeat_interleave(hq // hk, dim=1)
+        v = kv[1].repeat_interleave(hq // hk, dim=1)
+        s = torch.einsum("hd,thd->ht", q[b].double(), k) * scale
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
+        if window:
+            s[:, : max(0, ctx - window)] = float("-inf")
+        out.append(torch.einsum("ht,thd->hd", s.softmax(-1), v))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("hq,hk", [(8, 8), (32, 8), (28, 4), (16, 1)])
+def test_paged_decode_matches_reference(dtype: torch.dtype, d: int, hq: int, hk: int) -> None:
+    seq_lens = [1, 17, 300, 1025]
+    q, cache, table_t, tables = _paged_case(seq_lens, hq, hk, d, 16, dtype, seed=d + hq)
+    lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
+    scale = d**-0.5
+    poison_allocator(DEV, 1 << 22)
+    got = cuda.paged_decode_attention(q, cache, table_t, lens_t, scale, max_seq_len=max(seq_lens))
+    assert rel_error(got, _reference(q, cache, tables, seq_lens, scale)) < REL_TOL[dtype]
+
+
+@pytest.mark.parametrize("partition_size", [64, 128, 512])
+@pytest.mark.parametrize("max_seq_len", [None, 4096])
+def test_split_kv_partitions_and_graph_sized_grid(partition_size: int, max_seq_len: int | None) -> None:
+    """Split-KV pieces and a grid sized for a longer maximum (as a captured CUDA graph has) give one answer."""
+    seq_lens = [5, 64, 65, 700, 2000]
+    q, cache, table_t, tables = _paged_case(seq_lens, 32, 8, 128, 32, torch.bfloat16, seed=partition_size)
+    lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
+    got = cuda.paged_decode_attention(
+        q, cache, table_t, lens_t, 0.1, max_seq_len=max_seq_len or max(seq_lens), partition_size=partition_size
+    )
+    assert rel_error(got, _reference(q, cache, tables, seq_lens, 0.1)) < REL_TOL[torch.bfloat16]
+
+
+def test_sliding_window_and_softcap() -> None:
+    seq_lens = [3, 200, 900]
+    q, cache, table_t, tables = _paged_case(seq_lens, 16, 4, 128, 16, torch.float16, seed=7)
+    lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
+    got = cuda.paged_decode_attention(
+        q, cache, table_t, lens_t, 0.08, max_seq_len=1024, sliding_window=100, softcap=30.0, partition_size=64
+    )
+    want = _reference(q, cache, tables, seq_lens, 0.08, window=100, softcap=30.0)
+    assert rel_error(got, want) < REL_TOL[torch.float16]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reshape_and_cache_writes_slots_and_skips_padding(dtype: torch.dtype) -> None:
+    g = torch.Generator(device=DEV).manual_seed(3)
+    tokens, hk, d = 11, 4, 128
+    cache = torch.randn(2, 9, 16, hk, d, generator=g, device=DEV).to(dtype)
+    kv = torch.randn(tokens, 3 * hk * d, generator=g, device=DEV).to(dtype)  # fused qkv-like rows
+    k = kv[:, hk * d : 2 * hk * d].view(tokens, hk, d)
+    v = kv[:, 2 * hk * d :].view(tokens, hk, d)
+    slots = torch.randperm(9 * 16, generator=g, device=DEV)[:tokens]
+    slots[4] = -1
+    want = cache.clone()
+    flat = want.view(2, -1, hk, d)
+    keep = slots >= 0
+    flat[0][slots[keep]] = k[keep]
+    flat[1][slots[keep]] = v[keep]
+    cuda.reshape_and_cache(k, v, cache, slots)
+    assert torch.equal(cache, want)
