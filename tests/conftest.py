@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
-import torch
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as candle_vllm sets it; must precede the torch import
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
