@@ -1,0 +1,294 @@
+"""GGUF quantized weights: dequantize and ``y = x @ W.T`` straight from the raw GGUF blocks (contract A).
+
+Weights stay in their GGUF block encoding (a uint8 tensor) so a quantized model keeps its small memory
+footprint. On CPU the native kernels decode blocks on the fly (decode-sized batches: integer dot products with
+8-bit quantized activations, as llama.cpp does); elsewhere, and for large batches where a dense GEMM wins,
+the weight is dequantized and multiplied with torch. The pure-torch dequantizers below are the reference the
+native kernels are tested against, and what runs on devices without native kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from candle_vllm.pyengine.ops import native
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as QT
+
+SUPPORTED_TYPES: frozenset[QT] = frozenset(
+    {
+        QT.F32,
+        QT.F16,
+        QT.BF16,
+        QT.Q4_0,
+        QT.Q4_1,
+        QT.Q5_0,
+        QT.Q5_1,
+        QT.Q8_0,
+        QT.Q2_K,
+        QT.Q3_K,
+        QT.Q4_K,
+        QT.Q5_K,
+        QT.Q6_K,
+    }
+)
+
+# Largest batch (rows of x) for which the native fused kernel beats "dequantize once + torch.matmul" on CPU;
+# measured with benches/bench_cpu_gemv.py --crossover (see the report in benches/RESULTS.md).
+NATIVE_MAX_ROWS = 16
+
+
+def check_supported(qtype: QT) -> None:
+    """Raise a ValueError naming the type when candle-vllm has no kernels for it."""
+    if qtype not in SUPPORTED_TYPES:
+        names = ", ".join(sorted(t.name for t in SUPPORTED_TYPES))
+        raise ValueError(
+            f"GGUF tensor type {QT(qtype).name} is not supported (supported: {names}); "
+            "use a GGUF file quantized to one of these types"
+        )
+
+
+def block_size(qtype: QT) -> int:
+    """Elements per block of ``qtype`` (1 for the float types)."""
+    return GGML_QUANT_SIZES[qtype][0]
+
+
+def type_size(qtype: QT) -> int:
+    """Bytes per block of ``qtype``."""
+    return GGML_QUANT_SIZES[qtype][1]
+
+
+def row_bytes(qtype: QT, n: int) -> int:
+    """Bytes holding one row of ``n`` elements of ``qtype``; ``n`` must be a whole number of blocks."""
+    bs, ts = GGML_QUANT_SIZES[qtype]
+    if n % bs:
+        raise ValueError(
+            f"a {QT(qtype).name} row of {n} elements is not a whole number of {bs}-element blocks"
+        )
+    return n // bs * ts
+
+
+# ---- pure-torch reference dequantizers: [n_blocks, type_size] uint8 -> [n_blocks, block_size] f32 ----
+
+
+def _f16(blocks: torch.Tensor, at: int) -> torch.Tensor:
+    """The f16 field at byte offset ``at`` of every block, as f32 [n, 1]."""
+    return blocks[:, at : at + 2].contiguous().view(torch.float16).float()
+
+
+def _shifts(values: list[int], shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.uint8, device=device).view(shape)
+
+
+def _nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """[n, 16] packed bytes -> [n, 32] codes: the low nibbles, then the high nibbles."""
+    return torch.cat([qs & 0x0F, qs >> 4], dim=1)
+
+
+def _bits32(qh: torch.Tensor) -> torch.Tensor:
+    """[n, 4] bytes -> [n, 32]: bit j of the little-endian word at position j."""
+    return ((qh.unsqueeze(-1) >> _shifts(list(range(8)), (1, 1, 8), qh.device)) & 1).reshape(qh.shape[0], 32)
+
+
+def _deq_q4_0(b: torch.Tensor) -> torch.Tensor:
+    return _f16(b, 0) * (_nibbles(b[:, 2:]).float() - 8)
+
+
+def _deq_q4_1(b: torch.Tensor) -> torch.Tensor:
+    return _f16(b, 0) * _nibbles(b[:, 4:]).float() + _f16(b, 2)
+
+
+def _deq_q5_0(b: torch.Tensor) -> torch.Tensor:
+    q = _nibbles(b[:, 6:]) | (_bits32(b[:, 2:6]) << 4)
+    return _f16(b, 0) * (q.float() - 16)
+
+
+def _deq_q5_1(b: torch.Tensor) -> torch.Tensor:
+    q = _nibbles(b[:, 8:]) | (_bits32(b[:, 4:8]) << 4)
+    return _f16(b, 0) * q.float() + _f16(b, 2)
+
+
+def _deq_q8_0(b: torch.Tensor) -> torch.Tensor:
+    return _f16(b, 0) * b[:, 2:].view(torch.int8).float()
+
+
+def _planes2(qs: torch.Tensor) -> torch.Tensor:
+    """K types' 2-bit planes: [n, 64] -> [n, 256], element 128*half + 32*shift + l from byte 32*half + l."""
+    n = qs.shape[0]
+    return ((qs.view(n, 2, 1, 32) >> _shifts([0, 2, 4, 6], (1, 1, 4, 1), qs.device)) & 3).reshape(n, 256)
+
+
+def _deq_q2_k(b: torch.Tensor) -> torch.Tensor:
+    n = b.shape[0]
+    scales, q = b[:, :16], _planes2(b[:, 16:80]).view(n, 16, 16).float()
+    dl = (_f16(b, 80) * (scales & 0x0F).float()).view(n, 16, 1)
+    ml = (_f16(b, 82) * (scales >> 4).float()).view(n, 16, 1)
+    return (dl * q - ml).reshape(n, 256)
+
+
+def _q3k_scales(sc: torch.Tensor) -> torch.Tensor:
+    """Q3_K's 12 packed bytes -> 16 signed 6-bit scales (minus 32), as f32."""
+    n = sc.shape[0]
+    low = torch.cat([sc[:, :8] & 0x0F, sc[:, :8] >> 4], dim=1)
+    high = ((sc[:, 8:12].view(n, 1, 4) >> _shifts([0, 2, 4, 6], (1, 4, 1), sc.device)) & 3).reshape(n, 16)
+    return (low | (high << 4)).float() - 32
+
+
+def _deq_q3_k(b: torch.Tensor) -> torch.Tensor:
+    n = b.shape[0]
+    hmask = b[:, :32]
+    high = ((hmask.view(n, 1, 32) >> _shifts(list(range(8)), (1, 8, 1), b.device)) & 1).reshape(n, 256)
+    q = _planes2(b[:, 32:96]).float() - 4 * (1 - high.float())
+    dl = (_f16(b, 108) * _q3k_scales(b[:, 96:108])).view(n, 16, 1)
+    return (dl * q.view(n, 16, 16)).reshape(n, 256)
+
+
+def _k4_scale_min(sc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K/Q5_K's 12 packed bytes -> (8 scales, 8 mins), 6 bits each, as f32."""
+    d, m, md = sc[:, 0:4], sc[:, 4:8], sc[:, 8:12]
+    scale = torch.cat([d & 63, (md & 0x0F) | ((d >> 2) & 0x30)], dim=1)
+    mins = torch.cat([m & 63, (md >> 4) | ((m >> 2) & 0x30)], dim=1)
+    return scale.float(), mins.float()
+
+
+def _nibble_planes(qs: torch.Tensor) -> torch.Tensor:
+    """Q4_K/Q5_K codes: [n, 128] -> [n, 8, 32], sub-block 2i+t from the nibble t of bytes 32i..32i+31."""
+    n = qs.shape[0]
+    return ((qs.view(n, 4, 1, 32) >> _shifts([0, 4], (1, 1, 2, 1), qs.device)) & 0x0F).reshape(n, 8, 32)
+
+
+def _deq_q4_k(b: torch.Tensor) -> torch.Tensor:
+    n = b.shape[0]
+    scale, mins = _k4_scale_min(b[:, 4:16])
+    q = _nibble_planes(b[:, 16:144]).float()
+    return ((_f16(b, 0) * scale).view(n, 8, 1) * q - (_f16(b, 2) * mins).view(n, 8, 1)).reshape(n, 256)
+
+
+def _deq_q5_k(b: torch.Tensor) -> torch.Tensor:
+    n = b.shape[0]
+    scale, mins = _k4_scale_min(b[:, 4:16])
+    high = (b[:, 16:48].view(n, 1, 32) >> _shifts(list(range(8)), (1, 8, 1), b.device)) & 1
+    q = (_nibble_planes(b[:, 48:176]) | (high << 4)).float()
+    return ((_f16(b, 0) * scale).view(n, 8, 1) * q - (_f16(b, 2) * mins).view(n, 8, 1)).reshape(n, 256)
+
+
+def _deq_q6_k(b: torch.Tensor) -> torch.Tensor:
+    n = b.shape[0]
+    low = ((b[:, :128].view(n, 2, 1, 64) >> _shifts([0, 4], (1, 1, 2, 1), b.device)) & 0x0F).reshape(n, 256)
+    high = ((b[:, 128:192].view(n, 2, 1, 32) >> _shifts([0, 2, 4, 6], (1, 1, 4, 1), b.device)) & 3).reshape(
+        n, 256
+    )
+    q = (low | (high << 4)).float() - 32
+    dl = (_f16(b, 208) * b[:, 192:208].view(torch.int8).float()).view(n, 16, 1)
+    return (dl * q.view(n, 16, 16)).reshape(n, 256)
+
+
+_REFERENCE: dict[QT, Callable[[torch.Tensor], torch.Tensor]] = {
+    QT.F32: lambda b: b.contiguous().view(torch.float32),
+    QT.F16: lambda b: b.contiguous().view(torch.float16).float(),
+    QT.BF16: lambda b: b.contiguous().view(torch.bfloat16).float(),
+    QT.Q4_0: _deq_q4_0,
+    QT.Q4_1: _deq_q4_1,
+    QT.Q5_0: _deq_q5_0,
+    QT.Q5_1: _deq_q5_1,
+    QT.Q8_0: _deq_q8_0,
+    QT.Q2_K: _deq_q2_k,
+    QT.Q3_K: _deq_q3_k,
+    QT.Q4_K: _deq_q4_k,
+    QT.Q5_K: _deq_q5_k,
+    QT.Q6_K: _deq_q6_k,
+}
+
+
+def _as_bytes(data: torch.Tensor, qtype: QT, shape: tuple[int, ...]) -> torch.Tensor:
+    """Check that ``data`` holds exactly the blocks of a ``shape`` tensor and return them as flat uint8."""
+    check_supported(qtype)
+    if not shape:
+        raise ValueError("a quantized tensor needs at least one dimension")
+    rows = 1
+    for dim in shape[:-1]:
+        rows *= dim
+    expected = rows * row_bytes(qtype, shape[-1])
+    flat = data.reshape(-1) if data.dtype == torch.uint8 else data.contiguous().view(torch.uint8).reshape(-1)
+    if flat.numel() != expected:
+        raise ValueError(
+            f"{QT(qtype).name} data for shape {tuple(shape)} must be {expected} bytes, got {flat.numel()}"
+        )
+    # Native kernels read the blocks' f16 fields in place: give them a contiguous, 4-byte aligned buffer.
+    if not flat.is_contiguous() or flat.data_ptr() % 4:
+        flat = flat.clone()
+    return flat
+
+
+def dequantize_reference(
+    data: torch.Tensor, qtype: QT, shape: tuple[int, ...], dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Decode GGUF blocks with torch ops only (any device); the oracle for the native kernels."""
+    flat = _as_bytes(data, qtype, shape)
+    blocks = flat.view(-1, type_size(qtype))
+    return _REFERENCE[qtype](blocks).reshape(shape).to(dtype)
+
+
+def dequantize(
+    data: torch.Tensor, qtype: QT, shape: tuple[int, ...], dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Decode the raw GGUF blocks ``data`` of a tensor of logical ``shape`` into a ``dtype`` tensor."""
+    flat = _as_bytes(data, qtype, shape)
+    if data.device.type == "cpu" and dtype in native.FLOAT_DTYPES and native.available(data.device):
+        out = torch.empty(shape, dtype=dtype)
+        cols = shape[-1]
+        native.module().cpu_dequantize(
+            native.ptr(out),
+            native.ptr(flat),
+            out.numel() // cols,
+            cols,
+            int(qtype),
+            native.DTYPE_CODES[dtype],
+        )
+        return out
+    return dequantize_reference(flat, qtype, shape, dtype)
+
+
+def quant_matmul_reference(
+    x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features: int, in_features: int
+) -> torch.Tensor:
+    """``x @ W.T`` by dequantizing W to x's dtype and a dense matmul (any device)."""
+    w = dequantize_reference(data, qtype, (out_features, in_features), x.dtype)
+    return torch.matmul(x, w.t())
+
+
+def quant_matmul(
+    x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features: int, in_features: int
+) -> torch.Tensor:
+    """``y = x @ W.T`` for W [out_features, in_features] stored as GGUF blocks ``data``.
+
+    x is [..., in_features] in f32/f16/bf16; y is [..., out_features] in x.dtype. On CPU, batches of up to
+    ``NATIVE_MAX_ROWS`` rows run the fused native kernel (W never materialised); larger ones dequantize W once
+    and use torch's GEMM, which is faster there.
+    """
+    if x.shape[-1] != in_features:
+        raise ValueError(f"x has {x.shape[-1]} features, the weight expects {in_features}")
+    if x.dtype not in native.FLOAT_DTYPES:
+        raise ValueError(f"quant_matmul needs f32, f16 or bf16 activations, got {x.dtype}")
+    flat = _as_bytes(data, qtype, (out_features, in_features))
+    rows = x.numel() // in_features
+    if x.device.type != "cpu" or not native.available(x.device):
+        return quant_matmul_reference(x, flat, qtype, out_features, in_features)
+    if rows > NATIVE_MAX_ROWS:
+        w = dequantize(flat, qtype, (out_features, in_features), x.dtype)
+        return torch.matmul(x, w.t())
+    xc = x.contiguous()
+    y = torch.empty((*x.shape[:-1], out_features), dtype=x.dtype)
+    native.module().cpu_quant_matmul(
+        native.ptr(y),
+        native.ptr(xc),
+        native.ptr(flat),
+        rows,
+        out_features,
+        in_features,
+        int(qtype),
+        native.DTYPE_CODES[x.dtype],
+        False,
+    )
+    return y
