@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from candle_vllm.pyengine.ops.quant import dequantize
 from candle_vllm.pyengine.quant import GGUFLinear, GGUFWeight, LinearMethod, UnquantizedLinear, WeightData
 from torch import nn
 
@@ -39,8 +40,6 @@ class VocabEmbedding(nn.Module):
         if isinstance(m, UnquantizedLinear):
             return F.embedding(input_ids, m.weight)
         if isinstance(m, GGUFLinear):
-            from candle_vllm.pyengine.ops.quant import dequantize
-
             rows = m.data.index_select(0, input_ids.reshape(-1))
             out = dequantize(rows, m.qtype, (rows.shape[0], self.hidden_size), self.dtype)
             return out.view(*input_ids.shape, self.hidden_size)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from candle_vllm.pyengine.ops.quant import quant_matmul
 from candle_vllm.pyengine.quant.base import LinearMethod
 from gguf import GGMLQuantizationType
 
@@ -40,6 +41,4 @@ class GGUFLinear(LinearMethod):
         return cls(GGUFWeight(data, weights[0].qtype, (out, weights[0].shape[1])), device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from candle_vllm.pyengine.ops.quant import quant_matmul
-
         return quant_matmul(x, self.data, self.qtype, self.out_features, self.in_features)

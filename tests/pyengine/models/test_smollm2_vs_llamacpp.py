@@ -1,0 +1,102 @@
+"""The real SmolLM2-135M-Instruct GGUF through our loader and model, teacher-forced against llama.cpp
+(llama-cpp-python) on the same token ids: next-token top-1 agreement and log-probabilities.
+
+Two files: the shipped Q4_1 file, and the same weights re-encoded as F16. On F16 both engines compute
+nearly the same function, so the bound is tight. On Q4_1 llama.cpp's quantized dot products (8-bit
+activations) drift from the exact product our model computes (with the gguf package's dequantized weights
+our logits equal transformers' to 1e-5), so that bound is set by llama.cpp's own rounding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from candle_vllm.pyengine.loader import load_model, resolve_model_source
+from candle_vllm.pyengine.loader.embedded import default_model_path
+from candle_vllm.pyengine.ops.attention import AttentionMetadata
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+TEXT = """The lighthouse keeper climbed the spiral stairs every evening at dusk, counting the steps out of
+habit rather than need. There were one hundred and twelve of them, worn smooth in the middle by more than a
+century of boots. At the top, the great lens waited under its canvas hood, and the keeper would fold the
+cloth carefully, check the wick, trim it with the small brass scissors, and light the lamp.
+
+Ships passing the headland rarely thought about the person behind the light. Captains checked their charts,
+noted the flash pattern, two short and one long, and adjusted their course away from the rocks. For them the
+light was a number on a map, a fact as reliable as the tide tables. Yet every night the fact had to be made
+true again by someone who climbed the stairs, cleaned the glass, and stayed awake until morning.
+
+In winter the storms came in from the west. Rain hammered the windows so hard that the keeper could barely
+hear the generator in the shed below. On the worst nights the spray reached the gallery, a height of almost
+forty metres, and salt crusted on the outside of the lantern room. Then the keeper went out with a bucket and
+a long brush, clipped to the railing, and scrubbed until the beam shone clean across the water.
+
+Summer was easier. Tourists walked up from the village to take photographs, and children asked whether the
+keeper ever felt lonely. The honest answer was sometimes, but the question always made the keeper smile.
+Loneliness, the keeper explained, is different from being alone. A lighthouse is never really alone: it
+talks all night to every ship on the horizon, and the ships answer by passing safely by.
+
+When the automatic lamp was finally installed, the keeper packed a single suitcase and walked down the
+stairs for the last time, counting as always. One hundred and twelve. The new light flashed on schedule
+that evening, two short and one long, and nobody on the passing ships noticed any difference at all."""
+
+
+
+def _teacher_forced(path: Path) -> tuple[float, float]:
+    """(top-1 agreement, mean |delta logprob| of the actual next token) of ours vs llama.cpp on TEXT."""
+    ref = llama_cpp.Llama(model_path=str(path), n_ctx=1024, logits_all=True, verbose=False, n_threads=2)
+    tokens = ref.tokenize(TEXT.encode(), add_bos=True)
+    assert 300 <= len(tokens) <= 1000
+    ref.eval(tokens)
+    want = torch.log_softmax(torch.from_numpy(ref.scores[: len(tokens)].copy()).float(), dim=-1)
+
+    loaded = load_model(resolve_model_source(str(path)), torch.float32, torch.device("cpu"))
+    assert loaded.tokenizer is not None
+    model = loaded.model
+    ids = torch.tensor(tokens)
+    with torch.inference_mode():
+        hidden = model(ids, torch.arange(len(tokens)), AttentionMetadata.build([len(tokens)]))
+        got = torch.log_softmax(model.compute_logits(hidden), dim=-1)
+    agree = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+    nxt = ids[1:].unsqueeze(1)
+    delta = (got[:-1].gather(1, nxt) - want[:-1].gather(1, nxt)).abs().mean().item()
+    print(f"{path.name}: tokens={len(tokens)} top1_agreement={agree:.4f} mean|dlogprob|={delta:.4f}")
+    return agree, delta
+
+
+def _reencode_f16(src: Path, dst: Path) -> Path:
+    """The same model with every matrix dequantized (by the gguf package) and stored as F16."""
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(dst, str(reader.fields["general.architecture"].contents()))
+    for f in reader.fields.values():
+        if f.name.startswith("GGUF.") or f.name in ("general.architecture", "general.file_type"):
+            continue
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(f.name, f.contents(), f.types[0], sub)
+    for t in reader.tensors:
+        a = gguf.quants.dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape.tolist())))
+        writer.add_tensor(t.name, a.astype(np.float16 if a.ndim == 2 else np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+@pytest.mark.slow
+def test_f16_weights_match_llama_cpp(tmp_path: Path) -> None:
+    agree, delta = _teacher_forced(_reencode_f16(default_model_path(), tmp_path / "smollm2-f16.gguf"))
+    assert agree >= 0.98  # measured 0.998
+    assert delta <= 0.05  # measured 0.0016
+
+
+@pytest.mark.slow
+def test_shipped_q4_1_file_within_llama_cpp_rounding() -> None:
+    agree, delta = _teacher_forced(default_model_path())
+    assert agree >= 0.95  # measured 0.963
+    assert delta <= 0.07  # measured 0.058
