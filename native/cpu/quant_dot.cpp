@@ -15,7 +15,7 @@ void dot_portable(const uint8_t* w, int64_t row_bytes, int wrows, const void* ac
   thread_local std::vector<float> wf;
   wf.resize(static_cast<size_t>(k));
   for (int r = 0; r < wrows; ++r) {
-    dequantize_row(T, w + r * row_bytes, wf.data(), k);
+    dequantize_row_portable(T, w + r * row_bytes, wf.data(), k);
     for (int j = 0; j < arows; ++j) {
       const auto* x = reinterpret_cast<const float*>(static_cast<const uint8_t*>(act) + j * act_stride);
       float sum = 0.f;

@@ -34,9 +34,15 @@ SUPPORTED_TYPES: frozenset[QT] = frozenset(
     }
 )
 
-# Largest batch (rows of x) for which the native fused kernel beats "dequantize once + torch.matmul" on CPU;
-# measured with benches/bench_cpu_gemv.py --crossover (see the report in benches/RESULTS.md).
-NATIVE_MAX_ROWS = 16
+# Largest batch (rows of x) for which the fused native kernel beats "dequantize W once + torch GEMM" on CPU, per
+# activation dtype (measured with `benches/bench_cpu_gemv.py --crossover` on SmolLM2's FFN shapes). torch's f16
+# GEMM is slow on CPU, so large f16 batches run the dense product in f32.
+NATIVE_MAX_ROWS: dict[torch.dtype, int] = {torch.float32: 16, torch.bfloat16: 11, torch.float16: 16}
+_DENSE_DTYPE: dict[torch.dtype, torch.dtype] = {
+    torch.float32: torch.float32,
+    torch.bfloat16: torch.bfloat16,
+    torch.float16: torch.float32,
+}
 
 
 def check_supported(qtype: QT) -> None:
@@ -264,8 +270,8 @@ def quant_matmul(
     """``y = x @ W.T`` for W [out_features, in_features] stored as GGUF blocks ``data``.
 
     x is [..., in_features] in f32/f16/bf16; y is [..., out_features] in x.dtype. On CPU, batches of up to
-    ``NATIVE_MAX_ROWS`` rows run the fused native kernel (W never materialised); larger ones dequantize W once
-    and use torch's GEMM, which is faster there.
+    ``NATIVE_MAX_ROWS[x.dtype]`` rows run the fused native kernel (W never materialised); larger ones
+    dequantize W once and use torch's GEMM, which is faster there.
     """
     if x.shape[-1] != in_features:
         raise ValueError(f"x has {x.shape[-1]} features, the weight expects {in_features}")
@@ -275,9 +281,10 @@ def quant_matmul(
     rows = x.numel() // in_features
     if x.device.type != "cpu" or not native.available(x.device):
         return quant_matmul_reference(x, flat, qtype, out_features, in_features)
-    if rows > NATIVE_MAX_ROWS:
-        w = dequantize(flat, qtype, (out_features, in_features), x.dtype)
-        return torch.matmul(x, w.t())
+    if rows > NATIVE_MAX_ROWS[x.dtype]:
+        dense = _DENSE_DTYPE[x.dtype]
+        w = dequantize(flat, qtype, (out_features, in_features), dense)
+        return torch.matmul(x.to(dense), w.t()).to(x.dtype)
     xc = x.contiguous()
     y = torch.empty((*x.shape[:-1], out_features), dtype=x.dtype)
     native.module().cpu_quant_matmul(

@@ -173,7 +173,7 @@ def test_quant_matmul_half_activations(qtype: QT, dtype: torch.dtype, m: int) ->
     n = 301
     raw, x, w, want, float_bound = matmul_case(qtype, m, n, dtype, seed=7 + m)
     magnitude = x.double().abs() @ w.abs().t()
-    if m > quant.NATIVE_MAX_ROWS:
+    if m > quant.NATIVE_MAX_ROWS[dtype]:
         bound = 2 * (2 * HALF_ULP[dtype] * magnitude) + float_bound
     elif qtype in FLOAT_TYPES:
         bound = float_bound
