@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from candle_vllm.pyengine.ops import native
 from candle_vllm.pyengine.ops.attention import AttentionMetadata, attention, write_kv
 
 HQ, HK, D = 8, 2, 16
@@ -44,12 +45,19 @@ def test_no_cache_is_causal_within_each_sequence(window: int | None, softcap: fl
         start += n
 
 
+@pytest.mark.parametrize("impl", ["native", "reference"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("window,softcap", [(None, None), (6, None), (None, 4.0)])
 def test_paged_mixed_prefill_and_decode(
-    dtype: torch.dtype, tol: float, window: int | None, softcap: float | None
+    impl: str, dtype: torch.dtype, tol: float, window: int | None, softcap: float | None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Sequences with (cached, new) tokens across block boundaries, GQA, shuffled block ids."""
+    """Sequences with (cached, new) tokens across block boundaries, GQA, shuffled block ids; both the
+    native CPU kernel and the torch reference (forced with CANDLE_VLLM_OPS=reference)."""
+    if impl == "reference":
+        monkeypatch.setenv("CANDLE_VLLM_OPS", "reference")
+    elif native.module() is None:
+        pytest.fail("candle_vllm._native is not built")
     g = torch.Generator().manual_seed(2)
     bs, num_blocks = 4, 24
     cached_new = [(0, 7), (5, 1), (8, 1), (3, 6), (13, 1), (4, 4)]
