@@ -16,6 +16,10 @@ namespace {
 constexpr int64_t kActRowsPerPass = 64;
 // Below this many multiply-adds a call runs on one thread (fork/join would cost more than it saves).
 constexpr int64_t kParallelMacs = 1 << 16;
+// A tile reads several rows at once, which hides the stream from the hardware prefetchers when the weights come
+// from DRAM: the bytes this far ahead are prefetched explicitly (measured on SmolLM2's 96 MB of weights, one
+// thread: 14.1 ms per token without, 7.7 ms with; 1, 4 and 8 KiB all within 2%).
+constexpr int64_t kPrefetchBytes = 2048;
 
 struct PreparedActs {
   std::vector<uint8_t> bytes;
@@ -44,6 +48,7 @@ void run(const PreparedActs& a, DotFn dot, const uint8_t* w, int64_t row_bytes, 
   // A single activation row gets the widest weight tile; batches share each decoded weight block across 2x4.
   const int64_t tile = m == 1 ? kDotWeightRows : 2;
   const int64_t tiles = (n + tile - 1) / tile;
+  const int64_t w_bytes = n * row_bytes;
   const bool parallel = m * n * k >= kParallelMacs;
 #pragma omp parallel if (parallel)
   for (int64_t m0 = 0; m0 < m; m0 += kActRowsPerPass) {
@@ -52,6 +57,9 @@ void run(const PreparedActs& a, DotFn dot, const uint8_t* w, int64_t row_bytes, 
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t r0 = t * tile;
       const int wrows = static_cast<int>(std::min(tile, n - r0));
+      const int64_t ahead = r0 * row_bytes + kPrefetchBytes;
+      for (int64_t off = 0; off < wrows * row_bytes && ahead + off < w_bytes; off += 64)
+        __builtin_prefetch(w + ahead + off, 0, 3);
       for (int64_t i = m0; i < m1; i += kDotRows) {
         const int arows = static_cast<int>(std::min<int64_t>(kDotRows, m1 - i));
         float out[kDotWeightRows * kDotRows];
