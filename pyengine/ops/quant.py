@@ -34,15 +34,6 @@ SUPPORTED_TYPES: frozenset[QT] = frozenset(
     }
 )
 
-# Largest batch (rows of x) for which the fused native kernel beats "dequantize W once + torch GEMM" on CPU, per
-# activation dtype (measured with `benches/bench_cpu_gemv.py --crossover` on SmolLM2's FFN shapes). torch's f16
-# GEMM is slow on CPU, so large f16 batches run the dense product in f32.
-NATIVE_MAX_ROWS: dict[torch.dtype, int] = {torch.float32: 16, torch.bfloat16: 11, torch.float16: 16}
-_DENSE_DTYPE: dict[torch.dtype, torch.dtype] = {
-    torch.float32: torch.float32,
-    torch.bfloat16: torch.bfloat16,
-    torch.float16: torch.float32,
-}
 
 
 def check_supported(qtype: QT) -> None:
@@ -269,9 +260,10 @@ def quant_matmul(
 ) -> torch.Tensor:
     """``y = x @ W.T`` for W [out_features, in_features] stored as GGUF blocks ``data``.
 
-    x is [..., in_features] in f32/f16/bf16; y is [..., out_features] in x.dtype. On CPU, batches of up to
-    ``NATIVE_MAX_ROWS[x.dtype]`` rows run the fused native kernel (W never materialised); larger ones
-    dequantize W once and use torch's GEMM, which is faster there.
+    x is [..., in_features] in f32/f16/bf16; y is [..., out_features] in x.dtype. On CPU every batch size runs
+    the fused native kernel (W never materialised). Each row of x goes through the same arithmetic whatever
+    the batch holds, so a request's tokens never depend on the requests sharing its step (batch invariance);
+    a dense torch GEMM for large batches would be up to 1.5x faster in prefill but rounds differently.
     """
     if x.shape[-1] != in_features:
         raise ValueError(f"x has {x.shape[-1]} features, the weight expects {in_features}")
@@ -281,10 +273,6 @@ def quant_matmul(
     rows = x.numel() // in_features
     if x.device.type != "cpu" or not native.available(x.device):
         return quant_matmul_reference(x, flat, qtype, out_features, in_features)
-    if rows > NATIVE_MAX_ROWS[x.dtype]:
-        dense = _DENSE_DTYPE[x.dtype]
-        w = dequantize(flat, qtype, (out_features, in_features), dense)
-        return torch.matmul(x.to(dense), w.t()).to(x.dtype)
     xc = x.contiguous()
     y = torch.empty((*x.shape[:-1], out_features), dtype=x.dtype)
     native.module().cpu_quant_matmul(
