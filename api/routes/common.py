@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -15,6 +16,7 @@ from candle_vllm.pyengine.outputs import RequestOutput
 from quart import Response, current_app, request
 
 STATE_KEY = "candle_vllm"
+log = logging.getLogger(__name__)
 
 
 def get_state() -> ServerState:
@@ -113,7 +115,7 @@ def event_stream(batch: GenerationBatch, body: Callable[[], AsyncIterator[bytes]
             yield sse.event(bad_request(str(exc)).body())
             yield sse.DONE
         except Exception as exc:
-            current_app.logger.exception("stream failed")
+            log.exception("stream failed after it started")
             yield sse.event(APIError(500, f"generation failed: {exc}").body())
             yield sse.DONE
         finally:

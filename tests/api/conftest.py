@@ -104,7 +104,7 @@ class ServerThread:
         return httpx2.HTTPTransport(uds=unix[0].address) if unix else None
 
     def http(self, **kw: Any) -> httpx2.Client:
-        return httpx2.Client(base_url=self.http_base, transport=self.transport(), timeout=60, **kw)
+        return httpx2.Client(base_url=self.http_base, transport=self.transport(), **{"timeout": 60, **kw})
 
     def metrics(self) -> dict[str, float]:
         """``/metrics`` parsed by prometheus_client; keys are ``name`` or ``name{label="v"}`` (model_name left out)."""
