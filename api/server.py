@@ -14,10 +14,12 @@ from typing import Any
 
 import trio
 from candle_vllm.api.app import create_app
-from candle_vllm.api.binds import Bind
+from candle_vllm.api.binds import Bind, parse_bind
 from candle_vllm.api.state import ServerConfig, ServerState
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
+
+from candle_vllm import __version__
 
 log = logging.getLogger(__name__)
 
@@ -88,3 +90,32 @@ async def serve(
             if b.kind == "unix":
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(b.address)
+
+
+def startup_summary(engine: Any, urls: list[str]) -> str:
+    """What was loaded and where it listens (printed once the sockets are bound, port 0 resolved)."""
+    info = engine.info
+    lines = [
+        f"candle-vllm {__version__} serving {engine.model_name}",
+        f"  device {info.device}, dtype {str(info.dtype).removeprefix('torch.')}, quantization {info.quantization}, "
+        f"max_model_len {info.max_model_len}",
+        f"  KV cache: {info.kv_capacity_tokens} tokens ({info.num_blocks} blocks x {info.block_size})",
+    ]
+    lines += [f"  API: {url}/v1 (OpenAI-compatible; /health, /metrics, /openapi.json)" for url in urls]
+    return "\n".join(lines)
+
+
+async def _serve_engine(engine_args: Any, config: ServerConfig, binds: list[Bind]) -> None:
+    from candle_vllm.actors.engine import open_engine
+
+    async with open_engine(engine_args) as engine, trio.open_nursery() as nursery:
+        urls = await nursery.start(partial(serve, engine, config, binds))
+        print(startup_summary(engine, urls), flush=True)
+
+
+def run(engine_args: Any, server_args: Any) -> int:
+    """The CLI's server: load the model, serve until SIGINT/SIGTERM, drain, exit 0."""
+    bind = parse_bind(server_args.host, server_args.port)
+    config = ServerConfig(api_key=server_args.api_key)
+    trio.run(_serve_engine, engine_args, config, [bind])
+    return 0
