@@ -1,0 +1,149 @@
+"""End to end: the official ``openai`` client (sync and async) against our server running the real engine on
+the embedded SmolLM2 GGUF, once over TCP and once over a unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from candle_vllm.actors.engine import open_engine
+from candle_vllm.api.state import ServerConfig
+from candle_vllm.pyengine.engine_args import EngineArgs
+
+from tests.api.conftest import ServerThread, running, smollm2_path, tcp_bind, unix_bind
+
+MESSAGES = [{"role": "user", "content": "Write one sentence about the sea."}]
+
+
+def real_engine_cm():
+    args = EngineArgs(model=str(smollm2_path()), mem=256, max_num_seqs=64)
+    return lambda: open_engine(args)
+
+
+@pytest.fixture(scope="module", params=["tcp", "unix"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    binds = tcp_bind() if request.param == "tcp" else unix_bind(Path(tmp_path_factory.mktemp("sock")))
+    with running(real_engine_cm(), ServerConfig(keepalive_s=5.0), binds) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def model(server: ServerThread) -> str:
+    return server.openai().models.list().data[0].id
+
+
+def test_chat_greedy_stream_equals_non_stream(server: ServerThread, model: str) -> None:
+    client = server.openai()
+    whole = client.chat.completions.create(model=model, messages=MESSAGES, temperature=0, max_tokens=12)
+    chunks = list(client.chat.completions.create(model=model, messages=MESSAGES, temperature=0, max_tokens=12,
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert whole.choices[0].message.content and text == whole.choices[0].message.content
+    assert sum(c.choices[0].delta.role == "assistant" for c in chunks if c.choices) == 1
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == {**whole.usage.model_dump(),
+                                                                          "prompt_tokens_details": chunks[-1].usage.prompt_tokens_details.model_dump()}
+    tokenizer = server.engine.tokenizer
+    prompt_ids = tokenizer.encode(tokenizer.apply_chat_template(MESSAGES), add_special_tokens=False)
+    assert whole.usage.prompt_tokens == len(prompt_ids) and whole.usage.completion_tokens == 12
+
+
+def test_completions_n2_logprobs_echo(server: ServerThread, model: str) -> None:
+    prompt = "The capital of France is"
+    r = server.openai().completions.create(model=model, prompt=[prompt, "Once upon a time"], n=2,
+                                           max_tokens=5, temperature=0.8, seed=3, logprobs=3, echo=True)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    for c in r.choices:
+        lp = c.logprobs
+        assert lp.token_logprobs[0] is None
+        assert all(x <= 0 for x in lp.token_logprobs[1:])
+        assert all(3 <= len(d) <= 4 for d in lp.top_logprobs[1:])
+        assert "".join(lp.tokens) == c.text
+    assert r.choices[0].text.startswith(prompt) and r.choices[2].text.startswith("Once upon a time")
+
+
+def test_token_id_prompts_match_text_prompts(server: ServerThread, model: str) -> None:
+    tokenizer = server.engine.tokenizer
+    client = server.openai()
+    by_text = client.completions.create(model=model, prompt="Once upon a time", temperature=0, max_tokens=6)
+    by_ids = client.completions.create(model=model, prompt=[tokenizer.encode("Once upon a time")], temperature=0,
+                                       max_tokens=6)
+    assert by_ids.choices[0].text == by_text.choices[0].text
+
+
+def test_chat_logprobs_are_model_distribution(server: ServerThread, model: str) -> None:
+    r = server.openai().chat.completions.create(model=model, messages=MESSAGES, temperature=0, max_tokens=6,
+                                                logprobs=True, top_logprobs=5)
+    for t in r.choices[0].logprobs.content:
+        assert len(t.top_logprobs) == 5
+        # greedy: the chosen token is the most likely one
+        assert t.logprob == pytest.approx(max(x.logprob for x in t.top_logprobs), abs=1e-4)
+        assert sum(2.718281828 ** x.logprob for x in t.top_logprobs) <= 1.0001
+
+
+def test_stop_strings_and_finish_reason(server: ServerThread, model: str) -> None:
+    client = server.openai()
+    free = client.completions.create(model=model, prompt="1, 2, 3, 4,", temperature=0, max_tokens=12)
+    text = free.choices[0].text
+    assert len(text) > 4
+    stop = text[2:4]
+    r = client.completions.create(model=model, prompt="1, 2, 3, 4,", temperature=0, max_tokens=12, stop=[stop])
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].text == text[: text.index(stop)]
+    parts = client.completions.create(model=model, prompt="1, 2, 3, 4,", temperature=0, max_tokens=12, stop=stop,
+                                      stream=True)
+    assert "".join(p.choices[0].text for p in parts) == r.choices[0].text
+
+
+def test_seed_reproducible_and_n2_distinct(server: ServerThread, model: str) -> None:
+    client = server.openai()
+    kw = {"model": model, "messages": MESSAGES, "temperature": 1.0, "max_tokens": 10, "n": 2}
+    a = client.chat.completions.create(seed=1234, **kw)
+    b = client.chat.completions.create(seed=1234, **kw)
+    assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices]
+    assert a.choices[0].message.content != a.choices[1].message.content
+    stream = client.chat.completions.create(seed=1234, stream=True, **kw)
+    texts: dict[int, str] = {0: "", 1: ""}
+    finishes: Counter[int] = Counter()
+    for chunk in stream:
+        ch = chunk.choices[0]
+        texts[ch.index] += ch.delta.content or ""
+        finishes[ch.index] += ch.finish_reason is not None
+    assert finishes == {0: 1, 1: 1} and [texts[0], texts[1]] == [c.message.content for c in a.choices]
+
+
+def test_async_client_concurrent(server: ServerThread, model: str) -> None:
+    async def main() -> list[str]:
+        client = server.async_openai()
+
+        async def one(i: int) -> str:
+            stream = await client.completions.create(model=model, prompt=f"Number {i}:", temperature=0,
+                                                     max_tokens=6, stream=True)
+            return "".join([c.choices[0].text async for c in stream])
+
+        return await asyncio.gather(*(one(i) for i in range(6)))
+
+    got = asyncio.run(main())
+    sync = server.openai()
+    want = [sync.completions.create(model=model, prompt=f"Number {i}:", temperature=0, max_tokens=6).choices[0].text
+            for i in range(6)]
+    assert got == want
+
+
+def test_errors_raise_sdk_exceptions(server: ServerThread, model: str) -> None:
+    client = server.openai()
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="no-such-model", messages=MESSAGES)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=model, prompt="hi", max_tokens=server.engine.max_model_len)
+    assert info.value.param == "max_tokens"
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=model, messages=MESSAGES, logprobs=True, top_logprobs=21)
+    with pytest.raises(openai.BadRequestError, match="not supported yet"):
+        client.chat.completions.create(model=model, messages=MESSAGES, response_format={"type": "json_object"})
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=model, messages=MESSAGES, seed=-(2**63) - 1)
+    assert server.metrics()["vllm:num_requests_running"] == 0
