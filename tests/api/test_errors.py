@@ -138,11 +138,11 @@ def test_overload_is_503_with_retry_after(smol_tokenizer) -> None:
             second = http.post("/v1/completions", json={"prompt": "b", "max_tokens": 2})
             assert second.status_code == 503 and int(second.headers["Retry-After"]) >= 1
             assert_openai_error(second.json())
-        with pytest.raises(openai.InternalServerError) as info:
-            with srv.http() as http, http.stream("POST", "/v1/completions",
-                                                 json={"prompt": "a", "stream": True, "max_tokens": 4}) as first:
-                lines = first.iter_lines()
-                next(lines)
+        with srv.http() as http, http.stream("POST", "/v1/completions",
+                                             json={"prompt": "a", "stream": True, "max_tokens": 4}) as first:
+            lines = first.iter_lines()
+            next(lines)
+            with pytest.raises(openai.InternalServerError) as info:
                 srv.openai().completions.create(model="fake-model", prompt="b", max_tokens=2)
         assert info.value.status_code == 503
 
