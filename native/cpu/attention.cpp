@@ -11,6 +11,8 @@
 namespace candle_vllm::cpu {
 namespace {
 
+constexpr int64_t kTile = 32;
+
 template <typename IO>
 void attend_one(const PagedAttentionArgs& a, int64_t seq, int64_t token, int64_t head, float* qf, float* acc,
                 float* scores) {
@@ -27,13 +29,13 @@ void attend_one(const PagedAttentionArgs& a, int64_t seq, int64_t token, int64_t
   const int32_t* table = a.block_tables + seq * a.max_blocks;
   float m = -std::numeric_limits<float>::infinity(), l = 0.f;
   std::fill(acc, acc + D, 0.f);
-  // One cache block at a time: scores, then a single rescale of the running sum (online softmax).
-  for (int64_t start = first - first % bs; start <= pos; start += bs) {
-    const int64_t block = table[start / bs];
-    const int64_t lo = std::max(start, first), hi = std::min(start + bs - 1, pos);
+  // Keys in tiles of kTile absolute positions (independent of the cache's block size, so results do not
+  // change with --block-size): scores of a tile, then one rescale of the running sum (online softmax).
+  for (int64_t start = first - first % kTile; start <= pos; start += kTile) {
+    const int64_t lo = std::max(start, first), hi = std::min(start + kTile - 1, pos);
     float tile_max = -std::numeric_limits<float>::infinity();
     for (int64_t j = lo; j <= hi; ++j) {
-      const T* krow = k_cache + ((block * bs + (j - start)) * Hk + kv_head) * D;
+      const T* krow = k_cache + ((table[j / bs] * bs + j % bs) * Hk + kv_head) * D;
       float s = 0.f;
 #pragma omp simd reduction(+ : s)
       for (int64_t d = 0; d < D; ++d) s += qf[d] * IO::load(krow[d]);
@@ -48,7 +50,7 @@ void attend_one(const PagedAttentionArgs& a, int64_t seq, int64_t token, int64_t
     for (int64_t j = lo; j <= hi; ++j) {
       const float w = std::exp(scores[j - lo] - new_m);
       l += w;
-      const T* vrow = v_cache + ((block * bs + (j - start)) * Hk + kv_head) * D;
+      const T* vrow = v_cache + ((table[j / bs] * bs + j % bs) * Hk + kv_head) * D;
 #pragma omp simd
       for (int64_t d = 0; d < D; ++d) acc[d] += w * IO::load(vrow[d]);
     }
@@ -67,7 +69,7 @@ void run(const PagedAttentionArgs& a) {
   const int64_t work = a.num_tokens * a.num_q_heads;
 #pragma omp parallel
   {
-    std::vector<float> qf(a.head_dim), acc(a.head_dim), scores(a.block_size);
+    std::vector<float> qf(a.head_dim), acc(a.head_dim), scores(kTile);
 #pragma omp for schedule(dynamic, 4)
     for (int64_t w = 0; w < work; ++w) {
       const int64_t token = w / a.num_q_heads, head = w % a.num_q_heads;

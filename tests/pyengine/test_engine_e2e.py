@@ -1,0 +1,168 @@
+"""The engine end to end on the real SmolLM2 GGUF (CPU): batch invariance, preemption, prefix cache, aborts
+and sampling through the offline API and EngineCore."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from candle_vllm import LLM, SamplingParams
+from candle_vllm.pyengine.engine_core import EngineCore
+from candle_vllm.pyengine.kv_cache import kv_bytes_per_token
+
+PROMPTS = [
+    f"{topic} Here is a short note number {i}:"
+    for i, topic in enumerate(
+        ["The ocean is deep.", "Paris is a city.", "def add(a, b):", "Once upon a time,", "Photosynthesis",
+         "The year 1969", "Bananas are yellow.", "import numpy as np", "Dear friend,", "Mount Everest",
+         "Quantum computing", "In the kitchen,", "SELECT * FROM", "The violin", "Rain fell", "A haiku:"] * 2
+    )
+]
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return LLM(max_num_seqs=64)
+
+
+def _texts(outputs: list) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def test_greedy_batch_invariance(llm: LLM) -> None:
+    together = _texts(llm.generate(PROMPTS, GREEDY))
+    one_by_one = [_texts(llm.generate([p], GREEDY))[0] for p in PROMPTS]
+    assert together == one_by_one
+
+    # Requests arriving at random steps while others run.
+    engine: EngineCore = llm.engine
+    rng = random.Random(0)
+    pending = list(enumerate(PROMPTS))
+    rng.shuffle(pending)
+    results: dict[str, list[int]] = {}
+    while pending or engine.has_unfinished():
+        for _ in range(rng.randint(0, 3)):
+            if pending:
+                i, p = pending.pop()
+                engine.add_request(f"arrive-{i}", llm.get_tokenizer().encode(p), GREEDY)
+        for out in engine.step():
+            if out.finished:
+                results[out.request_id] = out.outputs[0].token_ids
+    assert [results[f"arrive-{i}"] for i in range(len(PROMPTS))] == one_by_one
+
+
+def test_preemption_finishes_everything_with_identical_outputs(llm: LLM) -> None:
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    prompts = [p * 4 for p in PROMPTS]
+    want = _texts(llm.generate(prompts, params))
+    longest = max(len(llm.get_tokenizer().encode(p)) for p in prompts) + 40
+    cfg = llm.engine.model_config
+    per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, llm.engine.info.dtype)
+    small = LLM(max_num_seqs=64, block_size=16, mem=-(-int(4.5 * longest * per_token) // 2**20))
+    capacity = small.engine.info.kv_capacity_tokens
+    assert longest <= capacity < 6 * longest, "the cache must hold a few sequences only, forcing preemption"
+    got = _texts(small.generate(prompts, params))
+    assert got == want
+    assert small.engine.scheduler.kv.usage == 0.0
+
+
+def test_prefix_cache_hit_reports_cached_tokens_and_same_output(llm: LLM) -> None:
+    tok = llm.get_tokenizer()
+    words = " ".join(f"w{i}" for i in range(2000))
+    prefix = tok.encode(words)[:1000]
+    a = {"prompt_token_ids": prefix + tok.encode(" first question")}
+    b = {"prompt_token_ids": prefix + tok.encode(" second one")}
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    llm.generate([a], params)
+    hit = llm.generate([b], params)[0]
+    assert hit.num_cached_tokens >= 992
+    fresh = LLM(disable_prefix_cache=True).generate([b], params)[0]
+    assert fresh.num_cached_tokens == 0
+    assert hit.outputs[0].token_ids == fresh.outputs[0].token_ids
+
+
+def test_random_aborts_free_every_block() -> None:
+    llm = LLM(max_num_seqs=32, prefill_chunk_size=16, block_size=16)
+    engine = llm.engine
+    tok = llm.get_tokenizer()
+    rng = random.Random(1)
+    live: list[str] = []
+    aborted = 0
+    next_id = 0
+    while aborted < 1000:
+        while len(live) < 24:
+            prompt = tok.encode(" ".join(rng.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(rng.randint(5, 60))))
+            rid = f"r{next_id}"
+            next_id += 1
+            engine.add_request(rid, prompt, SamplingParams(temperature=0.7, max_tokens=rng.randint(2, 40)))
+            live.append(rid)
+        for out in engine.step():
+            if out.finished and out.request_id in live:
+                live.remove(out.request_id)
+        for _ in range(rng.randint(0, 6)):
+            if live:
+                rid = live.pop(rng.randrange(len(live)))
+                final = engine.abort(rid)
+                assert final is not None and final.finished
+                aborted += 1
+    for rid in live:
+        engine.abort(rid)
+    assert not engine.has_unfinished()
+    assert engine.scheduler.kv.usage == 0.0
+    assert engine.scheduler.kv.num_free_blocks == engine.info.num_blocks
+
+
+def test_seeded_sampling_is_reproducible_inside_different_batches(llm: LLM) -> None:
+    seeded = SamplingParams(temperature=1.0, seed=1234, max_tokens=16, ignore_eos=True)
+    others = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+    alone = llm.generate([PROMPTS[0]], seeded)[0].outputs[0].token_ids
+    mixed = llm.generate(PROMPTS[3:9] + [PROMPTS[0]], [others] * 6 + [seeded])[-1].outputs[0].token_ids
+    assert alone == mixed
+    other_seed = SamplingParams(temperature=1.0, seed=99, max_tokens=16, ignore_eos=True)
+    assert llm.generate([PROMPTS[0]], other_seed)[0].outputs[0].token_ids != alone
+
+
+def test_top_k_1_equals_greedy(llm: LLM) -> None:
+    top1 = SamplingParams(temperature=0.9, top_k=1, max_tokens=12, ignore_eos=True)
+    assert _texts(llm.generate(PROMPTS[:6], top1)) == _texts(llm.generate(PROMPTS[:6], GREEDY))
+
+
+def test_logprobs_equal_log_softmax_of_the_models_logits(llm: LLM) -> None:
+    tok = llm.get_tokenizer()
+    prompt = tok.encode(PROMPTS[1])
+    out = llm.generate([{"prompt_token_ids": prompt}],
+                       SamplingParams(temperature=0, max_tokens=6, logprobs=5, prompt_logprobs=3))[0]
+    ids = prompt + out.outputs[0].token_ids
+    # Oracle: one forward pass of the whole sequence through a fresh paged cache. Attention, norms and the
+    # quantized matmuls compute each token alone in a fixed order, so this equals the engine's chunked steps.
+    from candle_vllm.pyengine.kv_cache import allocate_kv_caches
+    from candle_vllm.pyengine.ops.attention import AttentionMetadata
+
+    model = llm.engine.runner.model
+    cfg = llm.engine.model_config
+    bs = 32
+    n_blocks = -(-len(ids) // bs)
+    fresh = allocate_kv_caches(cfg.num_layers, n_blocks, bs, cfg.num_kv_heads, cfg.head_dim, llm.engine.info.dtype,
+                               torch.device("cpu"))
+    meta = AttentionMetadata.build([len(ids)], [len(ids)], block_tables=[list(range(n_blocks))], block_size=bs)
+    caches, model.kv_caches = model.kv_caches, fresh
+    try:
+        with torch.inference_mode():
+            hidden = model(torch.tensor(ids), torch.arange(len(ids)), meta)
+            ref = torch.log_softmax(model.compute_logits(hidden), dim=-1)
+    finally:
+        model.kv_caches = caches
+    n = len(prompt)
+    for i, entry in enumerate(out.outputs[0].logprobs):
+        tok_id = out.outputs[0].token_ids[i]
+        assert entry[tok_id].logprob == pytest.approx(ref[n - 1 + i, tok_id].item(), abs=1e-5)
+        top = torch.topk(ref[n - 1 + i], 5).indices.tolist()
+        assert set(top) <= set(entry)
+        assert entry[tok_id].rank == 1  # greedy picks the most likely token
+    assert out.prompt_logprobs[0] is None
+    for j in range(1, n):
+        entry = out.prompt_logprobs[j]
+        assert entry[prompt[j]].logprob == pytest.approx(ref[j - 1, prompt[j]].item(), abs=1e-5)
