@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-from candle_vllm.pyengine.ops import native
+from candle_vllm.pyengine.ops import cuda, native
 
 
 @dataclass
@@ -156,11 +155,22 @@ def attention(
         raise ValueError(f"k has {k.shape[1]} heads, expected num_kv_heads={num_kv_heads}")
     q = q.view(t, -1, d)
     paged = kv_cache is not None and meta.slot_mapping is not None
+    on_cuda = q.device.type == "cuda" and cuda.available(q.device)
+    cuda_decode = False
     if paged:
         assert kv_cache is not None and meta.slot_mapping is not None and meta.block_tables is not None
-        write_kv(k, v, kv_cache, meta.slot_mapping)
+        if on_cuda and k.dtype == v.dtype == kv_cache.dtype:
+            cuda.reshape_and_cache(k, v, kv_cache, meta.slot_mapping)
+        else:
+            write_kv(k, v, kv_cache, meta.slot_mapping)
         if _native_paged_ready(q, kv_cache, meta):
             return _native_paged_attention(q, kv_cache, meta, scale, num_kv_heads, sliding_window, softcap)
+        cuda_decode = on_cuda and cuda.paged_decode_supported(q, kv_cache)
+        if cuda_decode and meta.query_start_loc_cpu == list(range(t + 1)):  # a pure decode step
+            return cuda.paged_decode_attention(
+                q, kv_cache, meta.block_tables, meta.seq_lens, scale, max(meta.seq_lens_cpu or [1]), sliding_window,
+                softcap,
+            )
     qsl, lens = meta.query_start_loc_cpu or [], meta.seq_lens_cpu or []
     out = torch.empty_like(q)
     decode_rows: list[int] = []
@@ -171,6 +181,13 @@ def attention(
             continue
         if paged and q_len == 1:
             decode_rows.append(s)
+            continue
+        if on_cuda and ctx == q_len and sliding_window is None and softcap is None:
+            # No cached prefix: the keys are this step's own, so torch's fused causal SDPA applies directly.
+            out[start:end] = F.scaled_dot_product_attention(
+                q[start:end].transpose(0, 1), k[start:end].transpose(0, 1).to(q.dtype),
+                v[start:end].transpose(0, 1).to(q.dtype), is_causal=True, scale=scale, enable_gqa=True,
+            ).transpose(0, 1)
             continue
         if paged:
             assert kv_cache is not None and meta.block_tables is not None
@@ -184,7 +201,15 @@ def attention(
         )[0]
     if decode_rows:
         assert kv_cache is not None and meta.block_tables is not None
-        _decode_batch(q, out, kv_cache, meta, decode_rows, scale, sliding_window, softcap)
+        if cuda_decode:
+            tok = torch.tensor([qsl[s] for s in decode_rows], device=q.device)
+            idx = torch.tensor(decode_rows, device=q.device)
+            out[tok] = cuda.paged_decode_attention(
+                q[tok], kv_cache, meta.block_tables[idx], meta.seq_lens[idx], scale,
+                max(lens[s] for s in decode_rows), sliding_window, softcap,
+            )
+        else:
+            _decode_batch(q, out, kv_cache, meta, decode_rows, scale, sliding_window, softcap)
     return out
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from candle_vllm.pyengine.ops import cuda
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -113,8 +114,12 @@ def apply_rotary(
     """Rotate q [T, Hq, D] and k [T, Hk, D] by their token positions [T]; returns new tensors.
 
     Only the first ``rotary_dim`` (the cache's width) channels of each head rotate (partial rotary).
-    cos/sin are cast to the activations' dtype before use, as transformers does.
+    cos/sin are cast to the activations' dtype before use, as transformers does. On CUDA the native kernel
+    rotates q and k in place (they are usually views into the fused qkv output) and returns them.
     """
+    if q.device.type == "cuda" and cuda.rotary_supported(q, k, positions, cos_sin_cache):
+        cuda.rotary_embedding_(q, k, positions, cos_sin_cache, is_neox)
+        return q, k
     rotary_dim = cos_sin_cache.shape[-1]
     cos, sin = cos_sin_cache[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
     out = []

@@ -1,0 +1,172 @@
+"""Decode speed and time to first token through ``LLM.generate`` (scheduling, sampling and detokenization
+inside every figure), each printed with its fraction of the memory-bandwidth roofline.
+
+    python benches/bench_decode.py                                   # Llama-3-8B shapes, dummy bf16 weights
+    python benches/bench_decode.py --output-len 256 --profile-steps 8 --json out.json
+
+Figures: batch-1 decode at a 4k context (4k prompt, ``--output-len`` tokens), batch-64 decode at a 1k context,
+TTFT of one 4k prompt (median of ``--ttft-repeats``, fresh random prompts so the prefix cache never hits).
+Decode rates use the engine's own request timestamps: (tokens - 1) / (finished - first token).
+
+The roofline of a decode step is the bytes it must read at the ceiling bandwidth (4.26 TB/s): every weight but
+the embedding table once (14.96 GB of Llama-3-8B's 16.06 GB bf16) plus each sequence's K/V (128 KiB per token for
+Llama-3-8B bf16): 3.65 ms at a 4k context. TTFT's roofline is the prefill's FLOPs at 790 TFLOP/s (bf16 dense).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from candle_vllm import LLM, SamplingParams
+
+CEILING_BYTES_PER_S = 4.26e12  # H200 copy bandwidth (issue 5)
+
+
+def model_dir_with_tokenizer(config_dir: Path, out: Path) -> Path:
+    """A copy of a bare config directory plus a synthetic byte-level tokenizer of the config's vocab size.
+
+    The engine needs a tokenizer and the real ones cannot be downloaded here; token-id prompts only need ids to
+    exist and decode to text, so ``vocab_size`` distinct byte-level strings (no merges) stand in for them.
+    """
+    shutil.copy(config_dir / "config.json", out / "config.json")
+    vocab_size = json.loads((config_dir / "config.json").read_text())["vocab_size"]
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab: dict[str, int] = {}
+    for length in (1, 2, 3):
+        for i in range(len(alphabet) ** length):
+            if len(vocab) == vocab_size:
+                break
+            chars, rest = [], i
+            for _ in range(length):
+                rest, c = divmod(rest, len(alphabet))
+                chars.append(alphabet[c])
+            vocab["".join(chars)] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(str(out / "tokenizer.json"))
+    return out
+
+
+def weight_bytes(llm: LLM) -> int:
+    """Bytes of the weights a decode step reads: every parameter except the embedding table (a step reads only
+    B of its rows); for Llama-3-8B bf16 that is 14.96 GB."""
+    model = llm.engine.runner.model
+    skip = {id(p) for p in model.model.embed_tokens.parameters()}
+    return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in skip)
+
+
+def kv_bytes_per_token(llm: LLM) -> int:
+    c = llm.engine.model_config
+    return 2 * c.num_layers * c.num_kv_heads * c.head_dim * llm.engine.info.dtype.itemsize
+
+
+def random_prompts(rng: random.Random, n: int, length: int, vocab: int) -> list[dict[str, list[int]]]:
+    return [{"prompt_token_ids": [rng.randrange(vocab) for _ in range(length)]} for _ in range(n)]
+
+
+def decode_rate(llm: LLM, prompts: list[dict[str, list[int]]], out_len: int) -> dict[str, float]:
+    """Generate greedily (ignore_eos) and report the decode phase: from the last first token to the last finish."""
+    params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
+    outs = llm.generate(prompts, params)
+    first = max(o.metrics.first_token_time or 0.0 for o in outs)
+    last = max(o.metrics.finished_time or 0.0 for o in outs)
+    steps = out_len - 1
+    return {"seconds": last - first, "step_ms": 1e3 * (last - first) / steps,
+            "tokens_per_s": len(outs) * steps / (last - first)}
+
+
+def step_roofline_ms(w_bytes: int, kv_token_bytes: int, batch: int, context: int) -> float:
+    return 1e3 * (w_bytes + batch * context * kv_token_bytes) / CEILING_BYTES_PER_S
+
+
+def profile_decode(llm: LLM, rng: random.Random, vocab: int, context: int, steps: int, rows: int) -> str:
+    """torch-profiler table of a batch-1 decode at ``context``: where the step time goes (CPU and GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prompt = random_prompts(rng, 1, context, vocab)
+    llm.generate(prompt, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))  # prefill now
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        llm.generate(prompt, SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True))
+        torch.cuda.synchronize()
+    averages = prof.key_averages()
+    return (averages.table(sort_by="self_cuda_time_total", row_limit=rows) + "\n"
+            + averages.table(sort_by="self_cpu_time_total", row_limit=rows))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=str(Path(__file__).parent / "configs" / "llama-3-8b"))
+    ap.add_argument("--load-format", default="dummy")
+    ap.add_argument("--context", type=int, default=4096, help="batch-1 prompt length and TTFT prompt length")
+    ap.add_argument("--output-len", type=int, default=1024, help="batch-1 generated tokens")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--batch-context", type=int, default=1024, help="prompt length of each batched sequence")
+    ap.add_argument("--batch-output-len", type=int, default=128)
+    ap.add_argument("--ttft-repeats", type=int, default=5)
+    ap.add_argument("--profile-steps", type=int, default=0, help="profile this many batch-1 decode steps")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None, help="also write the figures here")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model
+        if args.load_format == "dummy" and not (Path(model) / "tokenizer.json").exists():
+            model = str(model_dir_with_tokenizer(Path(model), Path(tmp)))
+        t0 = time.perf_counter()
+        llm = LLM(model=model, load_format=args.load_format, max_num_seqs=max(args.batch, 1), seed=args.seed)
+        load_s = time.perf_counter() - t0
+    rng = random.Random(args.seed)
+    vocab = llm.engine.model_config.vocab_size
+    w_bytes, kv_tok = weight_bytes(llm), kv_bytes_per_token(llm)
+    llm.generate(random_prompts(rng, 1, 16, vocab), SamplingParams(max_tokens=4))  # warm-up
+    res: dict[str, Any] = {"model": args.model, "device": torch.cuda.get_device_name() if torch.cuda.is_available()
+                           else "cpu", "dtype": str(llm.engine.info.dtype), "load_s": round(load_s, 1),
+                           "weight_gb": round(w_bytes / 1e9, 2)}
+
+    def report(name: str, value: float, unit: str, roofline: float, higher_is_better: bool) -> None:
+        frac = value / roofline if higher_is_better else roofline / value
+        res[name] = {"value": round(value, 2), "unit": unit, "roofline": round(roofline, 2), "fraction": round(frac, 3)}
+        print(f"{name}: {value:.2f} {unit} (roofline {roofline:.2f} {unit}, {100 * frac:.1f} % of it)", flush=True)
+
+    mid_ctx = args.context + args.output_len // 2
+    b1 = decode_rate(llm, random_prompts(rng, 1, args.context, vocab), args.output_len)
+    report("batch1_decode_tok_s", b1["tokens_per_s"], "tok/s", 1e3 / step_roofline_ms(w_bytes, kv_tok, 1, mid_ctx), True)
+    res["batch1_step_ms"] = round(b1["step_ms"], 3)
+
+    mid_bctx = args.batch_context + args.batch_output_len // 2
+    bb = decode_rate(llm, random_prompts(rng, args.batch, args.batch_context, vocab), args.batch_output_len)
+    roof = args.batch * 1e3 / step_roofline_ms(w_bytes, kv_tok, args.batch, mid_bctx)
+    report(f"batch{args.batch}_decode_tok_s", bb["tokens_per_s"], "tok/s", roof, True)
+    res[f"batch{args.batch}_step_ms"] = round(bb["step_ms"], 3)
+
+    ttfts = []
+    for _ in range(args.ttft_repeats):
+        out = llm.generate(random_prompts(rng, 1, args.context, vocab), SamplingParams(max_tokens=1))[0]
+        ttfts.append(1e3 * ((out.metrics.first_token_time or 0.0) - out.metrics.arrival_time))
+    # Prefill roofline: compute-bound at ~790 TFLOP/s bf16 dense (2 * params * tokens + causal attention).
+    c = llm.engine.model_config
+    flops = 2 * (w_bytes / llm.engine.info.dtype.itemsize) * args.context + 2 * c.num_layers * c.num_heads * c.head_dim * args.context ** 2
+    report("ttft_ms", statistics.median(ttfts), "ms", 1e3 * flops / 790e12, False)
+    res["ttft_all_ms"] = [round(t, 1) for t in ttfts]
+
+    if args.profile_steps:
+        res["profile"] = profile_decode(llm, rng, vocab, args.context, args.profile_steps, 25)
+        print(res["profile"], flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
