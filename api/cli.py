@@ -275,8 +275,9 @@ def resolve_source(args: EngineArgs) -> ModelSource:
 
 def serve(engine_args: EngineArgs, server_args: ServerArgs, source: ModelSource) -> int:
     """Load the model and serve it until shut down; returns the exit code."""
-    print(f"{PROG}: the HTTP server is not built yet; flags and model source are valid", file=sys.stderr)
-    return 2
+    from candle_vllm.api.server import run
+
+    return run(engine_args, server_args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

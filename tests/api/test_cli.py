@@ -269,13 +269,24 @@ def test_accepted_flags_reach_the_server_step_with_the_embedded_model(
     assert calls["source"] is not None
 
 
-def test_without_a_server_the_command_says_so_and_writes_the_log(tmp_path: Path) -> None:
-    done = run_cli("--cpu", "--log", cwd=tmp_path)
-    assert done.returncode == 2
-    assert (
-        done.stderr.strip().splitlines()[-1]
-        == "candle-vllm: the HTTP server is not built yet; flags and model source are valid"
-    )
+def test_the_command_serves_the_embedded_model_and_writes_the_log(tmp_path: Path) -> None:
+    exe = shutil.which("candle-vllm")
+    assert exe is not None, "the candle-vllm console script is not installed (pip install -e .)"
+    proc = subprocess.Popen([exe, "--cpu", "--log", "--h", "127.0.0.1", "--p", "0", "--mem", "64"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if re.search(r"API: http://127\.0\.0\.1:\d+/v1", line):
+                break
+        assert any("API: http://127.0.0.1:" in line for line in lines), "".join(lines)
+        proc.terminate()
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     assert "embedded model" in (tmp_path / cli.LOG_FILE).read_text()
 
 
