@@ -14,7 +14,7 @@ from candle_vllm.actors.executor import ExecutorActor
 from candle_vllm.actors.intake import IntakeActor
 from candle_vllm.actors.messages import Abort, Executed, Execute, OutputInbox, SchedulerInbox, SinkItem, Submit
 from candle_vllm.actors.output import OutputActor
-from candle_vllm.actors.scheduler import SchedulerActor
+from candle_vllm.actors.scheduler import PIPELINE_DEPTH, SchedulerActor
 from candle_vllm.pyengine.engine_args import EngineArgs
 from candle_vllm.pyengine.engine_core import EngineCore
 from candle_vllm.pyengine.outputs import RequestOutput
@@ -48,8 +48,8 @@ class AsyncEngine:
         self.info = core.info
         self._intake_send, self._intake_recv = trio.open_memory_channel[Submit](INBOX_SIZE)
         self._sched_send, self._sched_recv = trio.open_memory_channel[SchedulerInbox](INBOX_SIZE)
-        exec_send, exec_recv = trio.open_memory_channel[Execute](1)
-        result_send, result_recv = trio.open_memory_channel[Executed](1)
+        exec_send, exec_recv = trio.open_memory_channel[Execute](PIPELINE_DEPTH)
+        result_send, result_recv = trio.open_memory_channel[Executed](PIPELINE_DEPTH)
         out_send, out_recv = trio.open_memory_channel[OutputInbox](64)
         self._intake = IntakeActor(core, self._intake_recv, self._sched_send.clone())
         self._scheduler = SchedulerActor(core, self._sched_recv, exec_send, result_recv, out_send)

@@ -1,10 +1,13 @@
-"""Scheduler actor: the engine's step loop. Between steps it applies new requests, aborts and stop-string
-hits; it plans a step, hands it to the executor, applies the sampled tokens, and passes the token events to
-the output actor, which detokenizes them while the next step runs."""
+"""Scheduler actor: the engine's step loop. It keeps the executor one step ahead: while step N runs, step N+1
+is already planned and queued (its inputs that step N samples are placeholders the runner fills), so the
+device never waits for the event loop. Between plans it applies new requests, aborts and stop-string hits;
+when a step's result comes back it applies the sampled tokens and passes the token events to the output
+actor, which detokenizes them while the next steps run."""
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 import trio
 
@@ -24,6 +27,7 @@ from candle_vllm.actors.messages import (
 from candle_vllm.pyengine.engine_core import EngineCore
 
 log = logging.getLogger(__name__)
+PIPELINE_DEPTH = 2  # steps handed to the executor before the oldest result is applied
 
 
 class SchedulerActor:
@@ -40,24 +44,28 @@ class SchedulerActor:
         self.steps = 0
 
     async def run(self) -> None:
+        in_flight: deque[Execute] = deque()
         async with self.inbox, self.executor, self.results, self.output:
             while True:
                 await self._apply_pending()
-                if not self.core.scheduler.has_unfinished_requests():
+                while len(in_flight) < PIPELINE_DEPTH and self.core.scheduler.has_unfinished_requests():
+                    plan = self.core.schedule()
+                    if plan.is_empty:  # every request waits on an in-flight result
+                        break
+                    msg = Execute(plan)
+                    await self.executor.send(msg)
+                    in_flight.append(msg)
+                if not in_flight:
                     await self._handle(await self.inbox.receive())
                     continue
-                plan = self.core.schedule()
-                if plan.is_empty:
-                    await trio.sleep(0)
-                    continue
-                await self.executor.send(Execute(plan))
                 done = await self.results.receive()
+                in_flight.popleft()
                 if done.error is not None:
                     await self._fail_step(done)
                     continue
                 assert done.result is not None
                 self.steps += 1
-                await self.output.send(Emit(self.core.apply(plan, done.result)))
+                await self.output.send(Emit(self.core.apply(done.plan, done.result)))
 
     async def _apply_pending(self) -> None:
         while True:

@@ -1,8 +1,10 @@
 """The model runner: turns a scheduler ``StepPlan`` into device tensors, runs the model once, and samples.
 
 It is the only part of the engine that touches the model and the KV-cache tensors, and it runs on the
-executor's worker thread. Per-request device state (seeded generators) is kept here, keyed by request id, and
-dropped when the plan reports the request finished.
+executor's worker thread. It keeps, per request, its own record of the tokens it sampled and the seeded
+generator, dropped when a plan reports the request finished. That record lets it run a plan made before the
+previous step's tokens reached the scheduler (the scheduler one step ahead): placeholder inputs (-1) are the
+request's tokens sampled here, and penalties see every sampled token without reading scheduler state.
 """
 
 from __future__ import annotations
@@ -62,17 +64,18 @@ class ModelRunner:
             shared.seed()
         self.sampler = Sampler(shared)
         self._generators: dict[str, torch.Generator] = {}
+        self._sampled: dict[str, list[int]] = {}  # request id -> every token sampled for it, in order
 
     def execute(self, plan: StepPlan) -> StepResult:
         """Run one planned step and sample the requests whose known tokens it completes."""
         for request_id in plan.finished_ids:
             self._generators.pop(request_id, None)
+            self._sampled.pop(request_id, None)
         if plan.is_empty:
             return StepResult(plan.step_id, [], [])
-        if (plan.input_ids < 0).any():
-            raise RuntimeError("the plan holds placeholder tokens; run schedule() and update() alternately")
+        input_ids = self._fill_placeholders(plan)
         with torch.inference_mode():
-            hidden = self.model(self._tensor(plan.input_ids, torch.int64), self._tensor(plan.positions, torch.int64),
+            hidden = self.model(self._tensor(input_ids, torch.int64), self._tensor(plan.positions, torch.int64),
                                 self._attention_metadata(plan))
             result = StepResult(plan.step_id, [], [])
             if plan.sampled_requests:
@@ -80,6 +83,19 @@ class ModelRunner:
                 self._sample(plan.sampled_requests, logits, result)
             self._prompt_logprobs(plan, hidden, result)
         return result
+
+    def _fill_placeholders(self, plan: StepPlan) -> np.ndarray:
+        """Input ids with each placeholder (-1: sampled by a step whose result the scheduler has not applied)
+        replaced by the token this runner sampled for that position."""
+        holes = np.flatnonzero(plan.input_ids < 0)
+        if holes.size == 0:
+            return plan.input_ids
+        ids = plan.input_ids.copy()
+        row_of = np.searchsorted(plan.query_start_loc, holes, side="right") - 1
+        for hole, row in zip(holes.tolist(), row_of.tolist(), strict=True):
+            req = plan.requests[row]
+            ids[hole] = self._sampled[req.request_id][int(plan.positions[hole]) - req.num_prompt_tokens]
+        return ids
 
     def _tensor(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         t = torch.from_numpy(array)
@@ -98,13 +114,16 @@ class ModelRunner:
         )
 
     def _sample(self, requests: list[Request], logits: torch.Tensor, result: StepResult) -> None:
+        histories = [self._sampled.setdefault(req.request_id, []) for req in requests]
         rows = [
-            SamplingRow(req.sampling_params, req.output_token_ids, req.prompt_token_ids, self._generator(req))
-            for req in requests
+            SamplingRow(req.sampling_params, history, req.prompt_token_ids, self._generator(req))
+            for req, history in zip(requests, histories, strict=True)
         ]
         batch = SamplingBatch.build(rows, self.vocab_size, self.device, self.eos_token_ids)
         out = self.sampler(logits, batch)
         result.sampled_token_ids = out.sampled_token_ids.tolist()
+        for history, token in zip(histories, result.sampled_token_ids, strict=True):
+            history.append(token)
         if out.logprobs is None:
             result.logprobs = [None] * len(requests)
         else:
