@@ -63,7 +63,8 @@ class EngineCore:
         self.args = args
         dtype = args.torch_dtype(device)
         model_arg = args.model
-        if model_arg is None and args.weight_path is None and args.weight_file is None:
+        embedded = model_arg is None and args.weight_path is None and args.weight_file is None
+        if embedded:
             model_arg = str(default_model_path())
         source = resolve_model_source(model_arg, args.weight_path, args.weight_file, args.hf_token_value(),
                                       args.load_format)
@@ -102,7 +103,7 @@ class EngineCore:
             SamplingDefaults(**args.sampling_defaults()))
         self.max_gen_tokens = args.max_gen_tokens_for(max_model_len)
         self.info = EngineInfo(
-            model_name=source.name, device=device, dtype=dtype, quantization=_quantization(source.format, loaded),
+            model_name=default_model_path().stem if embedded else source.name, device=device, dtype=dtype, quantization=_quantization(source.format, loaded),
             max_model_len=max_model_len, num_blocks=num_blocks, block_size=args.block_size,
         )
 
