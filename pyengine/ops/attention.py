@@ -15,9 +15,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from candle_vllm.pyengine.ops import cuda, native
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
-_PREFILL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @dataclass
@@ -184,15 +181,6 @@ def attention(
             continue
         if paged and q_len == 1:
             decode_rows.append(s)
-            continue
-        if on_cuda and ctx == q_len and sliding_window is None and softcap is None:
-            # No cached prefix: the keys are this step's own, so torch's fused causal SDPA applies directly.
-            # cuDNN is excluded: it builds an execution plan per new shape/stride (tens of ms per prompt length).
-            with sdpa_kernel(_PREFILL_BACKENDS):
-                out[start:end] = F.scaled_dot_product_attention(
-                    q[start:end].transpose(0, 1), k[start:end].transpose(0, 1).to(q.dtype),
-                    v[start:end].transpose(0, 1).to(q.dtype), is_causal=True, scale=scale, enable_gqa=True,
-                ).transpose(0, 1)
             continue
         if paged:
             assert kv_cache is not None and meta.block_tables is not None
