@@ -60,13 +60,16 @@ def test_split_gguf_loads_from_first_shard(tmp_path: Path) -> None:
     assert len(list(tmp_path.glob("model-0000?-of-0000?.gguf"))) > 1
 
 
-def test_quantized_gguf_mixed_types_and_quantized_tied_embedding(tmp_path: Path) -> None:
+def test_quantized_gguf_mixed_types_and_quantized_tied_embedding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Q8_0 q/k/embedding, Q4_0 v (q/k/v then run as two matmuls), Q5_1 MLP. The oracle gets the gguf
-    package's dequantized weights; the tolerance leaves room for a kernel that quantizes activations to
-    8 bits as llama.cpp does (today's path is within 1e-5), while wiring errors show as diffs > 1."""
+    package's dequantized weights, so the wiring is checked exactly on the reference ops (dequantize + f32
+    matmul); the native kernels quantize activations to 8 bits per block, which tests/pyengine/ops/
+    test_quant.py bounds separately."""
+    monkeypatch.setenv("CANDLE_VLLM_OPS", "reference")
+
     def qtype_of(name: str) -> QT:
         if ".attn_v." in name:
             return QT.Q4_0
         return QT.Q5_1 if ".ffn_" in name else QT.Q8_0
 
-    _compare("smollm_tied", "llama", tmp_path, 2e-2, qtype_of)
+    _compare("smollm_tied", "llama", tmp_path, 1e-4, qtype_of)
