@@ -10,6 +10,7 @@ from candle_vllm.api.errors import APIError, error_body
 from candle_vllm.api.routes import chat, completions, misc
 from candle_vllm.api.routes.common import STATE_KEY
 from candle_vllm.api.state import ServerState
+from candle_vllm.ui.cors import cors_headers, is_ui_origin
 from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -45,13 +46,21 @@ def create_app(state: ServerState) -> QuartTrio:
     @app.before_request
     async def _authenticate() -> None:
         key = state.config.api_key
-        if key is None or request.path in PUBLIC_PATHS:
+        # CORS preflights (OPTIONS) never carry the key; they only ask what the page may send
+        if key is None or request.path in PUBLIC_PATHS or request.method == "OPTIONS":
             return
         given = request.headers.get("Authorization", "")
         scheme, _, token = given.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
             raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' (see --api-key)",
                            code="invalid_api_key")
+
+    @app.after_request
+    async def _cors(response: Response) -> Response:
+        origin = request.headers.get("Origin")
+        if origin and is_ui_origin(origin, request.host, state.config.ui_port):
+            response.headers.update(cors_headers(origin, preflight=request.method == "OPTIONS"))
+        return response
 
     @app.errorhandler(APIError)
     async def _api_error(exc: APIError) -> Response:

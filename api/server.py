@@ -8,7 +8,8 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable
+import sys
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -92,7 +93,7 @@ async def serve(
                     os.unlink(b.address)
 
 
-def startup_summary(engine: Any, urls: list[str]) -> str:
+def startup_summary(engine: Any, urls: list[str], ui_urls: Sequence[str] = ()) -> str:
     """What was loaded and where it listens (printed once the sockets are bound, port 0 resolved)."""
     info = engine.info
     lines = [
@@ -102,20 +103,37 @@ def startup_summary(engine: Any, urls: list[str]) -> str:
         f"  KV cache: {info.kv_capacity_tokens} tokens ({info.num_blocks} blocks x {info.block_size})",
     ]
     lines += [f"  API: {url}/v1 (OpenAI-compatible; /health, /metrics, /openapi.json)" for url in urls]
+    lines += [f"  UI: {url}/ (web chat)" for url in ui_urls]
     return "\n".join(lines)
 
 
-async def _serve_engine(engine_args: Any, config: ServerConfig, binds: list[Bind]) -> None:
+async def _serve_engine(engine_args: Any, config: ServerConfig, binds: list[Bind], ui_bind: Bind | None) -> None:
     from candle_vllm.actors.engine import open_engine
+    from candle_vllm.ui.server import serve_ui, url_port
 
     async with open_engine(engine_args) as engine, trio.open_nursery() as nursery:
-        urls = await nursery.start(partial(serve, engine, config, binds))
-        print(startup_summary(engine, urls), flush=True)
+        stop = trio.Event()  # set at the signal: the UI closes while the API drains
+
+        async def shutdown_trigger() -> None:
+            await wait_for_signal()
+            stop.set()
+
+        urls = await nursery.start(partial(serve, engine, config, binds, shutdown_trigger=shutdown_trigger))
+        ui_urls = [] if ui_bind is None else await nursery.start(
+            partial(serve_ui, engine, config, url_port(urls[0]), ui_bind, shutdown_trigger=stop.wait))
+        print(startup_summary(engine, urls, ui_urls), flush=True)
 
 
 def run(engine_args: Any, server_args: Any) -> int:
-    """The CLI's server: load the model, serve until SIGINT/SIGTERM, drain, exit 0."""
-    bind = parse_bind(server_args.host, server_args.port)
+    """The CLI's server: load the model, serve until SIGINT/SIGTERM, drain, exit 0 (2 for an unusable address)."""
+    from candle_vllm.ui.server import ui_bind_for
+
+    try:
+        bind = parse_bind(server_args.host, server_args.port)
+        ui_bind = ui_bind_for(bind) if server_args.ui_server else None
+    except ValueError as e:
+        print(f"candle-vllm: {e}", file=sys.stderr)
+        return 2
     config = ServerConfig(api_key=server_args.api_key)
-    trio.run(_serve_engine, engine_args, config, [bind])
+    trio.run(_serve_engine, engine_args, config, [bind], ui_bind)
     return 0

@@ -27,6 +27,7 @@ class ServerConfig:
     shutdown_timeout_s: float = 2.0  # on SIGTERM, in-flight requests get this long before being aborted
     max_pending_requests: int = 4096  # beyond this many in-flight requests, answer 503
     max_body_bytes: int = 16 * 1024 * 1024
+    ui_port: int | None = None  # the web UI's port (--ui-server): its page may call the API cross-origin
 
 
 class ServerState:

@@ -179,7 +179,6 @@ def test_list_flags_split_on_commas() -> None:
         (["--mcp-command", "npx"], "--mcp-command npx"),
         (["--mcp-args", "a,b"], "--mcp-args a,b"),
         (["--enforce-parser", "qwen"], "--enforce-parser qwen"),
-        (["--ui-server"], "--ui-server"),
     ],
 )
 def test_not_yet_supported_flags_exit_2_with_one_line(
@@ -192,10 +191,10 @@ def test_not_yet_supported_flags_exit_2_with_one_line(
 
 
 def test_refusal_through_console_script() -> None:
-    done = run_cli("--ui-server")
+    done = run_cli("--multithread")
     assert done.returncode == 2
     assert done.stderr.splitlines() == [done.stderr.strip()]
-    assert "--ui-server is not supported yet" in done.stderr
+    assert "--multithread is not supported yet" in done.stderr
 
 
 @pytest.mark.parametrize(
