@@ -3,6 +3,7 @@ conversations kept across reloads; and ``candle-vllm --ui-server`` serving it wi
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import signal
@@ -108,6 +109,67 @@ def test_stop_aborts_the_generation_and_regenerate_asks_again(ui_stack: UIStack,
     assert engine.requests[1].prompt == engine.requests[0].prompt  # the same history, asked again
     assert page.locator(".message.assistant").count() == 1  # the new reply replaced the old one
     assert page.errors == []
+
+
+def sse(*chunks: dict[str, Any]) -> str:
+    return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + ": ping\n\ndata: [DONE]\n\n"
+
+
+def delta(**fields: Any) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "delta": fields, "finish_reason": "stop" if not fields else None}]}
+
+
+def test_reasoning_deltas_thinking_switch_and_api_errors(ui_stack: UIStack, page: Any) -> None:
+    """The page against hand-written API answers: ``reasoning_content`` deltas, an error body."""
+    bodies: list[dict[str, Any]] = []
+    cors = {"Access-Control-Allow-Origin": "*"}
+
+    def answer(route: Any) -> None:
+        bodies.append(json.loads(route.request.post_data))
+        if len(bodies) == 1:
+            route.fulfill(status=200, headers={**cors, "Content-Type": "text/event-stream"},
+                          body=sse(delta(role="assistant", reasoning_content="Step **one**."),
+                                   delta(content="Answer `x`"), delta()))
+        else:
+            route.fulfill(status=401, headers={**cors, "Content-Type": "application/json"},
+                          body=json.dumps({"error": {"message": "missing or wrong API key"}}))
+
+    page.route("**/v1/chat/completions", answer)
+    page.goto(ui_stack.ui_url)
+    expect(page.locator("#model-name")).to_have_text("fake-model")
+    set_settings(page, thinking=False)
+    send(page, "Think first")
+    wait_idle(page)
+    reasoning = page.locator(".message.assistant details.reasoning .markdown")
+    expect(reasoning.locator("strong")).to_have_text("one")
+    expect(page.locator(".message.assistant .content code")).to_have_text("x")
+    assert bodies[0]["chat_template_kwargs"] == {"enable_thinking": False} and bodies[0]["stream"] is True
+    assert bodies[0]["messages"] == [{"role": "user", "content": "Think first"}]
+
+    send(page, "Again")
+    wait_idle(page)
+    expect(page.locator(".message.assistant .status.error").last).to_have_text(
+        "Error: missing or wrong API key (set the API key in Settings)")
+    # The earlier answer goes back without its reasoning; the failed reply is not sent.
+    assert bodies[1]["messages"][1:] == [{"role": "assistant", "content": "Answer `x`"},
+                                         {"role": "user", "content": "Again"}]
+
+
+@pytest.mark.parametrize(
+    ("text", "reasoning", "answer", "thinking"),
+    [
+        ("<think>plan</think>\n\nreply", "plan", "reply", False),
+        ("<think>still going", "still going", "", True),
+        ("opened by the template</think>reply", "opened by the template", "reply", False),
+        ("plain reply", "", "plain reply", False),
+        ("a <think>b</think> c", "b", "a  c", False),
+    ],
+)
+def test_reasoning_split(ui_stack: UIStack, page: Any, text: str, reasoning: str, answer: str,
+                         thinking: bool) -> None:
+    page.goto(ui_stack.ui_url)
+    got = page.evaluate("async (t) => (await import('/static/stream.js')).splitReasoning(t)", text)
+    assert got == {"reasoning": reasoning, "answer": answer, "thinking": thinking}
 
 
 def free_port_pair() -> int:
