@@ -117,6 +117,7 @@ def main() -> None:
     ap.add_argument("--ttft-repeats", type=int, default=5)
     ap.add_argument("--profile-steps", type=int, default=0, help="profile this many batch-1 decode steps")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--disable-cuda-graph", action="store_true", help="run decode steps eagerly (no CUDA graphs)")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
 
@@ -125,7 +126,8 @@ def main() -> None:
         if args.load_format == "dummy" and not (Path(model) / "tokenizer.json").exists():
             model = str(model_dir_with_tokenizer(Path(model), Path(tmp)))
         t0 = time.perf_counter()
-        llm = LLM(model=model, load_format=args.load_format, max_num_seqs=max(args.batch, 1), seed=args.seed)
+        llm = LLM(model=model, load_format=args.load_format, max_num_seqs=max(args.batch, 1), seed=args.seed,
+                  disable_cuda_graph=args.disable_cuda_graph)
         load_s = time.perf_counter() - t0
     rng = random.Random(args.seed)
     vocab = llm.engine.model_config.vocab_size
@@ -133,7 +135,8 @@ def main() -> None:
     llm.generate(random_prompts(rng, 1, 16, vocab), SamplingParams(max_tokens=4))  # warm-up
     res: dict[str, Any] = {"model": args.model, "device": torch.cuda.get_device_name() if torch.cuda.is_available()
                            else "cpu", "dtype": str(llm.engine.info.dtype), "load_s": round(load_s, 1),
-                           "weight_gb": round(w_bytes / 1e9, 2)}
+                           "weight_gb": round(w_bytes / 1e9, 2),
+                           "cuda_graphs": llm.engine.runner.graphs is not None}
 
     def report(name: str, value: float, unit: str, roofline: float, higher_is_better: bool) -> None:
         frac = value / roofline if higher_is_better else roofline / value

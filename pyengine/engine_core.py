@@ -98,6 +98,8 @@ class EngineCore:
         ))
         self.runner = ModelRunner(loaded.model, caches, cfg.vocab_size, device, self.tokenizer.stop_token_ids,
                                   seed=args.seed)
+        if device.type == "cuda" and not args.disable_cuda_graph:
+            self.runner.enable_cuda_graphs(args.max_num_seqs, max_model_len, args.block_size)
         self.outputs = OutputProcessor(self.tokenizer)
         self.sampling_defaults = SamplingDefaults.from_generation_config(loaded.generation_config).overridden_by(
             SamplingDefaults(**args.sampling_defaults()))

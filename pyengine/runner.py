@@ -5,17 +5,20 @@ executor's worker thread. It keeps, per request, its own record of the tokens it
 generator, dropped when a plan reports the request finished. That record lets it run a plan made before the
 previous step's tokens reached the scheduler (the scheduler one step ahead): placeholder inputs (-1) are the
 request's tokens sampled here, and penalties see every sampled token without reading scheduler state.
+
+On CUDA, pure-decode steps replay a captured graph (``cuda_graphs.DecodeGraphs``, enabled by
+:meth:`ModelRunner.enable_cuda_graphs`); every other step runs the model eagerly.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch import nn
-
+from candle_vllm.pyengine.cuda_graphs import DecodeGraphs, unsupported_reason
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 from candle_vllm.pyengine.outputs import TokenLogprobs
 from candle_vllm.pyengine.request import Request
@@ -28,6 +31,9 @@ from candle_vllm.pyengine.sampling import (
     prompt_logprobs,
 )
 from candle_vllm.pyengine.scheduler.plan import StepPlan
+from torch import nn
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -65,6 +71,25 @@ class ModelRunner:
         self.sampler = Sampler(shared)
         self._generators: dict[str, torch.Generator] = {}
         self._sampled: dict[str, list[int]] = {}  # request id -> every token sampled for it, in order
+        self.graphs: DecodeGraphs | None = None
+
+    def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int, block_size: int) -> bool:
+        """Capture decode graphs for batch sizes up to ``max_num_seqs`` (capped at 256) and contexts up to
+        ``max_model_len`` (at most ``cuda_graphs.MAX_CAPTURED_CONTEXT``); returns False (and logs why) when this
+        model, cache or device cannot use them."""
+        reason = unsupported_reason(self.model, self.model.kv_caches, self.device)
+        if reason is not None:
+            log.info("CUDA graphs off: %s", reason)
+            return False
+        graphs = DecodeGraphs(self.model, self.device, max_num_seqs, max_model_len, block_size)
+        try:
+            graphs.capture()
+        except RuntimeError as exc:  # an op of this model that cannot be captured: serve it eagerly instead
+            log.warning("CUDA graphs off: capturing the decode step failed (%s); pass --disable-cuda-graph to "
+                        "skip the attempt", exc)
+            return False
+        self.graphs = graphs
+        return True
 
     def execute(self, plan: StepPlan) -> StepResult:
         """Run one planned step and sample the requests whose known tokens it completes."""
@@ -74,15 +99,30 @@ class ModelRunner:
         if plan.is_empty:
             return StepResult(plan.step_id, [], [])
         input_ids = self._fill_placeholders(plan)
+        result = StepResult(plan.step_id, [], [])
         with torch.inference_mode():
-            hidden = self.model(self._tensor(input_ids, torch.int64), self._tensor(plan.positions, torch.int64),
-                                self._attention_metadata(plan))
-            result = StepResult(plan.step_id, [], [])
-            if plan.sampled_requests:
-                logits = self.model.compute_logits(hidden[self._tensor(plan.sample_indices, torch.int64)])
+            bucket = self._graph_bucket(plan)
+            if bucket is not None:
+                assert self.graphs is not None
+                hidden, logits = self.graphs.run(bucket, input_ids, plan.positions, plan.slot_mapping, plan.seq_lens,
+                                                 plan.block_tables)
+                if not np.array_equal(plan.sample_indices, np.arange(plan.num_tokens)):
+                    logits = logits[self._tensor(plan.sample_indices, torch.int64)]
                 self._sample(plan.sampled_requests, logits, result)
+            else:
+                hidden = self.model(self._tensor(input_ids, torch.int64), self._tensor(plan.positions, torch.int64),
+                                    self._attention_metadata(plan))
+                if plan.sampled_requests:
+                    logits = self.model.compute_logits(hidden[self._tensor(plan.sample_indices, torch.int64)])
+                    self._sample(plan.sampled_requests, logits, result)
             self._prompt_logprobs(plan, hidden, result)
         return result
+
+    def _graph_bucket(self, plan: StepPlan) -> int | None:
+        """The decode graph for this step: every request runs one new token and is sampled."""
+        if self.graphs is None or not (plan.num_tokens == len(plan.requests) == len(plan.sampled_requests)):
+            return None
+        return self.graphs.bucket_for(plan.num_tokens, int(plan.seq_lens.max()), plan.block_tables.shape[1])
 
     def _fill_placeholders(self, plan: StepPlan) -> np.ndarray:
         """Input ids with each placeholder (-1: sampled by a step whose result the scheduler has not applied)

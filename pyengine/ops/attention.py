@@ -27,16 +27,19 @@ class AttentionMetadata:
     block_tables: torch.Tensor | None = None  # int32 [S, max_blocks]
     query_start_loc_cpu: list[int] | None = None  # host copies, so CPU code needs no device syncs
     seq_lens_cpu: list[int] | None = None
+    # Set for a pure decode batch (one new token per sequence) whose contexts are all <= this: the CUDA decode
+    # path then needs no host copy of seq_lens (which a CUDA graph could not refresh between replays).
+    max_decode_seq_len: int | None = None
 
     def __post_init__(self) -> None:
         if self.query_start_loc_cpu is None:
             self.query_start_loc_cpu = self.query_start_loc.tolist()
-        if self.seq_lens_cpu is None:
+        if self.seq_lens_cpu is None and self.max_decode_seq_len is None:
             self.seq_lens_cpu = self.seq_lens.tolist()
 
     @property
     def num_seqs(self) -> int:
-        return len(self.seq_lens_cpu or ())
+        return int(self.seq_lens.shape[0])
 
     @classmethod
     def build(
@@ -166,6 +169,16 @@ def attention(
         if _native_paged_ready(q, kv_cache, meta):
             return _native_paged_attention(q, kv_cache, meta, scale, num_kv_heads, sliding_window, softcap)
         cuda_decode = on_cuda and cuda.paged_decode_supported(q, kv_cache)
+        if meta.max_decode_seq_len is not None:
+            if not cuda_decode:
+                raise ValueError(
+                    "max_decode_seq_len (a decode batch without host seq_lens, as CUDA graphs run it) needs the CUDA "
+                    "paged decode kernel (f16/bf16 cache, supported head geometry); build the metadata with "
+                    "seq_lens_cpu instead"
+                )
+            return cuda.paged_decode_attention(
+                q, kv_cache, meta.block_tables, meta.seq_lens, scale, meta.max_decode_seq_len, sliding_window, softcap
+            )
         if cuda_decode and meta.query_start_loc_cpu == list(range(t + 1)):  # a pure decode step
             return cuda.paged_decode_attention(
                 q, kv_cache, meta.block_tables, meta.seq_lens, scale, max(meta.seq_lens_cpu or [1]), sliding_window,
