@@ -152,10 +152,10 @@ def test_not_yet_supported_features_are_refused(kwargs: dict[str, Any], flag: st
 
 def test_refusal_table_covers_server_fields_and_skips_absent_ones() -> None:
     fields = {p.field for p in NOT_YET_SUPPORTED}
-    assert {"ui_server", "enforce_parser", "mcp_config", "mcp_command", "mcp_args"} <= fields
-    check_supported({"isq": None, "ui_server": False})  # nothing asked for, nothing raised
-    with pytest.raises(UnsupportedFeatureError, match=r"^--ui-server is not supported yet"):
-        check_supported({"ui_server": True})
+    assert {"enforce_parser", "mcp_config", "mcp_command", "mcp_args"} <= fields
+    check_supported({"isq": None, "enforce_parser": None, "ui_server": True})  # nothing pending asked for
+    with pytest.raises(UnsupportedFeatureError, match=r"^--enforce-parser qwen is not supported yet"):
+        check_supported({"enforce_parser": "qwen"})
 
 
 def test_from_kwargs_names_every_unknown_argument() -> None:
