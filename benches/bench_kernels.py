@@ -107,10 +107,15 @@ def gemm_rows(peak: float, results: list[dict]) -> None:
 
 
 def attention_rows(peak: float, results: list[dict]) -> None:
-    hq, hk, d, bs = 32, 8, 128, 16
-    print("\n== paged decode attention bf16 (Llama-3-8B heads 32/8, D=128, block 16) ==")
-    print(f"{'case':<18}{'ours us':>10}{'GB/s':>8}{'%ceil':>7}{'sdpa us':>10}")
-    for b, ctx in ((1, 4096), (1, 32768), (64, 1024), (16, 4096)):
+    """Llama-3-8B heads (32 q / 8 kv, D=128) at the CUDA default block size 64 and the earlier rows' 16, the
+    automatic split next to a sweep of partition sizes, and batch 1 with the grid a CUDA graph captures
+    (max_seq_len 8192 while the context is 4096)."""
+    hq, hk, d = 32, 8, 128
+    print("\n== paged decode attention bf16 (Llama-3-8B heads 32/8, D=128) ==")
+    print(f"{'case':<34}{'auto us':>9}{'GB/s':>8}{'%ceil':>7}{'sdpa us':>9}   sweep (partition: us)")
+    cases = [(1, 4096, 64, 4096), (1, 4096, 64, 8192), (1, 32768, 64, 32768), (64, 1024, 64, 1024),
+             (16, 4096, 64, 4096), (1, 4096, 16, 4096), (64, 1024, 16, 1024)]
+    for b, ctx, bs, max_len in cases:
         blocks_per_seq = math.ceil(ctx / bs)
         nblocks = b * blocks_per_seq
         kv_bytes = 2 * b * ctx * hk * d * 2
@@ -119,16 +124,25 @@ def attention_rows(peak: float, results: list[dict]) -> None:
         tables = torch.randperm(nblocks, device=DEV).view(b, blocks_per_seq).to(torch.int32)
         lens = torch.full((b,), ctx, dtype=torch.int32, device=DEV)
         q = torch.randn(b, hq, d, device=DEV).to(BF16)
-        t = graph_seconds(lambda i: cuda.paged_decode_attention(q, caches[i % copies], tables, lens, d**-0.5, ctx))
+        t = graph_seconds(lambda i: cuda.paged_decode_attention(q, caches[i % copies], tables, lens, d**-0.5, max_len))
+        sweep = {}
+        for size in (64, 128, 256, 512, 1024, 2048):
+            if size <= max_len:
+                sweep[size] = 1e6 * graph_seconds(lambda i, p=size: cuda.paged_decode_attention(
+                    q, caches[i % copies], tables, lens, d**-0.5, max_len, partition_size=p))
         sdpa_us = float("nan")
-        if b == 1:
+        if b == 1 and bs == 64 and max_len == ctx:
             kc = [torch.randn(1, hk, ctx, d, device=DEV).to(BF16) for _ in range(copies)]
             q4 = q.view(1, hq, 1, d)
             sdpa = graph_seconds(lambda i: F.scaled_dot_product_attention(q4, kc[i % copies], kc[i % copies], enable_gqa=True))
             sdpa_us = sdpa * 1e6
-        row = dict(kernel="paged_decode", b=b, ctx=ctx, us=t * 1e6, gbps=kv_bytes / t / 1e9, sdpa_us=sdpa_us)
+        auto = cuda.decode_partition_size(b, hk, hq // hk, max_len, cuda.sm_count(0))
+        row = dict(kernel="paged_decode", b=b, ctx=ctx, block_size=bs, max_seq_len=max_len, us=t * 1e6,
+                   gbps=kv_bytes / t / 1e9, sdpa_us=sdpa_us, auto_partition=auto, sweep_us=sweep)
         results.append(row)
-        print(f"B={b:<3} ctx={ctx:<7}{t * 1e6:>10.1f}{row['gbps']:>8.0f}{100 * kv_bytes / t / peak:>6.0f}%{sdpa_us:>10.1f}")
+        case = f"B={b} ctx={ctx} bs={bs} grid={max_len} p={auto}"
+        cells = " ".join(f"{k}:{v:.1f}" for k, v in sweep.items())
+        print(f"{case:<34}{t * 1e6:>9.1f}{row['gbps']:>8.0f}{100 * kv_bytes / t / peak:>6.0f}%{sdpa_us:>9.1f}   {cells}")
 
 
 def elementwise_rows(peak: float, results: list[dict]) -> None:
@@ -176,6 +190,7 @@ def _report(results: list[dict], case: str, ours: float, nbytes: int, ref: float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", help="write all rows to this file")
+    parser.add_argument("--only", choices=["elementwise", "attention", "gemm"], help="run one section")
     args = parser.parse_args()
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
@@ -183,7 +198,10 @@ def main() -> None:
     print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}; "
           f"copy bandwidth {peak / 1e9:.0f} GB/s (read + write)")
     results: list[dict] = [dict(kernel="copy", gbps=peak / 1e9, device=props.name)]
-    for section in (elementwise_rows, attention_rows, gemm_rows):
+    sections = {"elementwise": elementwise_rows, "attention": attention_rows, "gemm": gemm_rows}
+    for name, section in sections.items():
+        if args.only and name != args.only:
+            continue
         try:
             section(peak, results)
         except Exception:  # one broken section must not hide the others' numbers

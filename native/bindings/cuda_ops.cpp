@@ -72,9 +72,6 @@ static Registrar registrar([](py::module_& m) {
                                      sliding_window, to_dtype(dtype), stream);
       },
       "one-token-per-sequence attention over a paged KV cache (split-KV when num_partitions > 1)");
-  m.def("cuda_paged_attention_smem_bytes", &cuda::paged_attention_smem_bytes,
-        "shared memory a decode CTA needs for (group, head_dim, partition_size)");
-  m.attr("cuda_paged_attention_smem_limit") = cuda::kAttnSmemLimit;
   m.def(
       "cuda_reshape_and_cache",
       [](uintptr_t k, uintptr_t v, uintptr_t key_cache, uintptr_t value_cache, uintptr_t slots, int64_t tokens,

@@ -8,13 +8,8 @@
 
 namespace candle_vllm::cuda {
 
-constexpr int kAttnMaxGroup = 16;        // query heads per kv head
-constexpr int kAttnSmemLimit = 48 * 1024;  // dynamic shared memory per CTA without opt-in
-
-// Shared memory one CTA of the decode kernel needs (the wrapper picks partition_size to stay under the limit).
-inline int64_t paged_attention_smem_bytes(int64_t group, int64_t head_dim, int64_t partition_size) {
-  return (group * (partition_size + head_dim) + 2 * group) * 4;
-}
+constexpr int kAttnMaxGroup = 16;  // query heads per kv head
+constexpr int kAttnMaxSlice = 8;   // query heads one CTA serves; larger groups take several CTAs per kv head
 
 // One query token per sequence: q [num_seqs, q_heads, head_dim] (sequence stride q_stride elements, heads
 // contiguous) attends to seq_lens[s] cached tokens through block_tables [num_seqs, max_blocks] (int32).
@@ -22,7 +17,9 @@ inline int64_t paged_attention_smem_bytes(int64_t group, int64_t head_dim, int64
 // softcap <= 0 disables logit soft-capping; sliding_window <= 0 disables the window. With num_partitions > 1
 // the context is cut in partition_size pieces (split-KV): partial_out f32 [num_seqs, q_heads, num_partitions,
 // head_dim] and partial_ml f32 [2, num_seqs, q_heads, num_partitions] hold the pieces until the reduce kernel
-// (launched here too) combines them. num_partitions * partition_size must cover the longest context.
+// (launched here too) combines them. num_partitions * partition_size must cover the longest context; the grid
+// depends only on num_partitions, so a CUDA graph captured for the longest context serves every shorter one.
+// Any block_size works; powers of two take the shift path.
 void paged_attention_decode(void* out, const void* q, const void* key_cache, const void* value_cache,
                             const int32_t* block_tables, const int32_t* seq_lens, float* partial_out,
                             float* partial_ml, int64_t num_seqs, int64_t q_heads, int64_t kv_heads,

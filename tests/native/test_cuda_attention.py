@@ -53,10 +53,12 @@ def _reference(q, cache, tables, seq_lens, scale, window=None, softcap=None) -> 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("hq,hk", [(8, 8), (32, 8), (28, 4), (16, 1)])
-def test_paged_decode_matches_reference(dtype: torch.dtype, d: int, hq: int, hk: int) -> None:
+@pytest.mark.parametrize("hq,hk", [(8, 8), (16, 8), (32, 8), (28, 4), (16, 1)])
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+def test_paged_decode_matches_reference(dtype: torch.dtype, d: int, hq: int, hk: int, block_size: int) -> None:
+    """Every head geometry the kernel specialises (GQA groups 1, 2, 4, 7 and 16 = two CTAs per kv head)."""
     seq_lens = [1, 17, 300, 1025]
-    q, cache, table_t, tables = _paged_case(seq_lens, hq, hk, d, 16, dtype, seed=d + hq)
+    q, cache, table_t, tables = _paged_case(seq_lens, hq, hk, d, block_size, dtype, seed=d + hq + block_size)
     lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
     scale = d**-0.5
     poison_allocator(DEV, 1 << 22)
@@ -77,12 +79,23 @@ def test_split_kv_partitions_and_graph_sized_grid(partition_size: int, max_seq_l
     assert rel_error(got, _reference(q, cache, tables, seq_lens, 0.1)) < REL_TOL[torch.bfloat16]
 
 
-def test_sliding_window_and_softcap() -> None:
+def test_block_size_not_a_power_of_two() -> None:
+    """Block sizes outside the shift path (here 48) take the division path and give the same answer."""
+    seq_lens = [7, 48, 49, 1000]
+    q, cache, table_t, tables = _paged_case(seq_lens, 32, 8, 128, 48, torch.bfloat16, seed=48)
+    lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
+    got = cuda.paged_decode_attention(q, cache, table_t, lens_t, 0.1, max_seq_len=1024, partition_size=128)
+    assert rel_error(got, _reference(q, cache, tables, seq_lens, 0.1)) < REL_TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("partition_size", [64, 1024])
+def test_sliding_window_and_softcap(partition_size: int) -> None:
+    """Window and cap with split-KV (pieces wholly before the window are empty) and with one piece."""
     seq_lens = [3, 200, 900]
     q, cache, table_t, tables = _paged_case(seq_lens, 16, 4, 128, 16, torch.float16, seed=7)
     lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
     got = cuda.paged_decode_attention(
-        q, cache, table_t, lens_t, 0.08, max_seq_len=1024, sliding_window=100, softcap=30.0, partition_size=64
+        q, cache, table_t, lens_t, 0.08, max_seq_len=1024, sliding_window=100, softcap=30.0, partition_size=partition_size
     )
     want = _reference(q, cache, tables, seq_lens, 0.08, window=100, softcap=30.0)
     assert rel_error(got, want) < REL_TOL[torch.float16]
