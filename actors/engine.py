@@ -12,7 +12,15 @@ import trio
 
 from candle_vllm.actors.executor import ExecutorActor
 from candle_vllm.actors.intake import IntakeActor
-from candle_vllm.actors.messages import Abort, Executed, Execute, OutputInbox, SchedulerInbox, SinkItem, Submit
+from candle_vllm.actors.messages import (
+    Abort,
+    Execute,
+    Executed,
+    OutputInbox,
+    SchedulerInbox,
+    SinkItem,
+    Submit,
+)
 from candle_vllm.actors.output import OutputActor
 from candle_vllm.actors.scheduler import PIPELINE_DEPTH, SchedulerActor
 from candle_vllm.pyengine.engine_args import EngineArgs

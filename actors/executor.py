@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import trio
 
-from candle_vllm.actors.messages import Executed, Execute
+from candle_vllm.actors.messages import Execute, Executed
 from candle_vllm.pyengine.runner import ModelRunner
 
 

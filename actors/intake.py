@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-from candle_vllm.actors.messages import SchedulerInbox, Submit
+from candle_vllm.actors.messages import SchedulerInbox, Submit, send_to_sink
 from candle_vllm.pyengine.engine_core import EngineCore
 
 
@@ -33,8 +33,5 @@ class IntakeActor:
 
 
 def _reject(msg: Submit, exc: Exception) -> None:
-    try:
-        msg.sink.send_nowait(exc)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
+    send_to_sink(msg.sink, exc)
     msg.sink.close()

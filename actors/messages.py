@@ -3,6 +3,7 @@ sinks: one slow client must never stall the engine loop, so its sink is unbounde
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import trio
@@ -17,6 +18,12 @@ from candle_vllm.pyengine.scheduler.plan import StepPlan
 # What a request's sink carries: progress, or the exception that rejected it.
 SinkItem = RequestOutput | Exception
 Sink = trio.MemorySendChannel[SinkItem]
+
+
+def send_to_sink(sink: Sink, item: SinkItem) -> None:
+    """Hand an item to a request's reader without waiting; a reader that left is no error (its Abort follows)."""
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        sink.send_nowait(item)
 
 
 @dataclass(slots=True)

@@ -5,7 +5,17 @@ from __future__ import annotations
 
 import trio
 
-from candle_vllm.actors.messages import Deliver, Emit, OutputInbox, Register, Reject, SchedulerInbox, Sink, StopStrings
+from candle_vllm.actors.messages import (
+    Deliver,
+    Emit,
+    OutputInbox,
+    Register,
+    Reject,
+    SchedulerInbox,
+    Sink,
+    StopStrings,
+    send_to_sink,
+)
 from candle_vllm.pyengine.engine_core import EngineCore
 from candle_vllm.pyengine.outputs import RequestOutput
 
@@ -35,7 +45,7 @@ class OutputActor:
                 elif isinstance(msg, Reject):
                     sink = self.sinks.pop(msg.request_id, None)
                     if sink is not None:
-                        _send(sink, msg.error)
+                        send_to_sink(sink, msg.error)
                         sink.close()
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
@@ -43,14 +53,8 @@ class OutputActor:
             sink = self.sinks.get(out.request_id)
             if sink is None:
                 continue
-            _send(sink, out)
+            send_to_sink(sink, out)
             if out.finished:
                 del self.sinks[out.request_id]
                 sink.close()
 
-
-def _send(sink: Sink, item: RequestOutput | Exception) -> None:
-    try:
-        sink.send_nowait(item)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass  # the client left; its Abort is on the way

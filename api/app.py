@@ -6,14 +6,15 @@ import hmac
 import logging
 from typing import Any
 
+from quart import Response, jsonify, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
 from candle_vllm.api.errors import APIError, error_body
 from candle_vllm.api.routes import chat, completions, misc
 from candle_vllm.api.routes.common import STATE_KEY
 from candle_vllm.api.state import ServerState
 from candle_vllm.ui.cors import cors_headers, is_ui_origin
-from quart import Response, jsonify, request
-from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from candle_vllm import __version__
 from candle_vllm.pyengine.engine_args import (
     DTYPES,
     ISQ_TYPES,
@@ -25,8 +26,6 @@ from candle_vllm.pyengine.engine_args import (
 )
 from candle_vllm.pyengine.loader import ModelLoadError, ModelSource, resolve_model_source
 from candle_vllm.pyengine.loader.embedded import default_model_path
-
-from candle_vllm import __version__
 
 TOOL_PARSERS: tuple[str, ...] = ("qwen_coder", "qwen", "json", "mistral", "llama3")
 LOG_FILE = "candle-vllm.log"

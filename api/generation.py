@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import trio
+
 from candle_vllm.api.metrics import RequestTracker
 from candle_vllm.pyengine.outputs import RequestOutput
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from candle_vllm.pyengine.outputs import RequestOutput
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from candle_vllm.pyengine.outputs import RequestOutput
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

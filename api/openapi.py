@@ -6,15 +6,15 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from pydantic import BaseModel
+
+from candle_vllm import __version__
 from candle_vllm.api.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
-from pydantic import BaseModel
-
-from candle_vllm import __version__
 
 _REF = "#/components/schemas/{model}"
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeVar
 
-from candle_vllm.api.errors import APIError, bad_request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from candle_vllm.api.errors import APIError, bad_request
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_TOP_LOGPROBS = 20

@@ -14,13 +14,13 @@ from functools import partial
 from typing import Any
 
 import trio
-from candle_vllm.api.app import create_app
-from candle_vllm.api.binds import Bind, parse_bind
-from candle_vllm.api.state import ServerConfig, ServerState
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from candle_vllm import __version__
+from candle_vllm.api.app import create_app
+from candle_vllm.api.binds import Bind, parse_bind
+from candle_vllm.api.state import ServerConfig, ServerState
 
 log = logging.getLogger(__name__)
 

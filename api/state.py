@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
+
 from candle_vllm.api.metrics import ServerMetrics
 
 if TYPE_CHECKING:

@@ -26,8 +26,9 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from candle_vllm.pyengine.ops import native, quant
 from gguf import GGMLQuantizationType as QT
+
+from candle_vllm.pyengine.ops import native, quant
 
 # (name, out_features, in_features, how many the model has) of SmolLM2-135M's linear layers.
 SMOLLM2_SHAPES: list[tuple[str, int, int, int]] = [

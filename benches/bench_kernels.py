@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
 from candle_vllm.pyengine.ops import cuda, norm
 
 DEV = torch.device("cuda")

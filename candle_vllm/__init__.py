@@ -10,9 +10,9 @@ import os
 # Only effective when set before torch is first imported; an explicit user setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from candle_vllm.pyengine.llm import LLM  # noqa: E402
-from candle_vllm.pyengine.outputs import CompletionOutput, Logprob, RequestOutput  # noqa: E402
-from candle_vllm.pyengine.sampling import SamplingParams  # noqa: E402
+from candle_vllm.pyengine.llm import LLM
+from candle_vllm.pyengine.outputs import CompletionOutput, Logprob, RequestOutput
+from candle_vllm.pyengine.sampling import SamplingParams
 
 __version__ = "0.1.0"
 

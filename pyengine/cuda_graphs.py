@@ -21,9 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import nn
+
 from candle_vllm.pyengine.ops import cuda
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
-from torch import nn
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,12 @@ import torch
 
 from candle_vllm.pyengine.config import ModelConfig
 from candle_vllm.pyengine.engine_args import EngineArgs
-from candle_vllm.pyengine.kv_cache import allocate_kv_caches, kv_bytes_per_token, kv_cache_budget_bytes, num_kv_blocks
+from candle_vllm.pyengine.kv_cache import (
+    allocate_kv_caches,
+    kv_bytes_per_token,
+    kv_cache_budget_bytes,
+    num_kv_blocks,
+)
 from candle_vllm.pyengine.loader import load_model, resolve_model_source
 from candle_vllm.pyengine.loader.embedded import default_model_path
 from candle_vllm.pyengine.output_processor import OutputProcessor, RequestGroup, StopStringHit, TokenEvent

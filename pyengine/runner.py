@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from torch import nn
+
 from candle_vllm.pyengine.cuda_graphs import DecodeGraphs, unsupported_reason
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 from candle_vllm.pyengine.outputs import TokenLogprobs
@@ -31,7 +33,6 @@ from candle_vllm.pyengine.sampling import (
     prompt_logprobs,
 )
 from candle_vllm.pyengine.scheduler.plan import StepPlan
-from torch import nn
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from candle_vllm.ui.render import code_css, render_markdown
 from quart import Response, jsonify, request
 from quart_trio import QuartTrio
+
+from candle_vllm.ui.render import code_css, render_markdown
 
 STATIC_DIR = Path(__file__).parent / "static"
 MAX_RENDER_BYTES = 4 * 1024 * 1024

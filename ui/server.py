@@ -8,11 +8,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import trio
+from hypercorn.trio import serve as hypercorn_serve
+
 from candle_vllm.api.binds import Bind
 from candle_vllm.api.server import hypercorn_config
 from candle_vllm.api.state import ServerConfig
 from candle_vllm.ui.app import create_ui_app
-from hypercorn.trio import serve as hypercorn_serve
 
 
 def ui_bind_for(api: Bind) -> Bind:

@@ -6,6 +6,8 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from quart import Blueprint
+
 from candle_vllm.api import sse
 from candle_vllm.api.generation import EngineRequest, KeepAlive
 from candle_vllm.api.logprobs import chat_logprobs
@@ -22,7 +24,6 @@ from candle_vllm.api.routes.common import (
 from candle_vllm.api.routes.common import usage as usage_of
 from candle_vllm.api.schemas import ChatCompletionRequest, parse_request
 from candle_vllm.pyengine.outputs import CompletionOutput, RequestOutput
-from quart import Blueprint
 
 bp = Blueprint("chat", __name__)
 

@@ -8,12 +8,13 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from quart import Response, current_app, request
+
 from candle_vllm.api import sse
 from candle_vllm.api.errors import APIError, bad_request, service_unavailable
 from candle_vllm.api.generation import EngineRequest, GenerationBatch, KeepAlive, start_batch
 from candle_vllm.api.state import ServerState
 from candle_vllm.pyengine.outputs import RequestOutput
-from quart import Response, current_app, request
 
 STATE_KEY = "candle_vllm"
 log = logging.getLogger(__name__)

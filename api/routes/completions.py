@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from quart import Blueprint
+
 from candle_vllm.api import sse
 from candle_vllm.api.generation import EngineRequest, KeepAlive
 from candle_vllm.api.logprobs import CompletionLogprobs
@@ -26,7 +28,6 @@ from candle_vllm.api.routes.common import (
 from candle_vllm.api.routes.common import usage as usage_of
 from candle_vllm.api.schemas import CompletionRequest, parse_request
 from candle_vllm.pyengine.outputs import CompletionOutput, RequestOutput
-from quart import Blueprint
 
 bp = Blueprint("completions", __name__)
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from quart import Blueprint, Response
+
+from candle_vllm import __version__
 from candle_vllm.api import metrics as metrics_mod
 from candle_vllm.api.openapi import openapi_document
 from candle_vllm.api.prompts import check_token_ids, render_chat
 from candle_vllm.api.routes.common import check_model, get_state, read_json
 from candle_vllm.api.schemas import DetokenizeRequest, TokenizeRequest, parse_request
-from quart import Blueprint, Response
-
-from candle_vllm import __version__
 
 bp = Blueprint("misc", __name__)
 

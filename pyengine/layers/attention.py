@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-from candle_vllm.pyengine.ops.attention import AttentionMetadata, attention
 from torch import nn
+
+from candle_vllm.pyengine.ops.attention import AttentionMetadata, attention
 
 
 class Attention(nn.Module):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from candle_vllm.pyengine.ops.quant import dequantize
 from candle_vllm.pyengine.quant import GGUFLinear, GGUFWeight, LinearMethod, UnquantizedLinear, WeightData
-from torch import nn
 
 
 class VocabEmbedding(nn.Module):

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch import nn
+
 from candle_vllm.pyengine.layers.embedding import VocabEmbedding
 from candle_vllm.pyengine.quant import WeightData, build_linear_methods
-from torch import nn
 
 
 class Linear(nn.Module):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-from candle_vllm.pyengine.ops import fused_add_rms_norm, rms_norm
 from torch import nn
+
+from candle_vllm.pyengine.ops import fused_add_rms_norm, rms_norm
 
 
 class RMSNorm(nn.Module):

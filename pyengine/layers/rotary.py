@@ -6,8 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from candle_vllm.pyengine.ops.rotary import apply_rotary, rope_cos_sin_cache, rope_inv_freq
 from torch import nn
+
+from candle_vllm.pyengine.ops.rotary import apply_rotary, rope_cos_sin_cache, rope_inv_freq
 
 
 class RotaryEmbedding(nn.Module):

@@ -14,11 +14,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType as QT
+from gguf import GGUFReader, GGUFValueType, ReaderTensor
+
 from candle_vllm.pyengine.config import ModelConfig, config_from_gguf_metadata
 from candle_vllm.pyengine.loader.errors import ModelLoadError
 from candle_vllm.pyengine.quant import GGUFWeight, WeightData
-from gguf import GGMLQuantizationType as QT
-from gguf import GGUFReader, GGUFValueType, ReaderTensor
 
 DENSE = {QT.F32: torch.float32, QT.F16: torch.float16, QT.BF16: torch.bfloat16}
 _MAX_ARRAY = 1024  # metadata arrays longer than this (tokenizer vocab/merges) are left to the tokenizer

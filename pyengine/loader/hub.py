@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import TypeVar
 
 import huggingface_hub
+from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
+
 from candle_vllm.pyengine.loader.errors import ModelLoadError
 from candle_vllm.pyengine.loader.gguf_shards import pick_gguf, shard_names
 from candle_vllm.pyengine.loader.source import ModelSource, source_from_dir
-from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
 
 CONFIG_PATTERNS = ["*.json", "*.jinja", "tokenizer.model", "*.tiktoken"]
 T = TypeVar("T")

@@ -10,14 +10,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
+from tqdm.auto import tqdm
+
 from candle_vllm.pyengine.config import ModelConfig, config_from_hf_dir
 from candle_vllm.pyengine.loader import dummy, gguf_io, safetensors_io
 from candle_vllm.pyengine.loader.errors import ModelLoadError
 from candle_vllm.pyengine.loader.source import LOAD_FORMATS, ModelSource
 from candle_vllm.pyengine.models.registry import model_class
 from candle_vllm.pyengine.quant import WeightData
-from torch import nn
-from tqdm.auto import tqdm
 
 if TYPE_CHECKING:
     from candle_vllm.pyengine.tokenizer import Tokenizer

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from candle_vllm.pyengine.loader.errors import ModelLoadError
 from safetensors import SafetensorError, safe_open
+
+from candle_vllm.pyengine.loader.errors import ModelLoadError
 
 INDEX_NAME = "model.safetensors.index.json"
 

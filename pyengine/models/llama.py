@@ -11,12 +11,13 @@ import re
 from collections.abc import Iterable
 
 import torch
+from torch import nn
+
 from candle_vllm.pyengine.config import ModelConfig
 from candle_vllm.pyengine.layers import Attention, Linear, RMSNorm, RotaryEmbedding, VocabEmbedding
 from candle_vllm.pyengine.ops.activation import silu_and_mul
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 from candle_vllm.pyengine.quant import WeightData
-from torch import nn
 
 # llama.cpp tensor names (after ``blk.N.``) -> HF names (after ``model.layers.N.``).
 GGUF_LAYER_NAMES = {

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from torch import nn
+
 from candle_vllm.pyengine.config import ModelConfig
 from candle_vllm.pyengine.models.llama import LlamaForCausalLM
-from torch import nn
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
 from candle_vllm.pyengine.ops import cuda, native
 
 

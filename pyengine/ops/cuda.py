@@ -14,6 +14,7 @@ import functools
 import math
 
 import torch
+
 from candle_vllm.pyengine.ops import native
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)

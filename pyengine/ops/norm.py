@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from candle_vllm.pyengine.ops import native
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from candle_vllm.pyengine.ops import native
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
+
+from candle_vllm.pyengine.ops import native
 
 SUPPORTED_TYPES: frozenset[QT] = frozenset(
     {

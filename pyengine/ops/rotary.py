@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+
 from candle_vllm.pyengine.ops import cuda
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")

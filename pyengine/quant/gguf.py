@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from gguf import GGMLQuantizationType
+
 from candle_vllm.pyengine.ops.quant import quant_matmul
 from candle_vllm.pyengine.quant.base import LinearMethod
-from gguf import GGMLQuantizationType
 
 
 @dataclass

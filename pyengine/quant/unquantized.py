@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from candle_vllm.pyengine.ops import cuda
 from candle_vllm.pyengine.quant.base import LinearMethod
-from torch import nn
 
 
 class UnquantizedLinear(LinearMethod):

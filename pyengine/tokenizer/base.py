@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import tokenizers
+
 from candle_vllm.pyengine.tokenizer.chat_template import render_chat_template, select_chat_template
 
 _CLEANUPS = (

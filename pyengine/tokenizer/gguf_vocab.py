@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import gguf
-from candle_vllm.pyengine.tokenizer.base import Tokenizer
-from candle_vllm.pyengine.tokenizer.pretokenizers import IGNORE_MERGES_PRE, byte_level_pre_tokenizer
 from gguf import TokenType
 from tokenizers import AddedToken, decoders, models, normalizers, processors
 from tokenizers import Tokenizer as HFTokenizer
+
+from candle_vllm.pyengine.tokenizer.base import Tokenizer
+from candle_vllm.pyengine.tokenizer.pretokenizers import IGNORE_MERGES_PRE, byte_level_pre_tokenizer
 
 _SPACE = "\u2581"
 # Tokens llama.cpp treats as end-of-generation by their text when the file names no eot/eom id.

@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from candle_vllm.pyengine.tokenizer.base import Tokenizer
 from tokenizers import AddedToken, processors
 from tokenizers import Tokenizer as HFTokenizer
+
+from candle_vllm.pyengine.tokenizer.base import Tokenizer
 
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 

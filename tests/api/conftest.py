@@ -15,11 +15,12 @@ import httpx2
 import openai
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
+
 from candle_vllm.api.binds import Bind
 from candle_vllm.api.server import serve
 from candle_vllm.api.state import ServerConfig
 from candle_vllm.pyengine.tokenizer import Tokenizer, load_tokenizer_from_gguf
-from prometheus_client.parser import text_string_to_metric_families
 
 
 def smollm2_path() -> Path:

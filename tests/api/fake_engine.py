@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
+
 from candle_vllm.pyengine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from candle_vllm.pyengine.tokenizer import IncrementalDetokenizer, Tokenizer
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from candle_vllm.api.binds import Bind, parse_bind
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import gguf
 import pytest
 import torch
+
 from candle_vllm.api import cli
 from candle_vllm.pyengine.engine_args import EngineArgs
 from candle_vllm.pyengine.loader import ModelLoadError, embedded

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import openai
 import pytest
+
 from candle_vllm.actors.engine import open_engine
 from candle_vllm.api.state import ServerConfig
 from candle_vllm.pyengine.engine_args import EngineArgs
-
 from tests.api.conftest import ServerThread, running, smollm2_path, tcp_bind, unix_bind
 
 MESSAGES = [{"role": "user", "content": "Write one sentence about the sea."}]

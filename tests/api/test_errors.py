@@ -7,8 +7,8 @@ from typing import Any
 
 import openai
 import pytest
-from candle_vllm.api.state import ServerConfig
 
+from candle_vllm.api.state import ServerConfig
 from tests.api.conftest import ServerThread, engine_cm, running, tcp_bind
 from tests.api.fake_engine import FakeEngine
 

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 import schemathesis
-from candle_vllm.api.openapi import openapi_document
-from candle_vllm.api.state import ServerConfig
 from hypothesis import HealthCheck, settings
 
+from candle_vllm.api.openapi import openapi_document
+from candle_vllm.api.state import ServerConfig
 from tests.api.conftest import ServerThread, engine_cm, running, tcp_bind
 from tests.api.fake_engine import FakeEngine
 

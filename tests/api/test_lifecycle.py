@@ -11,8 +11,8 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from candle_vllm.api.state import ServerConfig
 
+from candle_vllm.api.state import ServerConfig
 from tests.api.conftest import ServerThread, engine_cm, running, tcp_bind, unix_bind
 from tests.api.fake_engine import FakeEngine
 

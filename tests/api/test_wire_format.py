@@ -8,10 +8,10 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
-from candle_vllm.api.state import ServerConfig
 from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk
 
+from candle_vllm.api.state import ServerConfig
 from tests.api.conftest import ServerThread, engine_cm, running, tcp_bind
 from tests.api.fake_engine import DEFAULT_MAX_TOKENS, FakeEngine
 

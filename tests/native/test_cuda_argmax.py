@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from candle_vllm.pyengine.ops import cuda
 
 pytestmark = pytest.mark.cuda

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 from _cuda_helpers import REL_TOL, poison_allocator, rel_error
+
 from candle_vllm.pyengine.ops import cuda
 
 pytestmark = pytest.mark.cuda

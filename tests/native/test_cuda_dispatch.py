@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _cuda_helpers import REL_TOL, poison_allocator, rel_error
+
 from candle_vllm.pyengine.ops import cuda
 from candle_vllm.pyengine.ops.activation import silu_and_mul
 from candle_vllm.pyengine.ops.attention import AttentionMetadata, attention

@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 from _cuda_helpers import rel_error
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from candle_vllm import LLM, SamplingParams
 from candle_vllm.pyengine.config import config_from_hf_dict
 from candle_vllm.pyengine.cuda_graphs import graph_batch_sizes
 from candle_vllm.pyengine.kv_cache import allocate_kv_caches
@@ -18,9 +21,6 @@ from candle_vllm.pyengine.models.llama import LlamaForCausalLM
 from candle_vllm.pyengine.ops import cuda
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 from candle_vllm.pyengine.runner import ModelRunner
-from tokenizers import Tokenizer, models, pre_tokenizers
-
-from candle_vllm import LLM, SamplingParams
 
 DEV = torch.device("cuda")
 VOCAB = 512

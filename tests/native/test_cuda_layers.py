@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _cuda_helpers import REL_TOL, poison_allocator, rel_error
+
 from candle_vllm.pyengine.ops import cuda, norm
 
 pytestmark = pytest.mark.cuda

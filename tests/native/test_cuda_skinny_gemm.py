@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _cuda_helpers import REL_TOL, poison_allocator, rel_error
+
 from candle_vllm.pyengine.ops import cuda
 
 pytestmark = pytest.mark.cuda

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from candle_vllm.pyengine.engine_args import (
     NOT_YET_SUPPORTED,
     EngineArgs,

@@ -119,7 +119,7 @@ def test_seeded_sampling_is_reproducible_inside_different_batches(llm: LLM) -> N
     seeded = SamplingParams(temperature=1.0, seed=1234, max_tokens=16, ignore_eos=True)
     others = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
     alone = llm.generate([PROMPTS[0]], seeded)[0].outputs[0].token_ids
-    mixed = llm.generate(PROMPTS[3:9] + [PROMPTS[0]], [others] * 6 + [seeded])[-1].outputs[0].token_ids
+    mixed = llm.generate([*PROMPTS[3:9], PROMPTS[0]], [others] * 6 + [seeded])[-1].outputs[0].token_ids
     assert alone == mixed
     other_seed = SamplingParams(temperature=1.0, seed=99, max_tokens=16, ignore_eos=True)
     assert llm.generate([PROMPTS[0]], other_seed)[0].outputs[0].token_ids != alone

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+
 from candle_vllm.pyengine.request import FinishReason, Request, RequestStatus
 from candle_vllm.pyengine.sampling import SamplingParams
 from candle_vllm.pyengine.scheduler import RequestRejected, Scheduler, SchedulerConfig, StepPlan

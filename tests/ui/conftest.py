@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 import trio
+
 from candle_vllm.api.binds import Bind
 from candle_vllm.api.server import serve
 from candle_vllm.api.state import ServerConfig
 from candle_vllm.pyengine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from candle_vllm.pyengine.tokenizer import IncrementalDetokenizer, Tokenizer
 from candle_vllm.ui.server import serve_ui, url_port
-
 from tests.api.conftest import ServerThread, engine_cm, smol_tokenizer  # noqa: F401  (fixture re-export)
 from tests.api.fake_engine import FakeEngine
 

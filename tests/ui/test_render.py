@@ -8,13 +8,14 @@ import random
 from html.parser import HTMLParser
 
 import pytest
+from pygments import lex
+from pygments.lexers import PythonLexer
+from pygments.token import Keyword
+
 from candle_vllm.api.binds import Bind
 from candle_vllm.ui.cors import is_ui_origin
 from candle_vllm.ui.render import render_markdown
 from candle_vllm.ui.server import ui_bind_for
-from pygments import lex
-from pygments.lexers import PythonLexer
-from pygments.token import Keyword
 
 # Every tag markdown-it (CommonMark + tables + strikethrough) and our code blocks can emit.
 ALLOWED_TAGS = {"p", "h1", "h2", "h3", "h4", "h5", "h6", "em", "strong", "s", "a", "img", "code", "pre", "ul", "ol",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import httpx2
 import pytest
+
 from candle_vllm.api import cli
 from candle_vllm.ui.server import url_port
-
 from tests.ui.conftest import UIStack
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from candle_vllm.pyengine.kv_cache import KVCacheManager
 
 

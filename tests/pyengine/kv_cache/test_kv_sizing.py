@@ -6,6 +6,7 @@ import logging
 
 import pytest
 import torch
+
 from candle_vllm.pyengine.kv_cache import allocate_kv_caches, sizing
 
 

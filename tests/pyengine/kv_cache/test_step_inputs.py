@@ -6,6 +6,7 @@ import random
 
 import numpy as np
 import pytest
+
 from candle_vllm.pyengine.kv_cache import build_step_arrays
 
 

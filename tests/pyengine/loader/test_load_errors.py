@@ -11,10 +11,11 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from candle_vllm.pyengine.loader import ModelLoadError, load_model, resolve_model_source
-from candle_vllm.pyengine.ops.attention import AttentionMetadata
 from safetensors.torch import load_file, save_file
 from tiny_checkpoints import write_tiny_gguf
+
+from candle_vllm.pyengine.loader import ModelLoadError, load_model, resolve_model_source
+from candle_vllm.pyengine.ops.attention import AttentionMetadata
 
 CPU = torch.device("cpu")
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import huggingface_hub.constants
 import pytest
-from candle_vllm.pyengine.loader import ModelLoadError, resolve_model_source
 from tiny_checkpoints import write_tiny_gguf
+
+from candle_vllm.pyengine.loader import ModelLoadError, resolve_model_source
 
 
 def test_safetensors_dir(hf_dir: Path) -> None:

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from candle_vllm.pyengine.loader import load_model, resolve_model_source
-from candle_vllm.pyengine.ops.attention import AttentionMetadata
 from gguf import GGMLQuantizationType as QT
 from tiny_gguf import write_gguf
 from tiny_models import hf_logits, make_hf_model
+
+from candle_vllm.pyengine.loader import load_model, resolve_model_source
+from candle_vllm.pyengine.ops.attention import AttentionMetadata
 
 CPU = torch.device("cpu")
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import CASES, hf_logits, make_hf_model, save_hf_model
+
 from candle_vllm.pyengine.loader import load_model, resolve_model_source
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
-from tiny_models import CASES, hf_logits, make_hf_model, save_hf_model
 
 TOL = 1e-4
 CPU = torch.device("cpu")

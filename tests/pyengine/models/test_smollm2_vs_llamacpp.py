@@ -19,6 +19,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+
 from candle_vllm.pyengine.loader import load_model, resolve_model_source
 from candle_vllm.pyengine.loader.embedded import default_model_path
 from candle_vllm.pyengine.ops.attention import AttentionMetadata

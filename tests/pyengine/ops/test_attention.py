@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from candle_vllm.pyengine.ops import native
 from candle_vllm.pyengine.ops.attention import AttentionMetadata, attention, write_kv
 

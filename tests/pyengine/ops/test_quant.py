@@ -24,8 +24,9 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from candle_vllm.pyengine.ops import native, quant
 from gguf import GGMLQuantizationType as QT
+
+from candle_vllm.pyengine.ops import native, quant
 
 BLOCK_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K]
 FLOAT_TYPES = [QT.F32, QT.F16, QT.BF16]

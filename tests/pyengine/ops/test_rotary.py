@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 import torch
-from candle_vllm.pyengine.ops.rotary import apply_rotary, rope_cos_sin_cache, rope_inv_freq
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from candle_vllm.pyengine.ops.rotary import apply_rotary, rope_cos_sin_cache, rope_inv_freq
 
 SCALINGS: list[dict[str, Any]] = [
     {"rope_type": "linear", "factor": 4.0},

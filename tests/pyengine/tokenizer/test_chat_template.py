@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hf_dirs import llama3_dir, qwen3_dir
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
 from candle_vllm.pyengine.tokenizer import (
     ChatTemplateError,
     Tokenizer,
@@ -16,8 +19,6 @@ from candle_vllm.pyengine.tokenizer import (
     load_tokenizer_from_hf_dir,
 )
 from candle_vllm.pyengine.tokenizer.chat_template import render_chat_template
-from hf_dirs import llama3_dir, qwen3_dir
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 WEATHER_TOOL = {
     "type": "function",

@@ -6,8 +6,9 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from candle_vllm.pyengine.tokenizer import IncrementalDetokenizer, Tokenizer, load_tokenizer_from_gguf
 from tokenizer_fixtures import TEST_TEXTS, sentencepiece_gguf, train_sentencepiece
+
+from candle_vllm.pyengine.tokenizer import IncrementalDetokenizer, Tokenizer, load_tokenizer_from_gguf
 
 STREAM_TEXTS = [
     *TEST_TEXTS,

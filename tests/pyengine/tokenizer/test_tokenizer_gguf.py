@@ -11,7 +11,6 @@ from pathlib import Path
 
 import gguf
 import pytest
-from candle_vllm.pyengine.tokenizer import Tokenizer, load_tokenizer_from_gguf
 from tokenizer_fixtures import (
     LLAMA3_REGEX,
     QWEN2_REGEX,
@@ -22,6 +21,8 @@ from tokenizer_fixtures import (
     train_sentencepiece,
     write_gguf,
 )
+
+from candle_vllm.pyengine.tokenizer import Tokenizer, load_tokenizer_from_gguf
 
 llama_cpp = pytest.importorskip("llama_cpp")
 

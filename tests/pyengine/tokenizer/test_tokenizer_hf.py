@@ -6,10 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from candle_vllm.pyengine.tokenizer import load_tokenizer_from_hf_dir
 from hf_dirs import llama3_dir, qwen3_dir
 from tokenizer_fixtures import TEST_TEXTS
 from transformers import AutoTokenizer
+
+from candle_vllm.pyengine.tokenizer import load_tokenizer_from_hf_dir
 
 TEXTS = [*TEST_TEXTS, "<|im_start|>user\n<think>x</think><|im_end|>", "<|begin_of_text|>a<|eot_id|>b"]
 
