@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 from typing import Any
 
+import trio
 from quart import Response, jsonify, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -20,6 +22,8 @@ log = logging.getLogger(__name__)
 
 # Operational endpoints stay open when --api-key is set (probes and scrapers carry no key), as in vLLM.
 PUBLIC_PATHS = frozenset({"/health", "/version", "/metrics", "/openapi.json"})
+HARD_BODY_FACTOR = 8  # bodies over this many times the body limit are cut off unread
+BODY_DRAIN_TIMEOUT_S = 10.0
 
 
 def _error_response(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
@@ -29,6 +33,17 @@ def _error_response(status: int, body: dict[str, Any], headers: dict[str, str] |
     return response
 
 
+async def _finish_reading_body() -> None:
+    """Read whatever is left of the request body before an error answer goes out.
+
+    An answer sent mid-upload makes hypercorn close the connection with unread bytes; the reset can swallow the
+    answer, and a client reusing the pooled connection hangs until its timeout (seen under load). Bodies over
+    quart's hard cap stay unread: that connection is closed on purpose.
+    """
+    with contextlib.suppress(HTTPException), trio.move_on_after(BODY_DRAIN_TIMEOUT_S):
+        await request.get_data()
+
+
 def create_app(state: ServerState) -> QuartTrio:
     """A new app bound to ``state`` (its engine, settings, metrics); serve it with ``api.server``."""
     app = QuartTrio("candle_vllm.api")
@@ -36,7 +51,9 @@ def create_app(state: ServerState) -> QuartTrio:
     app.config.update(
         RESPONSE_TIMEOUT=None,  # streams may run for minutes; quart's 60 s default cuts them silently
         BODY_TIMEOUT=60,
-        MAX_CONTENT_LENGTH=state.config.max_body_bytes,
+        # quart's own limit answers 413 before the body is read (see read_json for why that hurts), so it only
+        # stops absurd bodies; read_json() reads the body before refusing one over max_body_bytes.
+        MAX_CONTENT_LENGTH=HARD_BODY_FACTOR * state.config.max_body_bytes,
         JSON_SORT_KEYS=False,
     )
     app.json.sort_keys = False
@@ -65,6 +82,7 @@ def create_app(state: ServerState) -> QuartTrio:
 
     @app.errorhandler(APIError)
     async def _api_error(exc: APIError) -> Response:
+        await _finish_reading_body()
         return _error_response(exc.status, exc.body(), exc.headers)
 
     @app.errorhandler(HTTPException)
@@ -75,6 +93,7 @@ def create_app(state: ServerState) -> QuartTrio:
             message = f"{request.method} {request.path} is not an endpoint of this server; see /openapi.json"
         elif status == 413:
             message = f"the request body is larger than {state.config.max_body_bytes} bytes"
+        await _finish_reading_body()
         return _error_response(status, error_body(status, message))
 
     @app.errorhandler(Exception)

@@ -26,10 +26,13 @@ def get_state() -> ServerState:
 
 async def read_json() -> Any:
     """The request body decoded as JSON; a wrong Content-Type or malformed JSON is a 4xx, never a 500."""
+    data = await request.get_data(as_text=False)
+    limit = get_state().config.max_body_bytes
+    if len(data) > limit:
+        raise APIError(413, f"the request body is larger than {limit} bytes")
     ctype = request.headers.get("Content-Type", "application/json").split(";")[0].strip().lower()
     if ctype != "application/json" and not ctype.endswith("+json"):
         raise APIError(415, f"Content-Type must be application/json, got {ctype!r}")
-    data = await request.get_data(as_text=False)
     try:
         return json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:

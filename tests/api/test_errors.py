@@ -166,3 +166,25 @@ def test_error_after_stream_start_is_error_chunk_then_done(smol_tokenizer) -> No
             for _ in srv.openai().chat.completions.create(model="fake-model", messages=MESSAGES, stream=True):
                 pass
         assert srv.is_alive
+
+
+def test_error_answer_waits_for_the_body_so_the_connection_stays_usable(server: ServerThread) -> None:
+    """A refusal sent mid-upload used to close the connection under the client (pooled clients then hung)."""
+    import socket
+    import time
+
+    host, port = server.urls[0].split("//")[1].rsplit(":", 1)
+    body = b'{"prompt": "' + b"y" * 20000 + b'"}'
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body))
+        time.sleep(0.3)  # the server has the headers, not the body, when it decides to refuse
+        s.sendall(body)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+        received = b""
+        while received.count(b"HTTP/1.1 ") < 2:
+            chunk = s.recv(65536)
+            assert chunk, f"connection closed after {received[:200]!r}"
+            received += chunk
+    first, second = received.split(b"HTTP/1.1 ")[1:3]
+    assert first.startswith(b"415") and second.startswith(b"200")
