@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from quart import Blueprint
@@ -71,7 +70,7 @@ def _response(req: ChatCompletionRequest, request_id: str, model: str, created: 
             "choices": choices, "usage": usage_of([out], [prompt_len])}
 
 
-class ChatStream:
+class ChatStream(sse.EventStream):
     """Turns engine outputs into ``chat.completion.chunk`` events with OpenAI's invariants: the role once per
     choice with its first output, ``finish_reason`` exactly once per choice, optional usage chunk last."""
 
@@ -125,18 +124,9 @@ class ChatStream:
         self.last = out
         return [chunk for c in out.outputs for chunk in self._choice_chunks(c)]
 
-    async def events(self, head: list[Any], outputs: AsyncIterator[Any]) -> AsyncIterator[bytes]:
-        """All SSE events of the stream, ending with ``[DONE]``."""
-        for item in head:
-            for chunk in self._render(item):
-                yield chunk
-        async for item in outputs:
-            for chunk in self._render(item):
-                yield chunk
-        for i in range(self.req.n):  # the server ended the request (draining): every choice still finishes
-            if i not in self.finished:
-                for chunk in self._choice_chunks(CompletionOutput(index=i, finish_reason="abort")):
-                    yield chunk
-        if self.include_usage:
-            yield sse.event({**self.base, "choices": [], "usage": usage_of([self.last], [self.prompt_len])})
-        yield sse.DONE
+    def _abort_unfinished(self) -> list[bytes]:
+        return [chunk for i in range(self.req.n) if i not in self.finished
+                for chunk in self._choice_chunks(CompletionOutput(index=i, finish_reason="abort"))]
+
+    def _usage(self) -> dict[str, Any]:
+        return usage_of([self.last], [self.prompt_len])

@@ -6,7 +6,6 @@ A batch of prompts runs as one engine request per prompt; choice ``index`` is ``
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +74,7 @@ async def completions() -> Any:
     return view.response(last)
 
 
-class CompletionView:
+class CompletionView(sse.EventStream):
     """Builds ``text_completion`` objects (whole, or chunk by chunk) for the prompts of one request."""
 
     def __init__(self, req: CompletionRequest, request_id: str, model: str, created: int, prompts: list[_Prompt],
@@ -153,19 +152,11 @@ class CompletionView:
                 chunks.append(self._chunk([self._choice(prompt_i, out, c, whole=False)]))
         return chunks
 
-    async def events(self, head: list[Any], outputs: AsyncIterator[Any]) -> AsyncIterator[bytes]:
-        """All SSE events of the stream, ending with ``[DONE]``."""
-        for item in head:
-            for chunk in self._render(item):
-                yield chunk
-        async for item in outputs:
-            for chunk in self._render(item):
-                yield chunk
-        for prompt_i in range(len(self.prompts)):  # the server ended requests (draining): all choices finish
-            for j in range(self.req.n):
-                if prompt_i * self.req.n + j not in self.finished:
-                    c = CompletionOutput(index=j, finish_reason="abort")
-                    yield self._chunk([self._choice(prompt_i, self.last[prompt_i], c, whole=False)])
-        if self.include_usage:
-            yield sse.event({**self.base, "choices": [], "usage": self._usage()})
-        yield sse.DONE
+    def _abort_unfinished(self) -> list[bytes]:
+        return [
+            self._chunk([self._choice(prompt_i, self.last[prompt_i], CompletionOutput(index=j, finish_reason="abort"),
+                                      whole=False)])
+            for prompt_i in range(len(self.prompts))
+            for j in range(self.req.n)
+            if prompt_i * self.req.n + j not in self.finished
+        ]
