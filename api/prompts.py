@@ -11,9 +11,19 @@ import json
 import logging
 from typing import Any
 
+from pydantic import ValidationError
+
 from candle_vllm.api.errors import bad_request
-from candle_vllm.api.schemas import ChatCompletionRequest, ChatMessage, SamplingFields, TokenizeRequest
-from candle_vllm.pyengine.sampling.params import SamplingParams
+from candle_vllm.api.schemas import (
+    ChatCompletionRequest,
+    ChatMessage,
+    ResponseFormat,
+    SamplingFields,
+    TokenizeRequest,
+    validation_error,
+)
+from candle_vllm.pyengine.sampling.params import SamplingParams, StructuredOutputParams
+from candle_vllm.pyengine.structured_output import check_structured_output
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +81,54 @@ def render_chat(tokenizer: Any, req: ChatCompletionRequest | TokenizeRequest) ->
         raise bad_request(f"the chat template could not be rendered: {exc}", param="messages") from None
 
 
-def check_response_format(req: ChatCompletionRequest) -> None:
-    """Structured output is not built yet: refuse it rather than answer unconstrained text."""
-    fmt = req.response_format
-    if fmt is not None and fmt.type != "text":
-        raise bad_request(f"response_format type {fmt.type!r} is not supported yet; use 'text' or omit it",
+# vLLM's other guided-decoding fields: refused, never silently ignored (unknown fields are otherwise kept).
+_REFUSED_GUIDED = ("guided_regex", "guided_choice", "guided_grammar", "structural_tag", "structured_outputs")
+
+
+def structured_output_params(req: SamplingFields) -> StructuredOutputParams | None:
+    """``response_format`` (json_object / json_schema, chat and completions) or vLLM's ``guided_json`` as the
+    engine's structured-output params. A schema the grammar library cannot use is a 400 naming the field."""
+    extra = req.model_extra or {}
+    for name in _REFUSED_GUIDED:
+        if extra.get(name) is not None:
+            raise bad_request(f"{name} is not supported; constrain the output with response_format (json_schema "
+                              "or json_object) or guided_json", param=name)
+    fmt = getattr(req, "response_format", None)
+    if fmt is not None and not isinstance(fmt, ResponseFormat):  # completions keep it as an extra field
+        try:
+            fmt = ResponseFormat.model_validate(fmt)
+        except ValidationError as exc:
+            raise bad_request(f"response_format: {validation_error(exc).message}", param="response_format") from None
+    params, param = None, "response_format"
+    if fmt is not None and fmt.type != "json_schema" and fmt.json_schema is not None:
+        raise bad_request(f"response_format.json_schema is only read with type 'json_schema', not {fmt.type!r}",
                           param="response_format")
+    if fmt is not None and fmt.type == "json_object":
+        params = StructuredOutputParams(json_object=True)
+    elif fmt is not None and fmt.type == "json_schema":
+        schema = (fmt.json_schema or {}).get("schema")
+        if not isinstance(schema, dict):
+            raise bad_request("response_format type 'json_schema' needs json_schema.schema, a JSON Schema object",
+                              param="response_format")
+        params = StructuredOutputParams(json_schema=schema)
+    guided = extra.get("guided_json")
+    if guided is not None:
+        if params is not None:
+            raise bad_request("give response_format or guided_json, not both", param="guided_json")
+        if isinstance(guided, str):
+            try:
+                guided = json.loads(guided)
+            except ValueError:
+                raise bad_request("guided_json is not valid JSON", param="guided_json") from None
+        if not isinstance(guided, dict):
+            raise bad_request("guided_json must be a JSON Schema object", param="guided_json")
+        params, param = StructuredOutputParams(json_schema=guided), "guided_json"
+    if params is not None:
+        try:
+            check_structured_output(params, None)
+        except ValueError as exc:
+            raise bad_request(str(exc), param=param) from None
+    return params
 
 
 def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
@@ -110,6 +162,7 @@ def sampling_params(req: SamplingFields, max_tokens: int | None, vocab_size: int
             stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, min_tokens=req.min_tokens,
             max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             skip_special_tokens=req.skip_special_tokens, include_stop_str_in_output=req.include_stop_str_in_output,
+            structured_output=structured_output_params(req),
         )
         params.check_vocab(vocab_size)
     except ValueError as exc:

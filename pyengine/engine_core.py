@@ -29,6 +29,7 @@ from candle_vllm.pyengine.runner import ModelRunner, StepResult
 from candle_vllm.pyengine.sampling import SamplingDefaults, SamplingParams
 from candle_vllm.pyengine.scheduler import Scheduler, SchedulerConfig
 from candle_vllm.pyengine.scheduler.plan import StepPlan
+from candle_vllm.pyengine.structured_output import GrammarMatchers, check_structured_output, compiler_for
 from candle_vllm.pyengine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ class EngineCore:
             prefix_cache_max_tokens=args.prefix_cache_max_tokens,
         ))
         self.runner = ModelRunner(loaded.model, caches, cfg.vocab_size, device, self.tokenizer.stop_token_ids,
-                                  seed=args.seed)
+                                  seed=args.seed, grammars=GrammarMatchers(compiler_for(self.tokenizer)))
         if device.type == "cuda" and not args.disable_cuda_graph:
             self.runner.enable_cuda_graphs(args.max_num_seqs, max_model_len, args.block_size)
         self.outputs = OutputProcessor(self.tokenizer)
@@ -145,6 +146,8 @@ class EngineCore:
         """Server defaults for unset fields, the output cap, and vocabulary checks."""
         params = self.sampling_defaults.apply(params)
         params.check_vocab(self.model_config.vocab_size)
+        if params.structured_output is not None:  # a bad schema fails here, not inside a step
+            check_structured_output(params.structured_output, self.tokenizer)
         if params.max_tokens is None:
             params = dataclasses.replace(params, max_tokens=self.max_gen_tokens)
         return params

@@ -6,6 +6,10 @@ generator, dropped when a plan reports the request finished. That record lets it
 previous step's tokens reached the scheduler (the scheduler one step ahead): placeholder inputs (-1) are the
 request's tokens sampled here, and penalties see every sampled token without reading scheduler state.
 
+Structured output: ``grammars`` (when given) holds a matcher per constrained request; the runner asks it for
+the masks of a step's constrained rows before sampling and feeds it the sampled tokens right after, so each
+mask comes from a matcher that has seen every earlier token of its row (see ``structured_output.matchers``).
+
 On CUDA, pure-decode steps replay a captured graph (``cuda_graphs.DecodeGraphs``, enabled by
 :meth:`ModelRunner.enable_cuda_graphs`); every other step runs the model eagerly.
 """
@@ -33,6 +37,7 @@ from candle_vllm.pyengine.sampling import (
     prompt_logprobs,
 )
 from candle_vllm.pyengine.scheduler.plan import StepPlan
+from candle_vllm.pyengine.structured_output import GrammarMatchers
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +63,7 @@ class ModelRunner:
         device: torch.device,
         eos_token_ids: Collection[int] = (),
         seed: int | None = None,
+        grammars: GrammarMatchers | None = None,
     ) -> None:
         self.model = model
         self.model.kv_caches = kv_caches
@@ -73,6 +79,7 @@ class ModelRunner:
         self._generators: dict[str, torch.Generator] = {}
         self._sampled: dict[str, list[int]] = {}  # request id -> every token sampled for it, in order
         self.graphs: DecodeGraphs | None = None
+        self.grammars = grammars
 
     def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int, block_size: int) -> bool:
         """Capture decode graphs for batch sizes up to ``max_num_seqs`` (capped at 256) and contexts up to
@@ -97,6 +104,11 @@ class ModelRunner:
         for request_id in plan.finished_ids:
             self._generators.pop(request_id, None)
             self._sampled.pop(request_id, None)
+        if self.grammars is not None:
+            self.grammars.release(plan.finished_ids)
+            if plan.new_request_ids:
+                new_ids = set(plan.new_request_ids)
+                self.grammars.admit(req for req in plan.requests if req.request_id in new_ids)
         if plan.is_empty:
             return StepResult(plan.step_id, [], [])
         input_ids = self._fill_placeholders(plan)
@@ -160,9 +172,13 @@ class ModelRunner:
             SamplingRow(req.sampling_params, history, req.prompt_token_ids, self._generator(req))
             for req, history in zip(requests, histories, strict=True)
         ]
-        batch = SamplingBatch.build(rows, self.vocab_size, self.device, self.eos_token_ids)
+        masked = self.grammars.token_mask(requests) if self.grammars is not None else None
+        batch = SamplingBatch.build(rows, self.vocab_size, self.device, self.eos_token_ids,
+                                    token_mask=masked[1] if masked else None)
         out = self.sampler(logits, batch)
         result.sampled_token_ids = out.sampled_token_ids.tolist()
+        if masked:
+            self.grammars.advance(requests, masked[0], result.sampled_token_ids)  # type: ignore[union-attr]
         for history, token in zip(histories, result.sampled_token_ids, strict=True):
             history.append(token)
         if out.logprobs is None:

@@ -10,7 +10,7 @@ from quart import Blueprint
 from candle_vllm.api import sse
 from candle_vllm.api.generation import EngineRequest, KeepAlive
 from candle_vllm.api.logprobs import chat_logprobs
-from candle_vllm.api.prompts import check_length, check_response_format, render_chat, sampling_params
+from candle_vllm.api.prompts import check_length, render_chat, sampling_params
 from candle_vllm.api.routes.common import (
     check_model,
     collect,
@@ -32,7 +32,6 @@ async def chat_completions() -> Any:
     state = get_state()
     req = parse_request(ChatCompletionRequest, await read_json())
     model = check_model(state, req.model)
-    check_response_format(req)
     tokenizer = state.engine.tokenizer
     text = render_chat(tokenizer, req)
     ids = tokenizer.encode(text, add_special_tokens=False)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from candle_vllm.pyengine.sampling.params import SamplingParams
+from candle_vllm.pyengine.sampling.token_mask import TokenMask
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
@@ -70,6 +71,7 @@ class SamplingBatch:
     generators: list[torch.Generator | None]  # per row; None = the sampler's shared stream
     num_logprobs: list[int | None]  # per row: top-k count requested, None = no logprobs
     max_num_logprobs: int | None
+    token_mask: TokenMask | None = None  # grammar masks of the constrained rows (structured output)
 
     @property
     def num_rows(self) -> int:
@@ -82,11 +84,14 @@ class SamplingBatch:
         vocab_size: int,
         device: torch.device | str,
         eos_token_ids: Collection[int] = (),
+        token_mask: TokenMask | None = None,
     ) -> SamplingBatch:
         """Pack ``rows`` for logits with ``vocab_size`` columns on ``device``.
 
         ``eos_token_ids`` are the model's own stop tokens (tokenizer.stop_token_ids); with each request's
         stop_token_ids they are banned while a row has produced fewer than ``min_tokens`` tokens.
+        ``token_mask`` holds the grammar masks of the rows constrained by structured output (moved to
+        ``device`` here).
         """
         device = torch.device(device)
         params = [row.params for row in rows]
@@ -121,6 +126,7 @@ class SamplingBatch:
             generators=generators,
             num_logprobs=[p.logprobs for p in params],
             max_num_logprobs=max(requested) if requested else None,
+            token_mask=None if token_mask is None else token_mask.to(device),
         )
 
 

@@ -8,6 +8,7 @@ as *explicitly set* when it was passed to the constructor with a value other tha
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import numbers
@@ -23,6 +24,31 @@ LOGIT_BIAS_LIMIT = 100.0  # OpenAI clamps biases to [-100, 100]
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
+@dataclass(frozen=True, slots=True)
+class StructuredOutputParams:
+    """A grammar the output must follow (OpenAI's ``response_format``; the chat layer's ``tool_choice``).
+
+    Exactly one field is set: ``json_schema`` (a JSON Schema object the whole output must validate against)
+    or ``json_object`` (any JSON object). The schema itself is checked against the grammar library, which
+    needs the tokenizer, by ``candle_vllm.pyengine.structured_output.check_structured_output``.
+    """
+
+    json_schema: dict[str, Any] | None = None
+    json_object: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.json_schema is not None) == bool(self.json_object):
+            raise ValueError("structured_output: set exactly one of json_schema or json_object=True")
+        if self.json_schema is not None:
+            if not isinstance(self.json_schema, dict):
+                raise ValueError(f"structured_output: json_schema must be a JSON object (dict), "
+                                 f"got {type(self.json_schema).__name__}")
+            try:
+                json.dumps(self.json_schema, allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"structured_output: json_schema is not plain JSON ({exc})") from None
+
+
 @dataclass(init=False)
 class SamplingParams:
     """How to pick the tokens of one request (vLLM's ``SamplingParams``; the sampler reads it per row).
@@ -30,7 +56,9 @@ class SamplingParams:
     ``temperature=0`` means greedy. ``top_k`` 0 or -1 disables top-k (stored as 0). ``max_tokens=None`` means
     "up to the context length or the server's cap", resolved by the engine. ``logprobs``/``prompt_logprobs``
     ask for that many top alternatives (0..20) besides the chosen token; the values are the model's raw
-    log-probabilities (before penalties, temperature and truncation), as vLLM reports by default.
+    log-probabilities (before penalties, temperature and truncation), as vLLM reports by default; on a row
+    constrained by ``structured_output`` they are taken after the grammar's mask (forbidden tokens -inf, the
+    rest renormalised), as vLLM applies the grammar bitmask before its sampler.
     """
 
     n: int = 1
@@ -54,6 +82,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     detokenize: bool = True
+    structured_output: StructuredOutputParams | None = None
 
     def __init__(self, **params: Any) -> None:
         """Take vLLM's keyword arguments; None means "not set" (defaults, server defaults may apply)."""
@@ -173,6 +202,18 @@ class SamplingParams:
                 "stop must be a string or a list of non-empty strings",
             ),
             (self.detokenize or not self.stop, "stop strings need detokenize=True"),
+            (
+                self.structured_output is None or isinstance(self.structured_output, StructuredOutputParams),
+                f"structured_output must be a StructuredOutputParams, got {type(self.structured_output).__name__}",
+            ),
+            (
+                self.structured_output is None or not self.ignore_eos,
+                "ignore_eos cannot be combined with structured_output: the grammar ends the output with EOS",
+            ),
+            (
+                self.structured_output is None or self.min_tokens == 0,
+                "min_tokens cannot be combined with structured_output: the grammar decides where the output ends",
+            ),
         ]
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)

@@ -1,6 +1,7 @@
 """The batched sampler: one call per step turns f32 logits [B, V] into a token per row (plus logprobs).
 
-Order, as vLLM: logit_bias, min_tokens, penalties; greedy rows take the argmax there; the others divide by
+Order, as vLLM: the grammar mask of structured-output rows (before the raw logprobs, as vLLM applies its
+bitmask to the model's logits), logit_bias, min_tokens, penalties; greedy rows take the argmax there; the others divide by
 their temperature, apply top-k, top-p, min-p, and draw. Drawing is an exponential race: the token is
 ``argmax(p / q)`` with ``q ~ Exp(1)`` i.i.d. per token, which picks token ``t`` with probability ``p_t``.
 A seeded row takes its ``q`` from its own generator, exactly ``V`` values per step, so its tokens depend only
@@ -17,6 +18,7 @@ from candle_vllm.pyengine.sampling.batch import SamplingBatch
 from candle_vllm.pyengine.sampling.filters import apply_min_p, apply_top_k_top_p
 from candle_vllm.pyengine.sampling.logprobs import LogprobsTensors, compute_logprobs
 from candle_vllm.pyengine.sampling.penalties import apply_logit_bias, apply_min_tokens, apply_penalties
+from candle_vllm.pyengine.sampling.token_mask import apply_token_mask
 
 
 @dataclass(slots=True)
@@ -44,6 +46,10 @@ class Sampler:
                 f"({batch.num_rows} rows, vocab {batch.vocab_size})"
             )
         raw = logits.float()
+        if batch.token_mask is not None:
+            if raw is logits:  # never write into the caller's tensor
+                raw = raw.clone()
+            apply_token_mask(raw, batch.token_mask)
         processed = self.process_logits(raw, batch)
         token_ids = self._choose(processed, batch)
         logprobs = None

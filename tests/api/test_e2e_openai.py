@@ -142,8 +142,9 @@ def test_errors_raise_sdk_exceptions(server: ServerThread, model: str) -> None:
     assert info.value.param == "max_tokens"
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=model, messages=MESSAGES, logprobs=True, top_logprobs=21)
-    with pytest.raises(openai.BadRequestError, match="not supported yet"):
-        client.chat.completions.create(model=model, messages=MESSAGES, response_format={"type": "json_object"})
+    with pytest.raises(openai.BadRequestError, match="cannot be used for structured output"):
+        client.chat.completions.create(model=model, messages=MESSAGES, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {"type": "string"}}}})
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=model, messages=MESSAGES, seed=-(2**63) - 1)
     assert server.metrics()["vllm:num_requests_running"] == 0

@@ -40,7 +40,8 @@ def assert_openai_error(body: Any) -> None:
         ({"presence_penalty": 3}, "presence_penalty"),
         ({"max_tokens": 60}, "max_tokens"),  # prompt + max_tokens over the 64-token context
         ({"stream_options": {"include_usage": True}}, None),  # without stream
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}},
+         "response_format"),
         ({"logit_bias": {"999999": 1.0}}, None),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
          "messages.0.content"),
