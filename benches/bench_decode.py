@@ -3,6 +3,7 @@ inside every figure), each printed with its fraction of the memory-bandwidth roo
 
     python benches/bench_decode.py                                   # Llama-3-8B shapes, dummy bf16 weights
     python benches/bench_decode.py --output-len 256 --profile-steps 8 --json out.json
+    python benches/bench_decode.py --ttft-only --ttft-repeats 5 --profile-ttft      # prefill only
 
 Figures: batch-1 decode at a 4k context (4k prompt, ``--output-len`` tokens), batch-64 decode at a 1k context,
 TTFT of one 4k prompt (median of ``--ttft-repeats``, fresh random prompts so the prefix cache never hits).
@@ -105,6 +106,21 @@ def profile_decode(llm: LLM, rng: random.Random, vocab: int, context: int, steps
             + averages.table(sort_by="self_cpu_time_total", row_limit=rows))
 
 
+def profile_ttft(llm: LLM, rng: random.Random, vocab: int, context: int, rows: int) -> str:
+    """torch-profiler tables of one prefill of ``context`` fresh tokens (the TTFT step): GPU time per kernel,
+    then host time per op, so the share of each kernel and of host gaps in the TTFT is visible."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        llm.generate(random_prompts(rng, 1, context, vocab), SamplingParams(max_tokens=1))
+        torch.cuda.synchronize()
+    averages = prof.key_averages()
+    gpu_us = sum(e.self_device_time_total for e in averages)
+    return (f"GPU kernel time in the profiled TTFT: {gpu_us / 1e3:.2f} ms\n"
+            + averages.table(sort_by="self_cuda_time_total", row_limit=rows) + "\n"
+            + averages.table(sort_by="self_cpu_time_total", row_limit=rows))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(Path(__file__).parent / "configs" / "llama-3-8b"))
@@ -116,6 +132,8 @@ def main() -> None:
     ap.add_argument("--batch-output-len", type=int, default=128)
     ap.add_argument("--ttft-repeats", type=int, default=5)
     ap.add_argument("--profile-steps", type=int, default=0, help="profile this many batch-1 decode steps")
+    ap.add_argument("--ttft-only", action="store_true", help="measure only the TTFT (skip both decode figures)")
+    ap.add_argument("--profile-ttft", action="store_true", help="also profile one TTFT prefill (torch profiler)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--disable-cuda-graph", action="store_true", help="run decode steps eagerly (no CUDA graphs)")
     ap.add_argument("--json", default=None, help="also write the figures here")
@@ -143,16 +161,18 @@ def main() -> None:
         res[name] = {"value": round(value, 2), "unit": unit, "roofline": round(roofline, 2), "fraction": round(frac, 3)}
         print(f"{name}: {value:.2f} {unit} (roofline {roofline:.2f} {unit}, {100 * frac:.1f} % of it)", flush=True)
 
-    mid_ctx = args.context + args.output_len // 2
-    b1 = decode_rate(llm, random_prompts(rng, 1, args.context, vocab), args.output_len)
-    report("batch1_decode_tok_s", b1["tokens_per_s"], "tok/s", 1e3 / step_roofline_ms(w_bytes, kv_tok, 1, mid_ctx), True)
-    res["batch1_step_ms"] = round(b1["step_ms"], 3)
+    if not args.ttft_only:
+        mid_ctx = args.context + args.output_len // 2
+        b1 = decode_rate(llm, random_prompts(rng, 1, args.context, vocab), args.output_len)
+        roof = 1e3 / step_roofline_ms(w_bytes, kv_tok, 1, mid_ctx)
+        report("batch1_decode_tok_s", b1["tokens_per_s"], "tok/s", roof, True)
+        res["batch1_step_ms"] = round(b1["step_ms"], 3)
 
-    mid_bctx = args.batch_context + args.batch_output_len // 2
-    bb = decode_rate(llm, random_prompts(rng, args.batch, args.batch_context, vocab), args.batch_output_len)
-    roof = args.batch * 1e3 / step_roofline_ms(w_bytes, kv_tok, args.batch, mid_bctx)
-    report(f"batch{args.batch}_decode_tok_s", bb["tokens_per_s"], "tok/s", roof, True)
-    res[f"batch{args.batch}_step_ms"] = round(bb["step_ms"], 3)
+        mid_bctx = args.batch_context + args.batch_output_len // 2
+        bb = decode_rate(llm, random_prompts(rng, args.batch, args.batch_context, vocab), args.batch_output_len)
+        roof = args.batch * 1e3 / step_roofline_ms(w_bytes, kv_tok, args.batch, mid_bctx)
+        report(f"batch{args.batch}_decode_tok_s", bb["tokens_per_s"], "tok/s", roof, True)
+        res[f"batch{args.batch}_step_ms"] = round(bb["step_ms"], 3)
 
     ttfts = []
     for _ in range(args.ttft_repeats):
@@ -164,6 +184,9 @@ def main() -> None:
     report("ttft_ms", statistics.median(ttfts), "ms", 1e3 * flops / 790e12, False)
     res["ttft_all_ms"] = [round(t, 1) for t in ttfts]
 
+    if args.profile_ttft:
+        res["ttft_profile"] = profile_ttft(llm, rng, vocab, args.context, 30)
+        print(res["ttft_profile"], flush=True)
     if args.profile_steps:
         res["profile"] = profile_decode(llm, rng, vocab, args.context, args.profile_steps, 25)
         print(res["profile"], flush=True)

@@ -146,6 +146,75 @@ def attention_rows(peak: float, results: list[dict]) -> None:
         print(f"{case:<34}{t * 1e6:>9.1f}{row['gbps']:>8.0f}{100 * kv_bytes / t / peak:>6.0f}%{sdpa_us:>9.1f}   {cells}")
 
 
+def prefill_rows(peak: float, results: list[dict]) -> None:
+    """Flash prefill attention (32 q / 8 kv heads, D=128, bf16, cache block 64) in causal TFLOP/s (4 * Hq * D
+    per attended (query, key) pair) at both query tiles, against torch's SDPA on its flash backend over contiguous
+    K/V expanded to 32 heads (no cache, no GQA sharing); then cuBLAS on the prefill linears at M=4096, the
+    compute ceiling the TTFT budget rests on. Inputs are not rotated: both kernels are compute-bound."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from candle_vllm.pyengine.ops.attention import AttentionMetadata
+    from candle_vllm.pyengine.ops.cuda_prefill import flash_prefill
+
+    hq, hk, d, bs = 32, 8, 128, 64
+    print("\n== flash prefill attention bf16 (32/8 heads, D=128, block 64), causal TFLOP/s ==")
+    print(f"{'case':<34}{'bm=128 us':>11}{'TFLOP/s':>9}{'bm=64 us':>10}{'TFLOP/s':>9}{'sdpa us':>9}{'TFLOP/s':>9}"
+          f"{'err':>9}")
+    for query_lens, seq_lens in [([4096], [4096]), ([1024] * 4, [1024] * 4), ([2048], [4096]), ([8192], [8192])]:
+        tables, at = [], 0
+        for ctx in seq_lens:
+            n = math.ceil(ctx / bs)
+            tables.append(list(range(at, at + n)))
+            at += n
+        perm = torch.randperm(at).tolist()  # scattered blocks
+        tables = [[perm[b] for b in t] for t in tables]
+        cache = torch.randn(2, at, bs, hk, d, device=DEV).to(BF16)
+        t = sum(query_lens)
+        q = torch.randn(t, hq, d, device=DEV).to(BF16)
+        meta = AttentionMetadata.build(query_lens, seq_lens, DEV, tables, bs)
+        pairs = sum(q_len * (ctx - q_len) + q_len * (q_len + 1) // 2 for q_len, ctx in zip(query_lens, seq_lens, strict=True))
+        flops = 4 * hq * d * pairs
+        times = {}
+        for bm in (128, 64):
+            times[bm] = graph_seconds(lambda i, b=bm: flash_prefill(
+                q, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, max(query_lens), d**-0.5,
+                block_m=b), calls=10, reps=7)
+        # SDPA reference on the first sequence (contiguous K/V of its whole context), also the error check.
+        q_len, ctx = query_lens[0], seq_lens[0]
+        kv = cache[:, tables[0]].flatten(1, 2)[:, :ctx]  # [2, ctx, hk, d]
+        k4, v4 = (x.repeat_interleave(hq // hk, dim=1).transpose(0, 1).unsqueeze(0).contiguous() for x in kv)
+        q4 = q[:q_len].transpose(0, 1).unsqueeze(0).contiguous()
+        sdpa_us = err = float("nan")
+        if q_len == ctx:
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                want = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True)
+                sdpa = graph_seconds(lambda i: F.scaled_dot_product_attention(q4, k4, v4, is_causal=True),
+                                     calls=10, reps=7) * len(query_lens)  # one sequence timed, all of them done
+            got = flash_prefill(q, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, max(query_lens),
+                                d**-0.5)[:q_len]
+            err = ((got.double() - want[0].transpose(0, 1).double()).norm() / want.double().norm()).item()
+            sdpa_us = sdpa * 1e6
+        row = dict(kernel="flash_prefill", query_lens=query_lens, seq_lens=seq_lens, us_bm128=times[128] * 1e6,
+                   us_bm64=times[64] * 1e6, tflops_bm128=flops / times[128] / 1e12,
+                   tflops_bm64=flops / times[64] / 1e12, sdpa_us=sdpa_us, rel_err=err)
+        results.append(row)
+        sd_tf = flops / (sdpa_us * 1e-6) / 1e12 if sdpa_us == sdpa_us else float("nan")
+        case = f"{len(query_lens)}x q{query_lens[0]} ctx{seq_lens[0]}"
+        print(f"{case:<34}{times[128] * 1e6:>11.1f}{row['tflops_bm128']:>9.0f}{times[64] * 1e6:>10.1f}"
+              f"{row['tflops_bm64']:>9.0f}{sdpa_us:>9.1f}{sd_tf:>9.0f}{err:>9.1e}")
+    print("\n-- cuBLAS (F.linear) on the prefill linears, M=4096 --")
+    total = 0.0
+    for name, n, k in [("qkv", 6144, 4096), ("o_proj", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]:
+        x = torch.randn(4096, k, device=DEV).to(BF16)
+        w = torch.randn(n, k, device=DEV).to(BF16) * k**-0.5
+        sec = graph_seconds(lambda i: F.linear(x, w), calls=10, reps=7)
+        total += sec
+        tf = 2 * 4096 * n * k / sec / 1e12
+        results.append(dict(kernel="prefill_linear", shape=f"{name} {n}x{k}", m=4096, us=sec * 1e6, tflops=tf))
+        print(f"{name + f' {n}x{k}':<34}{sec * 1e6:>11.1f}{tf:>9.0f}")
+    print(f"{'per layer / x32 layers (ms)':<34}{total * 1e6:>11.1f}{total * 32e3:>9.2f}")
+
+
 def elementwise_rows(peak: float, results: list[dict]) -> None:
     print("\n== element-wise kernels bf16 (ours vs torch eager ops, both in graphs) ==")
     print(f"{'case':<34}{'ours us':>10}{'GB/s':>8}{'torch us':>10}")
@@ -191,7 +260,7 @@ def _report(results: list[dict], case: str, ours: float, nbytes: int, ref: float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", help="write all rows to this file")
-    parser.add_argument("--only", choices=["elementwise", "attention", "gemm"], help="run one section")
+    parser.add_argument("--only", choices=["elementwise", "attention", "gemm", "prefill"], help="run one section")
     args = parser.parse_args()
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
@@ -199,7 +268,8 @@ def main() -> None:
     print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}; "
           f"copy bandwidth {peak / 1e9:.0f} GB/s (read + write)")
     results: list[dict] = [dict(kernel="copy", gbps=peak / 1e9, device=props.name)]
-    sections = {"elementwise": elementwise_rows, "attention": attention_rows, "gemm": gemm_rows}
+    sections = {"elementwise": elementwise_rows, "attention": attention_rows, "gemm": gemm_rows,
+                "prefill": prefill_rows}
     for name, section in sections.items():
         if args.only and name != args.only:
             continue

@@ -3,12 +3,16 @@
 All sequences of a step are packed into one batch of T new tokens (vLLM v1 style); ``AttentionMetadata``
 says where each sequence's tokens start and how long its context is. Chunked prefill and decode are one
 code path: a query at absolute position p attends to its sequence's keys at positions <= p (and > p -
-sliding_window when set). Decode rows (one new token each) are batched into a single padded call; longer
-query runs go one sequence at a time so a long prefill never pads the others.
+sliding_window when set). On the torch reference, decode rows (one new token each) are batched into a single
+padded call and longer query runs go one sequence at a time so a long prefill never pads the others; on CUDA
+(f16/bf16) a step with prefill rows runs the flash prefill kernel once (``ops/cuda_prefill.py``), its decode rows
+the paged decode kernel.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from candle_vllm.pyengine.ops import cuda, native
+from candle_vllm.pyengine.ops.cuda_prefill import flash_prefill, flash_prefill_supported
 
 
 @dataclass
@@ -41,6 +46,12 @@ class AttentionMetadata:
     @property
     def num_seqs(self) -> int:
         return int(self.seq_lens.shape[0])
+
+    @functools.cached_property
+    def query_lens_cpu(self) -> list[int]:
+        """New tokens per sequence (host), computed once per step rather than once per layer."""
+        qsl = self.query_start_loc_cpu or []
+        return [b - a for a, b in itertools.pairwise(qsl)]
 
     @classmethod
     def build(
@@ -160,7 +171,6 @@ def attention(
     q = q.view(t, -1, d)
     paged = kv_cache is not None and meta.slot_mapping is not None
     on_cuda = q.device.type == "cuda" and cuda.available(q.device)
-    cuda_decode = False
     if paged:
         assert kv_cache is not None and meta.slot_mapping is not None and meta.block_tables is not None
         if on_cuda and k.dtype == v.dtype == kv_cache.dtype:
@@ -185,6 +195,8 @@ def attention(
                 q, kv_cache, meta.block_tables, meta.seq_lens, scale, max(meta.seq_lens_cpu or [1]), sliding_window,
                 softcap,
             )
+        if on_cuda and flash_prefill_supported(q, kv_cache):
+            return _cuda_prefill_step(q, kv_cache, meta, scale, sliding_window, softcap, cuda_decode)
     qsl, lens = meta.query_start_loc_cpu or [], meta.seq_lens_cpu or []
     out = torch.empty_like(q)
     decode_rows: list[int] = []
@@ -207,16 +219,38 @@ def attention(
             q[start:end].unsqueeze(0), ks.to(q.dtype).unsqueeze(0), vs.to(q.dtype).unsqueeze(0), mask, scale, softcap
         )[0]
     if decode_rows:
-        assert kv_cache is not None and meta.block_tables is not None
-        if cuda_decode:
-            tok = torch.tensor([qsl[s] for s in decode_rows], device=q.device)
-            idx = torch.tensor(decode_rows, device=q.device)
-            out[tok] = cuda.paged_decode_attention(
-                q[tok], kv_cache, meta.block_tables[idx], meta.seq_lens[idx], scale,
-                max(lens[s] for s in decode_rows), sliding_window, softcap,
-            )
-        else:
-            _decode_batch(q, out, kv_cache, meta, decode_rows, scale, sliding_window, softcap)
+        assert kv_cache is not None
+        _decode_batch(q, out, kv_cache, meta, decode_rows, scale, sliding_window, softcap)
+    return out
+
+
+def _cuda_prefill_step(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None,
+    softcap: float | None,
+    cuda_decode: bool,
+) -> torch.Tensor:
+    """A CUDA step with prefill rows: every multi-token sequence through the flash prefill kernel in one launch;
+    one-token sequences through the paged decode kernel when it takes this geometry (it shares each K/V read
+    across a GQA group), else as one-row queries of the flash kernel."""
+    assert meta.block_tables is not None and meta.query_start_loc_cpu is not None and meta.seq_lens_cpu is not None
+    q_lens = meta.query_lens_cpu
+    decode_rows = [s for s, n in enumerate(q_lens) if n == 1] if cuda_decode else []
+    out = flash_prefill(
+        q, kv_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, max(q_lens, default=1), scale,
+        sliding_window, softcap, skip_single_token=bool(decode_rows),
+    )
+    if decode_rows:
+        qsl = meta.query_start_loc_cpu
+        tok = torch.tensor([qsl[s] for s in decode_rows], device=q.device)
+        idx = torch.tensor(decode_rows, device=q.device)
+        out[tok] = cuda.paged_decode_attention(
+            q[tok], kv_cache, meta.block_tables[idx], meta.seq_lens[idx], scale,
+            max(meta.seq_lens_cpu[s] for s in decode_rows), sliding_window, softcap,
+        )
     return out
 
 

@@ -1,0 +1,374 @@
+// Flash prefill attention over the paged KV cache (FlashAttention-2 style, mma.sync: sm_80/89/90).
+//
+// Grid (query head, query tile, sequence); query tiles are taken longest-context first so the causal tail is
+// short. A CTA of W warps owns 16*W query rows of one head; each warp owns 16 rows. K/V tiles of BN tokens are
+// read through the block table into shared memory with cp.async, the next tile in flight while the current one
+// is used (double buffering). S = Q K^T and O += P V run on mma.m16n8k16 (bf16/f16 in, f32 accumulate), with
+// operands fetched by ldmatrix from an XOR-swizzled layout (16-byte chunk c of row r sits at c ^ (r & 7), so
+// the 8 rows an ldmatrix reads hit 8 distinct bank groups). The softmax is online in base 2 with the scale
+// folded into the exponent; S stays in registers and becomes the A operand of P V directly (the C layout of two
+// 8-column tiles is the A layout of one 16-deep step). Tiles above a warp's diagonal are skipped, and only
+// tiles crossing the diagonal or the sliding window's edge compute a mask. Keys past the needed range are
+// zero-filled, so a stale cache slot can never inject NaN into P V.
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "cuda/common.cuh"
+#include "cuda/flash_prefill.h"
+
+namespace candle_vllm::cuda {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kMaxDevices = 64;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, or 16 zero bytes when !pred (src is then not read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// c += a (16x16, row) * b (16x8, col), f32 accumulators.
+template <typename T>
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two f32 as one 32-bit word of T (x in the low half: the lower column of an mma operand).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float x, float y) {
+  uint32_t w;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    memcpy(&w, &h, 4);
+  } else {
+    const __half2 h = __floats2half2_rn(x, y);
+    memcpy(&w, &h, 4);
+  }
+  return w;
+}
+
+// Element offset of 16-byte chunk c of row r in a swizzled tile of D-wide rows.
+template <int D>
+__device__ __forceinline__ int swz(int r, int c) {
+  return r * D + ((c ^ (r & 7)) << 3);
+}
+
+// The value a running max is subtracted from: 0 while nothing was seen, so exp2(-inf - base) stays 0, not NaN.
+__device__ __forceinline__ float exp_base(float m) { return m == -INFINITY ? 0.f : m; }
+
+struct Params {
+  void* out;
+  const void* q;
+  const void* kc;
+  const void* vc;
+  const int32_t* block_tables;
+  const int32_t* qsl;
+  const int32_t* seq_lens;
+  int q_heads, group, q_stride, out_stride, kv_row, block_size, max_blocks, window;
+  float scale_log2, softcap, softcap_inv;
+  bool skip_single;
+};
+
+template <typename T, int D, int W, int BN>
+struct Tile {
+  static constexpr int kThreads = 32 * W;
+  static constexpr int kBM = 16 * W;
+  static constexpr int kChunks = D / 8;
+  static constexpr bool kQInRegs = D <= 128;
+  static constexpr int kSmemBytes = (kBM * D + 4 * BN * D) * static_cast<int>(sizeof(T));
+};
+
+// K and V rows [kv0, kv0 + BN) of one kv head into shared memory; rows >= kv_end are zero-filled.
+template <typename T, int D, int W, int BN>
+__device__ __forceinline__ void load_kv(T* sk, T* sv, const T* kc, const T* vc, const int32_t* table, int kv0,
+                                        int kv_end, const Params& p, int kv_head) {
+  using C = Tile<T, D, W, BN>;
+#pragma unroll
+  for (int i = threadIdx.x; i < BN * C::kChunks; i += C::kThreads) {
+    const int r = i / C::kChunks, c = i % C::kChunks, tok = kv0 + r;
+    const bool ok = tok < kv_end;
+    size_t off = 0;
+    if (ok) {
+      const int blk = __ldg(table + tok / p.block_size);
+      off = (static_cast<size_t>(blk) * p.block_size + tok % p.block_size) * p.kv_row + kv_head * D + c * 8;
+    }
+    cp_async16(sk + swz<D>(r, c), kc + off, ok);
+    cp_async16(sv + swz<D>(r, c), vc + off, ok);
+  }
+}
+
+template <typename T, int D, int W, int BN>
+__global__ void __launch_bounds__(32 * W) flash_prefill_kernel(const Params p) {
+  using C = Tile<T, D, W, BN>;
+  constexpr int BM = C::kBM;
+  const int head = blockIdx.x, seq = blockIdx.z;
+  const int q_start = p.qsl[seq], q_len = p.qsl[seq + 1] - q_start;
+  if (q_len == 0 || (p.skip_single && q_len == 1)) return;
+  const int n_tiles = (q_len + BM - 1) / BM;
+  if (static_cast<int>(blockIdx.y) >= n_tiles) return;
+  const int m0 = (n_tiles - 1 - blockIdx.y) * BM;  // longest contexts first
+  const int ctx = p.seq_lens[seq];
+  const int rows = min(BM, q_len - m0);
+  const int qp_first = ctx - q_len + m0, qp_last = qp_first + rows - 1;
+  const int kv_end = qp_last + 1;
+  const int kv_begin = p.window > 0 ? max(0, qp_first - p.window + 1) : 0;
+  const int n_begin = kv_begin / BN, n_end = (kv_end + BN - 1) / BN;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sq = reinterpret_cast<T*>(smem_raw);
+  T* sk = sq + BM * D;  // two stages of K, then two of V
+  T* sv = sk + 2 * BN * D;
+  const T* q = static_cast<const T*>(p.q);
+  const T* kc = static_cast<const T*>(p.kc);
+  const T* vc = static_cast<const T*>(p.vc);
+  const int kv_head = head / p.group;
+  const int32_t* table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks;
+
+#pragma unroll
+  for (int i = threadIdx.x; i < BM * C::kChunks; i += C::kThreads) {
+    const int r = i / C::kChunks, c = i % C::kChunks;
+    const bool ok = r < rows;
+    const T* src = ok ? q + static_cast<size_t>(q_start + m0 + r) * p.q_stride + head * D + c * 8 : q;
+    cp_async16(sq + swz<D>(r, c), src, ok);
+  }
+  load_kv<T, D, W, BN>(sk, sv, kc, vc, table, n_begin * BN, kv_end, p, kv_head);
+  cp_async_commit();
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int wrow = warp * 16;
+  // Absolute positions of this thread's two rows (lane/4 and lane/4 + 8 of the warp's 16).
+  const int qp0 = qp_first + wrow + (lane >> 2), qp1 = qp0 + 8;
+  const int w_first = qp_first + wrow, w_last = min(qp_first + wrow + 15, qp_last);
+  const bool warp_live = wrow < rows;
+
+  uint32_t qf[C::kQInRegs ? D / 16 : 1][4];
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m_0 = -INFINITY, m_1 = -INFINITY, l_0 = 0.f, l_1 = 0.f;
+
+  for (int n = n_begin; n < n_end; ++n) {
+    const int stage = (n - n_begin) & 1;
+    if (n + 1 < n_end) {
+      load_kv<T, D, W, BN>(sk + (stage ^ 1) * BN * D, sv + (stage ^ 1) * BN * D, kc, vc, table, (n + 1) * BN,
+                           kv_end, p, kv_head);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if constexpr (C::kQInRegs) {
+      if (n == n_begin) {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], sq + swz<D>(wrow + (lane & 15), kk * 2 + (lane >> 4)));
+      }
+    }
+    const int kv0 = n * BN;
+    const T* k_s = sk + stage * BN * D;
+    const T* v_s = sv + stage * BN * D;
+    // Warp-uniform: skip tiles wholly above this warp's diagonal or wholly before its window.
+    const bool live = warp_live && kv0 <= w_last && (p.window <= 0 || kv0 + BN - 1 > w_first - p.window);
+    if (live) {
+      float s[BN / 8][4];
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[4];
+        if constexpr (C::kQInRegs) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) a[j] = qf[kk][j];
+        } else {
+          ldmatrix_x4(a, sq + swz<D>(wrow + (lane & 15), kk * 2 + (lane >> 4)));
+        }
+#pragma unroll
+        for (int np = 0; np < BN / 16; ++np) {
+          uint32_t b[4];
+          ldmatrix_x4(b, k_s + swz<D>(np * 16 + (lane >> 4) * 8 + (lane & 7), kk * 2 + ((lane >> 3) & 1)));
+          mma<T>(s[2 * np], a, b[0], b[1]);
+          mma<T>(s[2 * np + 1], a, b[2], b[3]);
+        }
+      }
+      // Scores to the log2 domain (soft-capped first when asked).
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float x = s[i][j];
+          if (p.softcap > 0.f) x = p.softcap * tanhf(x * p.softcap_inv) * kLog2e;
+          else x *= p.scale_log2;
+          s[i][j] = x;
+        }
+      const bool masked = kv0 + BN - 1 > w_first || (p.window > 0 && kv0 <= w_last - p.window);
+      if (masked) {
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int kp = kv0 + i * 8 + (lane & 3) * 2 + (j & 1);
+            const int qp = j < 2 ? qp0 : qp1;
+            if (kp > qp || (p.window > 0 && kp <= qp - p.window)) s[i][j] = -INFINITY;
+          }
+      }
+      float mx0 = m_0, mx1 = m_1;
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i) {
+        mx0 = fmaxf(mx0, fmaxf(s[i][0], s[i][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[i][2], s[i][3]));
+      }
+#pragma unroll
+      for (int o_ = 1; o_ <= 2; o_ <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o_));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o_));
+      }
+      const float b0 = exp_base(mx0), b1 = exp_base(mx1);
+      const float alpha0 = exp2f(m_0 - b0), alpha1 = exp2f(m_1 - b1);
+      m_0 = mx0;
+      m_1 = mx1;
+      float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i) {
+        s[i][0] = exp2f(s[i][0] - b0);
+        s[i][1] = exp2f(s[i][1] - b0);
+        s[i][2] = exp2f(s[i][2] - b1);
+        s[i][3] = exp2f(s[i][3] - b1);
+        sum0 += s[i][0] + s[i][1];
+        sum1 += s[i][2] + s[i][3];
+      }
+      l_0 = l_0 * alpha0 + sum0;
+      l_1 = l_1 * alpha1 + sum1;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        o[i][0] *= alpha0;
+        o[i][1] *= alpha0;
+        o[i][2] *= alpha1;
+        o[i][3] *= alpha1;
+      }
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                               pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                               pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, v_s + swz<D>(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), dp * 2 + (lane >> 4)));
+          mma<T>(o[2 * dp], a, b[0], b[1]);
+          mma<T>(o[2 * dp + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // the stage read here is refilled next iteration
+  }
+
+  // Normalise and stage the warp's 16 rows in its own rows of the Q tile, then store 16-byte pieces.
+#pragma unroll
+  for (int o_ = 1; o_ <= 2; o_ <<= 1) {
+    l_0 += __shfl_xor_sync(0xffffffffu, l_0, o_);
+    l_1 += __shfl_xor_sync(0xffffffffu, l_1, o_);
+  }
+  const float inv0 = l_0 > 0.f ? 1.f / l_0 : 0.f, inv1 = l_1 > 0.f ? 1.f / l_1 : 0.f;
+  T* so = sq;
+  const int r0 = wrow + (lane >> 2);
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+    *reinterpret_cast<uint32_t*>(so + swz<D>(r0, i) + (lane & 3) * 2) = pack2<T>(o[i][0] * inv0, o[i][1] * inv0);
+    *reinterpret_cast<uint32_t*>(so + swz<D>(r0 + 8, i) + (lane & 3) * 2) = pack2<T>(o[i][2] * inv1, o[i][3] * inv1);
+  }
+  __syncwarp();
+  T* out = static_cast<T*>(p.out);
+#pragma unroll
+  for (int i = lane; i < 16 * C::kChunks; i += 32) {
+    const int r = i / C::kChunks, c = i % C::kChunks;
+    if (wrow + r < rows) {
+      *reinterpret_cast<uint4*>(out + static_cast<size_t>(q_start + m0 + wrow + r) * p.out_stride + head * D + c * 8) =
+          *reinterpret_cast<const uint4*>(so + swz<D>(wrow + r, c));
+    }
+  }
+}
+
+template <typename T, int D, int W, int BN>
+void launch(const Params& p, int64_t num_seqs, int64_t max_query_len, cudaStream_t stream) {
+  using C = Tile<T, D, W, BN>;
+  auto kernel = flash_prefill_kernel<T, D, W, BN>;
+  // The limit is per function and device; set once per device (outside any graph capture: the first call of a
+  // process runs eagerly).
+  static bool configured[kMaxDevices] = {};
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "flash_prefill: current device");
+  if (device >= kMaxDevices) throw std::invalid_argument("flash_prefill: device index above 63");
+  if (!configured[device]) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes),
+               "flash_prefill: shared-memory limit");
+    configured[device] = true;
+  }
+  const dim3 grid(p.q_heads, (max_query_len + C::kBM - 1) / C::kBM, num_seqs);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  check_launch("flash_prefill");
+}
+
+}  // namespace
+
+void flash_prefill(void* out, const void* q, const void* key_cache, const void* value_cache,
+                   const int32_t* block_tables, const int32_t* query_start_loc, const int32_t* seq_lens,
+                   int64_t num_seqs, int64_t max_query_len, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                   int64_t q_stride, int64_t block_size, int64_t max_blocks, float scale, float softcap,
+                   int64_t sliding_window, int64_t block_m, bool skip_single_token, DType dtype,
+                   std::uintptr_t stream) {
+  if (num_seqs <= 0 || max_query_len <= 0) return;
+  if (kv_heads <= 0 || q_heads % kv_heads != 0) throw std::invalid_argument("flash_prefill: q_heads % kv_heads != 0");
+  if (num_seqs > 65535 || (max_query_len + 63) / 64 > 65535)
+    throw std::invalid_argument("flash_prefill: at most 65535 sequences and 4M query rows per sequence");
+  if (!aligned16(q, key_cache, value_cache, out) || q_stride % 8 != 0)
+    throw std::invalid_argument("flash_prefill: q, out and the cache must be 16-byte aligned, q_stride % 8 == 0");
+  Params p{out, q, key_cache, value_cache, block_tables, query_start_loc, seq_lens,
+           static_cast<int>(q_heads), static_cast<int>(q_heads / kv_heads), static_cast<int>(q_stride),
+           static_cast<int>(q_heads * head_dim), static_cast<int>(kv_heads * head_dim), static_cast<int>(block_size),
+           static_cast<int>(max_blocks), static_cast<int>(sliding_window > 0 ? sliding_window : 0),
+           scale * kLog2e, softcap > 0.f ? softcap : 0.f, softcap > 0.f ? scale / softcap : 0.f, skip_single_token};
+  const cudaStream_t s = as_stream(stream);
+  dispatch_float<false>(dtype, "flash_prefill", [&](auto tag) {
+    using T = decltype(tag);
+    if (head_dim == 64 && block_m == 128) launch<T, 64, 8, 64>(p, num_seqs, max_query_len, s);
+    else if (head_dim == 64 && block_m == 64) launch<T, 64, 4, 64>(p, num_seqs, max_query_len, s);
+    else if (head_dim == 128 && block_m == 128) launch<T, 128, 8, 64>(p, num_seqs, max_query_len, s);
+    else if (head_dim == 128 && block_m == 64) launch<T, 128, 4, 64>(p, num_seqs, max_query_len, s);
+    else if (head_dim == 256 && block_m == 64) launch<T, 256, 4, 32>(p, num_seqs, max_query_len, s);
+    else throw std::invalid_argument("flash_prefill: head_dim 64/128 with block_m 64/128, or head_dim 256 with 64");
+  });
+}
+
+}  // namespace candle_vllm::cuda

@@ -1,0 +1,94 @@
+"""Checked wrapper around the CUDA flash prefill kernel (``native/cuda/flash_prefill.cu``).
+
+Why: prefill attention was the torch reference (K/V gathered per sequence, an explicit mask, every key of
+every tile computed), the largest share of the time to first token after the linears. The kernel attends the
+step's flattened query rows to the paged cache after ``reshape_and_cache`` wrote them, so chunked prefill and
+prefix-cache hits read their cached prefix blocks with no special case. It takes raw device pointers; every
+precondition it relies on is checked here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from candle_vllm.pyengine.ops import cuda, native
+
+HEAD_DIMS = (64, 128, 256)
+
+
+def flash_prefill_supported(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """True when :func:`flash_prefill` handles q [T, Hq, D] over kv_cache [2, blocks, block_size, Hk, D]:
+    f16/bf16 of one dtype on a CUDA device, D in 64/128/256, Hq a multiple of Hk, q's heads packed with a token
+    stride that keeps every row 16-byte aligned (views into the fused qkv buffer qualify)."""
+    if not (cuda.available(q.device) and q.dtype in cuda.HALF_DTYPES and kv_cache.dtype == q.dtype):
+        return False
+    if q.dim() != 3 or kv_cache.dim() != 5 or kv_cache.device != q.device:
+        return False
+    hk, d = kv_cache.shape[3], kv_cache.shape[4]
+    return (
+        q.shape[2] == d
+        and d in HEAD_DIMS
+        and q.shape[1] % hk == 0
+        and q.stride(2) == 1
+        and (q.shape[1] == 1 or q.stride(1) == d)
+        and q.stride(0) % 8 == 0
+        and kv_cache.is_contiguous()
+        and q.data_ptr() % 16 == 0
+        and kv_cache.data_ptr() % 16 == 0
+    )
+
+
+def default_block_m(head_dim: int) -> int:
+    """Query rows per CTA: 128 (8 warps sharing each K/V tile) for D <= 128; D = 256 fits only 64 in the
+    shared memory of sm_89."""
+    return 64 if head_dim == 256 else 128
+
+
+def flash_prefill(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    skip_single_token: bool = False,
+    block_m: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of every sequence's new query rows over its cached context: q [T, Hq, D] -> [T, Hq, D].
+
+    Sequence s owns rows ``query_start_loc[s]:query_start_loc[s+1]`` (int32 [S+1]), the last of its
+    ``seq_lens[s]`` (int32 [S]) context tokens, all already in the cache and reached through ``block_tables``
+    (int32 [S, max_blocks]). ``max_query_len`` (host int, >= every query length) sizes the grid. With
+    ``skip_single_token`` the rows of one-token sequences are left unwritten, for the decode kernel to fill.
+    ``block_m`` overrides the query tile (benchmarks use it); ``out`` may be given to write into.
+    """
+    if not flash_prefill_supported(q, kv_cache):
+        raise ValueError(
+            "flash_prefill needs f16/bf16 q [T, Hq, D] (heads packed, token stride % 8 == 0) and a contiguous cache "
+            "[2, blocks, block_size, Hk, D] of the same dtype, D in 64/128/256, Hq a multiple of Hk, 16-byte aligned; "
+            f"got q {tuple(q.shape)} {q.dtype} strides {q.stride()}, cache {tuple(kv_cache.shape)} {kv_cache.dtype}"
+        )
+    for name, t in (("block_tables", block_tables), ("query_start_loc", query_start_loc), ("seq_lens", seq_lens)):
+        if t.dtype != torch.int32 or t.device != q.device:
+            raise ValueError(f"flash_prefill: {name} must be int32 on {q.device}, got {t.dtype} on {t.device}")
+    block_tables, query_start_loc, seq_lens = (
+        block_tables.contiguous(), query_start_loc.contiguous(), seq_lens.contiguous()
+    )
+    t, hq, d = q.shape
+    _, _, block_size, hk, _ = kv_cache.shape
+    block_m = default_block_m(d) if block_m is None else block_m
+    if out is None:
+        out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
+    elif not (out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous() and out.data_ptr() % 16 == 0):
+        raise ValueError("flash_prefill: out must be a contiguous, 16-byte aligned tensor shaped and typed like q")
+    native.module().cuda_flash_prefill(
+        out.data_ptr(), q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), block_tables.data_ptr(),
+        query_start_loc.data_ptr(), seq_lens.data_ptr(), seq_lens.shape[0], max_query_len, hq, hk, d, q.stride(0),
+        block_size, block_tables.shape[1], scale, softcap or 0.0, sliding_window or 0, block_m, skip_single_token,
+        native.dtype_code(q), native.stream(q.device),
+    )
+    return out
