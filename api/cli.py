@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from candle_vllm import __version__
+from candle_vllm.api.tool_parsers import PARSER_NAMES
 from candle_vllm.pyengine.engine_args import (
     DTYPES,
     ISQ_TYPES,
@@ -27,7 +28,7 @@ from candle_vllm.pyengine.engine_args import (
 from candle_vllm.pyengine.loader import ModelLoadError, ModelSource, resolve_model_source
 from candle_vllm.pyengine.loader.embedded import default_model_path
 
-TOOL_PARSERS: tuple[str, ...] = ("qwen_coder", "qwen", "json", "mistral", "llama3")
+TOOL_PARSERS: tuple[str, ...] = PARSER_NAMES  # the parsers that exist, one list
 LOG_FILE = "candle-vllm.log"
 PROG = "candle-vllm"
 
