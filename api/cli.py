@@ -110,7 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--dtype", choices=list(DTYPES), help="activation dtype (default: bf16 on CUDA, f32 elsewhere)"
     )
-    g.add_argument("--isq", choices=ISQ_TYPES, help="in-situ quantization of unquantized weights")
+    g.add_argument("--isq", choices=ISQ_TYPES,
+                   help="quantize the decoder's linear weights to this GGUF type while loading (embeddings "
+                        "and the LM head stay unquantized)")
     g.add_argument(
         "--load-format",
         choices=LOAD_FORMATS,

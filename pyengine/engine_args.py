@@ -63,7 +63,6 @@ class PendingFeature:
 
 
 NOT_YET_SUPPORTED: tuple[PendingFeature, ...] = (
-    PendingFeature("isq", "in-situ quantization", lambda v: v is not None),
     PendingFeature("kvcache_dtype", "quantized KV cache", lambda v: v not in (None, "auto")),
     PendingFeature("multithread", "multi-threaded tensor parallelism", bool),
     PendingFeature("num_nodes", "multi-node inference", lambda v: v > 1),

@@ -19,6 +19,7 @@ from candle_vllm.pyengine.loader.errors import ModelLoadError
 from candle_vllm.pyengine.loader.source import LOAD_FORMATS, ModelSource
 from candle_vllm.pyengine.models.registry import model_class
 from candle_vllm.pyengine.quant import WeightData
+from candle_vllm.pyengine.quant.isq import is_target, isq_weight, resolve_qtype
 
 if TYPE_CHECKING:
     from candle_vllm.pyengine.tokenizer import Tokenizer
@@ -45,8 +46,13 @@ def load_model(
     device: torch.device,
     load_format: str = "auto",
     yarn_scaling_factor: float | None = None,
+    isq: str | None = None,
 ) -> LoadedModel:
-    """Build the model for ``source`` on ``device`` in ``dtype`` and fill its weights (random for "dummy")."""
+    """Build the model for ``source`` on ``device`` in ``dtype`` and fill its weights (random for "dummy").
+
+    ``isq`` (an ``--isq`` name such as ``q4k``) quantizes the decoder's linear weights to GGUF blocks one tensor
+    at a time as they arrive, on ``device`` (see ``quant.isq``); embeddings and the LM head stay dense.
+    """
     if load_format not in LOAD_FORMATS:
         raise ModelLoadError(f"unknown load format {load_format!r} (choose from {', '.join(LOAD_FORMATS)})")
     if dtype not in DTYPES:
@@ -73,7 +79,9 @@ def load_model(
     else:
         assert source.config_dir is not None
         weights = safetensors_io.iter_tensors(safetensors_io.checkpoint_files(source.config_dir))
-    _fill(model, expected, weights, where)
+    if isq is not None:
+        weights = _in_situ_quantized(weights, isq, device)
+    _fill(model, expected, weights, where, "Loading weights" + (f" (ISQ {isq})" if isq else ""))
     model.eval()
     tokenizer = _tokenizer(source, ckpt.metadata if ckpt is not None else None)
     return LoadedModel(model, config, tokenizer, _generation_config(source), source)
@@ -88,16 +96,39 @@ def _hf_config(source: ModelSource) -> ModelConfig:
         raise ModelLoadError(f"{path}: {type(e).__name__}: {e}") from e
 
 
+def _in_situ_quantized(
+    weights: Iterator[tuple[str, WeightData, Path | None]], isq: str, device: torch.device
+) -> Iterator[tuple[str, WeightData, Path | None]]:
+    """``weights`` with decoder linear weights quantized; a GGUF file's already quantized ones are refused
+    (requantizing would silently compound two roundings)."""
+    try:
+        qtype = resolve_qtype(isq)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from e
+    for name, w, f in weights:
+        if not isinstance(w, torch.Tensor):
+            if is_target(name, len(w.shape)):
+                raise ModelLoadError(f"--isq {isq}: {f}: tensor {name} is already quantized ({w.qtype.name}); "
+                                     "ISQ quantizes unquantized (bf16/f16/f32) weights, so drop --isq")
+            yield name, w, f
+            continue
+        try:
+            yield name, isq_weight(name, w, qtype, device), f
+        except ValueError as e:
+            raise ModelLoadError(f"--isq {isq}: {f or name}: tensor {name}: {e}") from e
+
+
 def _fill(
     model: nn.Module,
     expected: dict[str, tuple[int, ...]],
     weights: Iterator[tuple[str, WeightData, Path | None]],
     where: str,
+    desc: str = "Loading weights",
 ) -> None:
     """Stream weights into the model with a progress bar; unknown tensors are skipped, missing ones fail."""
     seen: set[str] = set()
     skipped: list[str] = []
-    with torch.inference_mode(), tqdm(total=len(expected), desc="Loading weights", unit="tensor",
+    with torch.inference_mode(), tqdm(total=len(expected), desc=desc, unit="tensor",
                                        disable=None) as bar:
         for name, w, f in weights:
             if name not in expected:

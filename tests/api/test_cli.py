@@ -170,7 +170,6 @@ def test_list_flags_split_on_commas() -> None:
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
-        (["--isq", "q4k"], "--isq q4k"),
         (["--kvcache-dtype", "e4m3"], "--kvcache-dtype fp8"),
         (["--kvcache-dtype", "turbo4"], "--kvcache-dtype turbo4"),
         (["--multithread"], "--multithread"),

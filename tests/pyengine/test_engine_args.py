@@ -133,7 +133,6 @@ def test_boundary_values_are_accepted(kwargs: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "flag"),
     [
-        ({"isq": "q4k"}, "--isq q4k"),
         ({"kvcache_dtype": "fp8"}, "--kvcache-dtype fp8"),
         ({"kvcache_dtype": "e4m3"}, "--kvcache-dtype fp8"),
         ({"kvcache_dtype": "k8v4"}, "--kvcache-dtype turbo8"),
