@@ -3,6 +3,7 @@ inside every figure), each printed with its fraction of the memory-bandwidth roo
 
     python benches/bench_decode.py                                   # Llama-3-8B shapes, dummy bf16 weights
     python benches/bench_decode.py --output-len 256 --profile-steps 8 --json out.json
+    python benches/bench_decode.py --isq q4k                          # weights quantized to GGUF Q4_K at load
     python benches/bench_decode.py --ttft-only --ttft-repeats 5 --profile-ttft      # prefill only
 
 Figures: batch-1 decode at a 4k context (4k prompt, ``--output-len`` tokens), batch-64 decode at a 1k context,
@@ -30,6 +31,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from candle_vllm import LLM, SamplingParams
+from candle_vllm.pyengine.quant.gguf import GGUFLinear
 
 CEILING_BYTES_PER_S = 4.26e12  # H200 copy bandwidth (issue 5)
 
@@ -60,12 +62,26 @@ def model_dir_with_tokenizer(config_dir: Path, out: Path) -> Path:
     return out
 
 
-def weight_bytes(llm: LLM) -> int:
-    """Bytes of the weights a decode step reads: every parameter except the embedding table (a step reads only
-    B of its rows); for Llama-3-8B bf16 that is 14.96 GB."""
+def _weights(llm: LLM) -> list[tuple[int, int]]:
+    """(bytes, logical elements) of every weight a decode step reads: dense parameters and GGUF block buffers
+    (``--isq``), except the embedding table (a step reads only B of its rows)."""
     model = llm.engine.runner.model
-    skip = {id(p) for p in model.model.embed_tokens.parameters()}
-    return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in skip)
+    skip = {id(t) for t in [*model.model.embed_tokens.parameters(), *model.model.embed_tokens.buffers()]}
+    out = [(p.numel() * p.element_size(), p.numel()) for p in model.parameters() if id(p) not in skip]
+    for module in model.modules():
+        if isinstance(module, GGUFLinear) and id(module.data) not in skip:
+            out.append((module.data.numel(), module.out_features * module.in_features))
+    return out
+
+
+def weight_bytes(llm: LLM) -> int:
+    """Bytes of the weights a decode step reads; for Llama-3-8B bf16 that is 14.96 GB."""
+    return sum(b for b, _ in _weights(llm))
+
+
+def weight_elements(llm: LLM) -> int:
+    """Logical weight elements (the prefill's multiply-adds per token), whatever their storage."""
+    return sum(n for _, n in _weights(llm))
 
 
 def kv_bytes_per_token(llm: LLM) -> int:
@@ -136,6 +152,7 @@ def main() -> None:
     ap.add_argument("--profile-ttft", action="store_true", help="also profile one TTFT prefill (torch profiler)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--disable-cuda-graph", action="store_true", help="run decode steps eagerly (no CUDA graphs)")
+    ap.add_argument("--isq", default=None, help="quantize the weights while loading (q4k, q4_0, q8_0, q6k, ...)")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
 
@@ -145,13 +162,13 @@ def main() -> None:
             model = str(model_dir_with_tokenizer(Path(model), Path(tmp)))
         t0 = time.perf_counter()
         llm = LLM(model=model, load_format=args.load_format, max_num_seqs=max(args.batch, 1), seed=args.seed,
-                  disable_cuda_graph=args.disable_cuda_graph)
+                  disable_cuda_graph=args.disable_cuda_graph, isq=args.isq)
         load_s = time.perf_counter() - t0
     rng = random.Random(args.seed)
     vocab = llm.engine.model_config.vocab_size
     w_bytes, kv_tok = weight_bytes(llm), kv_bytes_per_token(llm)
     llm.generate(random_prompts(rng, 1, 16, vocab), SamplingParams(max_tokens=4))  # warm-up
-    res: dict[str, Any] = {"model": args.model, "device": torch.cuda.get_device_name() if torch.cuda.is_available()
+    res: dict[str, Any] = {"model": args.model, "isq": args.isq, "device": torch.cuda.get_device_name() if torch.cuda.is_available()
                            else "cpu", "dtype": str(llm.engine.info.dtype), "load_s": round(load_s, 1),
                            "weight_gb": round(w_bytes / 1e9, 2),
                            "cuda_graphs": llm.engine.runner.graphs is not None}
@@ -180,7 +197,7 @@ def main() -> None:
         ttfts.append(1e3 * ((out.metrics.first_token_time or 0.0) - out.metrics.arrival_time))
     # Prefill roofline: compute-bound at ~790 TFLOP/s bf16 dense (2 * params * tokens + causal attention).
     c = llm.engine.model_config
-    flops = 2 * (w_bytes / llm.engine.info.dtype.itemsize) * args.context + 2 * c.num_layers * c.num_heads * c.head_dim * args.context ** 2
+    flops = 2 * weight_elements(llm) * args.context + 2 * c.num_layers * c.num_heads * c.head_dim * args.context ** 2
     report("ttft_ms", statistics.median(ttfts), "ms", 1e3 * flops / 790e12, False)
     res["ttft_all_ms"] = [round(t, 1) for t in ttfts]
 

@@ -9,6 +9,7 @@
 // shared memory; with split-K (small N, too few tiles to fill the GPU) the last CTA of a tile adds the f32
 // partials of the others (serial split-K, no second launch).
 #include "cuda/common.cuh"
+#include "cuda/mma.cuh"
 #include "cuda/skinny_gemm.h"
 
 namespace candle_vllm::cuda {
@@ -16,25 +17,6 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kSteps = kSkinnyChunkK / 32;  // 32-wide k steps per chunk
-
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-template <>
-__device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // Weights are read exactly once: keep them out of L1 so x stays there.
 __device__ __forceinline__ uint4 load_stream(const void* p) {

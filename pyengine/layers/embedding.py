@@ -1,4 +1,5 @@
-"""Token embeddings, dense or GGUF-quantized (only the looked-up rows are dequantized)."""
+"""Token embeddings, dense or GGUF-quantized (only the looked-up rows are dequantized; on CUDA one gather
+kernel decodes them straight from the quantized table)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from candle_vllm.pyengine.ops import cuda_gguf
 from candle_vllm.pyengine.ops.quant import dequantize
 from candle_vllm.pyengine.quant import GGUFLinear, GGUFWeight, LinearMethod, UnquantizedLinear, WeightData
 
@@ -41,6 +43,10 @@ class VocabEmbedding(nn.Module):
         if isinstance(m, UnquantizedLinear):
             return F.embedding(input_ids, m.weight)
         if isinstance(m, GGUFLinear):
+            if cuda_gguf.type_supported_on(m.data.device, m.qtype):
+                ids = input_ids.reshape(-1).to(torch.int64)
+                out = cuda_gguf.dequantize(m.data, m.qtype, self.vocab_size, self.hidden_size, self.dtype, ids)
+                return out.view(*input_ids.shape, self.hidden_size)
             rows = m.data.index_select(0, input_ids.reshape(-1))
             out = dequantize(rows, m.qtype, (rows.shape[0], self.hidden_size), self.dtype)
             return out.view(*input_ids.shape, self.hidden_size)

@@ -2,8 +2,9 @@
 
 Weights stay in their GGUF block encoding (a uint8 tensor) so a quantized model keeps its small memory
 footprint. On CPU the native kernels decode blocks on the fly (decode-sized batches: integer dot products with
-8-bit quantized activations, as llama.cpp does); elsewhere, and for large batches where a dense GEMM wins,
-the weight is dequantized and multiplied with torch. The pure-torch dequantizers below are the reference the
+8-bit quantized activations, as llama.cpp does). On CUDA, decode batches (<= 8 rows) run the fused dequantize +
+GEMV kernel (f16/bf16 activations, tensor-core f32 accumulation), larger batches dequantize W into a scratch
+tensor and multiply with cuBLAS through torch. Elsewhere the weight is dequantized and multiplied with torch. The pure-torch dequantizers below are the reference the
 native kernels are tested against, and what runs on devices without native kernels.
 """
 
@@ -15,7 +16,7 @@ import torch
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 
-from candle_vllm.pyengine.ops import native
+from candle_vllm.pyengine.ops import cuda_gguf, native
 
 SUPPORTED_TYPES: frozenset[QT] = frozenset(
     {
@@ -213,8 +214,8 @@ def _as_bytes(data: torch.Tensor, qtype: QT, shape: tuple[int, ...]) -> torch.Te
         raise ValueError(
             f"{QT(qtype).name} data for shape {tuple(shape)} must be {expected} bytes, got {flat.numel()}"
         )
-    # Native kernels read the blocks' f16 fields in place: give them a contiguous, 4-byte aligned buffer.
-    if not flat.is_contiguous() or flat.data_ptr() % 4:
+    # Native kernels read the blocks in place: give them a contiguous buffer, 16-byte aligned for CUDA's wide loads.
+    if not flat.is_contiguous() or flat.data_ptr() % 16:
         flat = flat.clone()
     return flat
 
@@ -233,6 +234,9 @@ def dequantize(
 ) -> torch.Tensor:
     """Decode the raw GGUF blocks ``data`` of a tensor of logical ``shape`` into a ``dtype`` tensor."""
     flat = _as_bytes(data, qtype, shape)
+    rows, cols = flat.numel() // row_bytes(qtype, shape[-1]), shape[-1]
+    if cuda_gguf.dequantize_supported(flat, qtype, rows, cols, dtype):
+        return cuda_gguf.dequantize(flat, qtype, rows, cols, dtype).view(shape)
     if data.device.type == "cpu" and dtype in native.FLOAT_DTYPES and native.available(data.device):
         out = torch.empty(shape, dtype=dtype)
         cols = shape[-1]
@@ -272,6 +276,8 @@ def quant_matmul(
         raise ValueError(f"quant_matmul needs f32, f16 or bf16 activations, got {x.dtype}")
     flat = _as_bytes(data, qtype, (out_features, in_features))
     rows = x.numel() // in_features
+    if x.device.type == "cuda" and cuda_gguf.type_supported_on(x.device, qtype):
+        return _cuda_quant_matmul(x, flat, qtype, out_features, in_features)
     if x.device.type != "cpu" or not native.available(x.device):
         return quant_matmul_reference(x, flat, qtype, out_features, in_features)
     xc = x.contiguous()
@@ -288,3 +294,17 @@ def quant_matmul(
         False,
     )
     return y
+
+
+def _cuda_quant_matmul(
+    x: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: int, in_features: int
+) -> torch.Tensor:
+    """Decode batches (<= 8 rows of f16/bf16): the fused GEMV reads each quantized byte once. Larger batches
+    (prefill): W dequantized into a scratch tensor from torch's allocator, then one cuBLAS GEMM."""
+    x2 = x.reshape(-1, in_features).contiguous()
+    if cuda_gguf.gemv_supported(x2, flat, qtype, out_features, in_features):
+        y = cuda_gguf.gemv(x2, flat, qtype, out_features, in_features)
+    else:
+        w = cuda_gguf.dequantize(flat, qtype, out_features, in_features, x.dtype)
+        y = torch.matmul(x2, w.t())
+    return y.view(*x.shape[:-1], out_features)

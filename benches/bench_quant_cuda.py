@@ -1,0 +1,124 @@
+"""GGUF CUDA kernels: fused dequantize + GEMV bandwidth per type and Llama-3-8B shape, and dequantize throughput.
+
+    python benches/bench_quant_cuda.py                 # every type, the 8B shapes, M = 1 (and M = 8 for some)
+    python benches/bench_quant_cuda.py --types q4k q8_0 --m 1 4 8 --json out.json
+
+Each figure is the median over graph replays of one launch per weight copy, the copies together several times
+the 50 MB L2 so every launch streams its weight from HBM. GB/s counts the quantized bytes read once (x and y are
+negligible); the fraction is of the 4.26 TB/s copy ceiling. The bf16 skinny GEMM on the same shape is the dense
+baseline (2 bytes per weight).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as QT
+
+from candle_vllm.pyengine.ops import cuda, cuda_gguf
+
+CEILING_BYTES_PER_S = 4.26e12
+TYPES = {"q4_0": QT.Q4_0, "q4_1": QT.Q4_1, "q5_0": QT.Q5_0, "q5_1": QT.Q5_1, "q8_0": QT.Q8_0, "q2k": QT.Q2_K,
+         "q3k": QT.Q3_K, "q4k": QT.Q4_K, "q5k": QT.Q5_K, "q6k": QT.Q6_K}
+SCALE_FIELDS = {QT.Q4_0: (0,), QT.Q4_1: (0, 2), QT.Q5_0: (0,), QT.Q5_1: (0, 2), QT.Q8_0: (0,), QT.Q2_K: (80, 82),
+                QT.Q3_K: (108,), QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,)}
+SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+LM_HEAD = (128256, 4096)
+DEV = torch.device("cuda")
+
+
+def random_blocks(qtype: QT, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """Random GGUF blocks [n, row_bytes] on the GPU with sane f16 scales (random bytes elsewhere)."""
+    bs, ts = GGML_QUANT_SIZES[qtype]
+    raw = torch.randint(0, 256, (n, k // bs, ts), dtype=torch.uint8, device=DEV, generator=gen)
+    for at in SCALE_FIELDS[qtype]:
+        scale = (torch.rand(n, k // bs, device=DEV, generator=gen) * 0.75 + 0.25) / 32
+        scale = torch.where(torch.rand(n, k // bs, device=DEV, generator=gen) < 0.5, -scale, scale)
+        raw[:, :, at : at + 2] = scale.half().view(torch.uint8).view(n, k // bs, 2)
+    return raw.view(n, -1)
+
+
+def time_per_launch(launches: list[Callable[[], torch.Tensor]], replays: int = 20) -> float:
+    """Median seconds per launch: one CUDA graph runs every launch once; replays are timed with events."""
+    for f in launches:
+        f()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for f in launches:
+            f()
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / len(launches))
+    return statistics.median(times)
+
+
+def copies_for(nbytes: int) -> int:
+    return max(2, -(-256 * 2**20 // nbytes))
+
+
+def bench_gemv(qtype: QT, n: int, k: int, m: int, gen: torch.Generator) -> dict[str, float]:
+    w = [random_blocks(qtype, n, k, gen) for _ in range(copies_for(n * k // 2))]
+    x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
+    sec = time_per_launch([lambda d=d: cuda_gguf.gemv(x, d, qtype, n, k) for d in w])
+    nbytes = w[0].numel()
+    return {"us": sec * 1e6, "gb_s": nbytes / sec / 1e9, "fraction": nbytes / sec / CEILING_BYTES_PER_S}
+
+
+def bench_dense(n: int, k: int, m: int, gen: torch.Generator) -> dict[str, float]:
+    w = [torch.randn(n, k, device=DEV, dtype=torch.bfloat16, generator=gen) for _ in range(copies_for(2 * n * k))]
+    x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
+    sec = time_per_launch([lambda d=d: cuda.skinny_gemm(x, d) for d in w])
+    return {"us": sec * 1e6, "gb_s": 2 * n * k / sec / 1e9, "fraction": 2 * n * k / sec / CEILING_BYTES_PER_S}
+
+
+def bench_dequant(qtype: QT, n: int, k: int, gen: torch.Generator) -> dict[str, float]:
+    w = [random_blocks(qtype, n, k, gen) for _ in range(2)]
+    sec = time_per_launch([lambda d=d: cuda_gguf.dequantize(d, qtype, n, k, torch.bfloat16) for d in w], replays=10)
+    nbytes = w[0].numel() + 2 * n * k
+    return {"us": sec * 1e6, "gb_s": nbytes / sec / 1e9, "fraction": nbytes / sec / CEILING_BYTES_PER_S}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--types", nargs="+", default=list(TYPES), choices=list(TYPES))
+    ap.add_argument("--m", nargs="+", type=int, default=[1], help="activation rows (1..8)")
+    ap.add_argument("--m8-types", nargs="*", default=["q4k", "q8_0", "q4_0"], help="types also timed at M = 8")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    gen = torch.Generator(DEV).manual_seed(0)
+    rows: list[dict[str, object]] = []
+
+    def emit(kind: str, name: str, shape: tuple[int, int], m: int, r: dict[str, float]) -> None:
+        rows.append({"kind": kind, "type": name, "n": shape[0], "k": shape[1], "m": m, **r})
+        print(f"{kind:8s} {name:6s} {shape[0]:>6d}x{shape[1]:<6d} M={m}  {r['us']:9.2f} us  {r['gb_s']:7.0f} GB/s"
+              f"  {100 * r['fraction']:5.1f} %", flush=True)
+
+    for n, k in SHAPES:
+        for m in sorted(set(args.m) | {8}):
+            emit("bf16", "bf16", (n, k), m, bench_dense(n, k, m, gen))
+    for name in args.types:
+        qtype = TYPES[name]
+        shapes = SHAPES + ([LM_HEAD] if qtype in (QT.Q6_K, QT.Q8_0) else [])
+        for n, k in shapes:
+            ms = sorted(set(args.m) | ({8} if name in args.m8_types else set()))
+            for m in ms:
+                emit("gemv", name, (n, k), m, bench_gemv(qtype, n, k, m, gen))
+        emit("dequant", name, (28672, 4096), 0, bench_dequant(qtype, 28672, 4096, gen))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

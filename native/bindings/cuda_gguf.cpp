@@ -1,0 +1,32 @@
+// Bindings for the GGUF CUDA kernels (pyengine/ops/cuda_gguf.py checks shapes, dtypes and alignment first).
+// Device pointers cross as integers with the caller's stream; the calls only enqueue work (graph capturable).
+#ifdef CANDLE_VLLM_WITH_CUDA
+#include "bindings/registry.h"
+#include "bindings/tensor_arg.h"
+#include "cuda/gguf.h"
+
+namespace py = pybind11;
+using namespace candle_vllm;
+using std::uintptr_t;
+
+static Registrar registrar([](py::module_& m) {
+  m.def("cuda_gguf_supported", &cuda::gguf_supported, "whether the CUDA kernels decode this GGUF type code");
+  m.attr("cuda_gguf_gemv_max_m") = cuda::kGgufGemvMaxM;
+  m.def(
+      "cuda_gguf_dequantize",
+      [](uintptr_t out, uintptr_t w, uintptr_t ids, int64_t rows, int64_t cols, int qtype, int dtype,
+         uintptr_t stream) {
+        cuda::gguf_dequantize(as_ptr<void>(out), as_ptr<const uint8_t>(w), as_ptr<const int64_t>(ids), rows, cols,
+                              qtype, to_dtype(dtype), stream);
+      },
+      "out[r] = decoded row ids[r] (or r when ids is 0) of GGUF blocks w");
+  m.def(
+      "cuda_gguf_gemv",
+      [](uintptr_t y, uintptr_t x, uintptr_t w, int64_t M, int64_t N, int64_t K, int qtype, int dtype,
+         uintptr_t stream) {
+        cuda::gguf_gemv(as_ptr<void>(y), as_ptr<const void>(x), as_ptr<const uint8_t>(w), M, N, K, qtype,
+                        to_dtype(dtype), stream);
+      },
+      "y[M,N] = x[M,K] @ W[N,K]^T for M <= 8, W in GGUF blocks (fused dequantize)");
+});
+#endif  // CANDLE_VLLM_WITH_CUDA

@@ -1,0 +1,26 @@
+// GGUF quantized weights on the GPU: dequantize (whole tensors or gathered rows) and the fused decode GEMV
+// (declared in plain C++ for the bindings; kernels in gguf_dequant.cu and gguf_gemv.cu).
+#pragma once
+#include <cstdint>
+
+#include "bindings/tensor_arg.h"
+
+namespace candle_vllm::cuda {
+
+constexpr int kGgufGemvMaxM = 8;
+
+// True for the block types the kernels decode (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, as gguf type codes).
+bool gguf_supported(int qtype);
+
+// out[r, :] (f32/f16/bf16 `dtype`, [rows, cols] contiguous) = the decoded row ids[r] (or r when ids is null) of
+// the weight w (rows of `cols` elements in `qtype` blocks, contiguous, 16-byte aligned). f32 output equals gguf's
+// dequantize exactly; f16/bf16 are that value rounded once.
+void gguf_dequantize(void* out, const uint8_t* w, const int64_t* ids, int64_t rows, int64_t cols, int qtype,
+                     DType dtype, std::uintptr_t stream);
+
+// y[M, N] = x[M, K] @ W[N, K]^T for 1 <= M <= 8, x/y f16 or bf16 (contiguous, 4-byte aligned), W the
+// quantized blocks (16-byte aligned). Each weight byte is read from memory once for all M rows.
+void gguf_gemv(void* y, const void* x, const uint8_t* w, int64_t M, int64_t N, int64_t K, int qtype, DType dtype,
+               std::uintptr_t stream);
+
+}  // namespace candle_vllm::cuda

@@ -1,0 +1,105 @@
+"""Checked wrappers around the GGUF CUDA kernels of ``candle_vllm._native`` (built with CANDLE_VLLM_CUDA).
+
+Why a separate layer: the kernels take raw device pointers, so the preconditions they rely on (device, dtype,
+contiguity, alignment, whole blocks) are checked here once and ``ops/quant.py`` only asks ``*_supported`` and
+calls. Kernels launch on the caller's current stream and allocate nothing, outputs come from torch's allocator,
+so the calls can be captured in CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import torch
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as QT
+
+from candle_vllm.pyengine.ops import native
+from candle_vllm.pyengine.ops.cuda import HALF_DTYPES, available
+
+
+def type_supported(qtype: QT) -> bool:
+    """Whether the CUDA kernels decode GGUF blocks of ``qtype`` (the quantized block types, not F32/F16/BF16)."""
+    return native.module().cuda_gguf_supported(int(qtype))
+
+
+def _blocks_ok(data: torch.Tensor, qtype: QT, rows: int, cols: int) -> bool:
+    bs, ts = GGML_QUANT_SIZES[qtype]
+    return (
+        available(data.device)
+        and data.dtype == torch.uint8
+        and data.is_contiguous()
+        and data.data_ptr() % 16 == 0
+        and cols % bs == 0
+        and data.numel() == rows * (cols // bs) * ts
+        and type_supported(qtype)
+    )
+
+
+def gemv_supported(x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features: int, in_features: int) -> bool:
+    """True when the fused dequantize + GEMV kernel computes ``x @ W.T``: x [M <= 8, K] f16/bf16 contiguous on
+    the weight's CUDA device, W [N, K] as contiguous 16-byte aligned blocks of a supported type."""
+    return (
+        available(x.device)
+        and x.dim() == 2
+        and 1 <= x.shape[0] <= native.module().cuda_gguf_gemv_max_m
+        and x.shape[1] == in_features
+        and x.dtype in HALF_DTYPES
+        and x.device == data.device
+        and x.is_contiguous()
+        and x.data_ptr() % 4 == 0
+        and _blocks_ok(data, qtype, out_features, in_features)
+    )
+
+
+def gemv(x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features: int, in_features: int) -> torch.Tensor:
+    """y [M, N] = x [M, K] @ W.T for decode-sized M (<= 8), W read once straight from its GGUF blocks."""
+    if not gemv_supported(x, data, qtype, out_features, in_features):
+        raise ValueError(
+            "gguf gemv needs x [M<=8, K] contiguous f16/bf16 and W as contiguous 16-byte aligned uint8 blocks of a "
+            f"supported type on the same CUDA device; got x {tuple(x.shape)} {x.dtype} {x.device}, "
+            f"{QT(qtype).name} data of {data.numel()} bytes for [{out_features}, {in_features}]"
+        )
+    y = torch.empty(x.shape[0], out_features, dtype=x.dtype, device=x.device)
+    native.module().cuda_gguf_gemv(
+        y.data_ptr(), x.data_ptr(), data.data_ptr(), x.shape[0], out_features, in_features, int(qtype),
+        native.dtype_code(x), native.stream(x.device),
+    )
+    return y
+
+
+def dequantize_supported(data: torch.Tensor, qtype: QT, rows: int, cols: int, dtype: torch.dtype) -> bool:
+    """True when :func:`dequantize` decodes these blocks on the GPU into ``dtype``."""
+    return dtype in native.FLOAT_DTYPES and _blocks_ok(data, qtype, rows, cols)
+
+
+def dequantize(
+    data: torch.Tensor, qtype: QT, rows: int, cols: int, dtype: torch.dtype, ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Decode the [rows, cols] weight (or, with int64 ``ids`` [T], its rows ids) into a new ``dtype`` tensor.
+
+    f32 output equals ``gguf.quants.dequantize`` exactly (same f32 operations); f16/bf16 round that once. Row
+    gathering serves quantized embeddings: only the looked-up rows are decoded. ``ids`` are not bounds-checked
+    on the device (that would need a host sync), so callers pass valid token ids.
+    """
+    if not dequantize_supported(data, qtype, rows, cols, dtype):
+        raise ValueError(
+            f"gguf dequantize needs contiguous 16-byte aligned uint8 CUDA blocks of a supported type and an "
+            f"f32/f16/bf16 output; got {QT(qtype).name} data of {data.numel()} bytes for [{rows}, {cols}] -> {dtype}"
+        )
+    ids_ptr = 0
+    out_rows = rows
+    if ids is not None:
+        if ids.dtype != torch.int64 or ids.device != data.device or ids.dim() != 1:
+            raise ValueError("gguf dequantize: ids must be a 1-D int64 tensor on the weight's device")
+        ids = ids.contiguous()
+        ids_ptr, out_rows = ids.data_ptr(), ids.numel()
+    out = torch.empty(out_rows, cols, dtype=dtype, device=data.device)
+    native.module().cuda_gguf_dequantize(
+        out.data_ptr(), data.data_ptr(), ids_ptr, out_rows, cols, int(qtype), native.dtype_code(out),
+        native.stream(data.device),
+    )
+    return out
+
+
+def type_supported_on(device: torch.device, qtype: QT) -> bool:
+    """Whether quantized matmuls of ``qtype`` on ``device`` run the CUDA kernels (built, not forced off)."""
+    return available(device) and type_supported(qtype)
