@@ -31,6 +31,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from candle_vllm import LLM, SamplingParams
+from candle_vllm.pyengine.ops import cuda_prefill
 from candle_vllm.pyengine.quant.gguf import GGUFLinear
 
 CEILING_BYTES_PER_S = 4.26e12  # H200 copy bandwidth (issue 5)
@@ -150,12 +151,22 @@ def main() -> None:
     ap.add_argument("--profile-steps", type=int, default=0, help="profile this many batch-1 decode steps")
     ap.add_argument("--ttft-only", action="store_true", help="measure only the TTFT (skip both decode figures)")
     ap.add_argument("--profile-ttft", action="store_true", help="also profile one TTFT prefill (torch profiler)")
+    ap.add_argument("--prefill-tiling", default=None, metavar="BM,WR,BN",
+                    help="flash prefill tiling for the run (one of ops.cuda_prefill.KERNEL_CONFIGS; default: its "
+                         "DEFAULT_CONFIG)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--disable-cuda-graph", action="store_true", help="run decode steps eagerly (no CUDA graphs)")
     ap.add_argument("--isq", default=None, help="quantize the weights while loading (q4k, q4_0, q8_0, q6k, ...)")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
 
+    if args.prefill_tiling:
+        tiling = tuple(int(x) for x in args.prefill_tiling.split(","))
+        dims = [d for d, configs in cuda_prefill.KERNEL_CONFIGS.items() if tiling in configs]
+        if not dims:
+            ap.error(f"--prefill-tiling {args.prefill_tiling} is not compiled: {cuda_prefill.KERNEL_CONFIGS}")
+        for head_dim in dims:
+            cuda_prefill.DEFAULT_CONFIG[head_dim] = tiling  # type: ignore[assignment]
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if args.load_format == "dummy" and not (Path(model) / "tokenizer.json").exists():

@@ -148,18 +148,22 @@ def attention_rows(peak: float, results: list[dict]) -> None:
 
 def prefill_rows(peak: float, results: list[dict]) -> None:
     """Flash prefill attention (32 q / 8 kv heads, D=128, bf16, cache block 64) in causal TFLOP/s (4 * Hq * D
-    per attended (query, key) pair) at both query tiles, against torch's SDPA on its flash backend over contiguous
-    K/V expanded to 32 heads (no cache, no GQA sharing); then cuBLAS on the prefill linears at M=4096, the
-    compute ceiling the TTFT budget rests on. Inputs are not rotated: both kernels are compute-bound."""
+    per attended (query, key) pair) for every compiled tiling, against torch's SDPA on its flash backend over
+    contiguous K/V expanded to 32 heads (no cache, no GQA sharing); then cuBLAS on the prefill linears at M=4096,
+    the compute ceiling the TTFT budget rests on. Inputs are not rotated: both kernels are compute-bound."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from candle_vllm.pyengine.ops.attention import AttentionMetadata
     from candle_vllm.pyengine.ops.cuda_prefill import flash_prefill
 
     hq, hk, d, bs = 32, 8, 128, 64
-    print("\n== flash prefill attention bf16 (32/8 heads, D=128, block 64), causal TFLOP/s ==")
-    print(f"{'case':<34}{'bm=128 us':>11}{'TFLOP/s':>9}{'bm=64 us':>10}{'TFLOP/s':>9}{'sdpa us':>9}{'TFLOP/s':>9}"
-          f"{'err':>9}")
+    print("\n== flash prefill attention bf16 (32/8 heads, D=128, block 64), causal TFLOP/s per tiling "
+          "(block_m x warp_rows x block_n) ==")
+    from candle_vllm.pyengine.ops.cuda_prefill import KERNEL_CONFIGS
+
+    configs = KERNEL_CONFIGS[d]
+    print(f"{'case':<26}" + "".join(f"{'x'.join(map(str, c)) + ' us':>15}{'TF/s':>6}" for c in configs)
+          + f"{'sdpa us':>10}{'TF/s':>6}{'err':>9}")
     for query_lens, seq_lens in [([4096], [4096]), ([1024] * 4, [1024] * 4), ([2048], [4096]), ([8192], [8192])]:
         tables, at = [], 0
         for ctx in seq_lens:
@@ -172,13 +176,12 @@ def prefill_rows(peak: float, results: list[dict]) -> None:
         t = sum(query_lens)
         q = torch.randn(t, hq, d, device=DEV).to(BF16)
         meta = AttentionMetadata.build(query_lens, seq_lens, DEV, tables, bs)
-        pairs = sum(q_len * (ctx - q_len) + q_len * (q_len + 1) // 2 for q_len, ctx in zip(query_lens, seq_lens, strict=True))
+        pairs = sum(q_len * (ctx - q_len) + q_len * (q_len + 1) // 2
+                    for q_len, ctx in zip(query_lens, seq_lens, strict=True))
         flops = 4 * hq * d * pairs
-        times = {}
-        for bm in (128, 64):
-            times[bm] = graph_seconds(lambda i, b=bm: flash_prefill(
-                q, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, max(query_lens), d**-0.5,
-                block_m=b), calls=10, reps=7)
+        times = {c: graph_seconds(lambda i, c=c: flash_prefill(
+            q, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, max(query_lens), d**-0.5, config=c),
+            calls=10, reps=7) for c in configs}
         # SDPA reference on the first sequence (contiguous K/V of its whole context), also the error check.
         q_len, ctx = query_lens[0], seq_lens[0]
         kv = cache[:, tables[0]].flatten(1, 2)[:, :ctx]  # [2, ctx, hk, d]
@@ -194,14 +197,14 @@ def prefill_rows(peak: float, results: list[dict]) -> None:
                                 d**-0.5)[:q_len]
             err = ((got.double() - want[0].transpose(0, 1).double()).norm() / want.double().norm()).item()
             sdpa_us = sdpa * 1e6
-        row = dict(kernel="flash_prefill", query_lens=query_lens, seq_lens=seq_lens, us_bm128=times[128] * 1e6,
-                   us_bm64=times[64] * 1e6, tflops_bm128=flops / times[128] / 1e12,
-                   tflops_bm64=flops / times[64] / 1e12, sdpa_us=sdpa_us, rel_err=err)
+        row = dict(kernel="flash_prefill", query_lens=query_lens, seq_lens=seq_lens, sdpa_us=sdpa_us, rel_err=err,
+                   us={"x".join(map(str, c)): v * 1e6 for c, v in times.items()},
+                   tflops={"x".join(map(str, c)): flops / v / 1e12 for c, v in times.items()})
         results.append(row)
         sd_tf = flops / (sdpa_us * 1e-6) / 1e12 if sdpa_us == sdpa_us else float("nan")
         case = f"{len(query_lens)}x q{query_lens[0]} ctx{seq_lens[0]}"
-        print(f"{case:<34}{times[128] * 1e6:>11.1f}{row['tflops_bm128']:>9.0f}{times[64] * 1e6:>10.1f}"
-              f"{row['tflops_bm64']:>9.0f}{sdpa_us:>9.1f}{sd_tf:>9.0f}{err:>9.1e}")
+        print(f"{case:<26}" + "".join(f"{v * 1e6:>15.1f}{flops / v / 1e12:>6.0f}" for v in times.values())
+              + f"{sdpa_us:>10.1f}{sd_tf:>6.0f}{err:>9.1e}")
     print("\n-- cuBLAS (F.linear) on the prefill linears, M=4096 --")
     total = 0.0
     for name, n, k in [("qkv", 6144, 4096), ("o_proj", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]:

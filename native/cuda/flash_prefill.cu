@@ -101,23 +101,24 @@ struct Params {
   bool skip_single;
 };
 
-template <typename T, int D, int W, int BN>
+template <typename T, int D, int W, int MR, int BN>
 struct Tile {
   static constexpr int kThreads = 32 * W;
-  static constexpr int kBM = 16 * W;
+  static constexpr int kWarpRows = 16 * MR;  // a warp's query rows: MR stacked 16-row mma tiles
+  static constexpr int kBM = kWarpRows * W;
   static constexpr int kChunks = D / 8;
-  static constexpr bool kQInRegs = D <= 128;
+  static constexpr bool kQInRegs = MR == 1 && D <= 128;
   static constexpr int kSmemBytes = (kBM * D + 4 * BN * D) * static_cast<int>(sizeof(T));
 };
 
 // K and V rows [kv0, kv0 + BN) of one kv head into shared memory; rows >= kv_end are zero-filled.
-template <typename T, int D, int W, int BN>
+template <typename T, int D, int THREADS, int BN>
 __device__ __forceinline__ void load_kv(T* sk, T* sv, const T* kc, const T* vc, const int32_t* table, int kv0,
                                         int kv_end, const Params& p, int kv_head) {
-  using C = Tile<T, D, W, BN>;
+  constexpr int kChunks = D / 8;
 #pragma unroll
-  for (int i = threadIdx.x; i < BN * C::kChunks; i += C::kThreads) {
-    const int r = i / C::kChunks, c = i % C::kChunks, tok = kv0 + r;
+  for (int i = threadIdx.x; i < BN * kChunks; i += THREADS) {
+    const int r = i / kChunks, c = i % kChunks, tok = kv0 + r;
     const bool ok = tok < kv_end;
     size_t off = 0;
     if (ok) {
@@ -129,9 +130,9 @@ __device__ __forceinline__ void load_kv(T* sk, T* sv, const T* kc, const T* vc, 
   }
 }
 
-template <typename T, int D, int W, int BN>
+template <typename T, int D, int W, int MR, int BN>
 __global__ void __launch_bounds__(32 * W) flash_prefill_kernel(const Params p) {
-  using C = Tile<T, D, W, BN>;
+  using C = Tile<T, D, W, MR, BN>;
   constexpr int BM = C::kBM;
   const int head = blockIdx.x, seq = blockIdx.z;
   const int q_start = p.qsl[seq], q_len = p.qsl[seq + 1] - q_start;
@@ -163,27 +164,32 @@ __global__ void __launch_bounds__(32 * W) flash_prefill_kernel(const Params p) {
     const T* src = ok ? q + static_cast<size_t>(q_start + m0 + r) * p.q_stride + head * D + c * 8 : q;
     cp_async16(sq + swz<D>(r, c), src, ok);
   }
-  load_kv<T, D, W, BN>(sk, sv, kc, vc, table, n_begin * BN, kv_end, p, kv_head);
+  load_kv<T, D, C::kThreads, BN>(sk, sv, kc, vc, table, n_begin * BN, kv_end, p, kv_head);
   cp_async_commit();
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int wrow = warp * 16;
-  // Absolute positions of this thread's two rows (lane/4 and lane/4 + 8 of the warp's 16).
-  const int qp0 = qp_first + wrow + (lane >> 2), qp1 = qp0 + 8;
-  const int w_first = qp_first + wrow, w_last = min(qp_first + wrow + 15, qp_last);
+  const int wrow = warp * C::kWarpRows;
+  // Absolute position of this thread's row lane/4 of 16-row tile 0 (tile mr adds 16 * mr, the second row 8).
+  const int qp_lane = qp_first + wrow + (lane >> 2);
+  const int w_first = qp_first + wrow, w_last = min(qp_first + wrow + C::kWarpRows - 1, qp_last);
   const bool warp_live = wrow < rows;
 
   uint32_t qf[C::kQInRegs ? D / 16 : 1][4];
-  float o[D / 8][4];
+  float o[MR][D / 8][4];
+  float m_run[MR][2], l_run[MR][2];
 #pragma unroll
-  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  float m_0 = -INFINITY, m_1 = -INFINITY, l_0 = 0.f, l_1 = 0.f;
+  for (int mr = 0; mr < MR; ++mr) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) o[mr][i][0] = o[mr][i][1] = o[mr][i][2] = o[mr][i][3] = 0.f;
+    m_run[mr][0] = m_run[mr][1] = -INFINITY;
+    l_run[mr][0] = l_run[mr][1] = 0.f;
+  }
 
   for (int n = n_begin; n < n_end; ++n) {
     const int stage = (n - n_begin) & 1;
     if (n + 1 < n_end) {
-      load_kv<T, D, W, BN>(sk + (stage ^ 1) * BN * D, sv + (stage ^ 1) * BN * D, kc, vc, table, (n + 1) * BN,
-                           kv_end, p, kv_head);
+      load_kv<T, D, C::kThreads, BN>(sk + (stage ^ 1) * BN * D, sv + (stage ^ 1) * BN * D, kc, vc, table,
+                                      (n + 1) * BN, kv_end, p, kv_head);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -202,116 +208,136 @@ __global__ void __launch_bounds__(32 * W) flash_prefill_kernel(const Params p) {
     // Warp-uniform: skip tiles wholly above this warp's diagonal or wholly before its window.
     const bool live = warp_live && kv0 <= w_last && (p.window <= 0 || kv0 + BN - 1 > w_first - p.window);
     if (live) {
-      float s[BN / 8][4];
+      float s[MR][BN / 8][4];
 #pragma unroll
-      for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+      for (int mr = 0; mr < MR; ++mr)
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) s[mr][i][0] = s[mr][i][1] = s[mr][i][2] = s[mr][i][3] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t a[4];
-        if constexpr (C::kQInRegs) {
+        uint32_t a[MR][4];
 #pragma unroll
-          for (int j = 0; j < 4; ++j) a[j] = qf[kk][j];
-        } else {
-          ldmatrix_x4(a, sq + swz<D>(wrow + (lane & 15), kk * 2 + (lane >> 4)));
+        for (int mr = 0; mr < MR; ++mr) {
+          if constexpr (C::kQInRegs) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) a[mr][j] = qf[kk][j];
+          } else {
+            ldmatrix_x4(a[mr], sq + swz<D>(wrow + mr * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+          }
         }
 #pragma unroll
         for (int np = 0; np < BN / 16; ++np) {
           uint32_t b[4];
           ldmatrix_x4(b, k_s + swz<D>(np * 16 + (lane >> 4) * 8 + (lane & 7), kk * 2 + ((lane >> 3) & 1)));
-          mma<T>(s[2 * np], a, b[0], b[1]);
-          mma<T>(s[2 * np + 1], a, b[2], b[3]);
+#pragma unroll
+          for (int mr = 0; mr < MR; ++mr) {
+            mma<T>(s[mr][2 * np], a[mr], b[0], b[1]);
+            mma<T>(s[mr][2 * np + 1], a[mr], b[2], b[3]);
+          }
         }
       }
-      // Scores to the log2 domain (soft-capped first when asked).
-#pragma unroll
-      for (int i = 0; i < BN / 8; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          float x = s[i][j];
-          if (p.softcap > 0.f) x = p.softcap * tanhf(x * p.softcap_inv) * kLog2e;
-          else x *= p.scale_log2;
-          s[i][j] = x;
-        }
       const bool masked = kv0 + BN - 1 > w_first || (p.window > 0 && kv0 <= w_last - p.window);
-      if (masked) {
+#pragma unroll
+      for (int mr = 0; mr < MR; ++mr) {
+        // Scores to the log2 domain (soft-capped first when asked), masked on diagonal / window-edge tiles.
 #pragma unroll
         for (int i = 0; i < BN / 8; ++i)
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            const int kp = kv0 + i * 8 + (lane & 3) * 2 + (j & 1);
-            const int qp = j < 2 ? qp0 : qp1;
-            if (kp > qp || (p.window > 0 && kp <= qp - p.window)) s[i][j] = -INFINITY;
+            float x = s[mr][i][j];
+            if (p.softcap > 0.f) x = p.softcap * tanhf(x * p.softcap_inv) * kLog2e;
+            else x *= p.scale_log2;
+            if (masked) {
+              const int kp = kv0 + i * 8 + (lane & 3) * 2 + (j & 1);
+              const int qp = qp_lane + mr * 16 + (j < 2 ? 0 : 8);
+              if (kp > qp || (p.window > 0 && kp <= qp - p.window)) x = -INFINITY;
+            }
+            s[mr][i][j] = x;
           }
-      }
-      float mx0 = m_0, mx1 = m_1;
+        float mx0 = m_run[mr][0], mx1 = m_run[mr][1];
 #pragma unroll
-      for (int i = 0; i < BN / 8; ++i) {
-        mx0 = fmaxf(mx0, fmaxf(s[i][0], s[i][1]));
-        mx1 = fmaxf(mx1, fmaxf(s[i][2], s[i][3]));
-      }
+        for (int i = 0; i < BN / 8; ++i) {
+          mx0 = fmaxf(mx0, fmaxf(s[mr][i][0], s[mr][i][1]));
+          mx1 = fmaxf(mx1, fmaxf(s[mr][i][2], s[mr][i][3]));
+        }
 #pragma unroll
-      for (int o_ = 1; o_ <= 2; o_ <<= 1) {
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o_));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o_));
-      }
-      const float b0 = exp_base(mx0), b1 = exp_base(mx1);
-      const float alpha0 = exp2f(m_0 - b0), alpha1 = exp2f(m_1 - b1);
-      m_0 = mx0;
-      m_1 = mx1;
-      float sum0 = 0.f, sum1 = 0.f;
+        for (int o_ = 1; o_ <= 2; o_ <<= 1) {
+          mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o_));
+          mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o_));
+        }
+        const float b0 = exp_base(mx0), b1 = exp_base(mx1);
+        const float alpha0 = exp2f(m_run[mr][0] - b0), alpha1 = exp2f(m_run[mr][1] - b1);
+        m_run[mr][0] = mx0;
+        m_run[mr][1] = mx1;
+        float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
-      for (int i = 0; i < BN / 8; ++i) {
-        s[i][0] = exp2f(s[i][0] - b0);
-        s[i][1] = exp2f(s[i][1] - b0);
-        s[i][2] = exp2f(s[i][2] - b1);
-        s[i][3] = exp2f(s[i][3] - b1);
-        sum0 += s[i][0] + s[i][1];
-        sum1 += s[i][2] + s[i][3];
-      }
-      l_0 = l_0 * alpha0 + sum0;
-      l_1 = l_1 * alpha1 + sum1;
+        for (int i = 0; i < BN / 8; ++i) {
+          s[mr][i][0] = exp2f(s[mr][i][0] - b0);
+          s[mr][i][1] = exp2f(s[mr][i][1] - b0);
+          s[mr][i][2] = exp2f(s[mr][i][2] - b1);
+          s[mr][i][3] = exp2f(s[mr][i][3] - b1);
+          sum0 += s[mr][i][0] + s[mr][i][1];
+          sum1 += s[mr][i][2] + s[mr][i][3];
+        }
+        l_run[mr][0] = l_run[mr][0] * alpha0 + sum0;
+        l_run[mr][1] = l_run[mr][1] * alpha1 + sum1;
 #pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        o[i][0] *= alpha0;
-        o[i][1] *= alpha0;
-        o[i][2] *= alpha1;
-        o[i][3] *= alpha1;
+        for (int i = 0; i < D / 8; ++i) {
+          o[mr][i][0] *= alpha0;
+          o[mr][i][1] *= alpha0;
+          o[mr][i][2] *= alpha1;
+          o[mr][i][3] *= alpha1;
+        }
       }
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
-        const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                               pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                               pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        uint32_t a[MR][4];
+#pragma unroll
+        for (int mr = 0; mr < MR; ++mr) {
+          a[mr][0] = pack2<T>(s[mr][2 * kk][0], s[mr][2 * kk][1]);
+          a[mr][1] = pack2<T>(s[mr][2 * kk][2], s[mr][2 * kk][3]);
+          a[mr][2] = pack2<T>(s[mr][2 * kk + 1][0], s[mr][2 * kk + 1][1]);
+          a[mr][3] = pack2<T>(s[mr][2 * kk + 1][2], s[mr][2 * kk + 1][3]);
+        }
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t b[4];
           ldmatrix_x4_trans(b, v_s + swz<D>(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), dp * 2 + (lane >> 4)));
-          mma<T>(o[2 * dp], a, b[0], b[1]);
-          mma<T>(o[2 * dp + 1], a, b[2], b[3]);
+#pragma unroll
+          for (int mr = 0; mr < MR; ++mr) {
+            mma<T>(o[mr][2 * dp], a[mr], b[0], b[1]);
+            mma<T>(o[mr][2 * dp + 1], a[mr], b[2], b[3]);
+          }
         }
       }
     }
     __syncthreads();  // the stage read here is refilled next iteration
   }
 
-  // Normalise and stage the warp's 16 rows in its own rows of the Q tile, then store 16-byte pieces.
-#pragma unroll
-  for (int o_ = 1; o_ <= 2; o_ <<= 1) {
-    l_0 += __shfl_xor_sync(0xffffffffu, l_0, o_);
-    l_1 += __shfl_xor_sync(0xffffffffu, l_1, o_);
-  }
-  const float inv0 = l_0 > 0.f ? 1.f / l_0 : 0.f, inv1 = l_1 > 0.f ? 1.f / l_1 : 0.f;
+  // Normalise and stage the warp's rows in its own rows of the Q tile, then store 16-byte pieces.
   T* so = sq;
-  const int r0 = wrow + (lane >> 2);
 #pragma unroll
-  for (int i = 0; i < D / 8; ++i) {
-    *reinterpret_cast<uint32_t*>(so + swz<D>(r0, i) + (lane & 3) * 2) = pack2<T>(o[i][0] * inv0, o[i][1] * inv0);
-    *reinterpret_cast<uint32_t*>(so + swz<D>(r0 + 8, i) + (lane & 3) * 2) = pack2<T>(o[i][2] * inv1, o[i][3] * inv1);
+  for (int mr = 0; mr < MR; ++mr) {
+    float l0 = l_run[mr][0], l1 = l_run[mr][1];
+#pragma unroll
+    for (int o_ = 1; o_ <= 2; o_ <<= 1) {
+      l0 += __shfl_xor_sync(0xffffffffu, l0, o_);
+      l1 += __shfl_xor_sync(0xffffffffu, l1, o_);
+    }
+    const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    const int r0 = wrow + mr * 16 + (lane >> 2);
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      *reinterpret_cast<uint32_t*>(so + swz<D>(r0, i) + (lane & 3) * 2) =
+          pack2<T>(o[mr][i][0] * inv0, o[mr][i][1] * inv0);
+      *reinterpret_cast<uint32_t*>(so + swz<D>(r0 + 8, i) + (lane & 3) * 2) =
+          pack2<T>(o[mr][i][2] * inv1, o[mr][i][3] * inv1);
+    }
   }
   __syncwarp();
   T* out = static_cast<T*>(p.out);
 #pragma unroll
-  for (int i = lane; i < 16 * C::kChunks; i += 32) {
+  for (int i = lane; i < C::kWarpRows * C::kChunks; i += 32) {
     const int r = i / C::kChunks, c = i % C::kChunks;
     if (wrow + r < rows) {
       *reinterpret_cast<uint4*>(out + static_cast<size_t>(q_start + m0 + wrow + r) * p.out_stride + head * D + c * 8) =
@@ -320,10 +346,10 @@ __global__ void __launch_bounds__(32 * W) flash_prefill_kernel(const Params p) {
   }
 }
 
-template <typename T, int D, int W, int BN>
+template <typename T, int D, int W, int MR, int BN>
 void launch(const Params& p, int64_t num_seqs, int64_t max_query_len, cudaStream_t stream) {
-  using C = Tile<T, D, W, BN>;
-  auto kernel = flash_prefill_kernel<T, D, W, BN>;
+  using C = Tile<T, D, W, MR, BN>;
+  auto kernel = flash_prefill_kernel<T, D, W, MR, BN>;
   // The limit is per function and device; set once per device (outside any graph capture: the first call of a
   // process runs eagerly).
   static bool configured[kMaxDevices] = {};
@@ -346,8 +372,8 @@ void flash_prefill(void* out, const void* q, const void* key_cache, const void* 
                    const int32_t* block_tables, const int32_t* query_start_loc, const int32_t* seq_lens,
                    int64_t num_seqs, int64_t max_query_len, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
                    int64_t q_stride, int64_t block_size, int64_t max_blocks, float scale, float softcap,
-                   int64_t sliding_window, int64_t block_m, bool skip_single_token, DType dtype,
-                   std::uintptr_t stream) {
+                   int64_t sliding_window, int64_t block_m, int64_t warp_rows, int64_t block_n,
+                   bool skip_single_token, DType dtype, std::uintptr_t stream) {
   if (num_seqs <= 0 || max_query_len <= 0) return;
   if (kv_heads <= 0 || q_heads % kv_heads != 0) throw std::invalid_argument("flash_prefill: q_heads % kv_heads != 0");
   if (num_seqs > 65535 || (max_query_len + 63) / 64 > 65535)
@@ -362,12 +388,20 @@ void flash_prefill(void* out, const void* q, const void* key_cache, const void* 
   const cudaStream_t s = as_stream(stream);
   dispatch_float<false>(dtype, "flash_prefill", [&](auto tag) {
     using T = decltype(tag);
-    if (head_dim == 64 && block_m == 128) launch<T, 64, 8, 64>(p, num_seqs, max_query_len, s);
-    else if (head_dim == 64 && block_m == 64) launch<T, 64, 4, 64>(p, num_seqs, max_query_len, s);
-    else if (head_dim == 128 && block_m == 128) launch<T, 128, 8, 64>(p, num_seqs, max_query_len, s);
-    else if (head_dim == 128 && block_m == 64) launch<T, 128, 4, 64>(p, num_seqs, max_query_len, s);
-    else if (head_dim == 256 && block_m == 64) launch<T, 256, 4, 32>(p, num_seqs, max_query_len, s);
-    else throw std::invalid_argument("flash_prefill: head_dim 64/128 with block_m 64/128, or head_dim 256 with 64");
+    // (block_m, warp_rows, block_n): 128 query rows as 8 warps x 16 or 4 warps x 32, or 64 rows as 4 x 16.
+    const int64_t cfg = (block_m * 100 + warp_rows) * 1000 + block_n;
+    if (head_dim == 64 && cfg == 12816064) launch<T, 64, 8, 1, 64>(p, num_seqs, max_query_len, s);
+    else if (head_dim == 64 && cfg == 12832064) launch<T, 64, 4, 2, 64>(p, num_seqs, max_query_len, s);
+    else if (head_dim == 64 && cfg == 6416064) launch<T, 64, 4, 1, 64>(p, num_seqs, max_query_len, s);
+    else if (head_dim == 128 && cfg == 12816064) launch<T, 128, 8, 1, 64>(p, num_seqs, max_query_len, s);
+    else if (head_dim == 128 && cfg == 12832064) launch<T, 128, 4, 2, 64>(p, num_seqs, max_query_len, s);
+    else if (head_dim == 128 && cfg == 12832032) launch<T, 128, 4, 2, 32>(p, num_seqs, max_query_len, s);
+    else if (head_dim == 128 && cfg == 6416064) launch<T, 128, 4, 1, 64>(p, num_seqs, max_query_len, s);
+    else if (head_dim == 256 && cfg == 6416032) launch<T, 256, 4, 1, 32>(p, num_seqs, max_query_len, s);
+    else
+      throw std::invalid_argument(
+          "flash_prefill: unsupported (head_dim, block_m, warp_rows, block_n); see kernel_configs in "
+          "pyengine/ops/cuda_prefill.py");
   });
 }
 

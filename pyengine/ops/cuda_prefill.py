@@ -38,10 +38,16 @@ def flash_prefill_supported(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     )
 
 
-def default_block_m(head_dim: int) -> int:
-    """Query rows per CTA: 128 (8 warps sharing each K/V tile) for D <= 128; D = 256 fits only 64 in the
-    shared memory of sm_89."""
-    return 64 if head_dim == 256 else 128
+# (block_m query rows per CTA, warp_rows per warp, block_n keys per K/V tile) compiled per head dim.
+KERNEL_CONFIGS: dict[int, tuple[tuple[int, int, int], ...]] = {
+    64: ((128, 16, 64), (128, 32, 64), (64, 16, 64)),
+    128: ((128, 16, 64), (128, 32, 64), (128, 32, 32), (64, 16, 64)),
+    256: ((64, 16, 32),),
+}
+# The engine's choice per head dim: 128 rows as 4 warps x 32 (each K/V fragment feeds two mma tiles) ran 14 %
+# faster than 8 warps x 16 and 24 % faster than 64-row tiles (H200, 4k causal, D = 128, benches/RESULTS.md
+# 2026-11-30); D = 256 fits only 64 rows x 16 in registers and in the shared memory of sm_89.
+DEFAULT_CONFIG: dict[int, tuple[int, int, int]] = {64: (128, 32, 64), 128: (128, 32, 64), 256: (64, 16, 32)}
 
 
 def flash_prefill(
@@ -55,7 +61,7 @@ def flash_prefill(
     sliding_window: int | None = None,
     softcap: float | None = None,
     skip_single_token: bool = False,
-    block_m: int | None = None,
+    config: tuple[int, int, int] | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new query rows over its cached context: q [T, Hq, D] -> [T, Hq, D].
@@ -64,7 +70,8 @@ def flash_prefill(
     ``seq_lens[s]`` (int32 [S]) context tokens, all already in the cache and reached through ``block_tables``
     (int32 [S, max_blocks]). ``max_query_len`` (host int, >= every query length) sizes the grid. With
     ``skip_single_token`` the rows of one-token sequences are left unwritten, for the decode kernel to fill.
-    ``block_m`` overrides the query tile (benchmarks use it); ``out`` may be given to write into.
+    ``config`` (one of ``KERNEL_CONFIGS[D]``) overrides the tiling (benchmarks and tests use it); ``out`` may be
+    given to write into.
     """
     if not flash_prefill_supported(q, kv_cache):
         raise ValueError(
@@ -80,7 +87,9 @@ def flash_prefill(
     )
     t, hq, d = q.shape
     _, _, block_size, hk, _ = kv_cache.shape
-    block_m = default_block_m(d) if block_m is None else block_m
+    config = DEFAULT_CONFIG[d] if config is None else tuple(config)
+    if config not in KERNEL_CONFIGS[d]:
+        raise ValueError(f"flash_prefill: config {config} is not compiled for head_dim {d}; use one of {KERNEL_CONFIGS[d]}")
     if out is None:
         out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
     elif not (out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous() and out.data_ptr() % 16 == 0):
@@ -88,7 +97,7 @@ def flash_prefill(
     native.module().cuda_flash_prefill(
         out.data_ptr(), q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), block_tables.data_ptr(),
         query_start_loc.data_ptr(), seq_lens.data_ptr(), seq_lens.shape[0], max_query_len, hq, hk, d, q.stride(0),
-        block_size, block_tables.shape[1], scale, softcap or 0.0, sliding_window or 0, block_m, skip_single_token,
+        block_size, block_tables.shape[1], scale, softcap or 0.0, sliding_window or 0, *config, skip_single_token,
         native.dtype_code(q), native.stream(q.device),
     )
     return out

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from candle_vllm import LLM, SamplingParams
 from candle_vllm.pyengine.ops import cuda
 from candle_vllm.pyengine.ops.attention import AttentionMetadata, attention
-from candle_vllm.pyengine.ops.cuda_prefill import flash_prefill
+from candle_vllm.pyengine.ops.cuda_prefill import KERNEL_CONFIGS, flash_prefill
 
 pytestmark = pytest.mark.cuda
 DEV = torch.device("cuda")
@@ -92,19 +92,30 @@ def test_flash_prefill_matches_reference(dtype: torch.dtype, d: int, hq: int, hk
     assert rel_error(got, _reference(q, cache, tables, QUERY_LENS, SEQ_LENS, scale)) < REL_TOL[dtype]
 
 
-@pytest.mark.parametrize("block_m", [64, 128])
+@pytest.mark.parametrize("config", KERNEL_CONFIGS[128])
 @pytest.mark.parametrize("window,softcap", [(None, None), (1, None), (50, None), (300, None), (None, 30.0),
                                             (100, 5.0)])
-def test_window_softcap_and_long_prompt(block_m: int, window: int | None, softcap: float | None) -> None:
+def test_window_softcap_and_long_prompt(config: tuple[int, int, int], window: int | None,
+                                        softcap: float | None) -> None:
     """A window of one token, windows inside and across tiles, soft-capping, and a 1500-row prompt after a
-    600-token prefix (many query tiles, the longest-first order), at both query tile sizes."""
+    600-token prefix (many query tiles, the longest-first order), in every tiling compiled for D = 128."""
     query_lens, seq_lens = [1500, 77, 3], [2100, 77, 900]
-    q, cache, tables, meta = _case(query_lens, seq_lens, 32, 8, 128, 64, torch.bfloat16, seed=block_m)
+    q, cache, tables, meta = _case(query_lens, seq_lens, 32, 8, 128, 64, torch.bfloat16, seed=sum(config))
     poison_allocator(DEV, 1 << 24)
     got = flash_prefill(q, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, max(query_lens), 0.1,
-                        window, softcap, block_m=block_m)
+                        window, softcap, config=config)
     want = _reference(q, cache, tables, query_lens, seq_lens, 0.1, window, softcap)
     assert rel_error(got, want) < REL_TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("config", KERNEL_CONFIGS[64])
+def test_every_tiling_of_head_dim_64(dtype: torch.dtype, config: tuple[int, int, int]) -> None:
+    q, cache, tables, meta = _case(QUERY_LENS, SEQ_LENS, 16, 4, 64, 32, dtype, seed=sum(config))
+    poison_allocator(DEV, 1 << 22)
+    got = flash_prefill(q, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, max(QUERY_LENS), 0.125,
+                        config=config)
+    assert rel_error(got, _reference(q, cache, tables, QUERY_LENS, SEQ_LENS, 0.125)) < REL_TOL[dtype]
 
 
 def test_skip_single_token_leaves_decode_rows_for_the_decode_kernel() -> None:
@@ -125,6 +136,8 @@ def test_unsupported_inputs_are_refused() -> None:
     q, cache, _, meta = _case([8], [8], 4, 4, 64, 16, torch.bfloat16, seed=1)
     with pytest.raises(ValueError, match="int32"):
         flash_prefill(q, cache, meta.block_tables.long(), meta.query_start_loc, meta.seq_lens, 8, 0.1)
+    with pytest.raises(ValueError, match="not compiled"):
+        flash_prefill(q, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, 8, 0.1, config=(64, 32, 64))
 
 
 @pytest.mark.parametrize("window,softcap", [(None, None), (40, None), (None, 20.0)])
