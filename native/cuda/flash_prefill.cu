@@ -16,6 +16,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/flash_prefill.h"
+#include "cuda/mma.cuh"
 
 namespace candle_vllm::cuda {
 namespace {
@@ -47,22 +48,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
-}
-
-// c += a (16x16, row) * b (16x8, col), f32 accumulators.
-template <typename T>
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
 }
 
 // Two f32 as one 32-bit word of T (x in the low half: the lower column of an mma operand).
@@ -231,8 +216,8 @@ __global__ void __launch_bounds__(32 * W) flash_prefill_kernel(const Params p) {
           ldmatrix_x4(b, k_s + swz<D>(np * 16 + (lane >> 4) * 8 + (lane & 7), kk * 2 + ((lane >> 3) & 1)));
 #pragma unroll
           for (int mr = 0; mr < MR; ++mr) {
-            mma<T>(s[mr][2 * np], a[mr], b[0], b[1]);
-            mma<T>(s[mr][2 * np + 1], a[mr], b[2], b[3]);
+            mma_16816<T>(s[mr][2 * np], a[mr], b[0], b[1]);
+            mma_16816<T>(s[mr][2 * np + 1], a[mr], b[2], b[3]);
           }
         }
       }
@@ -305,8 +290,8 @@ __global__ void __launch_bounds__(32 * W) flash_prefill_kernel(const Params p) {
           ldmatrix_x4_trans(b, v_s + swz<D>(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), dp * 2 + (lane >> 4)));
 #pragma unroll
           for (int mr = 0; mr < MR; ++mr) {
-            mma<T>(o[mr][2 * dp], a[mr], b[0], b[1]);
-            mma<T>(o[mr][2 * dp + 1], a[mr], b[2], b[3]);
+            mma_16816<T>(o[mr][2 * dp], a[mr], b[0], b[1]);
+            mma_16816<T>(o[mr][2 * dp + 1], a[mr], b[2], b[3]);
           }
         }
       }
