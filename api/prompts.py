@@ -66,16 +66,20 @@ def _parse_arguments(call: Any) -> Any:
     return call
 
 
-def render_chat(tokenizer: Any, req: ChatCompletionRequest | TokenizeRequest) -> str:
-    """The prompt text of a chat request, rendered by the model's chat template (errors are 400s)."""
+def render_chat(tokenizer: Any, req: ChatCompletionRequest | TokenizeRequest, tools: list[dict[str, Any]] | None,
+                thinking: bool | None = None) -> str:
+    """The prompt text of a chat request, rendered by the model's chat template (errors are 400s).
+
+    ``tools`` are the ones the prompt offers (none for ``tool_choice: "none"``); ``thinking`` (the request's
+    reasoning switch) reaches templates as ``enable_thinking`` (Qwen3) and ``thinking`` (DeepSeek-V3.1)."""
     messages = [_message_dict(m, i) for i, m in enumerate(req.messages or [])]
-    tools = req.tools
-    if isinstance(req, ChatCompletionRequest) and req.tool_choice == "none":
-        tools = None
+    kwargs = dict(req.chat_template_kwargs or {})
+    if thinking is not None:
+        kwargs = {"enable_thinking": thinking, "thinking": thinking, **kwargs}
     try:
         return tokenizer.apply_chat_template(
             messages, tools=tools, add_generation_prompt=req.add_generation_prompt,
-            chat_template_kwargs=req.chat_template_kwargs, chat_template=req.chat_template)
+            chat_template_kwargs=kwargs or None, chat_template=req.chat_template)
     except Exception as exc:  # jinja errors, raise_exception() in templates, templates missing
         log.info("chat template failed: %s", exc)
         raise bad_request(f"the chat template could not be rendered: {exc}", param="messages") from None

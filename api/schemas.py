@@ -38,10 +38,46 @@ class ResponseFormat(_Open):
 
 
 class ChatMessage(_Open):
-    """One message; content is text, a list of content parts, or null (assistant turns with tool calls)."""
+    """One message; content is text, a list of content parts, or null (assistant turns with tool calls).
+
+    Assistant turns may carry ``tool_calls``; ``role: "tool"`` turns answer one of them by ``tool_call_id``."""
 
     role: str = Field(min_length=1)
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionSpec(_Open):
+    """A callable function offered to the model: its name and the JSON schema of its arguments."""
+
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolSpec(_Open):
+    """``tools[i]``: only function tools exist in the chat API."""
+
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class NamedFunction(_Open):
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(_Open):
+    """``tool_choice: {"type": "function", "function": {"name": ...}}``: the model must call that function."""
+
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class ThinkingConfig(_Open):
+    """``thinking: {"type": "enabled" | "disabled"}`` as Anthropic-style clients send it."""
+
+    type: Literal["enabled", "disabled"]
 
 
 class SamplingFields(_Open):
@@ -96,18 +132,44 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    enable_thinking: bool | None = None
+    thinking: bool | ThinkingConfig | None = None
 
     @model_validator(mode="after")
     def _check_chat(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
         return self
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """``tools`` as plain dicts (what chat templates and tool parsers read)."""
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+    def thinking_switch(self) -> bool | None:
+        """The request's reasoning switch from ``chat_template_kwargs.enable_thinking``, ``enable_thinking`` or
+        ``thinking`` (None: not asked, the model's default). Contradicting values are a 400."""
+        given: list[tuple[str, bool]] = []
+        kwargs = self.chat_template_kwargs or {}
+        for key in ("enable_thinking", "thinking"):
+            if isinstance(kwargs.get(key), bool):
+                given.append((f"chat_template_kwargs.{key}", kwargs[key]))
+        if self.enable_thinking is not None:
+            given.append(("enable_thinking", self.enable_thinking))
+        if isinstance(self.thinking, bool):
+            given.append(("thinking", self.thinking))
+        elif self.thinking is not None:
+            given.append(("thinking.type", self.thinking.type == "enabled"))
+        if len({value for _, value in given}) > 1:
+            shown = ", ".join(f"{name}={str(value).lower()}" for name, value in given)
+            raise bad_request(f"contradicting thinking switches ({shown}); give one", param=given[0][0])
+        return given[0][1] if given else None
 
     def token_limit(self) -> int | None:
         """``max_completion_tokens`` wins over the deprecated ``max_tokens``."""

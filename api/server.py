@@ -134,6 +134,6 @@ def run(engine_args: Any, server_args: Any) -> int:
     except ValueError as e:
         print(f"candle-vllm: {e}", file=sys.stderr)
         return 2
-    config = ServerConfig(api_key=server_args.api_key)
+    config = ServerConfig(api_key=server_args.api_key, enforce_parser=server_args.enforce_parser)
     trio.run(_serve_engine, engine_args, config, [bind], ui_bind)
     return 0

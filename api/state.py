@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from candle_vllm.api.metrics import ServerMetrics
+from candle_vllm.api.reasoning import ThinkMarkers, think_markers
+from candle_vllm.api.tool_parsers import default_parser_name
 
 if TYPE_CHECKING:
     from candle_vllm.api.generation import GenerationBatch
@@ -29,10 +31,13 @@ class ServerConfig:
     max_pending_requests: int = 4096  # beyond this many in-flight requests, answer 503
     max_body_bytes: int = 16 * 1024 * 1024
     ui_port: int | None = None  # the web UI's port (--ui-server): its page may call the API cross-origin
+    enforce_parser: str | None = None  # --enforce-parser: the tool-call parser instead of the model family's
 
 
 class ServerState:
-    """Shared by the routes of one app; ``nursery`` hosts the background pumps of engine requests."""
+    """Shared by the routes of one app; ``nursery`` hosts the background pumps of engine requests.
+
+    The model's think markers and tool-call parser are found once here, at start-up."""
 
     def __init__(self, engine: Any, config: ServerConfig, nursery: trio.Nursery | None = None) -> None:
         self.engine = engine
@@ -40,6 +45,10 @@ class ServerState:
         self.model_names = config.served_model_names or [engine.model_name]
         self.metrics = ServerMetrics(self.model_names[0], engine.max_model_len)
         self.created = int(time.time())
+        self.think_markers: ThinkMarkers | None = think_markers(engine.tokenizer)
+        model_config = getattr(engine, "model_config", None)
+        self.tool_parser: str | None = config.enforce_parser or default_parser_name(
+            getattr(model_config, "architecture", ""), engine.model_name, engine.tokenizer.chat_template)
         self._nursery = nursery
         self.draining = False
         self._active: set[GenerationBatch] = set()

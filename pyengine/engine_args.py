@@ -72,7 +72,6 @@ NOT_YET_SUPPORTED: tuple[PendingFeature, ...] = (
     PendingFeature("mcp_config", "MCP tools", lambda v: v is not None),
     PendingFeature("mcp_command", "MCP tools", lambda v: v is not None),
     PendingFeature("mcp_args", "MCP tools", lambda v: v is not None),
-    PendingFeature("enforce_parser", "tool-call parsers", lambda v: v is not None),
 )
 
 

@@ -1,30 +1,79 @@
-"""``POST /v1/chat/completions``: render the chat template, run the engine, answer JSON or an SSE stream."""
+"""``POST /v1/chat/completions``: render the chat template, run the engine, answer JSON or an SSE stream.
+
+Each choice's text goes through :class:`~candle_vllm.api.chat_output.ChoiceOutput` (reasoning split, then
+tool-call reading) in both modes, so the stream accumulates to the whole response.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from quart import Blueprint
 
 from candle_vllm.api import sse
+from candle_vllm.api.chat_output import ChoiceDelta, ChoiceOutput
+from candle_vllm.api.chat_tools import ToolPlan, check_tool_history, plan_tools
+from candle_vllm.api.errors import bad_request
 from candle_vllm.api.generation import EngineRequest, KeepAlive
 from candle_vllm.api.logprobs import chat_logprobs
 from candle_vllm.api.prompts import check_length, render_chat, sampling_params
-from candle_vllm.api.routes.common import (
-    check_model,
-    collect,
-    event_stream,
-    get_state,
-    now_s,
-    read_json,
-    submit,
-)
+from candle_vllm.api.reasoning import ReasoningSplitter, ThinkMarkers, prompt_opens_reasoning
+from candle_vllm.api.routes.common import check_model, event_stream, get_state, now_s, read_json, submit
 from candle_vllm.api.routes.common import usage as usage_of
 from candle_vllm.api.schemas import ChatCompletionRequest, parse_request
+from candle_vllm.api.state import ServerState
 from candle_vllm.pyengine.outputs import CompletionOutput, RequestOutput
+from candle_vllm.pyengine.sampling.params import SamplingParams, StructuredOutputParams
+from candle_vllm.pyengine.structured_output import check_structured_output
 
 bp = Blueprint("chat", __name__)
+
+
+@dataclasses.dataclass(slots=True)
+class ChatSetup:
+    """What every choice of one request shares: its tool plan and reasoning split."""
+
+    tools: ToolPlan
+    markers: ThinkMarkers | None  # None: the output is not split
+    starts_in_reasoning: bool
+
+    def choice(self) -> ChoiceOutput:
+        splitter = None if self.markers is None else ReasoningSplitter(self.markers, self.starts_in_reasoning)
+        return ChoiceOutput(splitter, self.tools.reader(), self.tools.parallel)
+
+
+def _is_special(tokenizer: Any, text: str) -> bool:
+    token_id = tokenizer.token_to_id(text)
+    added = tokenizer.hf.get_added_tokens_decoder()
+    return token_id is not None and token_id in added and added[token_id].special
+
+
+def _engine_params(req: ChatCompletionRequest, state: ServerState, setup: ChatSetup, limit: int | None,
+                   top: int | None) -> SamplingParams:
+    tokenizer = state.engine.tokenizer
+    params = sampling_params(req, limit, tokenizer.vocab_size, logprobs=top)
+    markers = setup.markers
+    # Marker and call tags are often special tokens: decoding must keep them for the split and the parsers.
+    keep = setup.tools.parses or (markers is not None and (_is_special(tokenizer, markers.start)
+                                                          or _is_special(tokenizer, markers.end)))
+    if keep:
+        params = dataclasses.replace(params, skip_special_tokens=False)
+    schema = setup.tools.output_schema()
+    if schema is not None:  # tool_choice required / named: the output is the calls' JSON
+        if params.structured_output is not None:
+            raise bad_request(f"response_format cannot be combined with tool_choice {setup.tools.mode!r}",
+                              param="response_format")
+        try:
+            structured = StructuredOutputParams(json_schema=schema)
+            check_structured_output(structured, None)
+            params = dataclasses.replace(params, structured_output=structured)
+        except ValueError as exc:
+            raise bad_request(f"the tools' parameter schemas cannot constrain the output: {exc}",
+                              param="tools") from None
+    return params
 
 
 @bp.post("/v1/chat/completions")
@@ -32,49 +81,37 @@ async def chat_completions() -> Any:
     state = get_state()
     req = parse_request(ChatCompletionRequest, await read_json())
     model = check_model(state, req.model)
+    check_tool_history(req.messages)
+    mcp = getattr(state, "mcp", None)
+    tools = plan_tools(req, mcp.tools() if mcp is not None else None, state.tool_parser, model)
+    thinking = req.thinking_switch()
     tokenizer = state.engine.tokenizer
-    text = render_chat(tokenizer, req)
+    text = render_chat(tokenizer, req, tools.tools, thinking)
+    markers = state.think_markers if thinking is not False else None
+    setup = ChatSetup(tools, markers, markers is not None and prompt_opens_reasoning(text, markers))
     ids = tokenizer.encode(text, add_special_tokens=False)
     limit = req.token_limit()
     check_length(len(ids), limit, state.engine.max_model_len)
     top = (req.top_logprobs or 0) if req.logprobs else None
-    params = sampling_params(req, limit, tokenizer.vocab_size, logprobs=top)
+    params = _engine_params(req, state, setup, limit, top)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     batch, outputs, head = await submit(state, [EngineRequest(request_id, ids, params, text)], req.stream)
-    created = now_s()
+    stream = ChatStream(req, request_id, model, now_s(), len(ids), tokenizer, setup)
     if req.stream:
-        stream = ChatStream(req, request_id, model, created, len(ids), tokenizer)
         return event_stream(batch, lambda: stream.events(head, outputs))
     try:
-        (last,) = await collect(outputs, 1)
+        return await stream.whole(outputs)
     finally:
         await batch.close()
-    return _response(req, request_id, model, created, last, len(ids), tokenizer)
-
-
-def _response(req: ChatCompletionRequest, request_id: str, model: str, created: int, out: RequestOutput | None,
-              prompt_len: int, tokenizer: Any) -> dict[str, Any]:
-    """The non-streaming ``chat.completion`` object; choices the engine never reported end as ``abort``."""
-    by_index = {c.index: c for c in (out.outputs if out else [])}
-    choices = []
-    for i in range(req.n):
-        c = by_index.get(i) or CompletionOutput(index=i)
-        logprobs = None
-        if req.logprobs:
-            logprobs = {"content": chat_logprobs(c.token_ids, c.logprobs or [], req.top_logprobs or 0, tokenizer)}
-        choices.append({"index": i, "message": {"role": "assistant", "content": c.text},
-                        "logprobs": logprobs, "finish_reason": c.finish_reason or "abort",
-                        "stop_reason": c.stop_reason})
-    return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
-            "choices": choices, "usage": usage_of([out], [prompt_len])}
 
 
 class ChatStream(sse.EventStream):
     """Turns engine outputs into ``chat.completion.chunk`` events with OpenAI's invariants: the role once per
-    choice with its first output, ``finish_reason`` exactly once per choice, optional usage chunk last."""
+    choice with its first output, ``finish_reason`` exactly once per choice, optional usage chunk last. The
+    same object folds the outputs into the whole ``chat.completion`` for non-streamed requests."""
 
     def __init__(self, req: ChatCompletionRequest, request_id: str, model: str, created: int, prompt_len: int,
-                 tokenizer: Any) -> None:
+                 tokenizer: Any, setup: ChatSetup) -> None:
         self.req = req
         self.base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
         opts = req.stream_options
@@ -82,14 +119,51 @@ class ChatStream(sse.EventStream):
         self.continuous_usage = bool(opts and opts.continuous_usage_stats)
         self.prompt_len = prompt_len
         self.tokenizer = tokenizer
+        self.setup = setup
+        self.choices = [setup.choice() for _ in range(req.n)]
         self.role_sent: set[int] = set()
-        self.finished: set[int] = set()
         self.last: RequestOutput | None = None
+
+    def _step(self, c: CompletionOutput) -> ChoiceDelta:
+        """Run one output of a choice through its pipeline (finishing it with the engine's last output)."""
+        choice = self.choices[c.index]
+        delta = choice.push(c.text_delta, len(c.token_ids_delta))
+        if c.finish_reason:
+            delta.extend(choice.finish())
+        return delta
+
+    async def whole(self, outputs: AsyncIterator[Any]) -> dict[str, Any]:
+        """The non-streaming ``chat.completion`` object; choices the engine never finished end as ``abort``."""
+        finals: dict[int, CompletionOutput] = {}
+        try:
+            async for item in outputs:
+                if isinstance(item, KeepAlive):
+                    continue
+                self.last = item[1]
+                for c in item[1].outputs:
+                    if not self.choices[c.index].finished:
+                        self._step(c)
+                        finals[c.index] = c
+        except ValueError as exc:
+            raise bad_request(str(exc)) from None  # the engine's admission errors
+        body = []
+        for i, choice in enumerate(self.choices):
+            c = finals.get(i) or CompletionOutput(index=i)
+            if not choice.finished:
+                choice.finish()
+            logprobs = None
+            if self.req.logprobs:
+                logprobs = {"content": chat_logprobs(c.token_ids, c.logprobs or [], self.req.top_logprobs or 0,
+                                                     self.tokenizer)}
+            body.append({"index": i, "message": choice.message(), "logprobs": logprobs,
+                         "finish_reason": choice.finish_reason(c.finish_reason), "stop_reason": c.stop_reason})
+        return {"id": self.base["id"], "object": "chat.completion", "created": self.base["created"],
+                "model": self.base["model"], "choices": body, "usage": self._usage()}
 
     def _chunk(self, choices: list[dict[str, Any]]) -> bytes:
         body: dict[str, Any] = {**self.base, "choices": choices}
         if self.include_usage:
-            body["usage"] = usage_of([self.last], [self.prompt_len]) if self.continuous_usage else None
+            body["usage"] = self._usage() if self.continuous_usage else None
         return sse.event(body)
 
     def _choice_chunks(self, c: CompletionOutput) -> list[bytes]:
@@ -98,22 +172,23 @@ class ChatStream(sse.EventStream):
             self.role_sent.add(c.index)
             out.append(self._chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
                                      "logprobs": None, "finish_reason": None}]))
-        if c.index in self.finished:
+        choice = self.choices[c.index]
+        if choice.finished:
             return out
+        delta = self._step(c)
         wants_logprobs = self.req.logprobs and c.token_ids_delta
-        if not (c.text_delta or wants_logprobs or c.finish_reason):
+        if not (delta or wants_logprobs or c.finish_reason):
             return out
         logprobs = None
         if self.req.logprobs:
             logprobs = {"content": chat_logprobs(c.token_ids_delta, c.logprobs_delta or [],
                                                  self.req.top_logprobs or 0, self.tokenizer)}
-        delta = {"content": c.text_delta} if c.text_delta else {}
-        choice: dict[str, Any] = {"index": c.index, "delta": delta, "logprobs": logprobs,
-                                  "finish_reason": c.finish_reason}
+        entry: dict[str, Any] = {"index": c.index, "delta": delta.to_json(), "logprobs": logprobs,
+                                 "finish_reason": None}
         if c.finish_reason:
-            self.finished.add(c.index)
-            choice["stop_reason"] = c.stop_reason
-        out.append(self._chunk([choice]))
+            entry["finish_reason"] = choice.finish_reason(c.finish_reason)
+            entry["stop_reason"] = c.stop_reason
+        out.append(self._chunk([entry]))
         return out
 
     def _render(self, item: Any) -> list[bytes]:
@@ -124,8 +199,11 @@ class ChatStream(sse.EventStream):
         return [chunk for c in out.outputs for chunk in self._choice_chunks(c)]
 
     def _abort_unfinished(self) -> list[bytes]:
-        return [chunk for i in range(self.req.n) if i not in self.finished
+        return [chunk for i, choice in enumerate(self.choices) if not choice.finished
                 for chunk in self._choice_chunks(CompletionOutput(index=i, finish_reason="abort"))]
 
     def _usage(self) -> dict[str, Any]:
-        return usage_of([self.last], [self.prompt_len])
+        usage = usage_of([self.last], [self.prompt_len])
+        if self.setup.markers is not None:
+            usage["completion_tokens_details"] = {"reasoning_tokens": sum(c.reasoning_tokens for c in self.choices)}
+        return usage

@@ -178,7 +178,6 @@ def test_list_flags_split_on_commas() -> None:
         (["--mcp-config", "mcp.json"], "--mcp-config mcp.json"),
         (["--mcp-command", "npx"], "--mcp-command npx"),
         (["--mcp-args", "a,b"], "--mcp-args a,b"),
-        (["--enforce-parser", "qwen"], "--enforce-parser qwen"),
     ],
 )
 def test_not_yet_supported_flags_exit_2_with_one_line(

@@ -150,12 +150,11 @@ def test_not_yet_supported_features_are_refused(kwargs: dict[str, Any], flag: st
     assert text.startswith(flag + " is not supported yet") and "\n" not in text
 
 
-def test_refusal_table_covers_server_fields_and_skips_absent_ones() -> None:
-    fields = {p.field for p in NOT_YET_SUPPORTED}
-    assert {"enforce_parser", "mcp_config", "mcp_command", "mcp_args"} <= fields
-    check_supported({"isq": None, "enforce_parser": None, "ui_server": True})  # nothing pending asked for
-    with pytest.raises(UnsupportedFeatureError, match=r"^--enforce-parser qwen is not supported yet"):
-        check_supported({"enforce_parser": "qwen"})
+def test_refusal_table_skips_built_and_absent_fields() -> None:
+    assert "enforce_parser" not in {p.field for p in NOT_YET_SUPPORTED}  # built: tool-call parsers
+    check_supported({"enforce_parser": "qwen", "ui_server": True, "kvcache_dtype": "auto"})  # nothing refused
+    with pytest.raises(UnsupportedFeatureError, match=r"^--multithread is not supported yet"):
+        check_supported({"enforce_parser": "qwen", "multithread": True})
 
 
 def test_from_kwargs_names_every_unknown_argument() -> None:

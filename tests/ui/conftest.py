@@ -3,6 +3,7 @@ wires them), in front of a scripted engine, plus a real headless Chromium driven
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -26,6 +27,7 @@ from tests.api.fake_engine import FakeEngine
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]
+THINK_HINT = "reasoning goes in <think></think>"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 # A reply exercising what the page must render: reasoning, a heading, emphasis, a list, a table, code.
 MARKDOWN_REPLY = (
@@ -111,10 +113,16 @@ class UIStack(ServerThread):
 
 @pytest.fixture
 def ui_stack(request: pytest.FixtureRequest, smol_tokenizer: Tokenizer) -> Iterator[UIStack]:  # noqa: F811
-    """A running stack; parametrize indirectly with a dict of ScriptedEngine keywords (+ ``api_key``)."""
+    """A running stack; parametrize indirectly with a dict of ScriptedEngine keywords (+ ``api_key``, and
+    ``think_template``: a chat template that names ``</think>``, so the API splits reasoning itself)."""
     options = dict(getattr(request, "param", {}))
     api_key = options.pop("api_key", None)
-    engine = ScriptedEngine(smol_tokenizer, **options)
+    tokenizer = smol_tokenizer
+    if options.pop("think_template", False):  # the server then finds <think> markers and splits the reply
+        tokenizer = copy.copy(smol_tokenizer)
+        tokenizer.chat_templates = {"default": f"{smol_tokenizer.chat_template}{{#- {THINK_HINT} -#}}"}
+        tokenizer.chat_template = tokenizer.chat_templates["default"]
+    engine = ScriptedEngine(tokenizer, **options)
     stack = UIStack(engine_cm(engine), ServerConfig(api_key=api_key), [Bind("tcp", "127.0.0.1:0")]).start()
     try:
         yield stack

@@ -111,6 +111,37 @@ def test_stop_aborts_the_generation_and_regenerate_asks_again(ui_stack: UIStack,
     assert page.errors == []
 
 
+STEPS = " ".join(f"Step {i}." for i in range(25))
+
+
+@pytest.mark.parametrize("ui_stack", [{"delay_s": 0.03, "think_template": True,
+                                       "script": f"<think>{STEPS}</think>\n\nThe answer is **42**."}],
+                         indirect=True)
+def test_server_split_reasoning_streams_into_the_collapsed_block(ui_stack: UIStack, page: Any) -> None:
+    """The API splits the reply (its template names </think>): reasoning arrives as ``reasoning_content``
+    deltas and fills the collapsed block while the model is still reasoning, before any answer."""
+    page.goto(ui_stack.ui_url)
+    expect(page.locator("#model-name")).to_have_text("fake-model")
+    send(page, "Think it through")
+    details = page.locator("body[data-state=running] .message.assistant details.reasoning")
+    expect(details.locator(".markdown")).to_contain_text("Step 1.")
+    expect(details.locator("summary")).to_have_text("Reasoning…")
+    assert details.is_visible() and details.get_attribute("open") is None  # streaming in, collapsed
+    assert "Step 24." not in details.locator(".markdown").text_content()
+    assert page.locator(".message.assistant .content").inner_text() == ""  # no answer yet
+
+    wait_idle(page)
+    done = page.locator(".message.assistant details.reasoning")
+    expect(done.locator("summary")).to_have_text("Reasoning")
+    expect(page.locator(".message.assistant .content strong")).to_have_text("42")
+    stored = page.evaluate(STORED)[0]["messages"][1]
+    assert stored["reasoning"] == STEPS  # from reasoning_content deltas: the server did the split
+    assert stored["content"] == "\n\nThe answer is **42**."
+    done.locator("summary").click()
+    assert done.locator(".markdown").inner_text() == STEPS
+    assert page.errors == []
+
+
 def sse(*chunks: dict[str, Any]) -> str:
     return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + ": ping\n\ndata: [DONE]\n\n"
 

@@ -74,11 +74,13 @@ function messageView(message, isLast) {
     update(now = false) {
       const split = splitReasoning(message.content);
       const reasoning = [message.reasoning, split.reasoning].filter(Boolean).join("\n\n");
+      const live = state.running?.message === message;
+      // Still reasoning: an open <think> in the text, or server-split reasoning with no answer yet.
+      const thinking = split.thinking || (live && Boolean(message.reasoning) && !split.answer.trim());
       details.hidden = !reasoning;
-      summary.textContent = split.thinking ? "Reasoning…" : "Reasoning";
+      summary.textContent = thinking ? "Reasoning…" : "Reasoning";
       reasoningView.set(reasoning, now);
       answerView.set(split.answer, now);
-      const live = state.running?.message === message;
       status.textContent = message.error ? `Error: ${message.error}`
         : message.finish === "abort" || message.finish === "stopped" ? "Stopped."
         : message.finish === "length" ? "Stopped at the token limit." : "";
