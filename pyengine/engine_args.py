@@ -69,9 +69,6 @@ NOT_YET_SUPPORTED: tuple[PendingFeature, ...] = (
     PendingFeature(
         "device_ids", "tensor parallelism over several devices", lambda v: v is not None and len(v) > 1
     ),
-    PendingFeature("mcp_config", "MCP tools", lambda v: v is not None),
-    PendingFeature("mcp_command", "MCP tools", lambda v: v is not None),
-    PendingFeature("mcp_args", "MCP tools", lambda v: v is not None),
 )
 
 
