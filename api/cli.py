@@ -12,9 +12,11 @@ import logging
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any
 
 from candle_vllm import __version__
+from candle_vllm.api.mcp.config import DEFAULT_REFRESH_S, McpConfigError, McpServerSpec, mcp_server_specs
 from candle_vllm.api.tool_parsers import PARSER_NAMES
 from candle_vllm.pyengine.engine_args import (
     DTYPES,
@@ -47,6 +49,7 @@ class ServerArgs:
     mcp_config: str | None = None
     mcp_command: str | None = None
     mcp_args: list[str] | None = None
+    mcp_refresh_s: float = DEFAULT_REFRESH_S
     log: bool = False
 
     def __post_init__(self) -> None:
@@ -54,7 +57,14 @@ class ServerArgs:
             raise ValueError(f"port (--p) must be an integer in [0, 65535], got {self.port!r}")
         if self.enforce_parser is not None and self.enforce_parser not in TOOL_PARSERS:
             raise ValueError(f"enforce_parser (--enforce-parser) must be one of {', '.join(TOOL_PARSERS)}")
+        if not self.mcp_refresh_s > 0:
+            raise ValueError(f"mcp_refresh_s (--mcp-refresh-s) must be > 0 seconds, got {self.mcp_refresh_s}")
         check_supported(vars(self))
+
+    @cached_property
+    def mcp_servers(self) -> list[McpServerSpec]:
+        """The MCP servers --mcp-config/--mcp-command name (the file is read once); McpConfigError if unusable."""
+        return mcp_server_specs(self.mcp_config, self.mcp_command, self.mcp_args)
 
     @classmethod
     def from_namespace(cls, values: Mapping[str, Any]) -> ServerArgs:
@@ -248,6 +258,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="A,B",
         help="comma-separated arguments for --mcp-command (write --mcp-args=-y,pkg when one starts with -)",
     )
+    g.add_argument(
+        "--mcp-refresh-s",
+        type=float,
+        default=DEFAULT_REFRESH_S,
+        metavar="S",
+        help="re-read MCP tool lists and retry unavailable MCP servers every S seconds "
+        f"(default: {DEFAULT_REFRESH_S:g})",
+    )
     return p
 
 
@@ -289,7 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         engine_args = EngineArgs.from_namespace(values)
         server_args = ServerArgs.from_namespace(values)
-    except UnsupportedFeatureError as e:
+        server_args.mcp_servers  # noqa: B018 -- a bad MCP config fails now, before the model loads
+    except (UnsupportedFeatureError, McpConfigError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
     except ValueError as e:

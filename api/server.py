@@ -78,10 +78,14 @@ async def serve(
     try:
         async with trio.open_nursery() as nursery:
             state.nursery = nursery
+            if state.mcp is not None:  # first tool listings done (or failed) before the first request
+                await nursery.start(state.mcp.run)
             urls = await nursery.start(partial(hypercorn_serve, app, hypercorn_config(binds),
                                                shutdown_trigger=stop.wait))
             task_status.started(urls)
             await shutdown_trigger()
+            if state.mcp is not None:  # MCP servers shut down while the requests drain
+                state.mcp.stop()
             await drain(state, config.shutdown_timeout_s)
             stop.set()
             # hypercorn closes its connections within HTTP_GRACE_S; nothing may outlive that by much
@@ -134,6 +138,8 @@ def run(engine_args: Any, server_args: Any) -> int:
     except ValueError as e:
         print(f"candle-vllm: {e}", file=sys.stderr)
         return 2
-    config = ServerConfig(api_key=server_args.api_key, enforce_parser=server_args.enforce_parser)
+    config = ServerConfig(api_key=server_args.api_key, enforce_parser=server_args.enforce_parser,
+                          mcp_servers=server_args.mcp_servers,
+                          mcp_refresh_s=server_args.mcp_refresh_s)
     trio.run(_serve_engine, engine_args, config, [bind], ui_bind)
     return 0

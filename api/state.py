@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from candle_vllm.api.mcp.config import DEFAULT_REFRESH_S, McpServerSpec
 from candle_vllm.api.metrics import ServerMetrics
 from candle_vllm.api.reasoning import ThinkMarkers, think_markers
 from candle_vllm.api.tool_parsers import default_parser_name
 
 if TYPE_CHECKING:
     from candle_vllm.api.generation import GenerationBatch
+    from candle_vllm.api.mcp.manager import McpManager
 
 
 @dataclass(slots=True)
@@ -32,6 +34,8 @@ class ServerConfig:
     max_body_bytes: int = 16 * 1024 * 1024
     ui_port: int | None = None  # the web UI's port (--ui-server): its page may call the API cross-origin
     enforce_parser: str | None = None  # --enforce-parser: the tool-call parser instead of the model family's
+    mcp_servers: list[McpServerSpec] = field(default_factory=list)  # --mcp-config / --mcp-command
+    mcp_refresh_s: float = DEFAULT_REFRESH_S  # --mcp-refresh-s
 
 
 class ServerState:
@@ -54,6 +58,11 @@ class ServerState:
         self._active: set[GenerationBatch] = set()
         self._idle = trio.Event()
         self._idle.set()
+        self.mcp: McpManager | None = None
+        if config.mcp_servers:  # imported only when used: the mcp SDK takes about a second to import
+            from candle_vllm.api.mcp.manager import McpManager
+
+            self.mcp = McpManager(config.mcp_servers, config.mcp_refresh_s)
 
     @property
     def nursery(self) -> trio.Nursery:
