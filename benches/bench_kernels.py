@@ -127,7 +127,7 @@ def attention_rows(peak: float, results: list[dict]) -> None:
         q = torch.randn(b, hq, d, device=DEV).to(BF16)
         t = graph_seconds(lambda i: cuda.paged_decode_attention(q, caches[i % copies], tables, lens, d**-0.5, max_len))
         sweep = {}
-        for size in (64, 128, 256, 512, 1024, 2048):
+        for size in (16, 32, 64, 128, 256, 512, 1024):
             if size <= max_len:
                 sweep[size] = 1e6 * graph_seconds(lambda i, p=size: cuda.paged_decode_attention(
                     q, caches[i % copies], tables, lens, d**-0.5, max_len, partition_size=p))
@@ -137,7 +137,7 @@ def attention_rows(peak: float, results: list[dict]) -> None:
             q4 = q.view(1, hq, 1, d)
             sdpa = graph_seconds(lambda i: F.scaled_dot_product_attention(q4, kc[i % copies], kc[i % copies], enable_gqa=True))
             sdpa_us = sdpa * 1e6
-        auto = cuda.decode_partition_size(b, hk, hq // hk, max_len, cuda.sm_count(0))
+        auto = cuda.decode_partition_size(b, hk, d, max_len, cuda.sm_count(0))
         row = dict(kernel="paged_decode", b=b, ctx=ctx, block_size=bs, max_seq_len=max_len, us=t * 1e6,
                    gbps=kv_bytes / t / 1e9, sdpa_us=sdpa_us, auto_partition=auto, sweep_us=sweep)
         results.append(row)

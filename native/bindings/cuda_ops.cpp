@@ -72,6 +72,7 @@ static Registrar registrar([](py::module_& m) {
                                      sliding_window, to_dtype(dtype), stream);
       },
       "one-token-per-sequence attention over a paged KV cache (split-KV when num_partitions > 1)");
+  m.attr("cuda_attn_cta_row") = cuda::kAttnCtaRow;
   m.def(
       "cuda_reshape_and_cache",
       [](uintptr_t k, uintptr_t v, uintptr_t key_cache, uintptr_t value_cache, uintptr_t slots, int64_t tokens,

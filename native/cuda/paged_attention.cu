@@ -1,270 +1,255 @@
-// Paged decode attention (split-KV, GQA-aware, flash-decoding) and the KV-cache write.
+// Paged decode attention (split-KV, GQA on tensor cores, flash-decoding) and the KV-cache write.
 //
-// Grid (kv_head x head slice, sequence, partition). A CTA serves up to kMaxSlice query heads of one kv head
-// (a whole GQA group up to 8 heads), so each K/V byte of its partition is read once for all of them.
-// The CTA first copies its piece of the block table to shared memory, so no K/V load waits on a table load.
-// Lanes split head_dim in 16-byte pieces (D/8 lanes per token, a "lane group"); a warp walks chunks of
-// U tokens per lane group with the next chunk's loads in flight while it computes on the current one (keys
-// are refetched once the scores are taken, values once they are accumulated), and keeps an online softmax
-// per lane group (running max, sum and output in registers, base-2 exponentials with the scale folded into
-// q). At the end lane groups merge by shuffles, warps through shared memory.
-// With one partition the CTA writes the normalised output; otherwise it writes (unnormalised out, max, sum)
-// and a reduce kernel rescales and combines the partitions.
+// Grid (kv-head group, sequence, piece). A CTA covers up to kAttnCtaRow / head_dim kv heads (all 8 of a
+// Llama-3-8B layer), a warp per kv head, so each token's cache row is streamed as one contiguous run of up to
+// 2 KB. K/V tiles of kTile tokens go global -> shared through a kStages-deep cp.async pipeline (zero-filled past
+// the piece), 16-byte chunks XOR-swizzled by token so the ldmatrix reads are free of bank conflicts. Each warp
+// holds its kv head's query heads as the 16 rows of an mma.m16n8k16 A operand (padded with zero rows), takes
+// scores Q K^T and the update P V on the tensor cores, and keeps an online softmax per row in registers
+// (base-2 exponentials, the scale folded in before exp2).
+// Pieces are cut per sequence at run time: the attended span [first, len) is divided into gridDim.z equal
+// pieces (whole tiles), so a grid sized for the longest context a CUDA graph serves keeps every CTA busy at
+// shorter ones. With one piece the CTA writes the normalised output; otherwise each writes (unnormalised out,
+// max, sum) and a reduce kernel, launched as a programmatic dependent so its launch overlaps the main
+// kernel's tail, rescales and combines them.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
 
 #include "cuda/common.cuh"
+#include "cuda/mma.cuh"
+#include "cuda/smem_pipe.cuh"
 #include "cuda/paged_attention.h"
 
 namespace candle_vllm::cuda {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
+constexpr int kTile = 16;   // tokens per pipeline stage: the k of the P V mma
+constexpr int kStages = 3;  // tiles in shared memory; kStages - 1 in flight while one is computed
 constexpr float kLog2e = 1.4426950408889634f;
-
-// Two packed 16-bit floats of a 32-bit word as f32 (element 0 in the low half).
-template <typename T>
-__device__ __forceinline__ float2 unpack2(uint32_t w);
-template <>
-__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t w) {
-  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
-}
-template <>
-__device__ __forceinline__ float2 unpack2<__half>(uint32_t w) {
-  __half2 h;
-  memcpy(&h, &w, sizeof(h));
-  return __half22float2(h);
-}
-
-template <typename T>
-__device__ __forceinline__ void unpack8(float (&dst)[8], const uint4& r) {
-  const float2 a = unpack2<T>(r.x), b = unpack2<T>(r.y), c = unpack2<T>(r.z), d = unpack2<T>(r.w);
-  dst[0] = a.x; dst[1] = a.y; dst[2] = b.x; dst[3] = b.y; dst[4] = c.x; dst[5] = c.y; dst[6] = d.x; dst[7] = d.y;
-}
 
 // The value a running max is subtracted from: 0 while nothing was seen, so exp2(-inf - base) stays 0, not NaN.
 __device__ __forceinline__ float exp_base(float m) { return m == -INFINITY ? 0.f : m; }
 
-// Blocks of the table one CTA may touch: a piece of partition_size tokens can straddle one extra block.
-inline int64_t table_slice_len(int64_t partition_size, int64_t block_size) {
-  return (partition_size + block_size - 1) / block_size + 1;
+__device__ __forceinline__ int round_tile(int n) { return (n + kTile - 1) / kTile * kTile; }
+
+// Tokens per piece for a sequence attending to `span` tokens: an equal share of the pieces, whole tiles,
+// at most `cap` (the launcher's partition size rounded up to a tile).
+__device__ __forceinline__ int piece_len(int span, int parts, int cap) {
+  return max(kTile, min(round_tile((span + parts - 1) / parts), cap));
 }
 
 __device__ __forceinline__ int block_of(int j, int block_size, int block_shift) {
   return block_shift >= 0 ? j >> block_shift : j / block_size;
 }
 
-// The 16-byte slices of one lane's U tokens c + u * TPW + tg (zeros past t1, so they weigh nothing).
-template <typename T, int U, int TPW>
-__device__ __forceinline__ void load_rows(uint4 (&dst)[U], const T* __restrict__ cache, const int32_t* tbl, int b0,
-                                          int c, int t1, int tg, int block_size, int block_shift, size_t row,
-                                          size_t lane_off) {
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int j = c + u * TPW + tg;
-    if (j < t1) {
-      const int blk = tbl[block_of(j, block_size, block_shift) - b0];
-      const int off = block_shift >= 0 ? (j & (block_size - 1)) : j % block_size;
-      dst[u] = __ldg(reinterpret_cast<const uint4*>(cache + (static_cast<size_t>(blk) * block_size + off) * row + lane_off));
-    } else {
-      dst[u] = make_uint4(0u, 0u, 0u, 0u);
-    }
-  }
+__device__ __forceinline__ uint32_t ld_u32(const void* p) { return __ldg(reinterpret_cast<const unsigned int*>(p)); }
+
+template <typename T>
+__device__ __forceinline__ void store2(T* p, float a, float b) {
+  *reinterpret_cast<uint32_t*>(p) = pack2<T>(a, b);
 }
 
-template <typename T, int D, int MAXG, int U>
-__global__ void __launch_bounds__(kThreads) paged_decode_kernel(
+template <typename T, int D>
+__global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
     T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
     const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_lens, float* __restrict__ part_out,
-    float* __restrict__ part_ml, int group, int slices, int q_heads, int kv_heads, int64_t q_stride, int block_size,
-    int block_shift, int max_blocks, int partition_size, float qscale, float cap_log2, float inv_cap,
-    int sliding_window) {
-  constexpr int kLanes = D / 8;          // lanes per token
-  constexpr int kTpw = 32 / kLanes;      // tokens side by side in one warp load
-  constexpr int kChunk = kTpw * U;       // tokens per warp iteration
-  __shared__ float red[MAXG * D];        // output rows summed over warps
-  __shared__ float wstat[2][kWarps][MAXG];  // per warp max, sum
-  __shared__ float fin[2][MAXG];            // CTA max, sum
-  extern __shared__ int32_t tbl[];          // this piece's block ids, from block b0 on
+    float* __restrict__ part_ml, int group, int q_heads, int kv_heads, int64_t q_stride, int block_size,
+    int block_shift, int max_blocks, int piece_cap, float qscale, float cap_log2, float inv_cap, int sliding_window) {
+  constexpr int kHeadChunks = D / 8;      // 16-byte chunks of one kv head's row
+  constexpr int kTokStep = 256 / D;       // tokens one pass of the CTA's copies covers
+  constexpr int kKSteps = D / 16;         // k steps of Q K^T, and pairs of 8-wide column tiles of P V
+  extern __shared__ __align__(128) unsigned char smem[];
 
-  const int kvh = blockIdx.x / slices, slice = blockIdx.x % slices;
+  // The reduce kernel may start launching now; it waits for this grid's completion before reading.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+
+  const int warps = blockDim.x >> 5;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int seq = blockIdx.y, part = blockIdx.z, parts = gridDim.z;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int tg = lane / kLanes, sub = lane % kLanes;
-  const int nh = min(MAXG, group - slice * MAXG);  // query heads of this CTA
+  const int kvh0 = blockIdx.x * warps, kvh = kvh0 + warp;
+  const bool active = kvh < kv_heads;
+  const int row_chunks = warps * kHeadChunks;  // chunks of one token in a tile
+  const int tile_bytes = kTile * row_chunks * 16;
+  int32_t* tbl = reinterpret_cast<int32_t*>(smem + kStages * 2 * tile_bytes);
+  const int gid = lane >> 2, tig = lane & 3;  // mma fragment row group / thread in group
+  const int r0 = gid, r1 = gid + 8;           // this lane's query rows (heads of the group)
+
+  // A fragments of Q (rows past the group are zero), issued before anything waits on memory.
+  uint32_t qa[kKSteps][4];
+  {
+    const T* qb = q + static_cast<size_t>(seq) * q_stride + static_cast<size_t>(kvh) * group * D + tig * 2;
+    const bool v0 = active && r0 < group, v1 = active && r1 < group;
+#pragma unroll
+    for (int k = 0; k < kKSteps; ++k) {
+      qa[k][0] = v0 ? ld_u32(qb + r0 * D + k * 16) : 0u;
+      qa[k][1] = v1 ? ld_u32(qb + r1 * D + k * 16) : 0u;
+      qa[k][2] = v0 ? ld_u32(qb + r0 * D + k * 16 + 8) : 0u;
+      qa[k][3] = v1 ? ld_u32(qb + r1 * D + k * 16 + 8) : 0u;
+    }
+  }
+
   const int ctx = seq_lens[seq];
   const int first = sliding_window > 0 ? max(0, ctx - sliding_window) : 0;
-  const int t0 = max(part * partition_size, first), t1 = min((part + 1) * partition_size, ctx);
-  const size_t head0 = static_cast<size_t>(seq) * q_heads + kvh * group + slice * MAXG;
-  const size_t ml_l = static_cast<size_t>(gridDim.y) * q_heads;  // offset of the sums in part_ml
-
-  if (t1 <= t0) {  // empty piece (past the context, or before the window): contributes nothing
-    if (parts > 1) {
-      for (int g = threadIdx.x; g < nh; g += kThreads) {
-        part_ml[(head0 + g) * parts + part] = -INFINITY;
-        part_ml[(ml_l + head0 + g) * parts + part] = 0.f;
-      }
-    } else {
-      for (int e = threadIdx.x; e < nh * D; e += kThreads) out[head0 * D + e] = from_f32<T>(0.f);
+  const int plen = piece_len(ctx - first, parts, piece_cap);
+  const int t0 = first + part * plen, t1 = min(t0 + plen, ctx);
+  if (t1 <= t0) {  // past the context: the reduce reads only non-empty pieces
+    if (parts == 1) {
+      const size_t head0 = static_cast<size_t>(seq) * q_heads + static_cast<size_t>(kvh0) * group;
+      const int n = min(warps, kv_heads - kvh0) * group * D;
+      for (int e = tid; e < n; e += blockDim.x) out[head0 * D + e] = from_f32<T>(0.f);
     }
     return;
-  }
-
-  float qr[MAXG][8];
-  const T* qbase = q + static_cast<size_t>(seq) * q_stride + (static_cast<size_t>(kvh) * group + slice * MAXG) * D + sub * 8;
-#pragma unroll
-  for (int g = 0; g < MAXG; ++g) {
-    if (g < nh) {
-      unpack8<T>(qr[g], *reinterpret_cast<const uint4*>(qbase + static_cast<size_t>(g) * D));
-#pragma unroll
-      for (int e = 0; e < 8; ++e) qr[g][e] *= qscale;
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) qr[g][e] = 0.f;
-    }
-  }
-
-  float m[MAXG], l[MAXG], acc[MAXG][8];
-#pragma unroll
-  for (int g = 0; g < MAXG; ++g) {
-    m[g] = -INFINITY;
-    l[g] = 0.f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
   }
 
   const int b0 = block_of(t0, block_size, block_shift);
   const int nblk = block_of(t1 - 1, block_size, block_shift) - b0 + 1;
   const int32_t* table = block_tables + static_cast<size_t>(seq) * max_blocks + b0;
-  for (int i = threadIdx.x; i < nblk; i += kThreads) tbl[i] = table[i];
+  for (int i = tid; i < nblk; i += blockDim.x) tbl[i] = table[i];
   __syncthreads();
 
-  const size_t row = static_cast<size_t>(kv_heads) * D;  // elements per cache slot
-  const size_t lane_off = static_cast<size_t>(kvh) * D + sub * 8;
-  constexpr int kStride = kWarps * kChunk;
-  int c0 = t0 + warp * kChunk;
-  uint4 kr[U], vr[U];
-  load_rows<T, U, kTpw>(kr, kc, tbl, b0, c0, t1, tg, block_size, block_shift, row, lane_off);
-  load_rows<T, U, kTpw>(vr, vc, tbl, b0, c0, t1, tg, block_size, block_shift, row, lane_off);
-  // The loop bound is uniform over the warp (the shuffles need every lane).
-  for (; c0 < t1; c0 += kStride) {
-    float s[MAXG][U];
+  // Copy roles: this thread moves chunk c of tokens ts, ts + kTokStep, ... of every tile.
+  const int c = tid % row_chunks, ts = tid / row_chunks;
+  const bool chunk_ok = kvh0 + c / kHeadChunks < kv_heads;
+  const size_t row = static_cast<size_t>(kv_heads) * D;
+  const size_t col = static_cast<size_t>(kvh0) * D + c * 8;
+  const uint32_t sbase = smem_addr(smem);
+  auto load_tile = [&](int tile, int stage) {
+    const int j0 = t0 + tile * kTile;
+    const uint32_t ks = sbase + stage * 2 * tile_bytes, vs = ks + tile_bytes;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      float kf[8];
-      unpack8<T>(kf, kr[u]);
-#pragma unroll
-      for (int g = 0; g < MAXG; ++g) {
-        float d = 0.f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) d = fmaf(qr[g][e], kf[e], d);
-        s[g][u] = d;
+    for (int i = 0; i < kTile / kTokStep; ++i) {
+      const int t = ts + i * kTokStep, j = j0 + t;
+      const bool ok = chunk_ok && j < t1;
+      size_t src = 0;
+      if (ok) {
+        const int blk = tbl[block_of(j, block_size, block_shift) - b0];
+        const int off = block_shift >= 0 ? (j & (block_size - 1)) : j % block_size;
+        src = (static_cast<size_t>(blk) * block_size + off) * row + col;
       }
+      const uint32_t dst = static_cast<uint32_t>(t * row_chunks + (c ^ (t & 7))) * 16;
+      cp_async16(ks + dst, kc + src, ok);
+      cp_async16(vs + dst, vc + src, ok);
     }
-    load_rows<T, U, kTpw>(kr, kc, tbl, b0, c0 + kStride, t1, tg, block_size, block_shift, row, lane_off);
+  };
+
+  const int ntiles = (t1 - t0 + kTile - 1) / kTile;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const bool valid = c0 + u * kTpw + tg < t1;
-#pragma unroll
-      for (int g = 0; g < MAXG; ++g) {
-        float d = s[g][u];
-#pragma unroll
-        for (int o = kLanes / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-        if (cap_log2 > 0.f) d = cap_log2 * tanhf(d * inv_cap);
-        s[g][u] = valid ? d : -INFINITY;
-      }
-    }
-#pragma unroll
-    for (int g = 0; g < MAXG; ++g) {
-      float mx = m[g];
-#pragma unroll
-      for (int u = 0; u < U; ++u) mx = fmaxf(mx, s[g][u]);
-      const float base = exp_base(mx);
-      const float alpha = exp2f(m[g] - base);
-      m[g] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        s[g][u] = exp2f(s[g][u] - base);
-        sum += s[g][u];
-      }
-      l[g] = l[g] * alpha + sum;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[g][e] *= alpha;
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      float vf[8];
-      unpack8<T>(vf, vr[u]);
-#pragma unroll
-      for (int g = 0; g < MAXG; ++g)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(s[g][u], vf[e], acc[g][e]);
-    }
-    load_rows<T, U, kTpw>(vr, vc, tbl, b0, c0 + kStride, t1, tg, block_size, block_shift, row, lane_off);
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < ntiles) load_tile(s, s);
+    cp_async_commit();
   }
 
-  // Merge the lane groups of each warp (same head_dim slice, different tokens).
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  float o[2 * kKSteps][4];
 #pragma unroll
-  for (int o = kLanes; o < 32; o <<= 1) {
-#pragma unroll
-    for (int g = 0; g < MAXG; ++g) {
-      const float mo = __shfl_xor_sync(0xffffffffu, m[g], o);
-      const float lo = __shfl_xor_sync(0xffffffffu, l[g], o);
-      const float mx = fmaxf(m[g], mo), base = exp_base(mx);
-      const float a = exp2f(m[g] - base), b = exp2f(mo - base);
-      l[g] = l[g] * a + lo * b;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[g][e] = acc[g][e] * a + __shfl_xor_sync(0xffffffffu, acc[g][e], o) * b;
-      m[g] = mx;
-    }
-  }
-  if (lane == 0) {
-#pragma unroll
-    for (int g = 0; g < MAXG; ++g) {
-      wstat[0][warp][g] = m[g];
-      wstat[1][warp][g] = l[g];
-    }
-  }
-  for (int e = threadIdx.x; e < MAXG * D; e += kThreads) red[e] = 0.f;
-  __syncthreads();
+  for (int n = 0; n < 2 * kKSteps; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  // ldmatrix row addresses: K as x4 {tokens 0-7, 8-15} x {d, d+8}; V transposed as {d, d+8} x {tokens 0-7, 8-15}.
+  const int kt = ((lane >> 4) << 3) + (lane & 7), kcol = warp * kHeadChunks + ((lane >> 3) & 1);
+  const int vt = (((lane >> 3) & 1) << 3) + (lane & 7), vcol = warp * kHeadChunks + (lane >> 4);
 
-  // Merge the warps: rescale each to the CTA max and add up in shared memory.
-  if (lane < kLanes) {
+  for (int i = 0; i < ntiles; ++i) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // tile i landed for every thread; the stage of tile i - 1 is free again
+    if (i + kStages - 1 < ntiles) load_tile(i + kStages - 1, (i + kStages - 1) % kStages);
+    cp_async_commit();
+    if (!active) continue;
+    const uint32_t ks = sbase + (i % kStages) * 2 * tile_bytes, vs = ks + tile_bytes;
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
-    for (int g = 0; g < MAXG; ++g) {
-      if (g < nh) {
-        float mx = -INFINITY;
+    for (int k = 0; k < kKSteps; ++k) {
+      uint32_t b[4];
+      ldmatrix_x4(b, ks + static_cast<uint32_t>(kt * row_chunks + ((kcol + 2 * k) ^ (kt & 7))) * 16);
+      mma_16816<T>(s[0], qa[k], b[0], b[1]);
+      mma_16816<T>(s[1], qa[k], b[2], b[3]);
+    }
+    // s[n][e]: row r0 (e < 2) or r1, token n * 8 + tig * 2 + (e & 1) of the tile.
+    const int jb = t0 + i * kTile + tig * 2;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, wstat[0][w][g]);
-        const float a = exp2f(m[g] - exp_base(mx));
+    for (int n = 0; n < 2; ++n)
 #pragma unroll
-        for (int e = 0; e < 8; ++e) atomicAdd(&red[g * D + sub * 8 + e], acc[g][e] * a);
+      for (int e = 0; e < 4; ++e) {
+        float v = s[n][e] * qscale;
+        if (cap_log2 > 0.f) v = cap_log2 * tanhf(v * inv_cap);
+        s[n][e] = jb + n * 8 + (e & 1) < t1 ? v : -INFINITY;
       }
+    float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+    float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+#pragma unroll
+    for (int x = 1; x < 4; x <<= 1) {
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+    }
+    mx0 = fmaxf(mx0, m0);
+    mx1 = fmaxf(mx1, m1);
+    const float base0 = exp_base(mx0), base1 = exp_base(mx1);
+    const float a0 = exp2f(m0 - base0), a1 = exp2f(m1 - base1);
+    m0 = mx0;
+    m1 = mx1;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      s[n][0] = exp2f(s[n][0] - base0);
+      s[n][1] = exp2f(s[n][1] - base0);
+      s[n][2] = exp2f(s[n][2] - base1);
+      s[n][3] = exp2f(s[n][3] - base1);
+    }
+    l0 = l0 * a0 + (s[0][0] + s[0][1]) + (s[1][0] + s[1][1]);  // this lane's share; the row's 4 lanes add up at the end
+    l1 = l1 * a1 + (s[0][2] + s[0][3]) + (s[1][2] + s[1][3]);
+#pragma unroll
+    for (int n = 0; n < 2 * kKSteps; ++n) {
+      o[n][0] *= a0;
+      o[n][1] *= a0;
+      o[n][2] *= a1;
+      o[n][3] *= a1;
+    }
+    // The score fragments are the A fragment of P V as they stand (rows r0/r1, tokens tig*2 and 8 + tig*2).
+    const uint32_t pa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]), pack2<T>(s[1][0], s[1][1]),
+                            pack2<T>(s[1][2], s[1][3])};
+#pragma unroll
+    for (int n = 0; n < kKSteps; ++n) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, vs + static_cast<uint32_t>(vt * row_chunks + ((vcol + 2 * n) ^ (vt & 7))) * 16);
+      mma_16816<T>(o[2 * n], pa, b[0], b[1]);
+      mma_16816<T>(o[2 * n + 1], pa, b[2], b[3]);
     }
   }
-  if (threadIdx.x < MAXG) {
-    const int g = threadIdx.x;
-    float mx = -INFINITY, sum = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, wstat[0][w][g]);
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += wstat[1][w][g] * exp2f(wstat[0][w][g] - exp_base(mx));
-    fin[0][g] = mx;
-    fin[1][g] = sum;
-  }
-  __syncthreads();
+  cp_async_wait<0>();
+  if (!active) return;
 
+#pragma unroll
+  for (int x = 1; x < 4; x <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, x);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+  }
+  const size_t h = static_cast<size_t>(seq) * q_heads + static_cast<size_t>(kvh) * group;  // warp's first head
+  const bool w0 = r0 < group, w1 = r1 < group;
   if (parts == 1) {
-    for (int e = threadIdx.x; e < nh * D; e += kThreads) out[head0 * D + e] = from_f32<T>(red[e] / fin[1][e / D]);
+    const float inv0 = 1.f / l0, inv1 = 1.f / l1;
+#pragma unroll
+    for (int n = 0; n < 2 * kKSteps; ++n) {
+      const int d = n * 8 + tig * 2;
+      if (w0) store2<T>(out + (h + r0) * D + d, o[n][0] * inv0, o[n][1] * inv0);
+      if (w1) store2<T>(out + (h + r1) * D + d, o[n][2] * inv1, o[n][3] * inv1);
+    }
     return;
   }
-  for (int e = threadIdx.x; e < nh * D; e += kThreads) part_out[((head0 + e / D) * parts + part) * D + e % D] = red[e];
-  for (int g = threadIdx.x; g < nh; g += kThreads) {
-    part_ml[(head0 + g) * parts + part] = fin[0][g];
-    part_ml[(ml_l + head0 + g) * parts + part] = fin[1][g];
+  const size_t ml_l = static_cast<size_t>(gridDim.y) * q_heads;  // offset of the sums in part_ml
+#pragma unroll
+  for (int n = 0; n < 2 * kKSteps; ++n) {
+    const int d = n * 8 + tig * 2;
+    if (w0) *reinterpret_cast<float2*>(part_out + ((h + r0) * parts + part) * D + d) = make_float2(o[n][0], o[n][1]);
+    if (w1) *reinterpret_cast<float2*>(part_out + ((h + r1) * parts + part) * D + d) = make_float2(o[n][2], o[n][3]);
+  }
+  if (tig == 0) {
+    if (w0) {
+      part_ml[(h + r0) * parts + part] = m0;
+      part_ml[(ml_l + h + r0) * parts + part] = l0;
+    }
+    if (w1) {
+      part_ml[(h + r1) * parts + part] = m1;
+      part_ml[(ml_l + h + r1) * parts + part] = l1;
+    }
   }
 }
 
@@ -279,19 +264,23 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return warp_max(v);
 }
 
-// Combines the partitions of one (sequence, query head): rescale each by 2^(max_p - max) and normalise
-// (the maxima are in base-2 units, as the decode kernel keeps them). Threads take float4 columns of the
-// output and several partitions side by side, so many partial rows are in flight at once.
+// Combines the pieces of one (sequence, query head): rescale each by 2^(max_p - max) and normalise (the
+// maxima are in base-2 units, as the decode kernel keeps them). Threads take float4 columns of the output
+// and several pieces side by side, so many partial rows are in flight at once.
 template <typename T, int D>
 __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(
     T* __restrict__ out, const float* __restrict__ part_out, const float* __restrict__ part_ml,
-    const int32_t* __restrict__ seq_lens, int num_seqs, int q_heads, int parts, int partition_size) {
+    const int32_t* __restrict__ seq_lens, int num_seqs, int q_heads, int parts, int piece_cap, int sliding_window) {
   constexpr int kCols = D / 4;
   constexpr int kRows = kReduceThreads / kCols;
   __shared__ float scratch[kReduceThreads / 32];
   __shared__ float4 rows[kRows][kCols];
   const size_t head = static_cast<size_t>(blockIdx.y) * q_heads + blockIdx.x;
-  const int used = min(parts, (seq_lens[blockIdx.y] + partition_size - 1) / partition_size);
+  const int ctx = seq_lens[blockIdx.y];  // an input of the decode kernel, not its output: read before the wait
+  const int span = ctx - (sliding_window > 0 ? max(0, ctx - sliding_window) : 0);
+  const int plen = piece_len(span, parts, piece_cap);
+  const int used = min(parts, (span + plen - 1) / plen);
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const float* ms = part_ml + head * parts;
   const float* ls = part_ml + (static_cast<size_t>(num_seqs) * q_heads + head) * parts;
   float m = -INFINITY;
@@ -303,9 +292,8 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(
   den = block_sum(den);
   const int col = threadIdx.x % kCols, r = threadIdx.x / kCols;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
+#pragma unroll 8
   for (int p = r; p < used; p += kRows) {
-    if (ms[p] == -INFINITY) continue;  // an empty piece wrote no output row
     const float w = exp2f(ms[p] - base);
     const float4 x = __ldg(reinterpret_cast<const float4*>(part_out + (head * parts + p) * D) + col);
     acc.x += w * x.x; acc.y += w * x.y; acc.z += w * x.z; acc.w += w * x.w;
@@ -319,10 +307,8 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(
     }
     const float inv = den > 0.f ? 1.f / den : 0.f;
     T* o = out + head * D + col * 4;
-    o[0] = from_f32<T>(acc.x * inv);
-    o[1] = from_f32<T>(acc.y * inv);
-    o[2] = from_f32<T>(acc.z * inv);
-    o[3] = from_f32<T>(acc.w * inv);
+    store2<T>(o, acc.x * inv, acc.y * inv);
+    store2<T>(o + 2, acc.z * inv, acc.w * inv);
   }
 }
 
@@ -344,34 +330,74 @@ __global__ void reshape_and_cache_kernel(const T* __restrict__ k, const T* __res
   }
 }
 
-template <typename T, int D, int MAXG>
+// Dynamic shared memory a decode CTA needs: kStages K/V tiles plus its piece's block-table slice.
+inline size_t decode_smem_bytes(int64_t warps, int64_t head_dim, int64_t elem_bytes, int64_t piece_cap,
+                                int64_t block_size) {
+  const int64_t table = (piece_cap + block_size - 1) / block_size + 1;
+  return static_cast<size_t>(kStages * 2 * kTile * warps * head_dim * elem_bytes + table * 4);
+}
+
+// Raises the decode kernel's dynamic shared-memory limit to the device's opt-in maximum, once per kernel
+// instance and device, and returns that maximum. Runs outside stream work, so it is safe during CUDA-graph
+// capture. (Keyed by <T, D>, not by the kernel's function type, which every head_dim shares.)
+template <typename T, int D>
+int decode_smem_optin() {
+  static int limit[64] = {};
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "paged_attention_decode: cudaGetDevice");
+  if (dev >= 64) throw std::runtime_error("paged_attention_decode: device index above 63");
+  if (limit[dev] == 0) {
+    int optin = 0;
+    check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+               "paged_attention_decode: shared-memory limit");
+    check_cuda(cudaFuncSetAttribute(paged_decode_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin),
+               "paged_attention_decode: raise the shared-memory limit");
+    limit[dev] = optin;
+  }
+  return limit[dev];
+}
+
+template <typename T, int D>
 void launch_decode(T* out, const T* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens,
                    float* part_out, float* part_ml, int64_t num_seqs, int64_t q_heads, int64_t kv_heads,
                    int64_t q_stride, int64_t block_size, int64_t max_blocks, int64_t partition_size, int64_t parts,
                    float scale, float softcap, int64_t window, cudaStream_t stream) {
-  constexpr int kUnroll = MAXG <= 4 ? 8 : 4;  // tokens per lane group in flight; fewer with more heads (registers)
   const int64_t group = q_heads / kv_heads;
-  const int64_t slices = (group + MAXG - 1) / MAXG;
+  const int64_t warps = std::min<int64_t>(kv_heads, kAttnCtaRow / D);
+  const int64_t head_groups = (kv_heads + warps - 1) / warps;
+  const int64_t cap = (partition_size + kTile - 1) / kTile * kTile;
   int shift = -1;  // block_size as a shift when it is a power of two
   if ((block_size & (block_size - 1)) == 0)
     for (shift = 0; (int64_t{1} << shift) < block_size; ++shift) {}
-  // Scores are kept in base-2 units: the scale (and log2 e) is folded into q, or into the soft cap.
+  // Scores are kept in base-2 units: the scale (and log2 e) multiplies the raw dot products, or the soft cap.
   const float qscale = softcap > 0.f ? scale : scale * kLog2e;
   const float cap_log2 = softcap > 0.f ? softcap * kLog2e : 0.f;
   const float inv_cap = softcap > 0.f ? 1.f / softcap : 0.f;
-  const dim3 grid(static_cast<unsigned>(kv_heads * slices), static_cast<unsigned>(num_seqs), static_cast<unsigned>(parts));
-  const size_t smem = table_slice_len(partition_size, block_size) * sizeof(int32_t);
-  paged_decode_kernel<T, D, MAXG, kUnroll><<<grid, kThreads, smem, stream>>>(
-      out, q, kc, vc, tables, lens, part_out, part_ml, static_cast<int>(group), static_cast<int>(slices),
-      static_cast<int>(q_heads), static_cast<int>(kv_heads), q_stride, static_cast<int>(block_size), shift,
-      static_cast<int>(max_blocks), static_cast<int>(partition_size), qscale, cap_log2, inv_cap, static_cast<int>(window));
+  const size_t smem = decode_smem_bytes(warps, D, sizeof(T), cap, block_size);
+  if (smem > static_cast<size_t>(decode_smem_optin<T, D>()))
+    throw std::invalid_argument("paged_attention_decode: partition_size / block_size too large (the CTA's block-table "
+                                "slice does not fit shared memory); use a smaller partition_size");
+  const dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(num_seqs), static_cast<unsigned>(parts));
+  paged_decode_kernel<T, D><<<grid, static_cast<unsigned>(warps * 32), smem, stream>>>(
+      out, q, kc, vc, tables, lens, part_out, part_ml, static_cast<int>(group), static_cast<int>(q_heads),
+      static_cast<int>(kv_heads), q_stride, static_cast<int>(block_size), shift, static_cast<int>(max_blocks),
+      static_cast<int>(cap), qscale, cap_log2, inv_cap, static_cast<int>(window));
   check_launch("paged_attention_decode");
   if (parts > 1) {
-    const dim3 rgrid(static_cast<unsigned>(q_heads), static_cast<unsigned>(num_seqs));
-    paged_decode_reduce_kernel<T, D><<<rgrid, kReduceThreads, 0, stream>>>(
-        out, part_out, part_ml, lens, static_cast<int>(num_seqs), static_cast<int>(q_heads), static_cast<int>(parts),
-        static_cast<int>(partition_size));
-    check_launch("paged_attention_decode reduce");
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(q_heads), static_cast<unsigned>(num_seqs));
+    cfg.blockDim = dim3(kReduceThreads);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    check_cuda(cudaLaunchKernelEx(&cfg, paged_decode_reduce_kernel<T, D>, out, static_cast<const float*>(part_out),
+                                  static_cast<const float*>(part_ml), lens, static_cast<int>(num_seqs),
+                                  static_cast<int>(q_heads), static_cast<int>(parts), static_cast<int>(cap),
+                                  static_cast<int>(window)),
+               "paged_attention_decode reduce");
   }
 }
 
@@ -389,31 +415,21 @@ void paged_attention_decode(void* out, const void* q, const void* key_cache, con
     throw std::invalid_argument("paged_attention_decode: head_dim must be 64, 128 or 256");
   if (block_size < 1) throw std::invalid_argument("paged_attention_decode: block_size must be positive");
   if (partition_size < 1 || num_partitions < 1) throw std::invalid_argument("paged_attention_decode: bad partitioning");
-  if (table_slice_len(partition_size, block_size) * 4 > 48 * 1024)
-    throw std::invalid_argument("paged_attention_decode: partition_size / block_size above 12286 (the CTA's block-table "
-                                "slice must fit 48 KB of shared memory); use a smaller partition_size");
   if (num_partitions > 1 && (partial_out == nullptr || partial_ml == nullptr))
     throw std::invalid_argument("paged_attention_decode: split-KV needs partial buffers");
   if (num_seqs == 0) return;
   dispatch_float<false>(dtype, "paged_attention_decode", [&](auto tag) {
     using T = decltype(tag);
-    const int64_t group = q_heads / kv_heads;
-    auto run = [&](auto d_const, auto g_const) {
-      launch_decode<T, decltype(d_const)::value, decltype(g_const)::value>(
+    auto run = [&](auto d_const) {
+      launch_decode<T, decltype(d_const)::value>(
           static_cast<T*>(out), static_cast<const T*>(q), static_cast<const T*>(key_cache),
           static_cast<const T*>(value_cache), block_tables, seq_lens, partial_out, partial_ml, num_seqs, q_heads,
           kv_heads, q_stride, block_size, max_blocks, partition_size, num_partitions, scale, softcap, sliding_window,
           as_stream(stream));
     };
-    auto by_group = [&](auto d_const) {
-      if (group == 1) run(d_const, std::integral_constant<int, 1>{});
-      else if (group == 2) run(d_const, std::integral_constant<int, 2>{});
-      else if (group <= 4) run(d_const, std::integral_constant<int, 4>{});
-      else run(d_const, std::integral_constant<int, kAttnMaxSlice>{});
-    };
-    if (head_dim == 64) by_group(std::integral_constant<int, 64>{});
-    else if (head_dim == 128) by_group(std::integral_constant<int, 128>{});
-    else by_group(std::integral_constant<int, 256>{});
+    if (head_dim == 64) run(std::integral_constant<int, 64>{});
+    else if (head_dim == 128) run(std::integral_constant<int, 128>{});
+    else run(std::integral_constant<int, 256>{});
   });
 }
 

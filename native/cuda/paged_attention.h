@@ -8,18 +8,19 @@
 
 namespace candle_vllm::cuda {
 
-constexpr int kAttnMaxGroup = 16;  // query heads per kv head
-constexpr int kAttnMaxSlice = 8;   // query heads one CTA serves; larger groups take several CTAs per kv head
+constexpr int kAttnMaxGroup = 16;   // query heads per kv head (the rows of one warp's mma tile)
+constexpr int kAttnCtaRow = 1024;   // cache elements of one token a decode CTA covers: 1024 / head_dim kv heads
 
 // One query token per sequence: q [num_seqs, q_heads, head_dim] (sequence stride q_stride elements, heads
 // contiguous) attends to seq_lens[s] cached tokens through block_tables [num_seqs, max_blocks] (int32).
 // out [num_seqs, q_heads, head_dim] contiguous, same dtype as q and the cache (f16/bf16); head_dim 64/128/256.
 // softcap <= 0 disables logit soft-capping; sliding_window <= 0 disables the window. With num_partitions > 1
-// the context is cut in partition_size pieces (split-KV): partial_out f32 [num_seqs, q_heads, num_partitions,
-// head_dim] and partial_ml f32 [2, num_seqs, q_heads, num_partitions] hold the pieces until the reduce kernel
-// (launched here too) combines them. num_partitions * partition_size must cover the longest context; the grid
-// depends only on num_partitions, so a CUDA graph captured for the longest context serves every shorter one.
-// Any block_size works; powers of two take the shift path.
+// each sequence's attended span is cut at run time into num_partitions equal pieces of whole 16-token tiles
+// (split-KV), each at most partition_size rounded up to a tile: partial_out f32 [num_seqs, q_heads,
+// num_partitions, head_dim] and partial_ml f32 [2, num_seqs, q_heads, num_partitions] hold the pieces until
+// the reduce kernel (launched here too) combines them. num_partitions * partition_size must cover the longest
+// context; the grid depends only on num_partitions, so a CUDA graph captured for the longest context serves
+// every shorter one with all its CTAs busy. Any block_size works; powers of two take the shift path.
 void paged_attention_decode(void* out, const void* q, const void* key_cache, const void* value_cache,
                             const int32_t* block_tables, const int32_t* seq_lens, float* partial_out,
                             float* partial_ml, int64_t num_seqs, int64_t q_heads, int64_t kv_heads,

@@ -19,6 +19,7 @@ from candle_vllm.pyengine.ops import native
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 _COUNTER_SLOTS = 1 << 16  # split-K tiles of 16 rows: covers N up to ~1M
+_ATTN_TILE = 16  # tokens per K/V tile of the decode attention kernel (pieces are whole tiles)
 
 
 def available(device: torch.device) -> bool:
@@ -200,17 +201,31 @@ def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, 
     )
 
 
-def decode_partition_size(num_seqs: int, kv_heads: int, group: int, max_seq_len: int, sms: int) -> int:
-    """Tokens per split-KV piece: the largest power of two (64 .. 8192) that still gives about 1.5 CTAs per SM
-    (a CTA serves one kv head's group of up to 8 query heads). Measured on the H200 (2026-11-30, 32/8 heads,
-    D=128): fewer, longer pieces win as soon as every SM has work (batch 1 / 4k: 128 tokens 22 us vs 64 tokens
-    32 us; batch 64 / 1k: one piece 144 us vs 512 tokens 170 us), since each piece pays a start-up latency and
-    its share of the reduce."""
-    ctas = num_seqs * kv_heads * math.ceil(group / 8)
-    size = 8192
-    while size > 64 and ctas * math.ceil(max_seq_len / size) < 1.5 * sms:
-        size //= 2
-    return size
+def decode_head_groups(kv_heads: int, head_dim: int) -> int:
+    """CTAs per sequence and piece: a decode CTA covers ``cuda_attn_cta_row // head_dim`` kv heads (a warp each)."""
+    per_cta = min(kv_heads, native.module().cuda_attn_cta_row // head_dim)
+    return math.ceil(kv_heads / per_cta)
+
+
+@functools.lru_cache(maxsize=1024)
+def decode_partition_size(num_seqs: int, kv_heads: int, head_dim: int, max_seq_len: int, sms: int) -> int:
+    """Tokens per split-KV piece for a grid serving contexts up to ``max_seq_len``.
+
+    A decode CTA holds three 16-token K/V tiles in shared memory, so one runs per SM. Cost model in tile times:
+    (waves of CTAs) x (tiles per CTA + one of start-up) + pieces / 18 (each piece's partial output and its
+    share of the reduce). Fitted to the H200 sweep of 2026-11-30 (32/8 heads, D=128): batch 1 at 4k, 64 pieces
+    12.5 us vs 128 pieces 15.2 us vs 32 pieces 18.9 us; at 32k 128 pieces 43.5 us; batch 64 at 1k 2 pieces
+    72.9 us; batch 16 at 4k 8 pieces 70.9 us. The kernel divides each sequence's actual span into the same
+    number of pieces, so shorter contexts in a graph-sized grid keep every CTA busy.
+    """
+    ctas = num_seqs * decode_head_groups(kv_heads, head_dim)
+    max_tiles = max(1, math.ceil(max_seq_len / _ATTN_TILE))
+    best, best_cost = 1, math.inf
+    for parts in range(1, min(max_tiles, 4096) + 1):
+        cost = math.ceil(ctas * parts / sms) * (math.ceil(max_tiles / parts) + 1) + parts / 18
+        if cost < best_cost:
+            best, best_cost = parts, cost
+    return math.ceil(math.ceil(max_seq_len / best) / _ATTN_TILE) * _ATTN_TILE
 
 
 def paged_decode_supported(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
@@ -244,7 +259,9 @@ def paged_decode_attention(
     """One query token per sequence over the paged cache: q [B, Hq, D] -> out [B, Hq, D].
 
     ``max_seq_len`` (host int, >= every seq_lens entry) fixes the split-KV grid, so a CUDA graph captured with
-    the model's maximum length serves every shorter context. block_tables int32 [B, max_blocks], seq_lens int32 [B].
+    the model's maximum length serves every shorter context (the kernel cuts each sequence's actual span into
+    that grid's pieces). ``partition_size`` overrides the automatic piece length (benchmarks and tests use it).
+    block_tables int32 [B, max_blocks], seq_lens int32 [B].
     """
     if not paged_decode_supported(q, kv_cache):
         raise ValueError(
@@ -257,7 +274,7 @@ def paged_decode_attention(
     b, hq, d = q.shape
     _, _, block_size, hk, _ = kv_cache.shape
     if partition_size is None:
-        partition_size = decode_partition_size(b, hk, hq // hk, max_seq_len, sm_count(_device_index(q.device)))
+        partition_size = decode_partition_size(b, hk, d, max_seq_len, sm_count(_device_index(q.device)))
     parts = max(1, math.ceil(max_seq_len / partition_size))
     out = torch.empty(b, hq, d, dtype=q.dtype, device=q.device)
     po_ptr = pml_ptr = 0

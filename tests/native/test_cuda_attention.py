@@ -102,6 +102,47 @@ def test_sliding_window_and_softcap(partition_size: int) -> None:
     assert rel_error(got, want) < REL_TOL[torch.float16]
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_kv_heads_not_a_multiple_of_the_cta_heads(d: int) -> None:
+    """12 kv heads: a CTA covers 1024 / d of them, so the last CTA of each sequence has idle warps and copies."""
+    seq_lens = [9, 130, 777]
+    q, cache, table_t, tables = _paged_case(seq_lens, 24, 12, d, 32, torch.bfloat16, seed=d)
+    lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
+    poison_allocator(DEV, 1 << 22)
+    got = cuda.paged_decode_attention(q, cache, table_t, lens_t, d**-0.5, max_seq_len=1024, partition_size=64)
+    assert rel_error(got, _reference(q, cache, tables, seq_lens, d**-0.5)) < REL_TOL[torch.bfloat16]
+
+
+def test_graph_replay_with_other_lengths_and_automatic_split() -> None:
+    """One CUDA graph captured for a 24k grid (automatic piece count), replayed over shorter and longer contexts
+    than at capture: the kernel re-cuts each sequence's span into the captured pieces, and the reduce (a
+    programmatic dependent launch) stays ordered after it inside the graph."""
+    max_len = 24576
+    q, cache, table_t, tables = _paged_case([max_len, 3000], 32, 8, 128, 64, torch.bfloat16, seed=11)
+    lens_t = torch.tensor([5, 5], dtype=torch.int32, device=DEV)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        cuda.paged_decode_attention(q, cache, table_t, lens_t, 0.09, max_seq_len=max_len)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = cuda.paged_decode_attention(q, cache, table_t, lens_t, 0.09, max_seq_len=max_len)
+    for lens in ([5, 5], [max_len, 3000], [1, 2999], [17000, 64]):
+        lens_t.copy_(torch.tensor(lens, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_error(out, _reference(q, cache, tables, lens, 0.09)) < REL_TOL[torch.bfloat16], lens
+
+
+def test_partition_rule_covers_the_grid() -> None:
+    """The automatic piece length is whole 16-token tiles and, times the piece count, covers max_seq_len."""
+    for b, hk, d, max_len in [(1, 8, 128, 4096), (1, 8, 128, 32768), (64, 8, 128, 1024), (7, 2, 64, 100), (3, 16, 256, 9)]:
+        size = cuda.decode_partition_size(b, hk, d, max_len, cuda.sm_count(0))
+        assert size % 16 == 0 and size > 0
+        assert math.ceil(max_len / size) * size >= max_len
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_reshape_and_cache_writes_slots_and_skips_padding(dtype: torch.dtype) -> None:
     g = torch.Generator(device=DEV).manual_seed(3)
