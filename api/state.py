@@ -64,6 +64,10 @@ class ServerState:
 
             self.mcp = McpManager(config.mcp_servers, config.mcp_refresh_s)
 
+    def mcp_tools(self) -> list[dict[str, Any]] | None:
+        """The MCP servers' tools (``ID_TOOLNAME``), offered to chat requests that bring none; None without MCP."""
+        return self.mcp.tools() if self.mcp is not None else None
+
     @property
     def nursery(self) -> trio.Nursery:
         if self._nursery is None:

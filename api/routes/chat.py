@@ -82,8 +82,7 @@ async def chat_completions() -> Any:
     req = parse_request(ChatCompletionRequest, await read_json())
     model = check_model(state, req.model)
     check_tool_history(req.messages)
-    mcp = getattr(state, "mcp", None)
-    tools = plan_tools(req, mcp.tools() if mcp is not None else None, state.tool_parser, model)
+    tools = plan_tools(req, state.mcp_tools(), state.tool_parser, model)
     thinking = req.thinking_switch()
     tokenizer = state.engine.tokenizer
     text = render_chat(tokenizer, req, tools.tools, thinking)

@@ -59,7 +59,8 @@ async def tokenize() -> dict[str, Any]:
     check_model(state, req.model)
     tokenizer = state.engine.tokenizer
     if req.messages is not None:
-        ids = tokenizer.encode(render_chat(tokenizer, req, req.tools), add_special_tokens=False)
+        tools = req.tools or state.mcp_tools()  # what a chat request with these messages would offer
+        ids = tokenizer.encode(render_chat(tokenizer, req, tools), add_special_tokens=False)
     else:
         ids = tokenizer.encode(req.prompt or "", add_special_tokens=req.add_special_tokens)
     body: dict[str, Any] = {"count": len(ids), "max_model_len": state.engine.max_model_len, "tokens": ids}

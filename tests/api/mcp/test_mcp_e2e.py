@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import jsonschema
 import pytest
 import trio
@@ -113,6 +114,15 @@ def test_mcp_tools_are_in_the_prompt_when_the_request_brings_none(chat: Chat, sd
     bare = chat.prompt_ids(ASK)  # tool_choice none offers nothing
     chat.create("Fine.", bare, tool_choice="none")
     assert chat.model.prompts[-1] == bare
+
+
+def test_tokenize_counts_the_prompt_a_chat_request_would_get(chat: Chat, server: ServerThread,
+                                                            sdk_tools: list[Any]) -> None:
+    body = {"model": "scripted", "messages": ASK}
+    got = httpx2.post(f"{server.urls[0]}/tokenize", json=body, timeout=30).json()
+    assert got["tokens"] == chat.prompt_ids(ASK, expected_tools(sdk_tools, "local", "remote"))
+    own = httpx2.post(f"{server.urls[0]}/tokenize", json={**body, "tools": TOOLS}, timeout=30).json()
+    assert own["tokens"] == chat.prompt_ids(ASK, TOOLS)
 
 
 def test_a_call_of_an_mcp_tool_comes_back_to_the_client(chat: Chat, demo: HttpDemo, sdk_tools: list[Any]) -> None:
