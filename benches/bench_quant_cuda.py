@@ -1,7 +1,10 @@
 """GGUF CUDA kernels: fused dequantize + GEMV bandwidth per type and Llama-3-8B shape, and dequantize throughput.
 
     python benches/bench_quant_cuda.py                 # every type, the 8B shapes, M = 1 (and M = 8 for some)
-    python benches/bench_quant_cuda.py --types q4k q8_0 --m 1 4 8 --json out.json
+    python benches/bench_quant_cuda.py --types q4k q8_0 --m 1 4 8 --kernels dp4a --json out.json
+
+Both GEMV kernels are timed where a type has them: "dp4a" (x rounded to int8 per 32 values, its own small
+launch included in the time) and "mma" (f16/bf16 x on tensor cores).
 
 Each figure is the median over graph replays of one launch per weight copy, the copies together several times
 the 50 MB L2 so every launch streams its weight from HBM. GB/s counts the quantized bytes read once (x and y are
@@ -68,10 +71,10 @@ def copies_for(nbytes: int) -> int:
     return max(2, -(-256 * 2**20 // nbytes))
 
 
-def bench_gemv(qtype: QT, n: int, k: int, m: int, gen: torch.Generator) -> dict[str, float]:
+def bench_gemv(qtype: QT, n: int, k: int, m: int, kernel: cuda_gguf.GemvKernel, gen: torch.Generator) -> dict[str, float]:
     w = [random_blocks(qtype, n, k, gen) for _ in range(copies_for(n * k // 2))]
     x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
-    sec = time_per_launch([lambda d=d: cuda_gguf.gemv(x, d, qtype, n, k) for d in w])
+    sec = time_per_launch([lambda d=d: cuda_gguf.gemv(x, d, qtype, n, k, kernel=kernel) for d in w])
     nbytes = w[0].numel()
     return {"us": sec * 1e6, "gb_s": nbytes / sec / 1e9, "fraction": nbytes / sec / CEILING_BYTES_PER_S}
 
@@ -95,6 +98,9 @@ def main() -> None:
     ap.add_argument("--types", nargs="+", default=list(TYPES), choices=list(TYPES))
     ap.add_argument("--m", nargs="+", type=int, default=[1], help="activation rows (1..8)")
     ap.add_argument("--m8-types", nargs="*", default=["q4k", "q8_0", "q4_0"], help="types also timed at M = 8")
+    ap.add_argument("--kernels", nargs="+", default=["dp4a", "mma"], choices=["dp4a", "mma"])
+    ap.add_argument("--no-dequant", action="store_true", help="skip the dequantize throughput rows")
+    ap.add_argument("--no-dense", action="store_true", help="skip the bf16 skinny-GEMM baseline rows")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     gen = torch.Generator(DEV).manual_seed(0)
@@ -105,17 +111,19 @@ def main() -> None:
         print(f"{kind:8s} {name:6s} {shape[0]:>6d}x{shape[1]:<6d} M={m}  {r['us']:9.2f} us  {r['gb_s']:7.0f} GB/s"
               f"  {100 * r['fraction']:5.1f} %", flush=True)
 
-    for n, k in SHAPES:
+    for n, k in SHAPES if not args.no_dense else []:
         for m in sorted(set(args.m) | {8}):
             emit("bf16", "bf16", (n, k), m, bench_dense(n, k, m, gen))
     for name in args.types:
         qtype = TYPES[name]
         shapes = SHAPES + ([LM_HEAD] if qtype in (QT.Q6_K, QT.Q8_0) else [])
-        for n, k in shapes:
-            ms = sorted(set(args.m) | ({8} if name in args.m8_types else set()))
-            for m in ms:
-                emit("gemv", name, (n, k), m, bench_gemv(qtype, n, k, m, gen))
-        emit("dequant", name, (28672, 4096), 0, bench_dequant(qtype, 28672, 4096, gen))
+        kernels = [k for k in args.kernels if k == "mma" or cuda_gguf.dp4a_supported(qtype)]
+        for kernel in kernels:
+            for n, k in shapes:
+                for m in sorted(set(args.m) | ({8} if name in args.m8_types else set())):
+                    emit(kernel, name, (n, k), m, bench_gemv(qtype, n, k, m, kernel, gen))
+        if not args.no_dequant:
+            emit("dequant", name, (28672, 4096), 0, bench_dequant(qtype, 28672, 4096, gen))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

@@ -28,5 +28,16 @@ static Registrar registrar([](py::module_& m) {
                         to_dtype(dtype), stream);
       },
       "y[M,N] = x[M,K] @ W[N,K]^T for M <= 8, W in GGUF blocks (fused dequantize)");
+  m.def("cuda_gguf_gemv_q8_supported", &cuda::gguf_gemv_q8_supported,
+        "whether cuda_gguf_gemv_q8 (int8 activations, dp4a) decodes this GGUF type code");
+  m.attr("cuda_gguf_xblock_bytes") = cuda::kGgufXBlockBytes;
+  m.def(
+      "cuda_gguf_gemv_q8",
+      [](uintptr_t y, uintptr_t x, uintptr_t xq, uintptr_t xb, uintptr_t w, int64_t M, int64_t N, int64_t K,
+         int qtype, int dtype, uintptr_t stream) {
+        cuda::gguf_gemv_q8(as_ptr<void>(y), as_ptr<const void>(x), as_ptr<int8_t>(xq), as_ptr<void>(xb),
+                           as_ptr<const uint8_t>(w), M, N, K, qtype, to_dtype(dtype), stream);
+      },
+      "y[M,N] = x[M,K] @ W[N,K]^T for M <= 8: x quantized to int8 blocks into scratch xq/xb, then dp4a");
 });
 #endif  // CANDLE_VLLM_WITH_CUDA

@@ -23,4 +23,16 @@ void gguf_dequantize(void* out, const uint8_t* w, const int64_t* ids, int64_t ro
 void gguf_gemv(void* y, const void* x, const uint8_t* w, int64_t M, int64_t N, int64_t K, int qtype, DType dtype,
                std::uintptr_t stream);
 
+// Bytes of scratch per 32 activations for gguf_gemv_q8's xb (an f32 scale and two int16 code sums).
+constexpr int kGgufXBlockBytes = 8;
+
+// True for the types gguf_gemv_q8 decodes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
+bool gguf_gemv_q8_supported(int qtype);
+
+// The same product with x first quantized to int8 per 32-element block (scale amax / 127, written to the
+// caller's scratch: xq [M * K] int8, xb [M * K / 32] blocks of kGgufXBlockBytes), then dp4a dot products
+// against the weight codes. K a multiple of 32; x, xq, w 16-byte aligned, xb 8-byte aligned.
+void gguf_gemv_q8(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
+                  int qtype, DType dtype, std::uintptr_t stream);
+
 }  // namespace candle_vllm::cuda

@@ -8,6 +8,8 @@ so the calls can be captured in CUDA graphs.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
@@ -50,18 +52,51 @@ def gemv_supported(x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features:
     )
 
 
-def gemv(x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features: int, in_features: int) -> torch.Tensor:
-    """y [M, N] = x [M, K] @ W.T for decode-sized M (<= 8), W read once straight from its GGUF blocks."""
+GemvKernel = Literal["auto", "dp4a", "mma"]
+
+
+def dp4a_supported(qtype: QT) -> bool:
+    """Whether the int8-activation GEMV (x quantized per 32 values, dp4a dot products) handles ``qtype``."""
+    return native.module().cuda_gguf_gemv_q8_supported(int(qtype))
+
+
+def gemv(
+    x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features: int, in_features: int, kernel: GemvKernel = "auto"
+) -> torch.Tensor:
+    """y [M, N] = x [M, K] @ W.T for decode-sized M (<= 8), W read once straight from its GGUF blocks.
+
+    Two kernels: "dp4a" rounds each 32-value block of x to int8 (scale amax / 127, as the CPU kernels do) and
+    takes integer dot products with the weight codes, the fast path where the type has one; "mma" keeps x in
+    f16/bf16 and multiplies decoded weights on tensor cores (every type, no activation rounding). "auto" picks
+    dp4a when the type has it.
+    """
     if not gemv_supported(x, data, qtype, out_features, in_features):
         raise ValueError(
             "gguf gemv needs x [M<=8, K] contiguous f16/bf16 and W as contiguous 16-byte aligned uint8 blocks of a "
             f"supported type on the same CUDA device; got x {tuple(x.shape)} {x.dtype} {x.device}, "
             f"{QT(qtype).name} data of {data.numel()} bytes for [{out_features}, {in_features}]"
         )
-    y = torch.empty(x.shape[0], out_features, dtype=x.dtype, device=x.device)
-    native.module().cuda_gguf_gemv(
-        y.data_ptr(), x.data_ptr(), data.data_ptr(), x.shape[0], out_features, in_features, int(qtype),
-        native.dtype_code(x), native.stream(x.device),
+    if kernel not in ("auto", "dp4a", "mma"):
+        raise ValueError(f"gguf gemv kernel must be 'auto', 'dp4a' or 'mma', got {kernel!r}")
+    use_dp4a = dp4a_supported(qtype) if kernel == "auto" else kernel == "dp4a"
+    if use_dp4a and not dp4a_supported(qtype):
+        raise ValueError(f"the dp4a gguf gemv has no {QT(qtype).name} kernel; use kernel='mma' or 'auto'")
+    m, mod = x.shape[0], native.module()
+    y = torch.empty(m, out_features, dtype=x.dtype, device=x.device)
+    stream = native.stream(x.device)
+    if not use_dp4a:
+        mod.cuda_gguf_gemv(
+            y.data_ptr(), x.data_ptr(), data.data_ptr(), m, out_features, in_features, int(qtype),
+            native.dtype_code(x), stream,
+        )
+        return y
+    if x.data_ptr() % 16:
+        x = x.clone()  # the activation quantizer reads 16-byte aligned rows
+    xq = torch.empty(m * in_features, dtype=torch.int8, device=x.device)
+    xb = torch.empty(m * in_features // 32 * mod.cuda_gguf_xblock_bytes, dtype=torch.uint8, device=x.device)
+    mod.cuda_gguf_gemv_q8(
+        y.data_ptr(), x.data_ptr(), xq.data_ptr(), xb.data_ptr(), data.data_ptr(), m, out_features, in_features,
+        int(qtype), native.dtype_code(x), stream,
     )
     return y
 

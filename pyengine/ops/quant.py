@@ -2,9 +2,10 @@
 
 Weights stay in their GGUF block encoding (a uint8 tensor) so a quantized model keeps its small memory
 footprint. On CPU the native kernels decode blocks on the fly (decode-sized batches: integer dot products with
-8-bit quantized activations, as llama.cpp does). On CUDA, decode batches (<= 8 rows) run the fused dequantize +
-GEMV kernel (f16/bf16 activations, tensor-core f32 accumulation), larger batches dequantize W into a scratch
-tensor and multiply with cuBLAS through torch. Elsewhere the weight is dequantized and multiplied with torch. The pure-torch dequantizers below are the reference the
+8-bit quantized activations, as llama.cpp does). On CUDA, decode batches (<= 8 rows) run a fused GEMV that reads
+each quantized byte once (int8-quantized activations and dp4a for the types that have it, else f16/bf16
+activations on tensor cores), larger batches dequantize W into a scratch tensor and multiply with cuBLAS
+through torch. Elsewhere the weight is dequantized and multiplied with torch. The pure-torch dequantizers below are the reference the
 native kernels are tested against, and what runs on devices without native kernels.
 """
 

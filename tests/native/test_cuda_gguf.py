@@ -3,14 +3,19 @@
 Blocks are random bytes (random codes and packed sub-block scales) whose f16 scale fields are replaced by random
 finite, moderate, non-zero values. Bounds:
 - dequantize: exact in f32 (the kernel repeats gguf's f32 operations); f16/bf16 equal the exact value rounded.
-- fused GEMV (f16/bf16 activations, f32 accumulation on tensor cores): each weight is rebuilt as
+- mma GEMV (f16/bf16 activations, f32 accumulation on tensor cores): each weight is rebuilt as
   (code - offset) * a + b in the activation dtype (a, b and the result each rounded once), the output rounded
   once, so ||y - y64|| / ||y64|| stays under the shared bf16 1e-2 / f16 2e-3 bounds (a few ulps of 2^-9 / 2^-12,
   measured well below) against x @ W64.T in float64.
+- dp4a GEMV (x rounded to int8 per 32 values): each activation moves by at most amax/254 of its block, so
+  |y - x @ W64.T| <= (amax_per_block(|x|) @ |W64|.T) / 254 (x1.001 for the f32 scale), plus f32 rounding
+  (1e-5 * |x| @ |W|.T) and the output's half ulp. That bound is loose, so y must also equal x8 @ W64.T within
+  f32 rounding and the half ulp, x8 being x quantized the kernel's way (re-implemented below in torch).
 - end to end: SmolLM2's greedy tokens on the GPU equal the CPU path's for the first GREEDY_TOKENS tokens. They
-  need not agree for ever: the CPU kernels round activations to int8 per block before each dot product and the
-  GPU keeps them in bf16, so the logits differ by ~1e-2 and the first near-tie between the top two tokens can
-  flip; from there the continuations differ.
+  need not agree for ever: both round activations to int8 before each dot product, but in different blocks
+  (the CPU per 256 values for the K types, the GPU per 32) and with different f32 summation orders, so the
+  logits differ by ~1e-2 and the first near-tie between the top two tokens can flip; from there the
+  continuations differ.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ SCALE_FIELDS = {
     QT.Q2_K: (80, 82), QT.Q3_K: (108,), QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,),
 }
 GREEDY_TOKENS = 6
+HALF_ULP = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
 
 @pytest.fixture(autouse=True)
@@ -89,10 +95,42 @@ def test_gathered_rows_equal_gguf(qtype: QT) -> None:
     assert torch.equal(got.cpu(), oracle(raw, qtype, rows, cols)[ids])
 
 
-@pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] rounded as the dp4a kernel does, as float64: per 32 values, f32 scale amax / 127, codes
+    round(x * (127 / amax)) with ties away from zero, all in f32."""
+    m, k = x.shape
+    xf = x.float().view(m, k // 32, 32)
+    amax = xf.abs().amax(dim=-1, keepdim=True)
+    # torch.full_like(...) / amax is an IEEE division (127.0 / amax would be 127 * reciprocal(amax) in torch).
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
+    scaled = xf * inv
+    codes = torch.trunc(scaled + torch.where(scaled >= 0, 0.5, -0.5))
+    return (codes.double() * (amax / 127.0).double()).reshape(m, k)
+
+
+def assert_dp4a_within(got: torch.Tensor, x: torch.Tensor, w64: torch.Tensor) -> None:
+    """The dp4a GEMV's bounds (module docstring) against x @ W64.T and x8 @ W64.T."""
+    got = got.double().cpu()
+    x64 = x.double()
+    m, k = x.shape
+    amax = x64.abs().view(m, k // 32, 32).amax(dim=-1, keepdim=True).expand(m, k // 32, 32).reshape(m, k)
+    x8 = quantize_activations(x)
+    want, want8 = x64 @ w64.T, x8 @ w64.T
+    rounding = 1e-5 * (x64.abs() @ w64.abs().T) + HALF_ULP[x.dtype] * 1.001 * want8.abs() + 1e-30
+    for ref, bound in ((want8, rounding), (want, amax @ w64.abs().T / 254 * 1.001 + rounding)):
+        worst = float(((got - ref).abs() / bound).max())
+        assert worst <= 1.0, f"error exceeds its bound by x{worst:.3f}"
+
+
+GEMV_CASES = [(q, "mma") for q in BLOCK_TYPES] + [
+    (q, "dp4a") for q in BLOCK_TYPES if q not in (QT.Q2_K, QT.Q3_K)
+]
+
+
+@pytest.mark.parametrize(("qtype", "kernel"), GEMV_CASES, ids=lambda v: getattr(v, "name", v))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gemv_matches_float64(qtype: QT, dtype: torch.dtype) -> None:
-    """M = 1..8, odd N (a partial 16-row tile), rows whose byte length is not a multiple of 16."""
+def test_gemv_matches_float64(qtype: QT, kernel: str, dtype: torch.dtype) -> None:
+    """M = 1..8, odd N (a partial row tile), rows whose byte length is not a multiple of 16."""
     n, k = 333, cols_for(qtype, 5)
     raw = random_blocks(qtype, n, k, seed=100 + int(qtype))
     w64 = oracle(raw, qtype, n, k).double()
@@ -101,22 +139,35 @@ def test_gemv_matches_float64(qtype: QT, dtype: torch.dtype) -> None:
     for m in range(1, 9):
         x = torch.randn(m, k, generator=g).to(dtype)
         poison_allocator(DEV, 8 * n * 4)
-        got = cuda_gguf.gemv(x.to(DEV), data, qtype, n, k)
+        got = cuda_gguf.gemv(x.to(DEV), data, qtype, n, k, kernel=kernel)
         assert got.shape == (m, n) and got.dtype == dtype
-        err = rel_error(got, x.double() @ w64.T)
-        assert err < REL_TOL[dtype], f"{qtype.name} {dtype} M={m}: relative error {err:.2e}"
+        if kernel == "dp4a":
+            assert_dp4a_within(got, x, w64)
+        else:
+            err = rel_error(got, x.double() @ w64.T)
+            assert err < REL_TOL[dtype], f"{qtype.name} {dtype} M={m}: relative error {err:.2e}"
+
+
+def test_dp4a_refuses_types_without_a_kernel() -> None:
+    data = torch.from_numpy(random_blocks(QT.Q3_K, 4, 256, seed=1)).to(DEV)
+    x = torch.randn(1, 256, device=DEV, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="no Q3_K kernel"):
+        cuda_gguf.gemv(x, data, QT.Q3_K, 4, 256, kernel="dp4a")
 
 
 @pytest.mark.parametrize("m", [1, 8, 9, 200])
 def test_quant_matmul_dispatch_on_cuda(m: int) -> None:
-    """ops.quant.quant_matmul on CUDA: the fused GEMV up to 8 rows, dequantize + cuBLAS beyond, same function."""
+    """ops.quant.quant_matmul on CUDA: the dp4a GEMV up to 8 rows, dequantize + cuBLAS beyond, same function."""
     qtype, n, k = QT.Q4_K, 517, 1024
     raw = random_blocks(qtype, n, k, seed=m)
     w64 = oracle(raw, qtype, n, k).double()
     x = torch.randn(2, m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
     got = quant.quant_matmul(x.to(DEV), torch.from_numpy(raw).to(DEV), qtype, n, k)
     assert got.shape == (2, m, n) and got.device.type == "cuda"
-    assert rel_error(got, x.double() @ w64.T) < REL_TOL[torch.bfloat16]
+    if 2 * m <= 8:
+        assert_dp4a_within(got.view(2 * m, n), x.view(2 * m, k), w64)
+    else:
+        assert rel_error(got, x.double() @ w64.T) < REL_TOL[torch.bfloat16]
 
 
 def test_gemv_inside_a_cuda_graph() -> None:

@@ -1,0 +1,182 @@
+// Decode GEMV against int8 activations: y[M, N] = x[M, K] @ W[N, K]^T for M <= 8, W in GGUF blocks.
+//
+// Two launches on the caller's stream. The first quantizes each 32-element block of x to int8 codes with scale
+// amax / 127 (IEEE division and rounding half away from zero, as the CPU kernels do) plus per-half code sums.
+// The second streams W (a programmatic dependent launch: it fetches its first weights while the quantizer runs):
+// a 128-thread CTA owns kRows weight rows and its threads walk the row's blocks together,
+// each taking one Part of a block (gguf_q8.cuh) for all kRows rows at once, so several independent weight loads
+// are in flight per thread and each activation load serves every row. Products are integer dp4a sums scaled
+// per block in f32; threads reduce by warp shuffles and one shared-memory step. No shared-memory staging: the
+// int8 activations (K bytes per token) stay in L1 and are shared by all CTAs of an SM.
+#include "cuda/common.cuh"
+#include "cuda/gguf.h"
+#include "cuda/gguf_q8.cuh"
+
+namespace candle_vllm::cuda {
+namespace {
+
+using gguf::XBlock;
+constexpr int kThreads = 128;
+
+// Eight threads per 32-element block, four elements each.
+template <typename T>
+__global__ void __launch_bounds__(256) quantize_x_kernel(const T* __restrict__ x, int8_t* __restrict__ xq,
+                                                        XBlock* __restrict__ xb, int64_t blocks) {
+  // The GEMV may start now: it streams its first weights while this grid runs and waits before reading xq.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t blk = i >> 3;
+  const bool live = blk < blocks;
+  float v[4] = {0.f, 0.f, 0.f, 0.f};
+  if (live) {
+    const Vec<T, 4> in = *reinterpret_cast<const Vec<T, 4>*>(x + 4 * i);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = to_f32(in.v[j]);
+  }
+  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float inv = amax > 0.f ? __fdiv_rn(127.f, amax) : 0.f;
+  uint32_t packed = 0;
+  int sum = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float s = __fmul_rn(v[j], inv);
+    const int q = static_cast<int>(truncf(__fadd_rn(s, s >= 0.f ? 0.5f : -0.5f)));
+    sum += q;
+    packed |= (static_cast<uint32_t>(q) & 0xFF) << (8 * j);
+  }
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);  // lanes 0-3 hold the first half's sum, 4-7 the second's
+  const int upper = __shfl_down_sync(0xffffffffu, sum, 4);
+  if (!live) return;
+  reinterpret_cast<uint32_t*>(xq)[i] = packed;
+  if ((i & 7) == 0) {
+    XBlock b;
+    b.d = __fdiv_rn(amax, 127.f);
+    b.sum[0] = static_cast<int16_t>(sum);
+    b.sum[1] = static_cast<int16_t>(upper);
+    xb[blk] = b;
+  }
+}
+
+template <class Q, int M, int R>
+__global__ void __launch_bounds__(kThreads) gemv_q8_kernel(void* __restrict__ y, bool bf16,
+                                                           const int8_t* __restrict__ xq,
+                                                           const XBlock* __restrict__ xb,
+                                                           const uint8_t* __restrict__ w, int rows_m, int N, int K,
+                                                           int64_t row_bytes) {
+  const int row0 = blockIdx.x * R;
+  const int slots = K / Q::kBlockElems * Q::kParts;
+  const uint8_t* wr[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) wr[r] = w + static_cast<int64_t>(min(row0 + r, N - 1)) * row_bytes;
+  float acc[R][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+
+  Q part[R];
+  auto load_parts = [&](int s) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) part[r].load(wr[r] + static_cast<int64_t>(s / Q::kParts) * Q::kBlockBytes, s % Q::kParts);
+  };
+  // The first weights do not depend on the activation quantizer (launched just before, see gguf_gemv_q8):
+  // fetch them, then wait for its grid.
+  if (threadIdx.x < slots) load_parts(threadIdx.x);
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  for (int s = threadIdx.x; s < slots; s += kThreads) {
+    const int b = s / Q::kParts, p = s % Q::kParts;
+    if (s != threadIdx.x) load_parts(s);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const int t = min(m, rows_m - 1);  // rows past M re-read the last one; their sums are dropped
+      typename Q::X xv;
+      Q::load_x(xv, xq + static_cast<int64_t>(t) * K + b * Q::kBlockElems,
+                xb + static_cast<int64_t>(t) * (K / 32) + b * (Q::kBlockElems / 32), p);
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r][m] += part[r].dot(xv);
+    }
+  }
+
+  __shared__ float red[kThreads / 32][R * M];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float v = warp_sum(acc[r][m]);
+      if (lane == 0) red[warp][r * M + m] = v;
+    }
+  __syncthreads();
+  if (threadIdx.x < R * M) {
+    const int r = threadIdx.x / M, m = threadIdx.x % M, row = row0 + r;
+    float v = 0.f;
+#pragma unroll
+    for (int i = 0; i < kThreads / 32; ++i) v += red[i][threadIdx.x];
+    if (row < N && m < rows_m) {
+      const int64_t at = static_cast<int64_t>(m) * N + row;
+      if (bf16) static_cast<__nv_bfloat16*>(y)[at] = __float2bfloat16_rn(v);
+      else static_cast<__half*>(y)[at] = __float2half_rn(v);
+    }
+  }
+}
+
+template <class Q, int M, int R>
+void launch_gemv(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int rows_m, int N, int K,
+                 cudaStream_t stream) {
+  const int64_t row_bytes = static_cast<int64_t>(K / Q::kBlockElems) * Q::kBlockBytes;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>((N + R - 1) / R));
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // overlap the quantizer (griddepcontrol)
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  check_cuda(cudaLaunchKernelEx(&cfg, gemv_q8_kernel<Q, M, R>, y, bf16, xq, xb, w, rows_m, N, K, row_bytes),
+             "gguf_gemv_q8");
+}
+
+}  // namespace
+
+bool gguf_gemv_q8_supported(int qtype) {
+  return gguf::dispatch_q8(qtype, [](auto) {});
+}
+
+void gguf_gemv_q8(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
+                  int qtype, DType dtype, std::uintptr_t stream) {
+  if (M < 1 || M > kGgufGemvMaxM) throw std::invalid_argument("gguf_gemv_q8: M must be in 1..8");
+  if (N < 1 || K < 1 || N > INT32_MAX || K > INT32_MAX / 8) throw std::invalid_argument("gguf_gemv_q8: bad N or K");
+  if (K % 32 != 0) throw std::invalid_argument("gguf_gemv_q8: K must be a multiple of 32");
+  if (!aligned16(w, xq, x) || reinterpret_cast<std::uintptr_t>(xb) % 8 != 0)
+    throw std::invalid_argument("gguf_gemv_q8: w, x and xq must be 16-byte aligned, xb 8-byte aligned");
+  if (dtype != DType::F16 && dtype != DType::BF16) throw std::invalid_argument("gguf_gemv_q8: dtype must be f16 or bf16");
+  const cudaStream_t s = as_stream(stream);
+  const int64_t blocks = M * K / 32;
+  auto* xbp = static_cast<XBlock*>(xb);
+  dispatch_float<false>(dtype, "gguf_gemv_q8", [&](auto t) {
+    using T = decltype(t);
+    const unsigned grid = static_cast<unsigned>((blocks * 8 + 255) / 256);
+    quantize_x_kernel<T><<<grid, 256, 0, s>>>(static_cast<const T*>(x), xq, xbp, blocks);
+  });
+  check_launch("gguf_gemv_q8: quantize activations");
+  const bool bf16 = dtype == DType::BF16;
+  const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
+  const bool known = gguf::dispatch_q8(qtype, [&](auto tag) {
+    using Q = decltype(tag);
+    if (K % Q::kBlockElems != 0) throw std::invalid_argument("gguf_gemv_q8: K must be a whole number of blocks");
+    // Rows per CTA from a measured sweep (benches/RESULTS.md): per type at one token (Q::kRowsAtM1), 4 from
+    // four tokens up (each activation load then serves 4 rows).
+    if (m == 1) launch_gemv<Q, 1, Q::kRowsAtM1>(y, bf16, xq, xbp, w, m, n, k, s);
+    else if (m == 2) launch_gemv<Q, 2, 2>(y, bf16, xq, xbp, w, m, n, k, s);
+    else if (m <= 4) launch_gemv<Q, 4, 4>(y, bf16, xq, xbp, w, m, n, k, s);
+    else launch_gemv<Q, 8, 4>(y, bf16, xq, xbp, w, m, n, k, s);
+  });
+  if (!known) throw std::invalid_argument("gguf_gemv_q8: no int8-activation kernel for GGUF type " + std::to_string(qtype));
+  check_launch("gguf_gemv_q8");
+}
+
+}  // namespace candle_vllm::cuda

@@ -1,0 +1,391 @@
+// GGUF weights against int8-quantized activations (dp4a dot products), shared by the decode GEMV kernel and a
+// host check. Plain integer code with host fallbacks for the CUDA intrinsics.
+//
+// Activations: each row of x is cut into 32-element blocks, each stored as int8 codes (row-major, [M, K]) plus an
+// XBlock: the f32 scale d = amax / 127 and the integer sums of the codes of its two 16-element halves (those
+// give the offset and min terms of the weight formulas without per-element work).
+//
+// A weight block is shared by kParts threads; each thread's Part loads its share of the block's bytes with the
+// widest loads the block's alignment allows, turns them into int8-lane words (4 codes per word) plus float
+// scales once, and its dot() is then used for every activation row. X<Q> holds the matching activation words.
+// Part p's elements, per type:
+//  - Q4_0/Q4_1/Q5_0/Q5_1 (kParts 1): the whole 32-element block.
+//  - Q8_0 (kParts 2): elements 16p..16p+15.
+//  - Q4_K/Q5_K (kParts 8): g = p/2, h = p%2: elements 64g+16h+[0,16) (sub-block 2g) and +32 (sub-block 2g+1).
+//  - Q6_K (kParts 8): h = p/4, l0 = 8(p%4): elements 128h+32q+l0+[0,8) for q = 0..3.
+#pragma once
+#include <cstdint>
+
+#ifndef __CUDACC__
+#include <vector_types.h>
+#endif
+
+#include "cuda/gguf_decode.cuh"
+
+namespace candle_vllm::gguf {
+
+struct XBlock {
+  float d;
+  int16_t sum[2];  // sums of the int8 codes of elements 0..15 and 16..31
+};
+static_assert(sizeof(XBlock) == 8, "XBlock is read as one 8-byte load");
+
+constexpr uint32_t kNib = 0x0F0F0F0Fu;
+
+GGUF_HD int dp4a(uint32_t a, uint32_t b, int c) {
+#ifdef __CUDA_ARCH__
+  return __dp4a(static_cast<int>(a), static_cast<int>(b), c);
+#else
+  for (int i = 0; i < 4; ++i)
+    c += static_cast<int8_t>(a >> (8 * i)) * static_cast<int8_t>(b >> (8 * i));
+  return c;
+#endif
+}
+
+// Bits 32..63 of (hi:lo) >> 16.
+GGUF_HD uint32_t mid16(uint32_t lo, uint32_t hi) {
+#ifdef __CUDA_ARCH__
+  return __funnelshift_r(lo, hi, 16);
+#else
+  return (lo >> 16) | (hi << 16);
+#endif
+}
+
+template <typename V>
+GGUF_HD V ld(const void* p) {
+#ifdef __CUDA_ARCH__
+  return __ldg(static_cast<const V*>(p));
+#else
+  return *static_cast<const V*>(p);
+#endif
+}
+
+// Bytes [p, p + 4N) of a 2-byte aligned p as N words, reading only the aligned words that hold them.
+template <int N>
+GGUF_HD void ld_words_a2(const uint8_t* p, uint32_t (&out)[N]) {
+  const bool odd = (reinterpret_cast<std::uintptr_t>(p) & 2) != 0;
+  const uint32_t* a = reinterpret_cast<const uint32_t*>(p - (odd ? 2 : 0));
+  uint32_t w[N + 1];
+#pragma unroll
+  for (int i = 0; i < N; ++i) w[i] = ld<uint32_t>(a + i);
+  w[N] = odd ? ld<uint32_t>(a + N) : 0u;
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = odd ? mid16(w[i], w[i + 1]) : w[i];
+}
+
+GGUF_HD float half_lo(uint32_t w) {
+#ifdef __CUDA_ARCH__
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xFFFF)));
+#else
+  const uint8_t b[2] = {static_cast<uint8_t>(w), static_cast<uint8_t>(w >> 8)};
+  return f16(b);
+#endif
+}
+GGUF_HD float half_hi(uint32_t w) { return half_lo(w >> 16); }
+
+// The f16 at a 2-byte aligned p as f32.
+GGUF_HD float ld_f16_a2(const uint8_t* p) {
+  const bool odd = (reinterpret_cast<std::uintptr_t>(p) & 2) != 0;
+  const uint32_t w = ld<uint32_t>(p - (odd ? 2 : 0));
+  return odd ? half_hi(w) : half_lo(w);
+}
+
+// Bit 4 of byte j = bit j of the low 4 bits of n (the fifth bit of 4 adjacent 5-bit codes).
+GGUF_HD uint32_t bit4_of_bytes(uint32_t n) { return ((n & 0xF) * 0x00204081u & 0x01010101u) << 4; }
+
+// Activation words and scales for one Part: kPieces pieces of kWords words, each piece in one 32-element block.
+template <int kPieces, int kWords>
+struct XWords {
+  uint32_t q[kPieces][kWords];
+  float d[kPieces];
+  int sum[kPieces];
+};
+
+GGUF_HD void ld_x_words(const int8_t* p, uint32_t* out, int words) {
+  if (words == 4) {
+    const uint4 v = ld<uint4>(p);
+    out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+  } else {
+    const uint2 v = ld<uint2>(p);
+    out[0] = v.x, out[1] = v.y;
+  }
+}
+
+// Piece i of X: kWords words at element e of the row (e within 32-element block e / 32); half: which 16-element
+// half's code sum to keep (-1: both).
+template <int P, int W>
+GGUF_HD void ld_x_piece(XWords<P, W>& x, int i, const int8_t* xq, const XBlock* xb, int e, int half) {
+  ld_x_words(xq + e, x.q[i], W);
+  const uint2 b = ld<uint2>(xb + e / 32);  // an XBlock
+  const int s0 = static_cast<int16_t>(b.y & 0xFFFF), s1 = static_cast<int16_t>(b.y >> 16);
+#ifdef __CUDA_ARCH__
+  x.d[i] = __uint_as_float(b.x);
+#else
+  std::memcpy(&x.d[i], &b.x, 4);
+#endif
+  x.sum[i] = half < 0 ? s0 + s1 : half == 0 ? s0 : s1;
+}
+
+// ---- 32-element types: one thread per block --------------------------------------------------------------
+
+// The 16 code bytes of a Q4_0/Q4_1 block -> low nibbles (elements 0..15) and high nibbles (16..31).
+GGUF_HD int dot_nibbles(const uint32_t (&qs)[4], const XWords<2, 4>& x, int& lo, int& hi) {
+  lo = 0, hi = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    lo = dp4a(qs[k] & kNib, x.q[0][k], lo);
+    hi = dp4a((qs[k] >> 4) & kNib, x.q[1][k], hi);
+  }
+  return lo + hi;
+}
+
+template <int Q>
+struct Q8Dot;
+
+// Shared by the 32-element types: X is the block's two 16-element halves.
+struct Block32X {
+  static constexpr int kRowsAtM1 = 2;  // weight rows per CTA for one token (measured, gguf_gemv_q8.cu)
+  using X = XWords<2, 4>;
+  GGUF_HD static void load_x(X& x, const int8_t* xq, const XBlock* xb, int) {
+    ld_x_piece(x, 0, xq, xb, 0, 0);
+    ld_x_piece(x, 1, xq, xb, 16, 1);
+  }
+};
+
+template <>
+struct Q8Dot<Q4_0> : Block32X {
+  static constexpr int kBlockElems = 32, kBlockBytes = 18, kParts = 1;
+  uint32_t qs[4];
+  float d;
+  GGUF_HD void load(const uint8_t* b, int) {
+    ld_words_a2(b + 2, qs);
+    d = ld_f16_a2(b);
+  }
+  GGUF_HD float dot(const X& x) const {
+    int lo, hi;
+    const int s = dot_nibbles(qs, x, lo, hi) - 8 * (x.sum[0] + x.sum[1]);
+    return d * x.d[0] * static_cast<float>(s);
+  }
+};
+
+template <>
+struct Q8Dot<Q4_1> : Block32X {
+  static constexpr int kBlockElems = 32, kBlockBytes = 20, kParts = 1;
+  uint32_t qs[4];
+  float d, m;
+  GGUF_HD void load(const uint8_t* b, int) {  // 4-byte aligned
+    const uint32_t dm = ld<uint32_t>(b);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) qs[k] = ld<uint32_t>(b + 4 + 4 * k);
+    d = half_lo(dm), m = half_hi(dm);
+  }
+  GGUF_HD float dot(const X& x) const {
+    int lo, hi;
+    const int s = dot_nibbles(qs, x, lo, hi);
+    return x.d[0] * (d * static_cast<float>(s) + m * static_cast<float>(x.sum[0] + x.sum[1]));
+  }
+};
+
+// Q5_0/Q5_1: nibbles plus the fifth bits from the 32-bit qh word (bit i = element i).
+GGUF_HD void add_fifth_bits(uint32_t (&lo)[4], uint32_t (&hi)[4], const uint32_t (&qs)[4], uint32_t qh) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    lo[k] = (qs[k] & kNib) | bit4_of_bytes(qh >> (4 * k));
+    hi[k] = ((qs[k] >> 4) & kNib) | bit4_of_bytes(qh >> (16 + 4 * k));
+  }
+}
+
+GGUF_HD int dot_codes(const uint32_t (&lo)[4], const uint32_t (&hi)[4], const XWords<2, 4>& x) {
+  int s = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) s = dp4a(lo[k], x.q[0][k], s), s = dp4a(hi[k], x.q[1][k], s);
+  return s;
+}
+
+template <>
+struct Q8Dot<Q5_0> : Block32X {
+  static constexpr int kBlockElems = 32, kBlockBytes = 22, kParts = 1;
+  uint32_t lo[4], hi[4];
+  float d;
+  GGUF_HD void load(const uint8_t* b, int) {
+    uint32_t qs[4], qh[1];
+    ld_words_a2(b + 6, qs);
+    ld_words_a2(b + 2, qh);
+    d = ld_f16_a2(b);
+    add_fifth_bits(lo, hi, qs, qh[0]);
+  }
+  GGUF_HD float dot(const X& x) const {
+    const int s = dot_codes(lo, hi, x) - 16 * (x.sum[0] + x.sum[1]);
+    return d * x.d[0] * static_cast<float>(s);
+  }
+};
+
+template <>
+struct Q8Dot<Q5_1> : Block32X {
+  static constexpr int kBlockElems = 32, kBlockBytes = 24, kParts = 1;
+  uint32_t lo[4], hi[4];
+  float d, m;
+  GGUF_HD void load(const uint8_t* b, int) {  // 8-byte aligned
+    const uint2 h = ld<uint2>(b), q0 = ld<uint2>(b + 8), q1 = ld<uint2>(b + 16);
+    const uint32_t qs[4] = {q0.x, q0.y, q1.x, q1.y};
+    d = half_lo(h.x), m = half_hi(h.x);
+    add_fifth_bits(lo, hi, qs, h.y);
+  }
+  GGUF_HD float dot(const X& x) const {
+    const int s = dot_codes(lo, hi, x);
+    return x.d[0] * (d * static_cast<float>(s) + m * static_cast<float>(x.sum[0] + x.sum[1]));
+  }
+};
+
+template <>
+struct Q8Dot<Q8_0> {
+  static constexpr int kBlockElems = 32, kBlockBytes = 34, kParts = 2, kRowsAtM1 = 2;
+  using X = XWords<1, 4>;
+  uint32_t qs[4];
+  float d;
+  GGUF_HD void load(const uint8_t* b, int p) {
+    ld_words_a2(b + 2 + 16 * p, qs);
+    d = ld_f16_a2(b);
+  }
+  GGUF_HD static void load_x(X& x, const int8_t* xq, const XBlock* xb, int p) { ld_x_piece(x, 0, xq, xb, 16 * p, p); }
+  GGUF_HD float dot(const X& x) const {
+    int s = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) s = dp4a(qs[k], x.q[0][k], s);
+    return d * x.d[0] * static_cast<float>(s);
+  }
+};
+
+// ---- 256-element types -------------------------------------------------------------------------------------
+
+// Q4_K/Q5_K scale and min of sub-block j from the 12 packed bytes as three words.
+GGUF_HD void k4_scale_min_words(uint32_t s0, uint32_t s1, uint32_t s2, int j, int& sc, int& m) {
+  if (j < 4) {
+    sc = (s0 >> (8 * j)) & 63;
+    m = (s1 >> (8 * j)) & 63;
+  } else {
+    const int k = 8 * (j - 4);
+    const uint32_t b = (s2 >> k) & 0xFF;
+    sc = static_cast<int>((b & 0xF) | (((s0 >> k) >> 6 & 3) << 4));
+    m = static_cast<int>((b >> 4) | (((s1 >> k) >> 6 & 3) << 4));
+  }
+}
+
+// Q4_K/Q5_K part: codes of sub-blocks 2g (lo) and 2g+1 (hi) for half h, w = (a * code - b) per sub-block.
+struct K4Part {
+  static constexpr int kRowsAtM1 = 4;
+  using X = XWords<2, 4>;
+  uint32_t lo[4], hi[4];
+  float a[2], b[2];
+  GGUF_HD void load_header(const uint8_t* blk, int g) {
+    const uint4 h = ld<uint4>(blk);
+    const float d = half_lo(h.x), dmin = half_hi(h.x);
+    for (int i = 0; i < 2; ++i) {
+      int sc, m;
+      k4_scale_min_words(h.y, h.z, h.w, 2 * g + i, sc, m);
+      a[i] = d * static_cast<float>(sc);
+      b[i] = dmin * static_cast<float>(m);
+    }
+  }
+  GGUF_HD static void load_x(X& x, const int8_t* xq, const XBlock* xb, int p) {
+    const int g = p >> 1, h = p & 1;
+    ld_x_piece(x, 0, xq, xb, 64 * g + 16 * h, h);
+    ld_x_piece(x, 1, xq, xb, 64 * g + 32 + 16 * h, h);
+  }
+  GGUF_HD float dot(const X& x) const {
+    int slo = 0, shi = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) slo = dp4a(lo[k], x.q[0][k], slo), shi = dp4a(hi[k], x.q[1][k], shi);
+    return x.d[0] * (a[0] * static_cast<float>(slo) - b[0] * static_cast<float>(x.sum[0])) +
+           x.d[1] * (a[1] * static_cast<float>(shi) - b[1] * static_cast<float>(x.sum[1]));
+  }
+};
+
+template <>
+struct Q8Dot<Q4_K> : K4Part {
+  static constexpr int kBlockElems = 256, kBlockBytes = 144, kParts = 8;
+  GGUF_HD void load(const uint8_t* blk, int p) {  // 16-byte aligned
+    const int g = p >> 1, h = p & 1;
+    const uint4 q = ld<uint4>(blk + 16 + 32 * g + 16 * h);
+    const uint32_t qs[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) lo[k] = qs[k] & kNib, hi[k] = (qs[k] >> 4) & kNib;
+    load_header(blk, g);
+  }
+};
+
+template <>
+struct Q8Dot<Q5_K> : K4Part {
+  static constexpr int kBlockElems = 256, kBlockBytes = 176, kParts = 8;
+  GGUF_HD void load(const uint8_t* blk, int p) {  // 16-byte aligned
+    const int g = p >> 1, h = p & 1;
+    const uint4 q = ld<uint4>(blk + 48 + 32 * g + 16 * h), e = ld<uint4>(blk + 16 + 16 * h);
+    const uint32_t qs[4] = {q.x, q.y, q.z, q.w}, qh[4] = {e.x, e.y, e.z, e.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      lo[k] = (qs[k] & kNib) | (((qh[k] >> (2 * g)) & 0x01010101u) << 4);
+      hi[k] = ((qs[k] >> 4) & kNib) | (((qh[k] >> (2 * g + 1)) & 0x01010101u) << 4);
+    }
+    load_header(blk, g);
+  }
+};
+
+// Codes 0..63 per byte -> code - 32 as int8 lanes (no carries: code + 96 < 256).
+GGUF_HD uint32_t minus32(uint32_t c) { return (c + 0x60606060u) ^ 0x80808080u; }
+
+template <>
+struct Q8Dot<Q6_K> {
+  static constexpr int kBlockElems = 256, kBlockBytes = 210, kParts = 8, kRowsAtM1 = 2;
+  using X = XWords<4, 2>;
+  uint32_t c[4][2];  // quarter q (elements 128h + 32q + l0 ..), two words of 4 signed codes
+  float a[4];
+  GGUF_HD void load(const uint8_t* blk, int p) {
+    const int h = p >> 2, l0 = 8 * (p & 3), is = (p & 3) >> 1;
+    uint32_t qa[2], qb[2], qh[2], sc[2];
+    ld_words_a2(blk + 64 * h + l0, qa);
+    ld_words_a2(blk + 64 * h + 32 + l0, qb);
+    ld_words_a2(blk + 128 + 32 * h + l0, qh);
+    ld_words_a2(blk + 192 + 8 * h, sc);
+    const float d = ld_f16_a2(blk + 208);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      c[0][k] = minus32((qa[k] & kNib) | ((qh[k] << 4) & 0x30303030u));
+      c[1][k] = minus32((qb[k] & kNib) | ((qh[k] << 2) & 0x30303030u));
+      c[2][k] = minus32(((qa[k] >> 4) & kNib) | (qh[k] & 0x30303030u));
+      c[3][k] = minus32(((qb[k] >> 4) & kNib) | ((qh[k] >> 2) & 0x30303030u));
+    }
+    // Scale of quarter q: byte is + 2q of the 8 at 192 + 8h.
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      a[q] = d * static_cast<float>(static_cast<int8_t>(sc[q >> 1] >> (8 * (is + 2 * (q & 1)))));
+  }
+  GGUF_HD static void load_x(X& x, const int8_t* xq, const XBlock* xb, int p) {
+    const int h = p >> 2, l0 = 8 * (p & 3);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) ld_x_piece(x, q, xq, xb, 128 * h + 32 * q + l0, 0);
+  }
+  GGUF_HD float dot(const X& x) const {
+    float s = 0.f;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) s += a[q] * x.d[q] * static_cast<float>(dp4a(c[q][1], x.q[q][1], dp4a(c[q][0], x.q[q][0], 0)));
+    return s;
+  }
+};
+
+// Calls f(Q8Dot<Q>{}) for the types with an int8-activation GEMV; false for the others.
+template <typename F>
+GGUF_HD bool dispatch_q8(int q, F&& f) {
+  switch (q) {
+    case Q4_0: f(Q8Dot<Q4_0>{}); return true;
+    case Q4_1: f(Q8Dot<Q4_1>{}); return true;
+    case Q5_0: f(Q8Dot<Q5_0>{}); return true;
+    case Q5_1: f(Q8Dot<Q5_1>{}); return true;
+    case Q8_0: f(Q8Dot<Q8_0>{}); return true;
+    case Q4_K: f(Q8Dot<Q4_K>{}); return true;
+    case Q5_K: f(Q8Dot<Q5_K>{}); return true;
+    case Q6_K: f(Q8Dot<Q6_K>{}); return true;
+    default: return false;
+  }
+}
+
+}  // namespace candle_vllm::gguf
