@@ -72,7 +72,10 @@ def copy_bandwidth() -> float:
     return 2 * n / statistics.median(times[2:])
 
 
-def gemm_rows(peak: float, results: list[dict]) -> None:
+GEMM_MS = (1, 4, 8, 16, 32, 48, 64)
+
+
+def gemm_rows(peak: float, results: list[dict], ms: tuple[int, ...] = GEMM_MS) -> None:
     shapes = [("qkv", 6144, 4096), ("o_proj", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336),
               ("lm_head", 128256, 4096)]
     print(f"\n== skinny GEMM bf16 (copy ceiling {peak / 1e9:.0f} GB/s) ==")
@@ -80,7 +83,7 @@ def gemm_rows(peak: float, results: list[dict]) -> None:
     for name, n, k in shapes:
         copies = copies_for(n * k * 2)
         ws = [torch.randn(n, k, device=DEV).to(BF16) for _ in range(copies)]
-        for m in (1, 4, 8, 16):
+        for m in ms:
             x = torch.randn(m, k, device=DEV).to(BF16)
             want = x.double() @ ws[0].double().T
             err = ((cuda.skinny_gemm(x, ws[0]).double() - want).norm() / want.norm()).item()
@@ -92,18 +95,21 @@ def gemm_rows(peak: float, results: list[dict]) -> None:
             results.append(row)
             print(f"{row['shape']:<24}{m:>3}{ours * 1e6:>10.1f}{row['gbps']:>8.0f}{100 * nbytes / ours / peak:>6.0f}%"
                   f"{blas * 1e6:>11.1f}{row['cublas_gbps']:>8.0f}{blas / ours:>8.2f}x  err {err:.1e}")
-    print("\n-- split-K sweep (M=1 and 16) --")
-    for name, n, k in [("o_proj", 4096, 4096), ("down", 4096, 14336), ("qkv", 6144, 4096)]:
+    sweep_ms = [m for m in (1, 16, 32, 64) if m in ms]
+    print(f"\n-- split-K sweep (M={sweep_ms}) --")
+    for name, n, k in [("o_proj", 4096, 4096), ("down", 4096, 14336), ("qkv", 6144, 4096), ("gate_up", 28672, 4096)]:
         copies = copies_for(n * k * 2)
         ws = [torch.randn(n, k, device=DEV).to(BF16) for _ in range(copies)]
-        for m in (1, 16):
+        for m in sweep_ms:
+            if name == "gate_up" and m <= 16:
+                continue
             x = torch.randn(m, k, device=DEV).to(BF16)
             cells = []
             for splits in (1, 2, 3, 4, 6, 8):
                 t = graph_seconds(lambda i, s=splits: cuda.skinny_gemm(x, ws[i % copies], splits=s))
                 cells.append(f"s{splits}:{t * 1e6:.1f}")
                 results.append(dict(kernel="skinny_gemm_splits", shape=f"{name} {n}x{k}", m=m, splits=splits, us=t * 1e6))
-            auto = cuda.skinny_gemm_splits(n, k, cuda.sm_count(0))
+            auto = cuda.skinny_gemm_splits(n, k, cuda.sm_count(0), m)
             print(f"{name} {n}x{k} M={m} (auto {auto}): " + "  ".join(cells))
 
 
@@ -240,19 +246,33 @@ def elementwise_rows(peak: float, results: list[dict]) -> None:
         ours = graph_seconds(lambda i: cuda.silu_and_mul(gs[i % copies]))
         ref = graph_seconds(lambda i: F.silu(gs[i % copies][:, :14336]) * gs[i % copies][:, 14336:])
         _report(results, f"silu_and_mul tokens={rows} d=14336", ours, nb, ref)
-        qkv = torch.randn(rows, 6144, device=DEV).to(BF16)
-        q, k = qkv[:, :4096].view(rows, 32, 128), qkv[:, 4096:5120].view(rows, 8, 128)
-        pos = torch.randint(0, 8192, (rows,), device=DEV)
-        inv = 1.0 / (500000 ** (torch.arange(0, 128, 2, dtype=torch.float32, device=DEV) / 128))
-        fr = torch.outer(torch.arange(8192, dtype=torch.float32, device=DEV), inv)
-        table = torch.cat([fr.cos(), fr.sin()], -1)
-        ours = graph_seconds(lambda i: cuda.rotary_embedding_(q, k, pos, table, True))
-        _report(results, f"rotary q32/k8 tokens={rows}", ours, 2 * rows * 5120 * 2 + rows * 128 * 4, float("nan"))
     for rows in (1, 64):
         logits = torch.randn(rows, 128256, device=DEV)
         ours = graph_seconds(lambda i: cuda.argmax(logits))
         ref = graph_seconds(lambda i: torch.argmax(logits, dim=-1))
         _report(results, f"argmax f32 rows={rows} V=128256", ours, rows * 128256 * 4, ref)
+
+
+def rotary_rows(peak: float, results: list[dict]) -> None:
+    """RoPE on Llama-3-8B heads (views into the fused qkv output), alone and fused with the paged-cache write,
+    against the plain kernel followed by reshape_and_cache (the two launches the fused one replaces)."""
+    print("\n== rotary bf16, q32/k8 heads D=128 (fused = RoPE + K/V cache write in one launch) ==")
+    print(f"{'case':<34}{'ours us':>10}{'GB/s':>8}{'2-launch us':>12}")
+    inv = 1.0 / (500000 ** (torch.arange(0, 128, 2, dtype=torch.float32, device=DEV) / 128))
+    fr = torch.outer(torch.arange(8192, dtype=torch.float32, device=DEV), inv)
+    table = torch.cat([fr.cos(), fr.sin()], -1)
+    for rows in (1, 64, 4096):
+        qkv = torch.randn(rows, 6144, device=DEV).to(BF16)
+        q, k, v = (t.view(rows, -1, 128) for t in qkv.split([4096, 1024, 1024], dim=-1))
+        pos = torch.randint(0, 8192, (rows,), device=DEV)
+        cache = torch.randn(2, 4096, 16, 8, 128, device=DEV).to(BF16)
+        slots = torch.randperm(4096 * 16, device=DEV)[:rows]
+        ours = graph_seconds(lambda i: cuda.rotary_embedding_(q, k, pos, table, True))
+        _report(results, f"rotary tokens={rows}", ours, 2 * rows * 5120 * 2 + rows * 128 * 4, float("nan"))
+        fused = graph_seconds(lambda i: cuda.rotary_embedding_cache_(q, k, v, pos, table, True, cache, slots))
+        two = graph_seconds(lambda i: (cuda.rotary_embedding_(q, k, pos, table, True),
+                                       cuda.reshape_and_cache(k, v, cache, slots)))
+        _report(results, f"rotary+cache tokens={rows}", fused, rows * (2 * 5120 + 2 * 1024 + 2 * 1024) * 2, two)
 
 
 def _report(results: list[dict], case: str, ours: float, nbytes: int, ref: float) -> None:
@@ -263,18 +283,23 @@ def _report(results: list[dict], case: str, ours: float, nbytes: int, ref: float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", help="write all rows to this file")
-    parser.add_argument("--only", choices=["elementwise", "attention", "gemm", "prefill"], help="run one section")
+    parser.add_argument("--only", help="comma-separated sections: elementwise, rotary, attention, gemm, prefill")
+    parser.add_argument("--gemm-m", default=",".join(map(str, GEMM_MS)), help="skinny GEMM row counts to time")
     args = parser.parse_args()
+    only = set(args.only.split(",")) if args.only else None
+    ms = tuple(int(m) for m in args.gemm_m.split(","))
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
     peak = copy_bandwidth()
     print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}; "
           f"copy bandwidth {peak / 1e9:.0f} GB/s (read + write)")
     results: list[dict] = [dict(kernel="copy", gbps=peak / 1e9, device=props.name)]
-    sections = {"elementwise": elementwise_rows, "attention": attention_rows, "gemm": gemm_rows,
-                "prefill": prefill_rows}
+    sections = {"elementwise": elementwise_rows, "rotary": rotary_rows, "attention": attention_rows,
+                "gemm": lambda p, r: gemm_rows(p, r, ms), "prefill": prefill_rows}
+    if only and not only <= sections.keys():
+        parser.error(f"unknown sections {sorted(only - sections.keys())}; choose from {sorted(sections)}")
     for name, section in sections.items():
-        if args.only and name != args.only:
+        if only and name not in only:
             continue
         try:
             section(peak, results)

@@ -123,13 +123,28 @@ class ModelRunner:
                     logits = logits[self._tensor(plan.sample_indices, torch.int64)]
                 self._sample(plan.sampled_requests, logits, result)
             else:
-                hidden = self.model(self._tensor(input_ids, torch.int64), self._tensor(plan.positions, torch.int64),
-                                    self._attention_metadata(plan))
+                ids, pos = self._tensor(input_ids, torch.int64), self._tensor(plan.positions, torch.int64)
+                if self._sampled_rows_only(plan):
+                    # The model's last layer runs for the sampled rows alone: hidden holds just those rows.
+                    rows = self._tensor(plan.sample_indices, torch.int64)
+                    hidden = self.model(ids, pos, self._attention_metadata(plan), output_rows=rows)
+                    self._sample(plan.sampled_requests, self.model.compute_logits(hidden), result)
+                    return result
+                hidden = self.model(ids, pos, self._attention_metadata(plan))
                 if plan.sampled_requests:
                     logits = self.model.compute_logits(hidden[self._tensor(plan.sample_indices, torch.int64)])
                     self._sample(plan.sampled_requests, logits, result)
             self._prompt_logprobs(plan, hidden, result)
         return result
+
+    def _sampled_rows_only(self, plan: StepPlan) -> bool:
+        """Whether the model need only produce the sampled rows' hidden states: it supports that, some but not all
+        rows are sampled, and no request wants prompt logprobs (they read every prompt row's state)."""
+        return (
+            getattr(self.model, "supports_output_rows", False)
+            and 0 < len(plan.sampled_requests) < plan.num_tokens
+            and all(req.sampling_params.prompt_logprobs is None for req in plan.requests)  # type: ignore[union-attr]
+        )
 
     def _graph_bucket(self, plan: StepPlan) -> int | None:
         """The decode graph for this step: every request runs one new token and is sampled."""

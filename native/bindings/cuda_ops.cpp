@@ -23,8 +23,10 @@ static Registrar registrar([](py::module_& m) {
         cuda::skinny_gemm(as_ptr<void>(y), as_ptr<const void>(x), as_ptr<const void>(w), as_ptr<float>(partials),
                           as_ptr<int>(counters), M, N, K, splits, to_dtype(dtype), stream);
       },
-      "y[M,N] = x[M,K] @ W[N,K]^T for M <= 16 (decode), optional serial split-K");
+      "y[M,N] = x[M,K] @ W[N,K]^T for M <= 64 (decode), optional serial split-K");
   m.attr("cuda_skinny_max_m") = cuda::kSkinnyMaxM;
+  m.attr("cuda_skinny_narrow_max_m") = cuda::kSkinnyNarrowMaxM;
+  m.attr("cuda_skinny_wide_rows") = cuda::kSkinnyWideRows;
   m.attr("cuda_skinny_chunk_k") = cuda::kSkinnyChunkK;
   m.def(
       "cuda_rms_norm",
@@ -57,6 +59,18 @@ static Registrar registrar([](py::module_& m) {
                                k_stride, is_neox, to_dtype(dtype), stream);
       },
       "RoPE in place on q and k (neox or gptj pairs)");
+  m.def(
+      "cuda_rotary_embedding_cache",
+      [](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t positions, uintptr_t cos_sin, uintptr_t key_cache,
+         uintptr_t value_cache, uintptr_t slots, int64_t tokens, int64_t q_heads, int64_t k_heads, int64_t head_dim,
+         int64_t q_stride, int64_t k_stride, int64_t v_stride, bool is_neox, int dtype, uintptr_t stream) {
+        cuda::rotary_embedding_cache(as_ptr<void>(q), as_ptr<void>(k), as_ptr<const void>(v),
+                                     as_ptr<const int64_t>(positions), as_ptr<const float>(cos_sin),
+                                     as_ptr<void>(key_cache), as_ptr<void>(value_cache), as_ptr<const int64_t>(slots),
+                                     tokens, q_heads, k_heads, head_dim, q_stride, k_stride, v_stride, is_neox,
+                                     to_dtype(dtype), stream);
+      },
+      "RoPE in place on q and k (whole heads), rotated k and v stored into the paged cache at their slots");
   m.def(
       "cuda_paged_attention_decode",
       [](uintptr_t out, uintptr_t q, uintptr_t key_cache, uintptr_t value_cache, uintptr_t block_tables,

@@ -1,11 +1,18 @@
-// RoPE in place on q and k: one CTA per token, threads over (head, pair). cos/sin are rounded to the
-// activations' dtype before use, as transformers (and ops/rotary.py's reference) does; the rotation itself is
-// done in f32 and rounded once.
+// RoPE in place on q and k. cos/sin are rounded to the activations' dtype before use, as transformers (and
+// ops/rotary.py's reference) does; the rotation itself is done in f32 and rounded once.
+//
+// Vectorised kernel (the usual case): one thread per (token, head, 16-byte group of pairs), flat over the
+// whole batch, so a 4k-token prefill fills the GPU and a decode step is a couple of CTAs. A thread owns V =
+// 16 / sizeof(T) pairs: neox channels [i, i+V) and [i+half, i+half+V), gptj the 2V adjacent channels. Its
+// variant with the cache also gives threads to the v heads and stores rotated k and v at their slots.
+// Shapes that do not split into 16-byte vectors fall back to the scalar kernel (one CTA per token).
 #include "cuda/common.cuh"
 #include "cuda/rotary.h"
 
 namespace candle_vllm::cuda {
 namespace {
+
+constexpr int kThreads = 128;
 
 template <typename T>
 __device__ __forceinline__ void rotate_heads(T* base, int heads, int head_dim, int half, const float* cs,
@@ -32,6 +39,105 @@ __global__ void rotary_kernel(T* __restrict__ q, T* __restrict__ k, const int64_
   rotate_heads(k + t * k_stride, k_heads, head_dim, half, cs, is_neox);
 }
 
+template <typename T>
+constexpr int kVec = 16 / sizeof(T);
+
+template <typename T>
+using Vec16 = Vec<T, kVec<T>>;
+
+// Pointers into the rows a vectorised thread reads and writes (k/v cache pointers null without the cache).
+template <typename T>
+struct RotaryArgs {
+  T* q;
+  T* k;
+  const T* v;
+  const int64_t* positions;
+  const float* cos_sin;
+  T* key_cache;
+  T* value_cache;
+  const int64_t* slots;
+  int64_t tokens, q_stride, k_stride, v_stride;
+  int q_heads, k_heads, head_dim, rotary_dim;
+};
+
+template <typename T, bool NEOX, bool CACHE>
+__global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T> a) {
+  constexpr int V = kVec<T>;
+  const int half = a.rotary_dim / 2, groups = half / V;
+  const int heads = a.q_heads + a.k_heads * (CACHE ? 2 : 1);
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (e >= a.tokens * heads * groups) return;
+  const int gi = static_cast<int>(e % groups);
+  const int h = static_cast<int>((e / groups) % heads);
+  const int64_t tok = e / (static_cast<int64_t>(groups) * heads);
+  // Offsets of the thread's two vectors within a head.
+  const int o1 = NEOX ? gi * V : 2 * gi * V, o2 = NEOX ? half + gi * V : 2 * gi * V + V;
+  const int64_t slot = CACHE ? a.slots[tok] : -1;
+  if (CACHE && h >= a.q_heads + a.k_heads) {  // a v head: copied into the cache
+    if (slot < 0) return;
+    const int hv = h - a.q_heads - a.k_heads;
+    const T* src = a.v + tok * a.v_stride + static_cast<int64_t>(hv) * a.head_dim;
+    T* dst = a.value_cache + (slot * a.k_heads + hv) * a.head_dim;
+    *reinterpret_cast<Vec16<T>*>(dst + o1) = *reinterpret_cast<const Vec16<T>*>(src + o1);
+    *reinterpret_cast<Vec16<T>*>(dst + o2) = *reinterpret_cast<const Vec16<T>*>(src + o2);
+    return;
+  }
+  const bool is_k = h >= a.q_heads;
+  const int hh = is_k ? h - a.q_heads : h;
+  T* head = is_k ? a.k + tok * a.k_stride + static_cast<int64_t>(hh) * a.head_dim
+                 : a.q + tok * a.q_stride + static_cast<int64_t>(hh) * a.head_dim;
+  const float* cs = a.cos_sin + a.positions[tok] * a.rotary_dim + gi * V;
+  float c[V], s[V];
+#pragma unroll
+  for (int i = 0; i < V; i += 4) {
+    const float4 cv = *reinterpret_cast<const float4*>(cs + i);
+    const float4 sv = *reinterpret_cast<const float4*>(cs + half + i);
+    c[i] = round_to<T>(cv.x), c[i + 1] = round_to<T>(cv.y), c[i + 2] = round_to<T>(cv.z), c[i + 3] = round_to<T>(cv.w);
+    s[i] = round_to<T>(sv.x), s[i + 1] = round_to<T>(sv.y), s[i + 2] = round_to<T>(sv.z), s[i + 3] = round_to<T>(sv.w);
+  }
+  Vec16<T> v1 = *reinterpret_cast<const Vec16<T>*>(head + o1);
+  Vec16<T> v2 = *reinterpret_cast<const Vec16<T>*>(head + o2);
+  // Pair p: neox (v1[p], v2[p]); gptj channels 2p, 2p+1 of the concatenation v1 v2.
+  float x[2 * V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) x[i] = to_f32(v1.v[i]), x[V + i] = to_f32(v2.v[i]);
+#pragma unroll
+  for (int p = 0; p < V; ++p) {
+    const int i1 = NEOX ? p : 2 * p, i2 = NEOX ? V + p : 2 * p + 1;
+    const float x1 = x[i1], x2 = x[i2];
+    x[i1] = x1 * c[p] - x2 * s[p];
+    x[i2] = x2 * c[p] + x1 * s[p];
+  }
+#pragma unroll
+  for (int i = 0; i < V; ++i) v1.v[i] = from_f32<T>(x[i]), v2.v[i] = from_f32<T>(x[V + i]);
+  *reinterpret_cast<Vec16<T>*>(head + o1) = v1;
+  *reinterpret_cast<Vec16<T>*>(head + o2) = v2;
+  if (CACHE && is_k && slot >= 0) {
+    T* dst = a.key_cache + (slot * a.k_heads + hh) * a.head_dim;
+    *reinterpret_cast<Vec16<T>*>(dst + o1) = v1;
+    *reinterpret_cast<Vec16<T>*>(dst + o2) = v2;
+  }
+}
+
+template <typename T, bool CACHE>
+void launch_vec(const RotaryArgs<T>& a, bool is_neox, std::uintptr_t stream) {
+  const int64_t heads = a.q_heads + a.k_heads * (CACHE ? 2 : 1);
+  const int64_t threads = a.tokens * heads * (a.rotary_dim / 2 / kVec<T>);
+  const auto blocks = static_cast<unsigned>((threads + kThreads - 1) / kThreads);
+  if (is_neox) rotary_vec_kernel<T, true, CACHE><<<blocks, kThreads, 0, as_stream(stream)>>>(a);
+  else rotary_vec_kernel<T, false, CACHE><<<blocks, kThreads, 0, as_stream(stream)>>>(a);
+}
+
+// Whether every row a vectorised thread touches starts on a 16-byte boundary.
+bool vectorizable(int64_t elem, int64_t head_dim, int64_t rotary_dim, std::initializer_list<int64_t> strides,
+                  std::initializer_list<const void*> ptrs) {
+  const int64_t v = 16 / elem;
+  bool ok = (rotary_dim / 2) % v == 0 && head_dim % v == 0;
+  for (const int64_t s : strides) ok = ok && s % v == 0;
+  for (const void* p : ptrs) ok = ok && reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+  return ok;
+}
+
 }  // namespace
 
 void rotary_embedding(void* q, void* k, const int64_t* positions, const float* cos_sin, int64_t tokens,
@@ -42,6 +148,13 @@ void rotary_embedding(void* q, void* k, const int64_t* positions, const float* c
   if (tokens == 0) return;
   dispatch_float<true>(dtype, "rotary_embedding", [&](auto tag) {
     using T = decltype(tag);
+    if (vectorizable(sizeof(T), head_dim, rotary_dim, {q_stride, k_stride}, {q, k, cos_sin})) {
+      const RotaryArgs<T> a{static_cast<T*>(q), static_cast<T*>(k), nullptr, positions, cos_sin, nullptr, nullptr,
+                            nullptr, tokens, q_stride, k_stride, 0, static_cast<int>(q_heads),
+                            static_cast<int>(k_heads), static_cast<int>(head_dim), static_cast<int>(rotary_dim)};
+      launch_vec<T, false>(a, is_neox, stream);
+      return;
+    }
     const int64_t pairs = std::max(q_heads, k_heads) * rotary_dim / 2;
     const int threads = static_cast<int>(std::min<int64_t>(512, ((pairs + 31) / 32) * 32));
     rotary_kernel<T><<<static_cast<unsigned>(tokens), threads, 0, as_stream(stream)>>>(
@@ -50,6 +163,26 @@ void rotary_embedding(void* q, void* k, const int64_t* positions, const float* c
         is_neox);
   });
   check_launch("rotary_embedding");
+}
+
+void rotary_embedding_cache(void* q, void* k, const void* v, const int64_t* positions, const float* cos_sin,
+                            void* key_cache, void* value_cache, const int64_t* slots, int64_t tokens, int64_t q_heads,
+                            int64_t k_heads, int64_t head_dim, int64_t q_stride, int64_t k_stride, int64_t v_stride,
+                            bool is_neox, DType dtype, std::uintptr_t stream) {
+  if (tokens == 0) return;
+  dispatch_float<true>(dtype, "rotary_embedding_cache", [&](auto tag) {
+    using T = decltype(tag);
+    if (!vectorizable(sizeof(T), head_dim, head_dim, {q_stride, k_stride, v_stride},
+                      {q, k, v, cos_sin, key_cache, value_cache}))
+      throw std::invalid_argument(
+          "rotary_embedding_cache: pointers, token strides and head_dim/2 must be whole 16-byte vectors");
+    const RotaryArgs<T> a{static_cast<T*>(q), static_cast<T*>(k), static_cast<const T*>(v), positions, cos_sin,
+                          static_cast<T*>(key_cache), static_cast<T*>(value_cache), slots, tokens, q_stride,
+                          k_stride, v_stride, static_cast<int>(q_heads), static_cast<int>(k_heads),
+                          static_cast<int>(head_dim), static_cast<int>(head_dim)};
+    launch_vec<T, true>(a, is_neox, stream);
+  });
+  check_launch("rotary_embedding_cache");
 }
 
 }  // namespace candle_vllm::cuda

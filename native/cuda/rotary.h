@@ -14,4 +14,13 @@ void rotary_embedding(void* q, void* k, const int64_t* positions, const float* c
                       int64_t q_heads, int64_t k_heads, int64_t head_dim, int64_t rotary_dim, int64_t q_stride,
                       int64_t k_stride, bool is_neox, DType dtype, std::uintptr_t stream);
 
+// rotary_embedding with rotary_dim == head_dim that also stores the rotated k and v [tokens, k_heads, head_dim]
+// (token stride v_stride) into the paged cache halves [slots, k_heads, head_dim] at `slots` (int64 [tokens],
+// negative = skip): the decode step's reshape_and_cache folded into the RoPE launch. Needs 16-byte aligned
+// pointers and strides/head_dim in whole 16-byte vectors (rotary_vectorizable).
+void rotary_embedding_cache(void* q, void* k, const void* v, const int64_t* positions, const float* cos_sin,
+                            void* key_cache, void* value_cache, const int64_t* slots, int64_t tokens, int64_t q_heads,
+                            int64_t k_heads, int64_t head_dim, int64_t q_stride, int64_t k_stride, int64_t v_stride,
+                            bool is_neox, DType dtype, std::uintptr_t stream);
+
 }  // namespace candle_vllm::cuda

@@ -33,7 +33,9 @@ class Attention(nn.Module):
         v: torch.Tensor,
         kv_cache: torch.Tensor | None,
         meta: AttentionMetadata,
+        kv_cached: bool = False,
     ) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hk, D] -> [T, Hq*D]."""
-        out = attention(q, k, v, kv_cache, meta, self.scale, self.num_kv_heads, self.sliding_window, self.softcap)
+        """q [T, Hq, D], k/v [T, Hk, D] -> [T, Hq*D]; ``kv_cached``: k/v are already in the cache."""
+        out = attention(q, k, v, kv_cache, meta, self.scale, self.num_kv_heads, self.sliding_window, self.softcap,
+                        kv_cached)
         return out.reshape(out.shape[0], -1)

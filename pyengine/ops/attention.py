@@ -159,11 +159,13 @@ def attention(
     num_kv_heads: int,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    kv_cached: bool = False,
 ) -> torch.Tensor:
     """Causal attention for a flat batch: q [T, Hq*D or Hq, D], k/v [T, Hk, D] -> [T, Hq, D].
 
-    With ``kv_cache`` and ``meta.slot_mapping`` the new K/V are written to the cache first and queries read
-    their whole context through ``meta.block_tables``; otherwise each sequence attends within its new tokens.
+    With ``kv_cache`` and ``meta.slot_mapping`` the new K/V are written to the cache first (unless ``kv_cached``
+    says a fused kernel already stored them) and queries read their whole context through
+    ``meta.block_tables``; otherwise each sequence attends within its new tokens.
     """
     t, d = k.shape[0], k.shape[-1]
     if k.shape[1] != num_kv_heads:
@@ -173,9 +175,9 @@ def attention(
     on_cuda = q.device.type == "cuda" and cuda.available(q.device)
     if paged:
         assert kv_cache is not None and meta.slot_mapping is not None and meta.block_tables is not None
-        if on_cuda and k.dtype == v.dtype == kv_cache.dtype:
+        if on_cuda and k.dtype == v.dtype == kv_cache.dtype and not kv_cached:
             cuda.reshape_and_cache(k, v, kv_cache, meta.slot_mapping)
-        else:
+        elif not kv_cached:
             write_kv(k, v, kv_cache, meta.slot_mapping)
         if _native_paged_ready(q, kv_cache, meta):
             return _native_paged_attention(q, kv_cache, meta, scale, num_kv_heads, sliding_window, softcap)

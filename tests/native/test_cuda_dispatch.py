@@ -12,7 +12,13 @@ from _cuda_helpers import REL_TOL, poison_allocator, rel_error
 from candle_vllm.pyengine.ops import cuda
 from candle_vllm.pyengine.ops.activation import silu_and_mul
 from candle_vllm.pyengine.ops.attention import AttentionMetadata, attention
-from candle_vllm.pyengine.ops.rotary import apply_rotary, rope_cos_sin_cache, rope_inv_freq
+from candle_vllm.pyengine.ops.rotary import (
+    FUSED_CACHE_MAX_TOKENS,
+    apply_rotary,
+    apply_rotary_and_cache,
+    rope_cos_sin_cache,
+    rope_inv_freq,
+)
 from candle_vllm.pyengine.quant.unquantized import UnquantizedLinear
 
 pytestmark = pytest.mark.cuda
@@ -91,6 +97,45 @@ def test_rotary_in_place_on_qkv_views(neox: bool) -> None:
     assert rel_error(got_k, want_k) < REL_TOL[torch.bfloat16]
 
 
+@pytest.mark.parametrize("query_lens,seq_lens", [([1, 5, 1, 9], [37, 20, 700, 9]), ([1] * 5, [1, 16, 17, 300, 64])])
+def test_fused_rotary_cache_then_attention(query_lens: list[int], seq_lens: list[int]) -> None:
+    """The model's CUDA path: RoPE + cache write in one launch, then attention told the cache is written, against
+    the float64 CPU path (RoPE, then attention writing the cache itself): outputs and whole caches agree."""
+    hq, hk, d, bs, t = 8, 2, 128, 16, sum(query_lens)
+    num_blocks = sum((s + bs - 1) // bs for s in seq_lens) + 2
+    perm = torch.randperm(num_blocks, generator=_gen(11)).tolist()
+    tables, at = [], 0
+    for s in seq_lens:
+        tables.append(perm[at : at + (s + bs - 1) // bs])
+        at += (s + bs - 1) // bs
+    cache = torch.randn(2, num_blocks, bs, hk, d, generator=_gen(12)).to(torch.bfloat16)
+    q, k, v = _qkv_views(t, hq, hk, d, torch.bfloat16, seed=13)
+    positions = torch.cat([torch.arange(s - n, s) for n, s in zip(query_lens, seq_lens, strict=True)])
+    table = rope_cos_sin_cache(*rope_inv_freq(d, 500000.0), 1024)
+    want_cache = cache.double()
+    meta = AttentionMetadata.build(query_lens, seq_lens, CPU, tables, bs)
+    rq, rk = apply_rotary(q.cpu().double(), k.cpu().double(), positions, table.double(), True)
+    want = attention(rq, rk, v.cpu().double(), want_cache, meta, d**-0.5, hk)
+    got_cache = cache.to(DEV)
+    meta = AttentionMetadata.build(query_lens, seq_lens, DEV, tables, bs)
+    assert apply_rotary_and_cache(q, k, v, positions.to(DEV), table.to(DEV), True, got_cache, meta.slot_mapping)
+    got = attention(q, k, v, got_cache, meta, d**-0.5, hk, kv_cached=True)
+    assert rel_error(got, want) < REL_TOL[torch.bfloat16]
+    assert rel_error(got_cache, want_cache) < REL_TOL[torch.bfloat16]
+
+
+def test_fused_rotary_cache_left_to_long_prefills() -> None:
+    """Above FUSED_CACHE_MAX_TOKENS the fused launch is slower: nothing is done and the caller is told so."""
+    t = FUSED_CACHE_MAX_TOKENS + 1
+    q, k, v = _qkv_views(t, 8, 2, 128, torch.bfloat16, seed=14)
+    cache = torch.zeros(2, 40, 16, 2, 128, dtype=torch.bfloat16, device=DEV)
+    q_before = q.clone()
+    table = rope_cos_sin_cache(*rope_inv_freq(128, 10000.0), t, DEV)
+    slots = torch.arange(t, device=DEV)
+    assert not apply_rotary_and_cache(q, k, v, torch.arange(t, device=DEV), table, True, cache, slots)
+    assert torch.equal(q, q_before) and not cache.any()
+
+
 def test_silu_and_mul_dispatch() -> None:
     x = (torch.randn(7, 2 * 1000, generator=_gen(6)) * 3).to(torch.bfloat16)
     poison_allocator(DEV, 7 * 1000)
@@ -99,7 +144,7 @@ def test_silu_and_mul_dispatch() -> None:
     assert rel_error(got, F.silu(xd[:, :1000]) * xd[:, 1000:]) < REL_TOL[torch.bfloat16]
 
 
-@pytest.mark.parametrize("m", [1, 7, 16, 17, 300])
+@pytest.mark.parametrize("m", [1, 7, 16, 17, 64, 65, 300])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_unquantized_linear(m: int, dtype: torch.dtype) -> None:
     w = torch.randn(1000, 512, generator=_gen(m)).to(dtype) * 512**-0.5

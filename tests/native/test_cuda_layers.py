@@ -78,9 +78,10 @@ def _rope_reference(x: torch.Tensor, pos: torch.Tensor, table: torch.Tensor, neo
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("neox", [True, False])
-@pytest.mark.parametrize("head_dim,rot", [(128, 128), (64, 32), (80, 80)])
+@pytest.mark.parametrize("head_dim,rot", [(128, 128), (64, 32), (80, 80), (72, 36)])
 def test_rotary_in_place_on_qkv_views(dtype: torch.dtype, neox: bool, head_dim: int, rot: int) -> None:
-    """q and k are views into one fused qkv buffer (token stride > heads*dim), as the attention layer has them."""
+    """q and k are views into one fused qkv buffer (token stride > heads*dim), as the attention layer has them.
+    72/36 has no whole 16-byte vectors of pairs in f16/bf16: the scalar kernel; the others the vectorised one."""
     tokens, hq, hk, max_pos = 13, 6, 2, 5000
     g = _gen(head_dim + rot)
     qkv = torch.randn(tokens, (hq + 2 * hk) * head_dim, generator=g, device=DEV).to(dtype)
@@ -96,3 +97,51 @@ def test_rotary_in_place_on_qkv_views(dtype: torch.dtype, neox: bool, head_dim: 
     assert rel_error(q, want_q) < REL_TOL[dtype]
     assert rel_error(k, want_k) < REL_TOL[dtype]
     assert torch.equal(qkv[:, (hq + hk) * head_dim :], v_before), "rotary wrote outside q and k"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("head_dim,hq,hk", [(128, 32, 8), (64, 7, 1), (256, 4, 4)])
+def test_rotary_with_cache_write(dtype: torch.dtype, neox: bool, head_dim: int, hq: int, hk: int) -> None:
+    """The fused launch: q/k rotated in place as the plain kernel does, rotated k and v stored at their slots
+    of the paged cache, slot -1 rows skipped, every other cache slot untouched."""
+    tokens, block_size, blocks, max_pos = 11, 16, 9, 3000
+    g = _gen(head_dim * hq + hk)
+    qkv = torch.randn(tokens, (hq + 2 * hk) * head_dim, generator=g, device=DEV).to(dtype)
+    q = qkv[:, : hq * head_dim].view(tokens, hq, head_dim)
+    k = qkv[:, hq * head_dim : (hq + hk) * head_dim].view(tokens, hk, head_dim)
+    v = qkv[:, (hq + hk) * head_dim :].view(tokens, hk, head_dim)
+    inv = 1.0 / (500000 ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float64), inv)
+    table = torch.cat([freqs.cos(), freqs.sin()], -1).float().to(DEV)
+    pos = torch.randint(0, max_pos, (tokens,), generator=g, device=DEV)
+    slots = torch.randperm(blocks * block_size, generator=g, device=DEV)[:tokens]
+    slots[4] = -1
+    cache = torch.randn(2, blocks, block_size, hk, head_dim, generator=g, device=DEV).to(dtype)
+    want_q, want_k = _rope_reference(q, pos, table, neox), _rope_reference(k, pos, table, neox)
+    want_cache = cache.clone().view(2, -1, hk, head_dim)
+    keep = slots >= 0
+    want_cache[0, slots[keep]] = want_k[keep].to(dtype)
+    want_cache[1, slots[keep]] = v[keep]
+    assert cuda.rotary_cache_supported(q, k, v, pos, table, cache, slots)
+    cuda.rotary_embedding_cache_(q, k, v, pos, table, neox, cache, slots)
+    assert rel_error(q, want_q) < REL_TOL[dtype]
+    assert rel_error(k, want_k) < REL_TOL[dtype]
+    flat = cache.view(2, -1, hk, head_dim)
+    assert torch.equal(flat[0, slots[keep]], k[keep]), "the cached k differs from the rotated k"
+    assert rel_error(flat[0, slots[keep]], want_k[keep]) < REL_TOL[dtype]
+    assert torch.equal(flat[1], want_cache[1])
+    others = torch.ones(flat.shape[1], dtype=torch.bool, device=DEV)
+    others[slots[keep]] = False
+    assert torch.equal(flat[0, others], want_cache[0, others])
+
+
+def test_rotary_with_cache_refuses_partial_rotary() -> None:
+    q, k, v = (torch.randn(3, 2, 64, device=DEV).to(torch.bfloat16) for _ in range(3))
+    table = torch.randn(100, 32, device=DEV)
+    cache = torch.zeros(2, 4, 16, 2, 64, device=DEV, dtype=torch.bfloat16)
+    slots = torch.arange(3, device=DEV)
+    pos = torch.arange(3, device=DEV)
+    assert not cuda.rotary_cache_supported(q, k, v, pos, table, cache, slots)
+    with pytest.raises(ValueError, match="unsupported"):
+        cuda.rotary_embedding_cache_(q, k, v, pos, table, True, cache, slots)

@@ -69,3 +69,38 @@ def test_paged_chunked_prefill_and_decode(case: str, tmp_path: Path) -> None:
             start += q
             done[i] += q
     assert done == [len(s) for s in seqs]
+
+
+@pytest.mark.parametrize("case", ["llama3_rope", "qwen3_qk_norm"])
+def test_output_rows_match_transformers(case: str, tmp_path: Path) -> None:
+    """``output_rows``: the last layer runs o_proj/MLP for the chosen rows only; those rows' logits still equal
+    transformers', and the K/V of every token reach the cache (a decode step after it is checked too)."""
+    hf = make_hf_model(case, seed=2)
+    model = _load(save_hf_model(hf, tmp_path))
+    block_size, num_blocks, cfg = 4, 24, model.config
+    g = torch.Generator().manual_seed(9)
+    model.kv_caches = [
+        torch.randn(2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, generator=g)
+        for _ in range(cfg.num_layers)
+    ]
+    seqs = [torch.randint(0, 256, (n,), generator=g) for n in (19, 14)]
+    want = [hf_logits(hf, s) for s in seqs]
+    tables = [list(range(0, 6)), list(range(6, 11))]
+    prefill = [18, 13]  # the last token of each sequence is decoded afterwards
+    meta = AttentionMetadata.build(prefill, prefill, "cpu", tables, block_size)
+    ids = torch.cat([s[:n] for s, n in zip(seqs, prefill, strict=True)])
+    pos = torch.cat([torch.arange(n) for n in prefill])
+    rows = torch.tensor([17, 3, 30])  # seq 0's last token, an inner row, seq 1's last token (any order)
+    mlp_rows: list[int] = []
+    hook = model.model.layers[-1].mlp.register_forward_hook(lambda _m, args, _out: mlp_rows.append(args[0].shape[0]))
+    with torch.inference_mode():
+        got = model.compute_logits(model(ids, pos, meta, output_rows=rows))
+    hook.remove()
+    assert mlp_rows == [3], "the last layer's MLP ran for more rows than asked"
+    assert got.shape == (3, cfg.vocab_size)
+    expected = torch.stack([want[0][17], want[0][3], want[1][12]])
+    assert (got - expected).abs().max().item() <= TOL
+    meta = AttentionMetadata.build([1, 1], [19, 14], "cpu", tables, block_size)
+    with torch.inference_mode():
+        got = model.compute_logits(model(torch.stack([seqs[0][18], seqs[1][13]]), torch.tensor([18, 13]), meta))
+    assert (got - torch.stack([want[0][18], want[1][13]])).abs().max().item() <= TOL
