@@ -26,6 +26,11 @@ from candle_vllm.pyengine.structured_output.grammar import GrammarCompiler
 
 log = logging.getLogger(__name__)
 
+# Below this many constrained rows the masks are filled on the calling thread: a JSON-schema mask takes tens of
+# microseconds, less than handing work to llguidance's thread pool (measured 0.14 ms serial vs 0.8 ms pooled
+# for 8 rows of the SmolLM2 vocabulary).
+PARALLEL_MASK_ROWS = 32
+
 
 class GrammarMatchers:
     """Matchers of the constrained sequences one runner samples, by request id."""
@@ -63,10 +68,14 @@ class GrammarMatchers:
         if self._bitmask.shape[0] < len(rows) or self._bitmask.shape[1] != words:
             self._bitmask = np.empty((max(len(rows), 2 * self._bitmask.shape[0]), words), dtype=np.int32)
         bitmask = self._bitmask[: len(rows)]
-        if self._executor is None:
-            self._executor = llguidance.LLExecutor()
-        llguidance.numpy.fill_next_token_bitmask_par(
-            self._executor, [(matchers[requests[i].request_id], k) for k, i in enumerate(rows)], bitmask)
+        if len(rows) < PARALLEL_MASK_ROWS:
+            for k, i in enumerate(rows):
+                llguidance.numpy.fill_next_token_bitmask(matchers[requests[i].request_id], bitmask, k)
+        else:
+            if self._executor is None:
+                self._executor = llguidance.LLExecutor()
+            llguidance.numpy.fill_next_token_bitmask_par(
+                self._executor, [(matchers[requests[i].request_id], k) for k, i in enumerate(rows)], bitmask)
         return rows, TokenMask(torch.tensor(rows, dtype=torch.int64), torch.from_numpy(bitmask))
 
     def advance(self, requests: Sequence[Request], rows: Sequence[int], token_ids: Sequence[int]) -> None:

@@ -9,13 +9,13 @@ import random
 
 import jsonschema
 import llguidance
+import numpy as np
 import pytest
 import torch
 
 from candle_vllm.pyengine.request import Request
 from candle_vllm.pyengine.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow
 from candle_vllm.pyengine.sampling.params import StructuredOutputParams
-from candle_vllm.pyengine.sampling.token_mask import unpack_bitmask
 from candle_vllm.pyengine.structured_output import GrammarMatchers, compiler_for
 from candle_vllm.pyengine.structured_output.grammar import grammar_key, grammar_of
 from candle_vllm.pyengine.tokenizer import Tokenizer
@@ -33,6 +33,12 @@ PERSON = {
 }
 FLAG = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
         "additionalProperties": False}
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """bool [C, vocab] from packed int32 words (bit j of word w = token 32w + j), with numpy's own unpacking."""
+    bits = np.unpackbits(bitmask.numpy().astype("<i4").view(np.uint8), axis=1, bitorder="little")
+    return torch.from_numpy(bits[:, :vocab].astype(bool))
 
 
 def request(rid: str, schema: dict | None, temperature: float = 1.0) -> Request:

@@ -1,4 +1,4 @@
-"""Token masks in the batched sampler: bit unpacking against a per-bit reference, only constrained rows touched,
+"""Token masks in the batched sampler: the mask bias against a per-bit reference, only constrained rows touched,
 sampled tokens always allowed, greedy = argmax over the allowed set, logprobs taken after the mask (as vLLM)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from candle_vllm.pyengine.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow, make_generator
-from candle_vllm.pyengine.sampling.token_mask import TokenMask, apply_token_mask, unpack_bitmask
+from candle_vllm.pyengine.sampling.token_mask import TokenMask, apply_token_mask, mask_bias
 
 
 def random_bitmask(rows: int, words: int, seed: int, density: float = 0.3) -> torch.Tensor:
@@ -29,13 +29,14 @@ def reference_allowed(bitmask: torch.Tensor, vocab: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("vocab", [1000, 1024, 1100])  # inside the last word, exactly full, past the mask
-def test_unpack_matches_per_bit_reference(vocab: int) -> None:
+def test_mask_bias_matches_per_bit_reference(vocab: int) -> None:
     bitmask = random_bitmask(5, 32, seed=vocab)
-    got = unpack_bitmask(bitmask, vocab).numpy()
-    assert got.shape == (5, vocab)
-    np.testing.assert_array_equal(got, reference_allowed(bitmask, vocab))
+    bias = mask_bias(bitmask, vocab).numpy()
+    assert bias.shape == (5, vocab) and bias.dtype == np.float32
+    allowed = reference_allowed(bitmask, vocab)
+    assert (bias[allowed] == 0).all() and np.isneginf(bias[~allowed]).all()
     if vocab > 1024:
-        assert not got[:, 1024:].any()
+        assert np.isneginf(bias[:, 1024:]).all()
 
 
 def test_apply_touches_constrained_rows_only() -> None:
