@@ -62,32 +62,44 @@ void attend_one(const PagedAttentionArgs& a, int64_t seq, int64_t token, int64_t
 }
 
 template <typename IO>
-void run(const PagedAttentionArgs& a) {
-  std::vector<int32_t> seq_of(a.num_tokens);
-  for (int64_t s = 0; s < a.num_seqs; ++s)
-    for (int32_t t = a.query_start_loc[s]; t < a.query_start_loc[s + 1]; ++t) seq_of[t] = static_cast<int32_t>(s);
+void share(const PagedAttentionArgs& a, const int32_t* seq_of) {
   const int64_t work = a.num_tokens * a.num_q_heads;
-#pragma omp parallel
-  {
-    std::vector<float> qf(a.head_dim), acc(a.head_dim), scores(kTile);
-#pragma omp for schedule(dynamic, 4)
-    for (int64_t w = 0; w < work; ++w) {
-      const int64_t token = w / a.num_q_heads, head = w % a.num_q_heads;
-      attend_one<IO>(a, seq_of[token], token, head, qf.data(), acc.data(), scores.data());
-    }
+  std::vector<float> qf(a.head_dim), acc(a.head_dim), scores(kTile);
+#pragma omp for schedule(dynamic, 4) nowait
+  for (int64_t w = 0; w < work; ++w) {
+    const int64_t token = w / a.num_q_heads, head = w % a.num_q_heads;
+    attend_one<IO>(a, seq_of[token], token, head, qf.data(), acc.data(), scores.data());
   }
 }
 
 }  // namespace
 
-void paged_attention(const PagedAttentionArgs& a) {
+void check_paged_attention(const PagedAttentionArgs& a) {
   if (a.num_q_heads % a.num_kv_heads != 0) throw std::invalid_argument("paged_attention: q heads must be a multiple of kv heads");
+  if (a.dtype != DType::F32 && a.dtype != DType::F16 && a.dtype != DType::BF16)
+    throw std::invalid_argument("paged_attention: dtype must be f32, f16 or bf16");
+}
+
+void token_sequences(const PagedAttentionArgs& a, int32_t* seq_of) {
+  for (int64_t s = 0; s < a.num_seqs; ++s)
+    for (int32_t t = a.query_start_loc[s]; t < a.query_start_loc[s + 1]; ++t) seq_of[t] = static_cast<int32_t>(s);
+}
+
+void paged_attention_share(const PagedAttentionArgs& a, const int32_t* seq_of) {
   switch (a.dtype) {
-    case DType::F32: return run<F32>(a);
-    case DType::F16: return run<F16>(a);
-    case DType::BF16: return run<BF16>(a);
-    default: throw std::invalid_argument("paged_attention: dtype must be f32, f16 or bf16");
+    case DType::F32: return share<F32>(a, seq_of);
+    case DType::F16: return share<F16>(a, seq_of);
+    case DType::BF16: return share<BF16>(a, seq_of);
+    default: return;  // rejected by check_paged_attention before any parallel region
   }
+}
+
+void paged_attention(const PagedAttentionArgs& a) {
+  check_paged_attention(a);
+  std::vector<int32_t> seq_of(a.num_tokens);
+  token_sequences(a, seq_of.data());
+#pragma omp parallel
+  paged_attention_share(a, seq_of.data());
 }
 
 }  // namespace candle_vllm::cpu

@@ -24,4 +24,15 @@ struct PagedAttentionArgs {
 
 void paged_attention(const PagedAttentionArgs& a);
 
+// Throws std::invalid_argument for arguments paged_attention rejects (call before a parallel region).
+void check_paged_attention(const PagedAttentionArgs& a);
+
+// Sequence index of every query token [num_tokens], from query_start_loc (what paged_attention_share needs).
+void token_sequences(const PagedAttentionArgs& a, int32_t* seq_of);
+
+// paged_attention as a share of an enclosing OpenMP parallel region ((token, head) pairs split across its
+// threads, no barrier at the end), for the fused decoder layer; alone outside a region it does every pair.
+// The arguments must have passed check_paged_attention.
+void paged_attention_share(const PagedAttentionArgs& a, const int32_t* seq_of);
+
 }  // namespace candle_vllm::cpu

@@ -15,10 +15,12 @@ from torch import nn
 
 from candle_vllm.pyengine.config import ModelConfig
 from candle_vllm.pyengine.layers import Attention, Linear, RMSNorm, RotaryEmbedding, VocabEmbedding
+from candle_vllm.pyengine.ops import native
 from candle_vllm.pyengine.ops.activation import silu_and_mul
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
+from candle_vllm.pyengine.ops.cpu_decoder import CpuDecoderStack
 from candle_vllm.pyengine.ops.rotary import apply_rotary_and_cache
-from candle_vllm.pyengine.quant import WeightData
+from candle_vllm.pyengine.quant import GGUFLinear, WeightData
 
 # llama.cpp tensor names (after ``blk.N.``) -> HF names (after ``model.layers.N.``).
 GGUF_LAYER_NAMES = {
@@ -161,6 +163,7 @@ class LlamaForCausalLM(nn.Module):
 
     hf_name_from_gguf = staticmethod(hf_name_from_gguf)
     supports_output_rows = True  # forward(..., output_rows=...): the runner may ask for the sampled rows only
+    use_cpu_decoder_stack = True  # CPU steps through the fused native layers where they apply (same bits)
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
@@ -170,6 +173,7 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(config, dtype, device)
         self.lm_head = Linear(config.hidden_size, [config.vocab_size], False, dtype, device)
         self.kv_caches: list[torch.Tensor] = []  # set by the engine, one per layer
+        self._cpu_stack: CpuDecoderStack | bool | None = False  # built on the first CPU step; None: unsupported
 
     def forward(
         self,
@@ -185,13 +189,24 @@ class LlamaForCausalLM(nn.Module):
         that samples one token skips ~1/32 of its linear FLOPs); its K/V still cover every token.
         """
         x = self.model.embed_tokens(input_ids)
+        stack = self.cpu_decoder_stack() if self.use_cpu_decoder_stack and x.device.type == "cpu" else None
         residual: torch.Tensor | None = None
-        last = len(self.model.layers) - 1
-        for i, layer in enumerate(self.model.layers):
-            kv_cache = self.kv_caches[i] if self.kv_caches else None
-            x, residual = layer(positions, x, residual, kv_cache, attn, output_rows if i == last else None)
+        if stack is not None and stack.step_supported(x, positions, self.kv_caches, attn):
+            x, residual = stack.run(x, positions, self.kv_caches, attn, output_rows)
+        else:
+            last = len(self.model.layers) - 1
+            for i, layer in enumerate(self.model.layers):
+                kv_cache = self.kv_caches[i] if self.kv_caches else None
+                x, residual = layer(positions, x, residual, kv_cache, attn, output_rows if i == last else None)
         x, _ = self.model.norm(x, residual)
         return x
+
+    def cpu_decoder_stack(self) -> CpuDecoderStack | None:
+        """The layers as native calls (one per layer) for CPU steps, built once; None when a layer does not fit
+        (dense torch weights, activations other than f32, no native module)."""
+        if self._cpu_stack is False:
+            self._cpu_stack = _build_cpu_stack(self.model)
+        return self._cpu_stack or None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states [N, H] (only the rows that need logits) -> f32 logits [N, V]."""
@@ -264,6 +279,35 @@ class LlamaForCausalLM(nn.Module):
                 if not isinstance(target, RMSNorm):
                     raise KeyError(name)
                 _copy_dense(target.weight, w)
+
+
+def _gguf_parts(linear: Linear) -> list[tuple[torch.Tensor, int, int]] | None:
+    methods = list(linear.methods)
+    if not methods or not all(isinstance(m, GGUFLinear) and m.data.is_contiguous() for m in methods):
+        return None
+    return [(m.data, int(m.qtype), m.out_features) for m in methods]  # type: ignore[union-attr]
+
+
+def _build_cpu_stack(model: LlamaModel) -> CpuDecoderStack | None:
+    if model.norm.weight.dtype != torch.float32 or model.norm.weight.device.type != "cpu" or native.module() is None:
+        return None
+    stack = CpuDecoderStack()
+    for layer in model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        parts = [_gguf_parts(lin) for lin in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+        if any(p is None for p in parts) or attn.attn.softcap is not None:
+            return None
+        qkv, o, gate_up, down = parts
+        stack.add_layer(
+            num_heads=attn.attn.num_heads, num_kv_heads=attn.attn.num_kv_heads, head_dim=attn.head_dim,
+            eps=layer.input_layernorm.eps, scale=attn.attn.scale, sliding_window=attn.attn.sliding_window,
+            input_norm=layer.input_layernorm.weight, post_norm=layer.post_attention_layernorm.weight,
+            q_norm=attn.q_norm.weight if attn.q_norm is not None else None,
+            k_norm=attn.k_norm.weight if attn.k_norm is not None else None,
+            qkv=qkv, qkv_bias=attn.qkv_proj.bias, o=o, gate_up=gate_up, down=down,  # type: ignore[arg-type]
+            cos_sin_cache=attn.rotary.cos_sin_cache, is_neox=attn.rotary.is_neox,
+        )
+    return stack
 
 
 def _dense(w: WeightData) -> torch.Tensor:

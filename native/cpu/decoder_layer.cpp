@@ -1,0 +1,282 @@
+#include "cpu/decoder_layer.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "cpu/attention.h"
+#include "cpu/norm.h"
+#include "cpu/quant_gemv.h"
+
+// RoPE and the bias add must round each product and sum separately, as the torch ops they replace do: no
+// multiply-add contraction in this file.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#define CVLLM_NO_CONTRACT
+#elif defined(__GNUC__)
+#define CVLLM_NO_CONTRACT __attribute__((optimize("fp-contract=off")))
+#else
+#define CVLLM_NO_CONTRACT
+#endif
+
+namespace candle_vllm::cpu {
+
+int64_t LayerLinear::out() const {
+  int64_t n = 0;
+  for (const LinearPart& p : parts) n += p.rows;
+  return n;
+}
+
+namespace {
+
+// Spins briefly, then yields: between stages a thread waits microseconds, far less than an OpenMP passive
+// barrier's sleep and wake-up, and yielding keeps a loaded machine usable.
+class SpinBarrier {
+ public:
+  void set_threads(int n) { threads_ = n; }
+  void wait() {
+    const unsigned gen = gen_.load(std::memory_order_acquire);
+    if (count_.fetch_add(1, std::memory_order_acq_rel) == threads_ - 1) {
+      count_.store(0, std::memory_order_relaxed);
+      gen_.fetch_add(1, std::memory_order_release);
+      return;
+    }
+    for (int spins = 0; gen_.load(std::memory_order_acquire) == gen; ++spins) {
+      if (spins < kSpins) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
+
+ private:
+  static constexpr int kSpins = 1 << 14;
+  int threads_ = 1;
+  std::atomic<int> count_{0};
+  std::atomic<unsigned> gen_{0};
+};
+
+// Buffers shared by the threads of one call, sized for the largest layer.
+struct Scratch {
+  std::unique_ptr<float[]> qkv, q, attn, gathered_attn, gathered_res;
+  std::vector<int32_t> seq_of;
+};
+
+std::unique_ptr<float[]> buffer(int64_t n) { return std::unique_ptr<float[]>(new float[std::max<int64_t>(n, 1)]); }
+
+// x @ W.T for every part into y's column ranges. Each thread converts the activations itself (a few microseconds
+// at decode sizes, and deterministic) rather than waiting at a barrier for one thread to do it. Ends at a barrier.
+void linear(const LayerLinear& l, const float* x, int64_t m, float* y, SpinBarrier& bar) {
+  thread_local std::vector<MatmulActs> acts(3);
+  int64_t col = 0;
+  for (size_t p = 0; p < l.parts.size(); ++p) {
+    prepare_matmul_acts(x, DType::F32, l.parts[p].t, m, l.in, false, acts[p]);
+    quant_matmul_share(acts[p], l.parts[p].w, l.parts[p].t, l.parts[p].rows, y + col, l.out(), DType::F32);
+    col += l.parts[p].rows;
+  }
+  bar.wait();
+}
+
+// torch's `x1 * cos - x2 * sin`, `x2 * cos + x1 * sin` on the first rotary_dim channels of one head, in place.
+CVLLM_NO_CONTRACT void rope(float* h, const float* cos_sin, int64_t rotary_dim, bool is_neox) {
+  const int64_t half = rotary_dim / 2;
+  const float* cos = cos_sin;
+  const float* sin = cos_sin + half;
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t i1 = is_neox ? i : 2 * i, i2 = is_neox ? i + half : 2 * i + 1;
+    const float x1 = h[i1], x2 = h[i2];
+    const float a = x1 * cos[i], b = x2 * sin[i], c = x2 * cos[i], d = x1 * sin[i];
+    h[i1] = a - b;
+    h[i2] = c + d;
+  }
+}
+
+CVLLM_NO_CONTRACT void add_bias(float* row, const float* bias, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) row[i] = row[i] + bias[i];
+}
+
+// Bias, q/k norm and RoPE of every head of every token; q into s.q, k and v into the cache. No barrier.
+void heads(const DecoderLayerWeights& w, const DecoderStep& st, float* kv_cache, Scratch& s) {
+  const int64_t D = w.head_dim, hq = w.num_heads, hk = w.num_kv_heads, per_token = hq + 2 * hk;
+  const int64_t nqkv = per_token * D;
+  float* v_cache = kv_cache + st.num_blocks * st.block_size * hk * D;
+#pragma omp for schedule(static) nowait
+  for (int64_t u = 0; u < st.num_tokens * per_token; ++u) {
+    const int64_t t = u / per_token, h = u % per_token;
+    float* src = s.qkv.get() + t * nqkv + h * D;
+    if (w.qkv.bias != nullptr) add_bias(src, w.qkv.bias + h * D, D);
+    const float* cs = w.cos_sin + st.positions[t] * w.rotary_dim;
+    const int64_t slot = st.slot_mapping[t];
+    if (h < hq) {
+      float* dst = s.q.get() + (t * hq + h) * D;
+      if (w.q_norm != nullptr) rms_norm_row(dst, src, w.q_norm, D, w.eps, DType::F32);
+      else std::memcpy(dst, src, D * sizeof(float));
+      rope(dst, cs, w.rotary_dim, w.is_neox);
+    } else if (h < hq + hk) {
+      float* dst = kv_cache + (slot * hk + (h - hq)) * D;
+      if (w.k_norm != nullptr) rms_norm_row(dst, src, w.k_norm, D, w.eps, DType::F32);
+      else std::memcpy(dst, src, D * sizeof(float));
+      rope(dst, cs, w.rotary_dim, w.is_neox);
+    } else {
+      std::memcpy(v_cache + (slot * hk + (h - hq - hk)) * D, src, D * sizeof(float));
+    }
+  }
+}
+
+struct LayerCall {
+  const DecoderLayerWeights& w;
+  float* kv_cache;
+  bool first;               // x holds the embeddings: residual = x, x = norm(x)
+  int64_t rows;             // rows after the attention (num_out_rows on the last layer when given, else T)
+  const int64_t* out_rows;  // non-null on the last layer with output rows
+  float* gate_up;           // [rows, 2 * intermediate]
+};
+
+// The layer up to its gate_up projection (the caller's SiLU-and-mul and the next segment's down finish it).
+void layer_to_gate_up(const LayerCall& c, const DecoderStep& st, float* x, float* res, Scratch& s, SpinBarrier& bar,
+                      int tid) {
+  const DecoderLayerWeights& w = c.w;
+  const int64_t T = st.num_tokens, H = w.hidden, qd = w.num_heads * w.head_dim;
+  if (c.first) {
+#pragma omp for schedule(static) nowait
+    for (int64_t r = 0; r < T; ++r) {
+      std::memcpy(res + r * H, x + r * H, H * sizeof(float));
+      rms_norm_row(x + r * H, res + r * H, w.input_norm, H, w.eps, DType::F32);
+    }
+  } else {
+    fused_add_rms_norm_share(x, res, w.input_norm, T, H, w.eps, DType::F32);
+  }
+  bar.wait();
+  linear(w.qkv, x, T, s.qkv.get(), bar);
+  heads(w, st, c.kv_cache, s);
+  bar.wait();
+  const PagedAttentionArgs a{s.attn.get(), s.q.get(), c.kv_cache, st.block_tables, st.query_start_loc, st.seq_lens,
+                             st.num_seqs, T, w.num_heads, w.num_kv_heads, w.head_dim, st.block_size, st.num_blocks,
+                             st.max_blocks, w.scale, w.sliding_window, 0.f, DType::F32};
+  paged_attention_share(a, s.seq_of.data());
+  bar.wait();
+  const float* attn = s.attn.get();
+  if (c.out_rows != nullptr) {
+    if (tid == 0) {
+      for (int64_t i = 0; i < c.rows; ++i) {
+        std::memcpy(s.gathered_attn.get() + i * qd, attn + c.out_rows[i] * qd, qd * sizeof(float));
+        std::memcpy(s.gathered_res.get() + i * H, res + c.out_rows[i] * H, H * sizeof(float));
+      }
+      std::memcpy(res, s.gathered_res.get(), c.rows * H * sizeof(float));
+    }
+    attn = s.gathered_attn.get();
+    bar.wait();
+  }
+  linear(w.o, attn, c.rows, x, bar);
+  fused_add_rms_norm_share(x, res, w.post_norm, c.rows, H, w.eps, DType::F32);
+  bar.wait();
+  linear(w.gate_up, x, c.rows, c.gate_up, bar);
+}
+
+int64_t rows_after_attention(size_t layer, size_t num_layers, const DecoderStep& st, const int64_t* out_rows,
+                             int64_t num_out_rows) {
+  return layer + 1 == num_layers && out_rows != nullptr ? num_out_rows : st.num_tokens;
+}
+
+void check_linear(const LayerLinear& l, int64_t in, int64_t out, const char* name) {
+  if (l.parts.empty() || l.parts.size() > 3) throw std::invalid_argument(std::string(name) + ": 1 to 3 weight parts");
+  if (l.in != in || l.out() != out)
+    throw std::invalid_argument(std::string(name) + ": shape [" + std::to_string(l.out()) + ", " + std::to_string(l.in) +
+                                "] does not match the layer's [" + std::to_string(out) + ", " + std::to_string(in) + "]");
+  for (const LinearPart& p : l.parts)
+    if (in % qtype_info(p.t).block != 0)
+      throw std::invalid_argument(std::string(name) + ": in_features is not a multiple of the block size");
+}
+
+}  // namespace
+
+void check_decoder_layer(const DecoderLayerWeights& w) {
+  if (w.num_heads <= 0 || w.num_kv_heads <= 0 || w.num_heads % w.num_kv_heads != 0)
+    throw std::invalid_argument("decoder layer: num_heads must be a positive multiple of num_kv_heads");
+  if (w.rotary_dim <= 0 || w.rotary_dim % 2 != 0 || w.rotary_dim > w.head_dim)
+    throw std::invalid_argument("decoder layer: rotary_dim must be even and at most head_dim");
+  if ((w.q_norm == nullptr) != (w.k_norm == nullptr))
+    throw std::invalid_argument("decoder layer: q_norm and k_norm come together");
+  const int64_t qd = w.num_heads * w.head_dim, kvd = w.num_kv_heads * w.head_dim;
+  check_linear(w.qkv, w.hidden, qd + 2 * kvd, "qkv");
+  check_linear(w.o, qd, w.hidden, "o_proj");
+  check_linear(w.gate_up, w.hidden, 2 * w.intermediate, "gate_up");
+  check_linear(w.down, w.intermediate, w.hidden, "down");
+  if (w.o.bias != nullptr || w.gate_up.bias != nullptr || w.down.bias != nullptr)
+    throw std::invalid_argument("decoder layer: only the qkv projection may have a bias");
+}
+
+void check_decoder_step(const std::vector<const DecoderLayerWeights*>& layers, const DecoderStep& step,
+                        const int64_t* out_rows, int64_t num_out_rows) {
+  const int64_t T = step.num_tokens;
+  if (out_rows != nullptr && (num_out_rows <= 0 || num_out_rows > T))
+    throw std::invalid_argument("decoder step: num_out_rows must be in 1..num_tokens");
+  for (int64_t i = 0; out_rows != nullptr && i < num_out_rows; ++i)
+    if (out_rows[i] < 0 || out_rows[i] >= T) throw std::invalid_argument("decoder step: output row out of range");
+  const int64_t slots = step.num_blocks * step.block_size;
+  for (int64_t t = 0; t < T; ++t) {
+    if (step.slot_mapping[t] < 0 || step.slot_mapping[t] >= slots)
+      throw std::invalid_argument("decoder step: slot outside the KV cache");
+    for (const DecoderLayerWeights* w : layers)
+      if (step.positions[t] < 0 || step.positions[t] >= w->max_positions)
+        throw std::invalid_argument("decoder step: position " + std::to_string(step.positions[t]) +
+                                    " is outside the rotary table");
+  }
+}
+
+void decoder_segment(const std::vector<const DecoderLayerWeights*>& layers, const std::vector<float*>& kv_caches,
+                     const DecoderStep& step, size_t layer, const float* act, float* gate_up, float* x,
+                     float* residual, const int64_t* out_rows, int64_t num_out_rows) {
+  const size_t n = layers.size();
+  if (kv_caches.size() != n) throw std::invalid_argument("decoder_segment: one KV cache per layer");
+  if (layer > n || (layer > 0) != (act != nullptr) || (layer < n) != (gate_up != nullptr))
+    throw std::invalid_argument("decoder_segment: segment i takes act unless i = 0 and gate_up unless i = layers");
+  const int64_t T = step.num_tokens;
+  if (T <= 0) return;
+  Scratch s;
+  if (layer < n) {
+    const DecoderLayerWeights& w = *layers[layer];
+    const int64_t qd = w.num_heads * w.head_dim;
+    s.qkv = buffer(T * w.qkv.out());
+    s.q = buffer(T * qd);
+    s.attn = buffer(T * qd);
+    if (layer + 1 == n && out_rows != nullptr) {
+      s.gathered_attn = buffer(num_out_rows * qd);
+      s.gathered_res = buffer(num_out_rows * w.hidden);
+    }
+    s.seq_of.resize(static_cast<size_t>(T));
+    PagedAttentionArgs probe{};
+    probe.num_seqs = step.num_seqs;
+    probe.query_start_loc = step.query_start_loc;
+    token_sequences(probe, s.seq_of.data());
+  }
+  SpinBarrier bar;
+#pragma omp parallel
+  {
+#pragma omp single
+    bar.set_threads(omp_get_num_threads());
+    const int tid = omp_get_thread_num();
+    if (layer > 0) {
+      const int64_t rows = rows_after_attention(layer - 1, n, step, out_rows, num_out_rows);
+      linear(layers[layer - 1]->down, act, rows, x, bar);
+    }
+    if (layer < n) {
+      const bool cut = layer + 1 == n && out_rows != nullptr;
+      const LayerCall c{*layers[layer], kv_caches[layer], layer == 0,
+                        rows_after_attention(layer, n, step, out_rows, num_out_rows), cut ? out_rows : nullptr,
+                        gate_up};
+      layer_to_gate_up(c, step, x, residual, s, bar, tid);
+    }
+  }
+}
+
+}  // namespace candle_vllm::cpu
