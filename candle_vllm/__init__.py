@@ -12,8 +12,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from candle_vllm.pyengine.llm import LLM
 from candle_vllm.pyengine.outputs import CompletionOutput, Logprob, RequestOutput
-from candle_vllm.pyengine.sampling import SamplingParams
+from candle_vllm.pyengine.sampling import SamplingParams, StructuredOutputParams
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "CompletionOutput", "Logprob", "RequestOutput", "SamplingParams", "__version__"]
+__all__ = ["LLM", "CompletionOutput", "Logprob", "RequestOutput", "SamplingParams", "StructuredOutputParams",
+           "__version__"]
