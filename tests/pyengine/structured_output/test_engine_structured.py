@@ -45,7 +45,7 @@ def chat_prompt(llm: LLM, text: str) -> dict:
                                            add_special_tokens=False)}
 
 
-@pytest.mark.slow  # 35-90 s on two shared cores
+@pytest.mark.slow  # 27-90 s on two shared cores
 def test_hundred_sampled_outputs_parse_and_validate(llm: LLM) -> None:
     params = SamplingParams(temperature=1.0, n=25, seed=11, max_tokens=96,
                             structured_output=StructuredOutputParams(json_schema=PERSON))
