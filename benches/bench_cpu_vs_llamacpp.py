@@ -1,7 +1,7 @@
 """CPU decode speed against llama.cpp (llama-cpp-python) on the same GGUF, same thread count, same prompt:
 greedy decode tokens/s for one sequence, prompt time excluded (runs of N and 1 output tokens, subtracted).
 
-    python benches/bench_cpu_vs_llamacpp.py [--threads 2] [--tokens 128]
+    python benches/bench_cpu_vs_llamacpp.py [--threads 2] [--tokens 128] [--op-by-op]
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--op-by-op", action="store_true",
+                    help="run our decoder layers op by op (no fused native CPU layers), for before/after figures")
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
 
@@ -27,6 +29,9 @@ def main() -> None:
 
     from candle_vllm import LLM, SamplingParams
     from candle_vllm.pyengine.loader.embedded import default_model_path
+    from candle_vllm.pyengine.models.llama import LlamaForCausalLM
+
+    LlamaForCausalLM.use_cpu_decoder_stack = not args.op_by_op
 
     torch.set_num_threads(args.threads)
     path = args.model or str(default_model_path())

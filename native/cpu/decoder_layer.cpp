@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -35,8 +36,9 @@ int64_t LayerLinear::out() const {
 
 namespace {
 
-// Spins briefly, then yields: between stages a thread waits microseconds, far less than an OpenMP passive
-// barrier's sleep and wake-up, and yielding keeps a loaded machine usable.
+// Spins briefly, then yields, then sleeps: between stages a thread waits microseconds, far less than an OpenMP
+// passive barrier's sleep and wake-up; a thread still waiting after that is waiting for one the OS descheduled (a
+// loaded machine), and backing off to sleeps leaves the cores to whoever runs.
 class SpinBarrier {
  public:
   void set_threads(int n) { threads_ = n; }
@@ -52,14 +54,17 @@ class SpinBarrier {
 #if defined(__x86_64__) || defined(__i386__)
         __builtin_ia32_pause();
 #endif
-      } else {
+      } else if (spins < kSpins + kYields) {
         std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
     }
   }
 
  private:
-  static constexpr int kSpins = 1 << 14;
+  static constexpr int kSpins = 1 << 12;
+  static constexpr int kYields = 64;
   int threads_ = 1;
   std::atomic<int> count_{0};
   std::atomic<unsigned> gen_{0};

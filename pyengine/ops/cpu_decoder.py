@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 
 from candle_vllm.pyengine.ops import native
-from candle_vllm.pyengine.ops.activation import silu_and_mul
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 
 # (weight address, GGMLQuantizationType value, output rows) of each part of a projection.
@@ -140,16 +140,20 @@ class CpuDecoderStack:
             seq_lens=native.ptr(meta.seq_lens), num_seqs=meta.seq_lens.shape[0], num_blocks=kv_caches[0].shape[1],
             block_size=kv_caches[0].shape[2], out_rows=_addr(rows), num_out_rows=0 if rows is None else rows.shape[0],
         )
-        act: torch.Tensor | None = None
-        out = t
-        for i in range(n + 1):
-            g = None
-            if i < n:
-                out = rows.shape[0] if rows is not None and i == n - 1 else t
-                g = gate_up[:out]
-            self._stack.segment(layer=i, act=_addr(act), gate_up=_addr(g), x=native.ptr(x), residual=native.ptr(residual))
-            if g is not None:
-                act = silu_and_mul(g).contiguous()  # the op-by-op MLP's call on its gate_up output
+        # SiLU-and-mul as ops.activation.silu_and_mul computes it on CPU (the same torch kernels on the same
+        # strided views, in place and into preallocated buffers to save two dispatches per layer).
+        act = torch.empty(t, self._intermediate, dtype=x.dtype)
+        segment, xp, rp = self._stack.segment, native.ptr(x), native.ptr(residual)
+        gp, ap = native.ptr(gate_up), native.ptr(act)
+        out, inter = t, self._intermediate
+        gate, up, a = gate_up[:, :inter], gate_up[:, inter:], act
+        for i in range(n):
+            if rows is not None and i == n - 1:
+                out = rows.shape[0]
+                gate, up, a = gate[:out], up[:out], act[:out]
+            segment(i, ap if i else 0, gp, xp, rp)
+            torch.mul(F.silu(gate, inplace=True), up, out=a)
+        segment(n, ap, 0, xp, rp)
         return x[:out], residual[:out]
 
 
