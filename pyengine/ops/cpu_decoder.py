@@ -14,9 +14,11 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType as QT
 
 from candle_vllm.pyengine.ops import native
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
+from candle_vllm.pyengine.ops.quant import row_bytes
 
 # (weight address, GGMLQuantizationType value, output rows) of each part of a projection.
 Parts = list[tuple[int, int, int]]
@@ -68,29 +70,37 @@ class CpuDecoderStack:
         is_neox: bool,
     ) -> None:
         """Append a layer. Projections are (GGUF bytes, qtype, out rows) parts whose outputs sit side by side;
-        every float tensor must be f32, contiguous and on the CPU (the native side checks the shapes)."""
-        floats = [t for t in (input_norm, post_norm, q_norm, k_norm, qkv_bias, cos_sin_cache) if t is not None]
-        if not all(_cpu(t, torch.float32) for t in floats):
-            raise ValueError("the fused CPU decoder needs contiguous f32 CPU norms, bias and rotary table")
-        parts = [list(p) for p in (qkv, o, gate_up, down)]
-        for data, _, _ in (p for ps in parts for p in ps):
-            if not _cpu(data, torch.uint8):
-                raise ValueError("the fused CPU decoder needs contiguous uint8 GGUF blocks on the CPU")
-        self._keep += floats + [p[0] for ps in parts for p in ps]
-        self._kv_geometry.append((num_kv_heads, head_dim))
+        every float tensor must be f32, contiguous and on the CPU. Raises ValueError naming what does not fit."""
+        hidden = input_norm.shape[0]
         intermediate = sum(r for _, _, r in gate_up) // 2
+        qkv_rows = sum(r for _, _, r in qkv)
+        floats = {"input_norm": (input_norm, (hidden,)), "post_norm": (post_norm, (hidden,)),
+                  "q_norm": (q_norm, (head_dim,)), "k_norm": (k_norm, (head_dim,)), "qkv_bias": (qkv_bias, (qkv_rows,)),
+                  "cos_sin_cache": (cos_sin_cache, (cos_sin_cache.shape[0], cos_sin_cache.shape[-1]))}
+        for name, (t, shape) in floats.items():
+            if t is not None and (not _cpu(t, torch.float32) or tuple(t.shape) != shape):
+                raise ValueError(f"{name}: expected a contiguous f32 CPU tensor of shape {list(shape)}")
         if self._intermediate not in (0, intermediate):
             raise ValueError("the fused CPU decoder needs one intermediate size for every layer")
-        self._intermediate = intermediate
-        self._qk_norm = self._qk_norm or q_norm is not None
-        self._stack.add_layer(
-            hidden=input_norm.shape[0], num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+        parts = [list(p) for p in (qkv, o, gate_up, down)]
+        for name, ps, cols in zip(("qkv", "o", "gate_up", "down"), parts,
+                                  (hidden, num_heads * head_dim, hidden, intermediate), strict=True):
+            for data, qtype, rows in ps:
+                if not _cpu(data, torch.uint8) or data.numel() != rows * row_bytes(QT(qtype), cols):
+                    raise ValueError(f"{name}: expected contiguous uint8 CPU blocks of a [{rows}, {cols}] "
+                                     f"{QT(qtype).name} matrix")
+        self._stack.add_layer(  # checks the geometry (head counts, projection shapes, rotary width)
+            hidden=hidden, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
             intermediate=intermediate, eps=eps, scale=scale, sliding_window=sliding_window or 0,
             input_norm=_addr(input_norm), post_norm=_addr(post_norm), q_norm=_addr(q_norm), k_norm=_addr(k_norm),
             qkv=_native_parts(qkv), qkv_bias=_addr(qkv_bias), o=_native_parts(o), gate_up=_native_parts(gate_up),
-            down=_native_parts(down), cos_sin=_addr(cos_sin_cache), rotary_dim=cos_sin_cache.shape[1],
+            down=_native_parts(down), cos_sin=_addr(cos_sin_cache), rotary_dim=cos_sin_cache.shape[-1],
             max_positions=cos_sin_cache.shape[0], is_neox=is_neox,
         )
+        self._keep += [t for t, _ in floats.values() if t is not None] + [p[0] for ps in parts for p in ps]
+        self._kv_geometry.append((num_kv_heads, head_dim))
+        self._intermediate = intermediate
+        self._qk_norm = self._qk_norm or q_norm is not None
 
     def step_supported(
         self, x: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[torch.Tensor], meta: AttentionMetadata
