@@ -22,7 +22,13 @@ def fused_add_rms_norm_reference(
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Normalise the last dimension of ``x``; returns a new tensor."""
+    """Normalise the last dimension of ``x``; returns a new tensor.
+
+    Strided views (q/k heads cut from a fused qkv output, as q/k norms get them) are copied to take the native
+    kernel too: otherwise a step's rounding would depend on whether its q happened to be contiguous, which is
+    a matter of how many tokens share the step, and batch invariance would be lost."""
+    if not x.is_contiguous() and native.available(x.device):
+        x = x.contiguous()
     if x.dtype == weight.dtype and native.ready(x, weight):
         out = torch.empty_like(x)
         hidden = x.shape[-1]

@@ -37,3 +37,18 @@ def test_fused_add_rms_norm_matches_reference(dtype: torch.dtype) -> None:
     got_out, got_res = norm.fused_add_rms_norm(x.clone(), r.clone(), w, 1e-5)
     torch.testing.assert_close(got_res, want_res, atol=TOL[dtype], rtol=TOL[dtype])
     torch.testing.assert_close(got_out.float(), want_out.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_of_strided_heads_is_batch_invariant(dtype: torch.dtype) -> None:
+    """q/k norms get head views cut from a fused qkv row; a step's result per token must not depend on how many
+    tokens share the step (a one-token view is contiguous, a many-token view is not)."""
+    g = torch.Generator().manual_seed(5)
+    t, heads, d = 9, 6, 128
+    qkv = (torch.randn(t, 3 * heads * d, generator=g) * 2).to(dtype)
+    q = qkv[:, : heads * d].view(t, heads, d)
+    assert not q.is_contiguous() and q[:1].is_contiguous()
+    w = torch.randn(d, generator=g).to(dtype)
+    together = norm.rms_norm(q, w, 1e-6)
+    alone = torch.cat([norm.rms_norm(q[i : i + 1], w, 1e-6) for i in range(t)])
+    assert torch.equal(together, alone)
