@@ -5,6 +5,11 @@ A value is raw text (one leading and one trailing newline dropped), converted by
 that parameter (:mod:`schema_values`). The header goes out when ``<function=NAME>`` closes; then the
 arguments object is built as ``{`` + one ``"key": value`` fragment per finished parameter (joined by
 ``, ``) + ``}`` at ``</function>``. The closing ``</tool_call>`` may be missing at the end of the output.
+
+Qwen3-Coder sometimes leaves out the ``<tool_call>`` wrapper and writes ``<function=NAME>...</function>``
+alone; that bare form is read the same way, one call per region (a stray ``</tool_call>`` right after it
+is dropped). A lone ``<function=NAME>`` is weaker evidence than the wrapper, so a bare call's header waits
+for its first ``<parameter=`` or ``</function>``.
 """
 
 from __future__ import annotations
@@ -31,9 +36,10 @@ def _json(value: Any) -> str:
 
 
 class _XmlReader:
-    def __init__(self, owner: ToolParser) -> None:
+    def __init__(self, owner: ToolParser, bare: bool) -> None:
         self._owner = owner
-        self._state = _FUNC
+        self._bare = bare  # the region started at ``<function=`` (its marker already consumed)
+        self._state = _NAME if bare else _FUNC
         self._parts: list[str] = []  # the name, key or value being read
         self._tail = ""  # its last len(stop) - 1 characters
         self._call: OpenCall | None = None
@@ -51,6 +57,8 @@ class _XmlReader:
                 if not self._took(found):
                     return Status.FAIL, i
                 continue
+            if state == _END and self._bare:
+                return self._after_bare(text, i, final)
             i = skip_ws(text, i)
             if i == len(text):
                 return Status.MORE, i
@@ -59,6 +67,8 @@ class _XmlReader:
             if not tag:
                 return (Status.MORE if tag == "" else Status.FAIL), i
             i += len(tag)
+            if state == _PARAMS:
+                self._send_header()
             if tag == END:
                 return Status.DONE, i
             if tag == FUNCTION_END:
@@ -70,6 +80,20 @@ class _XmlReader:
 
     def end(self) -> bool:
         return self._state == _END
+
+    def _after_bare(self, text: str, i: int, final: bool) -> tuple[Status, int]:
+        """After a bare call's ``</function>``: swallow a ``</tool_call>`` that follows, else end the region
+        before the whitespace (which belongs to the text after the call)."""
+        j = skip_ws(text, i)
+        tag = match_literal(text, j, (END,), final) if j < len(text) else ""
+        if tag:
+            return Status.DONE, j + len(tag)
+        return (Status.MORE if tag == "" else Status.DONE), i
+
+    def _send_header(self) -> None:
+        assert self._call is not None
+        if self._call.index is None:
+            self._owner.send_header(self._call)
 
     def _until(self, text: str, i: int, stop: str) -> tuple[str | None, int]:
         """Read up to ``stop``: (the text before it, position after it), or (None, end) while it is missing.
@@ -100,7 +124,8 @@ class _XmlReader:
                 return False
             self._call = owner.open_call()
             self._call.name = name
-            owner.send_header(self._call)
+            if not self._bare:
+                owner.send_header(self._call)
             self._state = _PARAMS
             return True
         if self._state == _KEY:
@@ -126,9 +151,9 @@ class _XmlReader:
 
 
 class QwenCoderParser(ToolParser):
-    """Qwen3-Coder XML calls."""
+    """Qwen3-Coder XML calls, wrapped in ``<tool_call>`` or bare."""
 
-    start_markers = (START,)
+    start_markers = (START, FUNCTION)
 
     def make_reader(self, marker: str) -> Reader:
-        return _XmlReader(self)
+        return _XmlReader(self, bare=marker == FUNCTION)

@@ -6,7 +6,9 @@ import json
 from typing import Any
 
 import pytest
-from tool_parser_fixtures import run
+from tool_parser_fixtures import TOOLS, run
+
+from candle_vllm.api.tool_parsers import make_parser
 
 # (schema of parameter "p", the text the model wrote, the value the tool must get)
 CONVERSIONS: list[tuple[dict[str, Any] | None, str, Any]] = [
@@ -69,3 +71,44 @@ def test_values_without_newlines_and_many_parameters() -> None:
 def test_a_call_without_parameters_is_an_empty_object() -> None:
     result = run("qwen_coder", ["<tool_call>\n<function=f>\n</function>\n</tool_call>"], _tool(None))
     assert [(c.name, c.arguments) for c in result.calls] == [("f", "{}")]
+
+
+BARE = "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>"
+# (text, whether it fails only after the header went out)
+BARE_BROKEN = [
+    ("<function=get_time>\n</function>", False),  # unknown tool
+    ("<function=get_weather> is the tool I would call here.", False),  # a mention in prose
+    ("<function=get_weather\nis a tool", False),  # no closing >
+    ("<functions are not calls>", False),
+    ("<function=get_weather>\n<parameter=days>\n2\n</parameter>\n</function>", True),  # required key missing
+    ("<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n", True),  # ends mid-call
+]
+
+
+@pytest.mark.parametrize(("text", "late"), BARE_BROKEN)
+def test_broken_bare_calls_are_released_as_text(text: str, late: bool) -> None:
+    for pieces in ([text], list(text)):
+        result = run("qwen_coder", pieces, TOOLS)
+        assert (result.content, result.calls) == (text, [])
+        assert bool(result.deltas) == late  # a stream cannot take back a sent header
+    result = run("qwen_coder", list(text + "\n" + BARE), TOOLS)
+    assert result.content == text.rstrip()
+    assert [(c.name, json.loads(c.arguments)) for c in result.calls] == [("get_weather", {"city": "Paris"})]
+
+
+def test_bare_header_waits_for_the_first_parameter() -> None:
+    p = make_parser("qwen_coder", TOOLS)
+    assert p.push("Sure.\n<function=get_weather>\n") == ("Sure.", [])
+    shown, deltas = p.push("<parameter=")
+    assert shown == "" and [(d.index, d.name, d.arguments) for d in deltas] == [(0, "get_weather", "")]
+    shown, deltas = p.push("city>\nParis\n</parameter>\n</function>")
+    assert shown == "" and "".join(d.arguments for d in deltas) == '{"city": "Paris"}'
+    assert p.finish() == ("", [])
+
+
+def test_bare_calls_in_code_fences_are_text() -> None:
+    fenced = f"Format:\n```xml\n{BARE}\n```\n"
+    for pieces in ([fenced + BARE], list(fenced + BARE)):
+        result = run("qwen_coder", pieces, TOOLS)
+        assert result.content == fenced.rstrip()
+        assert [c.name for c in result.calls] == ["get_weather"]

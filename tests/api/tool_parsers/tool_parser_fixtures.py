@@ -84,11 +84,16 @@ def _hermes(call: tuple[str, dict[str, Any]]) -> str:
 
 
 def _xml(call: tuple[str, dict[str, Any]]) -> str:
+    return f"<tool_call>\n{_bare(call)}\n</tool_call>"
+
+
+def _bare(call: tuple[str, dict[str, Any]]) -> str:
+    """A Qwen3-Coder call without its ``<tool_call>`` wrapper, as the model sometimes writes it."""
     params = "".join(
         f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}\n</parameter>\n"
         for k, v in call[1].items()
     )
-    return f"<tool_call>\n<function={call[0]}>\n{params}</function>\n</tool_call>"
+    return f"<function={call[0]}>\n{params}</function>"
 
 
 def _v11(call: tuple[str, dict[str, Any]], tag: str = "[ARGS]") -> str:
@@ -147,6 +152,12 @@ def cases() -> dict[str, list[Case]]:
             Case("around-two", "I'll look that up.\n\n" + _xml(NESTED) + "\n" + _xml(CALC) + "\nThen I will answer.",
                  "I'll look that up.\nThen I will answer.", (NESTED, CALC)),
             Case("escaped", "Writing the file:\n" + _xml(ESCAPED), "Writing the file:", (ESCAPED,)),
+            Case("bare-one", _bare(PARIS), "", (PARIS,)),
+            Case("bare-around-two", "Checking both.\n\n" + _bare(NESTED) + "\n" + _bare(CALC) + "\nBack soon.",
+                 "Checking both.\nBack soon.", (NESTED, CALC)),
+            Case("bare-then-wrapped", _bare(ESCAPED) + "\n" + _xml(TOKYO) + "\n", "", (ESCAPED, TOKYO)),
+            Case("bare-stray-close", "Looking.\n" + _bare(TOKYO) + "\n</tool_call>\n" + _bare(PARIS) + "</tool_call>",
+                 "Looking.", (TOKYO, PARIS)),
         ],
         "mistral": [
             Case("v3-one", "[TOOL_CALLS][" + _call_json(PARIS, "arguments") + "]", "", (PARIS,)),
