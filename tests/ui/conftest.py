@@ -23,6 +23,7 @@ from candle_vllm.pyengine.tokenizer import IncrementalDetokenizer, Tokenizer
 from candle_vllm.ui.server import serve_ui, url_port
 from tests.api.conftest import ServerThread, engine_cm, smol_tokenizer  # noqa: F401  (fixture re-export)
 from tests.api.fake_engine import FakeEngine
+from tests.api.mcp.conftest import stdio_spec
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
@@ -112,18 +113,22 @@ class UIStack(ServerThread):
 
 
 @pytest.fixture
-def ui_stack(request: pytest.FixtureRequest, smol_tokenizer: Tokenizer) -> Iterator[UIStack]:  # noqa: F811
-    """A running stack; parametrize indirectly with a dict of ScriptedEngine keywords (+ ``api_key``, and
-    ``think_template``: a chat template that names ``</think>``, so the API splits reasoning itself)."""
+def ui_stack(request: pytest.FixtureRequest, smol_tokenizer: Tokenizer, tmp_path: Path) -> Iterator[UIStack]:  # noqa: F811
+    """A running stack; parametrize indirectly with a dict of ScriptedEngine keywords (+ ``api_key``;
+    ``think_template``: a chat template that names ``</think>``, so the API splits reasoning itself; ``mcp``:
+    the MCP demo server (official SDK, stdio) as server ``local``, whose tools the API offers to the page's
+    requests, with the ``qwen`` parser reading calls out of the script)."""
     options = dict(getattr(request, "param", {}))
     api_key = options.pop("api_key", None)
+    mcp = [stdio_spec("local", tmp_path / "mcp.pid")] if options.pop("mcp", False) else []
     tokenizer = smol_tokenizer
     if options.pop("think_template", False):  # the server then finds <think> markers and splits the reply
         tokenizer = copy.copy(smol_tokenizer)
         tokenizer.chat_templates = {"default": f"{smol_tokenizer.chat_template}{{#- {THINK_HINT} -#}}"}
         tokenizer.chat_template = tokenizer.chat_templates["default"]
     engine = ScriptedEngine(tokenizer, **options)
-    stack = UIStack(engine_cm(engine), ServerConfig(api_key=api_key), [Bind("tcp", "127.0.0.1:0")]).start()
+    config = ServerConfig(api_key=api_key, mcp_servers=mcp, enforce_parser="qwen" if mcp else None)
+    stack = UIStack(engine_cm(engine), config, [Bind("tcp", "127.0.0.1:0")]).start()
     try:
         yield stack
     finally:

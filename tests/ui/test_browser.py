@@ -4,6 +4,7 @@ conversations kept across reloads; and ``candle-vllm --ui-server`` serving it wi
 from __future__ import annotations
 
 import json
+import random
 import re
 import shutil
 import signal
@@ -140,6 +141,94 @@ def test_server_split_reasoning_streams_into_the_collapsed_block(ui_stack: UISta
     done.locator("summary").click()
     assert done.locator(".markdown").inner_text() == STEPS
     assert page.errors == []
+
+
+WEATHER = {"city": "<img src=x onerror=alert(1)> Paris & \"Lyon\"", "unit": "fahrenheit", "days": 2}
+ADD = {"a": 2, "b": 40}
+TOOL_SCRIPT = "".join(f"\n<tool_call>\n{json.dumps({'name': n, 'arguments': a}, ensure_ascii=False)}\n</tool_call>"
+                      for n, a in (("local_get_weather", WEATHER), ("local_add", ADD)))
+RECORD_ARGS = """() => {
+  window.argsSeen = [];
+  new MutationObserver(() => {
+    const text = document.querySelector('.message.assistant .tool-call .tool-args')?.textContent;
+    if (text !== undefined && text !== window.argsSeen.at(-1)) window.argsSeen.push(text);
+  }).observe(document.getElementById('messages'), {subtree: true, childList: true, characterData: true});
+}"""
+
+
+@pytest.mark.parametrize("ui_stack", [{"delay_s": 0.03, "mcp": True, "script": "I will check." + TOOL_SCRIPT}],
+                         indirect=True)
+def test_tool_calls_stream_into_blocks_under_the_answer(ui_stack: UIStack, page: Any) -> None:
+    """The API offers the MCP demo server's tools and reads the scripted calls (``qwen`` parser): the page
+    shows each call as a block (name, arguments pretty-printed as text) growing with the argument fragments,
+    holding what the official client gets for the same request."""
+    page.goto(ui_stack.ui_url)
+    expect(page.locator("#model-name")).to_have_text("fake-model")
+    page.evaluate(RECORD_ARGS)
+    send(page, "Weather in Paris, and 2 + 40?")
+    page.wait_for_selector("body[data-state=running] .message.assistant .tool-call .tool-name")
+    wait_idle(page)
+
+    blocks = page.locator(".message.assistant .tool-call")
+    assert blocks.locator(".tool-name").all_inner_texts() == ["local_get_weather", "local_add"]
+    shown = blocks.locator(".tool-args").all_text_contents()
+    assert shown == [json.dumps(WEATHER, indent=2, ensure_ascii=False), json.dumps(ADD, indent=2)]
+    assert page.locator(".message.assistant .tool-calls img").count() == 0  # text, never markup
+    seen = page.evaluate("window.argsSeen")
+    partial = [text for text in seen if text != shown[0]]
+    assert len(partial) >= 5 and all(shown[0].startswith(text) for text in seen)  # it grew fragment by fragment
+    assert page.locator(".message.assistant .content").inner_text() == "I will check."
+    assert page.locator(".message.assistant .status").inner_text() == ""
+    assert screenshot(page, "ui-tool-calls.png").stat().st_size > 10_000
+
+    # Oracle: the same request through the official client, not streamed.
+    client = openai.OpenAI(base_url=f"{ui_stack.urls[0]}/v1", api_key="unused", max_retries=0, timeout=60)
+    reply = client.chat.completions.create(model="fake-model", messages=[
+        {"role": "user", "content": "Weather in Paris, and 2 + 40?"}])
+    assert reply.choices[0].finish_reason == "tool_calls"  # calls are read only when tools (MCP's) are offered
+    stored = page.evaluate(STORED)[0]["messages"][1]
+    assert stored["finish"] == "tool_calls"
+    assert [(c["type"], c["function"]["name"], c["function"]["arguments"]) for c in stored["tool_calls"]] == [
+        (c.type, c.function.name, c.function.arguments) for c in reply.choices[0].message.tool_calls]
+    assert len({c["id"] for c in stored["tool_calls"]}) == 2
+    assert all(re.fullmatch(r"call_[A-Za-z0-9]{24}", c["id"]) for c in stored["tool_calls"])
+
+    page.reload()  # the calls are kept with the conversation
+    expect(page.locator(".message.assistant .tool-call .tool-args")).to_have_text(shown)
+    assert page.errors == []
+
+
+def _random_json(rng: random.Random, depth: int = 0) -> Any:
+    kind = rng.randrange(7 if depth < 3 else 4)
+    if kind == 0:
+        return rng.choice([True, False, None, "", "a \"q\" \\ {x: [1]}, \n\t", "ünï 😀 <b>&amp;</b>"])
+    if kind == 1:
+        return rng.randint(-10**6, 10**6)
+    if kind == 2:
+        return rng.uniform(-1e3, 1e3)
+    if kind == 3:
+        return "".join(rng.choice("ab ,:{}[]\"\\") for _ in range(rng.randrange(6)))
+    if kind in (4, 5):
+        return {f"k{i}{rng.choice(['', ' ', ':', ','])}": _random_json(rng, depth + 1) for i in range(rng.randrange(4))}
+    return [_random_json(rng, depth + 1) for _ in range(rng.randrange(4))]
+
+
+def test_arguments_are_pretty_printed_as_python_json_does_and_only_grow(ui_stack: UIStack, page: Any) -> None:
+    rng = random.Random(7)
+    values = [_random_json(rng) for _ in range(60)] + [{}, [], {"a": {}, "b": [[]]}]
+    texts = [json.dumps(v, ensure_ascii=False, separators=rng.choice([(",", ":"), (", ", ": "), (" ,\n", " :  ")]))
+             for v in values]
+    page.goto(ui_stack.ui_url)
+    got = page.evaluate("""async (texts) => {
+      const { prettyJSON } = await import('/static/tool_calls.js');
+      return texts.map((t) => {
+        const whole = prettyJSON(t);
+        const cuts = [...t].map((_, k) => prettyJSON([...t].slice(0, k).join('')));
+        return [whole, cuts.every((c) => whole.startsWith(c))];
+      });
+    }""", texts)
+    assert [whole for whole, _ in got] == [json.dumps(v, indent=2, ensure_ascii=False) for v in values]
+    assert all(grows for _, grows in got)
 
 
 def sse(*chunks: dict[str, Any]) -> str:

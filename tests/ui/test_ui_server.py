@@ -22,7 +22,8 @@ def test_page_config_and_static_files(ui_stack: UIStack) -> None:
         csp = page.headers["content-security-policy"]
         assert "script-src 'self'" in csp and f"http://*:{api_port}" in csp
         assert all(path in page.text for path in ("/static/app.js", "/static/style.css", "/code.css"))
-        for path in ("/static/app.js", "/static/stream.js", "/static/markdown.js", "/static/style.css", "/code.css"):
+        for path in ("/static/app.js", "/static/stream.js", "/static/markdown.js", "/static/tool_calls.js",
+                     "/static/style.css", "/code.css"):
             assert http.get(path).status_code == 200, path
         config = http.get("/config.json").json()
     assert config == {"api_port": api_port, "api_key_required": False,

@@ -1,8 +1,9 @@
 // The chat page: conversations kept in this browser (localStorage), settings, streaming replies with a
-// collapsible reasoning view, stop and regenerate, model info.
+// collapsible reasoning view and the answer's tool calls, stop and regenerate, model info.
 
 import { MarkdownView, copyText } from "./markdown.js";
 import { getJSON, splitReasoning, streamChat } from "./stream.js";
+import { ToolCallsView, addToolCallDeltas } from "./tool_calls.js";
 
 const KEYS = { conversations: "candle-vllm.conversations", current: "candle-vllm.current", settings: "candle-vllm.settings" };
 const DEFAULT_SETTINGS = { system: "", temperature: 0.7, top_p: 1, max_tokens: null, thinking: true, api_key: "" };
@@ -13,7 +14,7 @@ function load(key, fallback) {
 }
 
 const state = {
-  conversations: load(KEYS.conversations, []), // [{id, title, messages: [{role, content, reasoning, finish, error}]}]
+  conversations: load(KEYS.conversations, []), // [{id, title, messages: [{role, content, reasoning, tool_calls, finish, error}]}]
   currentId: localStorage.getItem(KEYS.current),
   settings: { ...DEFAULT_SETTINGS, ...load(KEYS.settings, {}) },
   apiBase: "",
@@ -54,6 +55,7 @@ function messageView(message, isLast) {
   const reasoningBody = element("div", "markdown");
   details.append(summary, reasoningBody);
   const content = element("div", "content markdown");
+  const toolCalls = element("div", "tool-calls");
   const status = element("div", "status");
   const actions = element("div", "actions");
   const copyButton = element("button", "copy-message", "Copy");
@@ -66,9 +68,10 @@ function messageView(message, isLast) {
     regenerate.addEventListener("click", () => regenerateLast());
     actions.append(regenerate);
   }
-  root.append(details, content, status, actions);
+  root.append(details, content, toolCalls, status, actions);
   const answerView = new MarkdownView(content);
   const reasoningView = new MarkdownView(reasoningBody);
+  const toolCallsView = new ToolCallsView(toolCalls);
   return {
     root,
     update(now = false) {
@@ -81,6 +84,7 @@ function messageView(message, isLast) {
       summary.textContent = thinking ? "Reasoning…" : "Reasoning";
       reasoningView.set(reasoning, now);
       answerView.set(split.answer, now);
+      toolCallsView.update(message.tool_calls);
       status.textContent = message.error ? `Error: ${message.error}`
         : message.finish === "abort" || message.finish === "stopped" ? "Stopped."
         : message.finish === "length" ? "Stopped at the token limit." : "";
@@ -174,7 +178,7 @@ function requestBody(messages) {
 }
 
 async function generate(conversation) {
-  const message = { role: "assistant", content: "", reasoning: "", finish: null, error: null };
+  const message = { role: "assistant", content: "", reasoning: "", tool_calls: [], finish: null, error: null };
   const history = conversation.messages.slice();
   conversation.messages.push(message);
   save();
@@ -186,9 +190,10 @@ async function generate(conversation) {
   try {
     await streamChat({
       apiBase: state.apiBase, apiKey: state.settings.api_key, body: requestBody(history), signal: controller.signal,
-      onDelta({ content, reasoning, finish }) {
+      onDelta({ content, reasoning, toolCalls, finish }) {
         message.content += content;
         message.reasoning += reasoning;
+        addToolCallDeltas(message.tool_calls, toolCalls);
         if (finish) message.finish = finish;
         const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 80;
         state.running.view?.update();

@@ -49,7 +49,8 @@ async function errorMessage(response) {
   return message;
 }
 
-// Streams one chat completion; calls onDelta({content, reasoning, finish}) per chunk. Rejects with an
+// Streams one chat completion; calls onDelta({content, reasoning, toolCalls, finish}) per chunk (toolCalls:
+// the chunk's `delta.tool_calls`, [] when none). Rejects with an
 // AbortError when `signal` fires (the server sees the disconnect and aborts the generation).
 export async function streamChat({ apiBase, apiKey, body, signal, onDelta }) {
   const headers = { "Content-Type": "application/json" };
@@ -68,6 +69,7 @@ export async function streamChat({ apiBase, apiKey, body, signal, onDelta }) {
     onDelta({
       content: delta.content ?? "",
       reasoning: delta.reasoning_content ?? delta.reasoning ?? "",
+      toolCalls: delta.tool_calls ?? [],
       finish: choice.finish_reason ?? null,
     });
   }
