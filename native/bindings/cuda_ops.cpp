@@ -23,10 +23,8 @@ static Registrar registrar([](py::module_& m) {
         cuda::skinny_gemm(as_ptr<void>(y), as_ptr<const void>(x), as_ptr<const void>(w), as_ptr<float>(partials),
                           as_ptr<int>(counters), M, N, K, splits, to_dtype(dtype), stream);
       },
-      "y[M,N] = x[M,K] @ W[N,K]^T for M <= 64 (decode), optional serial split-K");
+      "y[M,N] = x[M,K] @ W[N,K]^T for M <= 16 (decode), optional serial split-K");
   m.attr("cuda_skinny_max_m") = cuda::kSkinnyMaxM;
-  m.attr("cuda_skinny_narrow_max_m") = cuda::kSkinnyNarrowMaxM;
-  m.attr("cuda_skinny_wide_rows") = cuda::kSkinnyWideRows;
   m.attr("cuda_skinny_chunk_k") = cuda::kSkinnyChunkK;
   m.def(
       "cuda_rms_norm",

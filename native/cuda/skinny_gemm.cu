@@ -10,7 +10,6 @@
 // partials of the others (serial split-K, no second launch).
 #include "cuda/common.cuh"
 #include "cuda/mma.cuh"
-#include "cuda/skinny_frag.cuh"
 #include "cuda/skinny_gemm.h"
 
 namespace candle_vllm::cuda {
@@ -18,6 +17,19 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kSteps = kSkinnyChunkK / 32;  // 32-wide k steps per chunk
+
+// Weights are read exactly once: keep them out of L1 so x stays there.
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
 
 template <int NT>
 struct Chunk {
@@ -145,7 +157,7 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(T* __restrict_
 
 void skinny_gemm(void* y, const void* x, const void* w, float* partials, int* counters, int64_t M, int64_t N,
                  int64_t K, int splits, DType dtype, std::uintptr_t stream) {
-  if (M < 1 || M > kSkinnyMaxM) throw std::invalid_argument("skinny_gemm: M must be in 1..64");
+  if (M < 1 || M > kSkinnyMaxM) throw std::invalid_argument("skinny_gemm: M must be in 1..16");
   if (K % 8 != 0) throw std::invalid_argument("skinny_gemm: K must be a multiple of 8");
   if (N < 1 || splits < 1) throw std::invalid_argument("skinny_gemm: N and splits must be >= 1");
   if (splits > 1 && (partials == nullptr || counters == nullptr))
@@ -153,11 +165,6 @@ void skinny_gemm(void* y, const void* x, const void* w, float* partials, int* co
   const int total_chunks = static_cast<int>((K + kSkinnyChunkK - 1) / kSkinnyChunkK);
   const int chunks_per_split = (total_chunks + splits - 1) / splits;
   splits = (total_chunks + chunks_per_split - 1) / chunks_per_split;  // no empty split
-  if (M > kSkinnyNarrowMaxM) {
-    skinny_gemm_wide(y, x, w, partials, counters, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K),
-                     splits, chunks_per_split, dtype, stream);
-    return;
-  }
   const dim3 grid(static_cast<unsigned>((N + 15) / 16), static_cast<unsigned>(splits));
   dispatch_float<false>(dtype, "skinny_gemm", [&](auto tag) {
     using T = decltype(tag);

@@ -52,7 +52,7 @@ def _split_counters(device_index: int) -> torch.Tensor:
 
 
 def skinny_gemm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """True when ``x @ weight.T`` can run on the skinny kernels: 2-D x [M<=64, K], weight [N, K], both f16/bf16
+    """True when ``x @ weight.T`` can run on the skinny kernel: 2-D x [M<=16, K], weight [N, K], both f16/bf16
     of one dtype on a CUDA device, contiguous, 16-byte aligned, K a multiple of 8."""
     return (
         available(x.device)
@@ -70,49 +70,36 @@ def skinny_gemm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def skinny_gemm_preferred(m: int, n: int, k: int) -> bool:
-    """Whether the skinny kernel should replace cuBLAS for an [m, k] x [n, k]^T product. Measured on the H200
-    (2026-11-30, benches/bench_kernels.py --only gemm, Llama-3-8B shapes): the 16-row kernel matches or beats
-    cuBLAS up to M = 16; the 64-row-tile kernel (M = 17..64) is slower on every shape at its best split (cuBLAS
-    reaches 3.0-3.8 TB/s there: M=64 gate_up 63 vs 112 us, down 37 vs 66 us), so those M stay on cuBLAS."""
-    return m <= native.module().cuda_skinny_narrow_max_m
-
-
-def skinny_gemm_splits(n: int, k: int, sms: int, m: int = 1) -> int:
-    """K splits for an [N, K] weight. M <= 16 (16-row tiles, one CTA per SM at a time): one as soon as the tiles
-    give every SM a CTA (H200, 2026-11-30: splitting 4096x4096 or 4096x14336 gained <= 10% at M=1 and lost
-    20-30% at M=16), else enough to reach about two CTAs per SM. M > 16 (64-row tiles, three CTAs per SM):
-    enough splits to fill the three slots of every SM. Either way at least 4 chunks of 128 k per split."""
-    mod = native.module()
-    chunks = math.ceil(k / mod.cuda_skinny_chunk_k)
-    if m > mod.cuda_skinny_narrow_max_m:
-        splits = round(3 * sms / math.ceil(n / mod.cuda_skinny_wide_rows))
-    else:
-        tiles = math.ceil(n / 16)
-        if tiles >= sms:
-            return 1
-        splits = math.ceil(2 * sms / tiles)
-    splits = max(1, min(splits, chunks // 4))
+def skinny_gemm_splits(n: int, k: int, sms: int) -> int:
+    """K splits for an [N, K] weight: one as soon as the 16-row tiles give every SM a CTA (measured on the
+    H200, 2026-11-30: splitting 4096x4096 or 4096x14336 gained <= 10% at M=1 and lost 20-30% at M=16), else
+    enough to reach about two CTAs per SM, keeping at least 4 chunks of 128 k per split (one per warp).
+    M > 16 stays on cuBLAS: a 64-row-tile variant measured 0.26-0.94x cuBLAS on the 8B shapes (RESULTS.md)."""
+    tiles = math.ceil(n / 16)
+    chunks = math.ceil(k / native.module().cuda_skinny_chunk_k)
+    if tiles >= sms:
+        return 1
+    splits = max(1, min(math.ceil(2 * sms / tiles), chunks // 4))
     per_split = math.ceil(chunks / splits)
     return math.ceil(chunks / per_split)
 
 
 def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, splits: int | None = None) -> torch.Tensor:
-    """y [M, N] = x [M, K] @ weight [N, K].T for decode-sized M (<= 64), reading the weight once at HBM speed.
+    """y [M, N] = x [M, K] @ weight [N, K].T for decode-sized M (<= 16), reading the weight once at HBM speed.
 
     ``splits`` overrides the split-K heuristic (benchmarks use it); the result does not depend on it beyond
     f32 summation order.
     """
     if not skinny_gemm_supported(x, weight):
         raise ValueError(
-            "skinny_gemm needs x [M<=64, K] and weight [N, K] contiguous f16/bf16 CUDA tensors of one dtype, "
+            "skinny_gemm needs x [M<=16, K] and weight [N, K] contiguous f16/bf16 CUDA tensors of one dtype, "
             f"16-byte aligned, K % 8 == 0; got x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} {weight.dtype}"
         )
     m, k = x.shape
     n = weight.shape[0]
     dev = _device_index(x.device)
     if splits is None:
-        splits = skinny_gemm_splits(n, k, sm_count(dev), m)
+        splits = skinny_gemm_splits(n, k, sm_count(dev))
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     partials_ptr = counters_ptr = 0
     if splits > 1:

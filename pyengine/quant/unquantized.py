@@ -1,6 +1,5 @@
 """Dense weights (safetensors, or F32/F16/BF16 GGUF tensors) multiplied with ``F.linear``, or on CUDA with
-the skinny GEMM kernel where it beats cuBLAS (``ops.cuda.skinny_gemm_preferred``: decode batches of up to 16
-rows, f16/bf16), which reads the weight once."""
+the skinny GEMM kernel for decode-sized batches (M <= 16 rows, f16/bf16), which reads the weight once."""
 
 from __future__ import annotations
 
@@ -21,10 +20,6 @@ class UnquantizedLinear(LinearMethod):
         self.out_features, self.in_features = weight.shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (
-            x.device.type == "cuda"
-            and cuda.skinny_gemm_supported(x, self.weight)
-            and cuda.skinny_gemm_preferred(x.shape[0], self.out_features, self.in_features)
-        ):
+        if x.device.type == "cuda" and cuda.skinny_gemm_supported(x, self.weight):
             return cuda.skinny_gemm(x, self.weight)
         return F.linear(x, self.weight)

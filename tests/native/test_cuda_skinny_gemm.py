@@ -1,5 +1,4 @@
-"""Skinny decode GEMM (tensor-core GEMV, M <= 16 and the 64-row-tile kernel for M <= 64) against a float64
-matmul on random data."""
+"""Skinny decode GEMM (tensor-core GEMV, M <= 16) against a float64 matmul on random data."""
 
 from __future__ import annotations
 
@@ -27,7 +26,7 @@ def _case(m: int, n: int, k: int, dtype: torch.dtype, seed: int) -> tuple[torch.
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("m", [1, 3, 8, 9, 16, 17, 24, 25, 33, 48, 57, 64])
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
 @pytest.mark.parametrize("n,k", [(1, 8), (37, 136), (1000, 1000), (4099, 4104), (517, 14336)])
 def test_skinny_gemm_matches_float64(dtype: torch.dtype, m: int, n: int, k: int) -> None:
     x, w = _case(m, n, k, dtype, seed=m * 1000 + n + k)
@@ -38,7 +37,7 @@ def test_skinny_gemm_matches_float64(dtype: torch.dtype, m: int, n: int, k: int)
     assert rel_error(got, want) < REL_TOL[dtype]
 
 
-@pytest.mark.parametrize("m", [5, 40])
+@pytest.mark.parametrize("m", [5, 16])
 @pytest.mark.parametrize("splits", [1, 2, 5, 32, 40])
 def test_split_k_gives_the_same_result_and_repeats(m: int, splits: int) -> None:
     """Serial split-K elects a last CTA per tile through counters that must be left at zero for the next call
@@ -51,20 +50,10 @@ def test_split_k_gives_the_same_result_and_repeats(m: int, splits: int) -> None:
         assert rel_error(got, want) < REL_TOL[torch.bfloat16]
 
 
-@pytest.mark.parametrize("m", [24, 64])
-def test_automatic_splits_on_8b_shapes(m: int) -> None:
-    """The split heuristic's choices for the Llama-3-8B shapes (few 64-row tiles: split-K) stay exact."""
-    for n, k in [(6144, 4096), (4096, 14336)]:
-        x, w = _case(m, n, k, torch.bfloat16, seed=n + m)
-        assert cuda.skinny_gemm_splits(n, k, cuda.sm_count(0), m) > 1
-        poison_allocator(DEV, m * n * 8)
-        assert rel_error(cuda.skinny_gemm(x, w), x.double() @ w.double().T) < REL_TOL[torch.bfloat16]
-
-
 def test_skinny_gemm_rejects_unsupported_input() -> None:
-    x, w = _case(65, 64, 64, torch.bfloat16, seed=0)
+    x, w = _case(17, 64, 64, torch.bfloat16, seed=0)
     assert not cuda.skinny_gemm_supported(x, w)
-    with pytest.raises(ValueError, match="M<=64"):
+    with pytest.raises(ValueError, match="M<=16"):
         cuda.skinny_gemm(x, w)
     x, w = _case(2, 64, 60, torch.bfloat16, seed=0)
     with pytest.raises(ValueError, match="K % 8"):
