@@ -26,6 +26,41 @@ inline void check_cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
 }
 
+// Programmatic dependent launch (Hopper): a kernel started by launch_pdl may begin while the kernel before it
+// on the stream is still running, so its prologue (weight prefetch, index maths, its own launch latency) hides
+// behind that kernel's tail. Contract for every kernel launched this way: call pdl_wait() before reading what an
+// earlier kernel wrote and before writing what an earlier kernel may still read; every CTA calls it (an early
+// return too), so a grid never completes before the grids it depends on. pdl_launch_dependents() lets the next
+// kernel start before this one ends. Both are no-ops before sm_90 and for kernels launched the ordinary way.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Launches `kernel` as a programmatic dependent of the previous work on `stream` (see pdl_wait).
+template <typename... Params, typename... Args>
+inline void launch_pdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                       cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  check_cuda(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...), what);
+}
+
 // True when every pointer allows 16-byte vector access.
 template <typename... P>
 inline bool aligned16(const P*... ptrs) {

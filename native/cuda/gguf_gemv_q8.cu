@@ -23,7 +23,7 @@ template <typename T>
 __global__ void __launch_bounds__(256) quantize_x_kernel(const T* __restrict__ x, int8_t* __restrict__ xq,
                                                         XBlock* __restrict__ xb, int64_t blocks) {
   // The GEMV may start now: it streams its first weights while this grid runs and waits before reading xq.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  pdl_launch_dependents();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t blk = i >> 3;
   const bool live = blk < blocks;
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kThreads) gemv_q8_kernel(void* __restrict__ y,
   // The first weights do not depend on the activation quantizer (launched just before, see gguf_gemv_q8):
   // fetch them, then wait for its grid.
   if (threadIdx.x < slots) load_parts(threadIdx.x);
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  pdl_wait();
   for (int s = threadIdx.x; s < slots; s += kThreads) {
     const int b = s / Q::kParts, p = s % Q::kParts;
     if (s != threadIdx.x) load_parts(s);
@@ -127,17 +127,9 @@ template <class Q, int M, int R>
 void launch_gemv(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int rows_m, int N, int K,
                  cudaStream_t stream) {
   const int64_t row_bytes = static_cast<int64_t>(K / Q::kBlockElems) * Q::kBlockBytes;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>((N + R - 1) / R));
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // overlap the quantizer (griddepcontrol)
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  check_cuda(cudaLaunchKernelEx(&cfg, gemv_q8_kernel<Q, M, R>, y, bf16, xq, xb, w, rows_m, N, K, row_bytes),
-             "gguf_gemv_q8");
+  // A programmatic dependent of the quantizer: the first weights stream while it runs.
+  launch_pdl("gguf_gemv_q8", gemv_q8_kernel<Q, M, R>, dim3(static_cast<unsigned>((N + R - 1) / R)), dim3(kThreads), 0,
+             stream, y, bf16, xq, xb, w, rows_m, N, K, row_bytes);
 }
 
 }  // namespace

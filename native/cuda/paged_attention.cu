@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
   extern __shared__ __align__(128) unsigned char smem[];
 
   // The reduce kernel may start launching now; it waits for this grid's completion before reading.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  pdl_launch_dependents();
 
   const int warps = blockDim.x >> 5;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(
   const int span = ctx - (sliding_window > 0 ? max(0, ctx - sliding_window) : 0);
   const int plen = piece_len(span, parts, piece_cap);
   const int used = min(parts, (span + plen - 1) / plen);
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  pdl_wait();
   const float* ms = part_ml + head * parts;
   const float* ls = part_ml + (static_cast<size_t>(num_seqs) * q_heads + head) * parts;
   float m = -INFINITY;
@@ -384,20 +384,11 @@ void launch_decode(T* out, const T* q, const T* kc, const T* vc, const int32_t* 
       static_cast<int>(cap), qscale, cap_log2, inv_cap, static_cast<int>(window));
   check_launch("paged_attention_decode");
   if (parts > 1) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(q_heads), static_cast<unsigned>(num_seqs));
-    cfg.blockDim = dim3(kReduceThreads);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    check_cuda(cudaLaunchKernelEx(&cfg, paged_decode_reduce_kernel<T, D>, out, static_cast<const float*>(part_out),
-                                  static_cast<const float*>(part_ml), lens, static_cast<int>(num_seqs),
-                                  static_cast<int>(q_heads), static_cast<int>(parts), static_cast<int>(cap),
-                                  static_cast<int>(window)),
-               "paged_attention_decode reduce");
+    launch_pdl("paged_attention_decode reduce", paged_decode_reduce_kernel<T, D>,
+               dim3(static_cast<unsigned>(q_heads), static_cast<unsigned>(num_seqs)), dim3(kReduceThreads), 0, stream,
+               out, static_cast<const float*>(part_out), static_cast<const float*>(part_ml), lens,
+               static_cast<int>(num_seqs), static_cast<int>(q_heads), static_cast<int>(parts), static_cast<int>(cap),
+               static_cast<int>(window));
   }
 }
 
