@@ -8,6 +8,8 @@ namespace {
 template <typename T, int V>
 __global__ void silu_and_mul_kernel(T* __restrict__ out, const T* __restrict__ x, int d) {
   using Vt = Vec<T, V>;
+  pdl_launch_dependents();
+  pdl_wait();
   const size_t t = blockIdx.y;
   const Vt* gate = reinterpret_cast<const Vt*>(x + t * 2 * d);
   const Vt* up = reinterpret_cast<const Vt*>(x + t * 2 * d + d);
@@ -35,13 +37,12 @@ void silu_and_mul(void* out, const void* x, int64_t tokens, int64_t d, DType dty
     auto go = [&](auto kernel, int64_t nvec) {
       const int threads = 256;
       const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(64, (nvec + threads - 1) / threads)));
-      kernel<<<dim3(blocks, static_cast<unsigned>(tokens)), threads, 0, as_stream(stream)>>>(
-          static_cast<T*>(out), static_cast<const T*>(x), static_cast<int>(d));
+      launch_pdl("silu_and_mul", kernel, dim3(blocks, static_cast<unsigned>(tokens)), dim3(threads), 0,
+                 as_stream(stream), static_cast<T*>(out), static_cast<const T*>(x), static_cast<int>(d));
     };
     if (d % kVec == 0 && aligned16(out, x)) go(silu_and_mul_kernel<T, kVec>, d / kVec);
     else go(silu_and_mul_kernel<T, 1>, d);
   });
-  check_launch("silu_and_mul");
 }
 
 }  // namespace candle_vllm::cuda

@@ -11,6 +11,8 @@ template <typename T, int V, bool kFused>
 __global__ void rms_norm_kernel(T* __restrict__ out, T* __restrict__ x, T* __restrict__ residual,
                                 const T* __restrict__ weight, int hidden, float eps) {
   using Vt = Vec<T, V>;
+  pdl_launch_dependents();
+  pdl_wait();
   const size_t row = blockIdx.x;
   const int nvec = hidden / V;
   const Vt* xin = reinterpret_cast<const Vt*>(x + row * hidden);
@@ -53,14 +55,13 @@ void launch(void* out, void* x, void* residual, const void* weight, int64_t rows
     constexpr int kVec = 16 / sizeof(T);
     const int threads = static_cast<int>(std::min<int64_t>(1024, ((hidden / kVec + 31) / 32) * 32));
     auto go = [&](auto kernel, int nthreads) {
-      kernel<<<static_cast<unsigned>(rows), nthreads, 0, as_stream(stream)>>>(
-          static_cast<T*>(out), static_cast<T*>(x), static_cast<T*>(residual), static_cast<const T*>(weight),
-          static_cast<int>(hidden), eps);
+      launch_pdl(kFused ? "fused_add_rms_norm" : "rms_norm", kernel, dim3(static_cast<unsigned>(rows)), dim3(nthreads),
+                 0, as_stream(stream), static_cast<T*>(out), static_cast<T*>(x), static_cast<T*>(residual),
+                 static_cast<const T*>(weight), static_cast<int>(hidden), eps);
     };
     if (hidden % kVec == 0 && aligned16(out, x, residual, weight)) go(rms_norm_kernel<T, kVec, kFused>, std::max(32, threads));
     else go(rms_norm_kernel<T, 1, kFused>, static_cast<int>(std::min<int64_t>(1024, ((hidden + 31) / 32) * 32)));
   });
-  check_launch(kFused ? "fused_add_rms_norm" : "rms_norm");
 }
 
 }  // namespace

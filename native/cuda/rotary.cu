@@ -32,6 +32,8 @@ template <typename T>
 __global__ void rotary_kernel(T* __restrict__ q, T* __restrict__ k, const int64_t* __restrict__ positions,
                               const float* __restrict__ cos_sin, int q_heads, int k_heads, int head_dim,
                               int rotary_dim, int64_t q_stride, int64_t k_stride, bool is_neox) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t t = blockIdx.x;
   const float* cs = cos_sin + positions[t] * rotary_dim;
   const int half = rotary_dim / 2;
@@ -65,8 +67,12 @@ __global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T
   constexpr int V = kVec<T>;
   const int half = a.rotary_dim / 2, groups = half / V;
   const int heads = a.q_heads + a.k_heads * (CACHE ? 2 : 1);
+  pdl_launch_dependents();
   const int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (e >= a.tokens * heads * groups) return;
+  if (e >= a.tokens * heads * groups) {
+    pdl_wait();
+    return;
+  }
   const int gi = static_cast<int>(e % groups);
   const int h = static_cast<int>((e / groups) % heads);
   const int64_t tok = e / (static_cast<int64_t>(groups) * heads);
@@ -74,6 +80,7 @@ __global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T
   const int o1 = NEOX ? gi * V : 2 * gi * V, o2 = NEOX ? half + gi * V : 2 * gi * V + V;
   const int64_t slot = CACHE ? a.slots[tok] : -1;
   if (CACHE && h >= a.q_heads + a.k_heads) {  // a v head: copied into the cache
+    pdl_wait();
     if (slot < 0) return;
     const int hv = h - a.q_heads - a.k_heads;
     const T* src = a.v + tok * a.v_stride + static_cast<int64_t>(hv) * a.head_dim;
@@ -95,6 +102,8 @@ __global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T
     c[i] = round_to<T>(cv.x), c[i + 1] = round_to<T>(cv.y), c[i + 2] = round_to<T>(cv.z), c[i + 3] = round_to<T>(cv.w);
     s[i] = round_to<T>(sv.x), s[i + 1] = round_to<T>(sv.y), s[i + 2] = round_to<T>(sv.z), s[i + 3] = round_to<T>(sv.w);
   }
+  // Positions, slots and the cos/sin table are inputs of the step, not outputs of the kernel before.
+  pdl_wait();
   Vec16<T> v1 = *reinterpret_cast<const Vec16<T>*>(head + o1);
   Vec16<T> v2 = *reinterpret_cast<const Vec16<T>*>(head + o2);
   // Pair p: neox (v1[p], v2[p]); gptj channels 2p, 2p+1 of the concatenation v1 v2.
@@ -124,8 +133,9 @@ void launch_vec(const RotaryArgs<T>& a, bool is_neox, std::uintptr_t stream) {
   const int64_t heads = a.q_heads + a.k_heads * (CACHE ? 2 : 1);
   const int64_t threads = a.tokens * heads * (a.rotary_dim / 2 / kVec<T>);
   const auto blocks = static_cast<unsigned>((threads + kThreads - 1) / kThreads);
-  if (is_neox) rotary_vec_kernel<T, true, CACHE><<<blocks, kThreads, 0, as_stream(stream)>>>(a);
-  else rotary_vec_kernel<T, false, CACHE><<<blocks, kThreads, 0, as_stream(stream)>>>(a);
+  const char* what = CACHE ? "rotary_embedding_cache" : "rotary_embedding";
+  if (is_neox) launch_pdl(what, rotary_vec_kernel<T, true, CACHE>, dim3(blocks), dim3(kThreads), 0, as_stream(stream), a);
+  else launch_pdl(what, rotary_vec_kernel<T, false, CACHE>, dim3(blocks), dim3(kThreads), 0, as_stream(stream), a);
 }
 
 // Whether every row a vectorised thread touches starts on a 16-byte boundary.
@@ -157,12 +167,11 @@ void rotary_embedding(void* q, void* k, const int64_t* positions, const float* c
     }
     const int64_t pairs = std::max(q_heads, k_heads) * rotary_dim / 2;
     const int threads = static_cast<int>(std::min<int64_t>(512, ((pairs + 31) / 32) * 32));
-    rotary_kernel<T><<<static_cast<unsigned>(tokens), threads, 0, as_stream(stream)>>>(
-        static_cast<T*>(q), static_cast<T*>(k), positions, cos_sin, static_cast<int>(q_heads),
-        static_cast<int>(k_heads), static_cast<int>(head_dim), static_cast<int>(rotary_dim), q_stride, k_stride,
-        is_neox);
+    launch_pdl("rotary_embedding", rotary_kernel<T>, dim3(static_cast<unsigned>(tokens)), dim3(threads), 0,
+               as_stream(stream), static_cast<T*>(q), static_cast<T*>(k), positions, cos_sin, static_cast<int>(q_heads),
+               static_cast<int>(k_heads), static_cast<int>(head_dim), static_cast<int>(rotary_dim), q_stride, k_stride,
+               is_neox);
   });
-  check_launch("rotary_embedding");
 }
 
 void rotary_embedding_cache(void* q, void* k, const void* v, const int64_t* positions, const float* cos_sin,
@@ -182,7 +191,6 @@ void rotary_embedding_cache(void* q, void* k, const void* v, const int64_t* posi
                           static_cast<int>(head_dim), static_cast<int>(head_dim)};
     launch_vec<T, true>(a, is_neox, stream);
   });
-  check_launch("rotary_embedding_cache");
 }
 
 }  // namespace candle_vllm::cuda

@@ -38,17 +38,25 @@ struct Chunk {
 };
 
 template <typename T, int NT>
-__device__ __forceinline__ void load_chunk(Chunk<NT>& c, int chunk, int t, int K, const T* w_lo, const T* w_hi,
-                                           const T* const (&x)[NT], const bool (&x_ok)[NT]) {
+__device__ __forceinline__ void load_w(Chunk<NT>& c, int chunk, int t, int K, const T* w_lo, const T* w_hi) {
 #pragma unroll
   for (int s = 0; s < kSteps; ++s) {
     const int k = chunk * kSkinnyChunkK + s * 32 + t * 8;
     const bool in = k < K;
     c.w_lo[s] = in ? load_stream(w_lo + k) : make_uint4(0, 0, 0, 0);
     c.w_hi[s] = in ? load_stream(w_hi + k) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+template <typename T, int NT>
+__device__ __forceinline__ void load_x(Chunk<NT>& c, int chunk, int t, int K, const T* const (&x)[NT],
+                                       const bool (&x_ok)[NT]) {
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    const int k = chunk * kSkinnyChunkK + s * 32 + t * 8;
 #pragma unroll
     for (int n = 0; n < NT; ++n)
-      c.x[n][s] = in && x_ok[n] ? __ldg(reinterpret_cast<const uint4*>(x[n] + k)) : make_uint4(0, 0, 0, 0);
+      c.x[n][s] = k < K && x_ok[n] ? __ldg(reinterpret_cast<const uint4*>(x[n] + k)) : make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -95,12 +103,19 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(T* __restrict_
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
 
-  // Double-buffered: the next chunk's loads are in flight while the current one is multiplied.
+  // Double-buffered: the next chunk's loads are in flight while the current one is multiplied. The first
+  // chunk's weights do not depend on the kernel before this one (launch_pdl): they stream while it ends.
+  pdl_launch_dependents();
   int chunk = split * chunks_per_split + warp;
   Chunk<NT> cur, next;
-  if (chunk < chunk_end) load_chunk<T, NT>(cur, chunk, t, K, w_lo, w_hi, xs, x_ok);
+  if (chunk < chunk_end) load_w<T, NT>(cur, chunk, t, K, w_lo, w_hi);
+  pdl_wait();
+  if (chunk < chunk_end) load_x<T, NT>(cur, chunk, t, K, xs, x_ok);
   for (; chunk < chunk_end; chunk += kWarps) {
-    if (chunk + kWarps < chunk_end) load_chunk<T, NT>(next, chunk + kWarps, t, K, w_lo, w_hi, xs, x_ok);
+    if (chunk + kWarps < chunk_end) {
+      load_w<T, NT>(next, chunk + kWarps, t, K, w_lo, w_hi);
+      load_x<T, NT>(next, chunk + kWarps, t, K, xs, x_ok);
+    }
     mma_chunk<T, NT>(acc, cur);
     cur = next;
   }
@@ -169,15 +184,13 @@ void skinny_gemm(void* y, const void* x, const void* w, float* partials, int* co
   dispatch_float<false>(dtype, "skinny_gemm", [&](auto tag) {
     using T = decltype(tag);
     auto launch = [&](auto kernel) {
-      kernel<<<grid, kWarps * 32, 0, as_stream(stream)>>>(static_cast<T*>(y), static_cast<const T*>(x),
-                                                          static_cast<const T*>(w), partials, counters,
-                                                          static_cast<int>(M), static_cast<int>(N),
-                                                          static_cast<int>(K), chunks_per_split);
+      launch_pdl("skinny_gemm", kernel, grid, dim3(kWarps * 32), 0, as_stream(stream), static_cast<T*>(y),
+                 static_cast<const T*>(x), static_cast<const T*>(w), partials, counters, static_cast<int>(M),
+                 static_cast<int>(N), static_cast<int>(K), chunks_per_split);
     };
     if (M <= 8) launch(skinny_gemm_kernel<T, 1>);
     else launch(skinny_gemm_kernel<T, 2>);
   });
-  check_launch("skinny_gemm");
 }
 
 }  // namespace candle_vllm::cuda
