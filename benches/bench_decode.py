@@ -109,11 +109,12 @@ def step_roofline_ms(w_bytes: int, kv_token_bytes: int, batch: int, context: int
     return 1e3 * (w_bytes + batch * context * kv_token_bytes) / CEILING_BYTES_PER_S
 
 
-def profile_decode(llm: LLM, rng: random.Random, vocab: int, context: int, steps: int, rows: int) -> str:
-    """torch-profiler table of a batch-1 decode at ``context``: where the step time goes (CPU and GPU)."""
+def profile_decode(llm: LLM, rng: random.Random, vocab: int, context: int, steps: int, rows: int, batch: int = 1) -> str:
+    """torch-profiler tables of a decode of ``batch`` sequences at ``context``: where the step time goes (CPU and
+    GPU)."""
     from torch.profiler import ProfilerActivity, profile
 
-    prompt = random_prompts(rng, 1, context, vocab)
+    prompt = random_prompts(rng, batch, context, vocab)
     llm.generate(prompt, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))  # prefill now
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         llm.generate(prompt, SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True))
@@ -148,7 +149,10 @@ def main() -> None:
     ap.add_argument("--batch-context", type=int, default=1024, help="prompt length of each batched sequence")
     ap.add_argument("--batch-output-len", type=int, default=128)
     ap.add_argument("--ttft-repeats", type=int, default=5)
-    ap.add_argument("--profile-steps", type=int, default=0, help="profile this many batch-1 decode steps")
+    ap.add_argument("--profile-steps", type=int, default=0,
+                    help="profile this many batch-1 decode steps (and as many batch-N steps with --profile-batch)")
+    ap.add_argument("--profile-batch", action="store_true",
+                    help="with --profile-steps: also profile the batch decode (--batch sequences at --batch-context)")
     ap.add_argument("--ttft-only", action="store_true", help="measure only the TTFT (skip both decode figures)")
     ap.add_argument("--profile-ttft", action="store_true", help="also profile one TTFT prefill (torch profiler)")
     ap.add_argument("--prefill-tiling", default=None, metavar="BM,WR,BN",
@@ -218,6 +222,10 @@ def main() -> None:
     if args.profile_steps:
         res["profile"] = profile_decode(llm, rng, vocab, args.context, args.profile_steps, 25)
         print(res["profile"], flush=True)
+        if args.profile_batch:
+            res["batch_profile"] = profile_decode(llm, rng, vocab, args.batch_context, args.profile_steps, 25,
+                                                  args.batch)
+            print(res["batch_profile"], flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
 
