@@ -18,6 +18,7 @@ Llama-3-8B bf16): 3.65 ms at a 4k context. TTFT's roofline is the prefill's FLOP
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import shutil
@@ -120,7 +121,7 @@ def profile_decode(llm: LLM, rng: random.Random, vocab: int, context: int, steps
         llm.generate(prompt, SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True))
         torch.cuda.synchronize()
     averages = prof.key_averages()
-    return (averages.table(sort_by="self_cuda_time_total", row_limit=rows) + "\n"
+    return (gpu_idle_report(prof) + "\n" + averages.table(sort_by="self_cuda_time_total", row_limit=rows) + "\n"
             + averages.table(sort_by="self_cpu_time_total", row_limit=rows))
 
 
@@ -134,9 +135,31 @@ def profile_ttft(llm: LLM, rng: random.Random, vocab: int, context: int, rows: i
         torch.cuda.synchronize()
     averages = prof.key_averages()
     gpu_us = sum(e.self_device_time_total for e in averages)
-    return (f"GPU kernel time in the profiled TTFT: {gpu_us / 1e3:.2f} ms\n"
+    return (f"GPU kernel time in the profiled TTFT: {gpu_us / 1e3:.2f} ms\n" + gpu_idle_report(prof) + "\n"
             + averages.table(sort_by="self_cuda_time_total", row_limit=rows) + "\n"
             + averages.table(sort_by="self_cpu_time_total", row_limit=rows))
+
+
+def gpu_idle_report(prof: Any, top: int = 8) -> str:
+    """Where the GPU waited inside a profile: the span from the first to the last kernel, the idle time between
+    kernels, and the longest gaps with the kernels on either side (host work the GPU waits for shows up here)."""
+    kernels = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0),
+        key=lambda e: e.time_range.start,
+    )
+    if not kernels:
+        return "no GPU kernels in the profile"
+    gaps = []
+    end = kernels[0].time_range.end
+    for prev, cur in itertools.pairwise(kernels):
+        end = max(end, prev.time_range.end)
+        if cur.time_range.start > end:
+            gaps.append((cur.time_range.start - end, prev.name[:40], cur.name[:40]))
+    span = kernels[-1].time_range.end - kernels[0].time_range.start
+    lines = [f"GPU span {span / 1e3:.2f} ms, idle between kernels {sum(g[0] for g in gaps) / 1e3:.2f} ms "
+             f"({len(gaps)} gaps); longest:"]
+    lines += [f"  {g:9.1f} us  after {a}  before {b}" for g, a, b in sorted(gaps, reverse=True)[:top]]
+    return "\n".join(lines)
 
 
 def main() -> None:
