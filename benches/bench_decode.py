@@ -32,7 +32,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from candle_vllm import LLM, SamplingParams
-from candle_vllm.pyengine.ops import cuda_prefill
+from candle_vllm.pyengine.ops import cuda_prefill, sdpa_prefill
 from candle_vllm.pyengine.quant.gguf import GGUFLinear
 
 CEILING_BYTES_PER_S = 4.26e12  # H200 copy bandwidth (issue 5)
@@ -230,6 +230,7 @@ def main() -> None:
         res[f"batch{args.batch}_step_ms"] = round(bb["step_ms"], 3)
 
     ttfts = []
+    sdpa_prefill.ROUTES.clear()
     for _ in range(args.ttft_repeats):
         out = llm.generate(random_prompts(rng, 1, args.context, vocab), SamplingParams(max_tokens=1))[0]
         ttfts.append(1e3 * ((out.metrics.first_token_time or 0.0) - out.metrics.arrival_time))
@@ -238,6 +239,10 @@ def main() -> None:
     flops = 2 * weight_elements(llm) * args.context + 2 * c.num_layers * c.num_heads * c.head_dim * args.context ** 2
     report("ttft_ms", statistics.median(ttfts), "ms", 1e3 * flops / 790e12, False)
     res["ttft_all_ms"] = [round(t, 1) for t in ttfts]
+    # Which prefill attention ran (CANDLE_VLLM_PREFILL, ops/sdpa_prefill.py): launches per backend over the TTFTs.
+    res["prefill_attention"] = dict(sdpa_prefill.ROUTES)
+    print(f"prefill attention ({sdpa_prefill.ENV}={sdpa_prefill.prefill_backend()}): "
+          + ", ".join(f"{name} {n} launches" for name, n in sdpa_prefill.ROUTES.items()), flush=True)
 
     if args.profile_ttft:
         res["ttft_profile"] = profile_ttft(llm, rng, vocab, args.context, 30)

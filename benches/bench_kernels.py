@@ -10,6 +10,7 @@ to defeat the 60 MB L2, median of several replays. Run: ``python benches/bench_k
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -150,65 +151,143 @@ def attention_rows(peak: float, results: list[dict]) -> None:
         print(f"{case:<34}{t * 1e6:>9.1f}{row['gbps']:>8.0f}{100 * kv_bytes / t / peak:>6.0f}%{sdpa_us:>9.1f}   {cells}")
 
 
-def prefill_rows(peak: float, results: list[dict]) -> None:
-    """Flash prefill attention (32 q / 8 kv heads, D=128, bf16, cache block 64) in causal TFLOP/s (4 * Hq * D
-    per attended (query, key) pair) for every compiled tiling, against torch's SDPA on its flash backend over
-    contiguous K/V expanded to 32 heads (no cache, no GQA sharing); then cuBLAS on the prefill linears at M=4096,
-    the compute ceiling the TTFT budget rests on. Inputs are not rotated: both kernels are compute-bound."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+PREFILL_CASES = [([4096], [4096]), ([8192], [8192]), ([1024] * 4, [1024] * 4), ([2048], [4096])]
 
+
+def _prefill_case(query_lens: list[int], seq_lens: list[int], hq: int, hk: int, d: int, bs: int) -> tuple:
+    """Engine-shaped inputs: q/k/v views into a fused qkv output [T, (Hq+2Hk)*D], a cache with scattered blocks
+    holding a random prefix and the step's own k/v, the step's metadata, and the causal FLOPs."""
     from candle_vllm.pyengine.ops.attention import AttentionMetadata
+
+    tables, at = [], 0
+    for ctx in seq_lens:
+        n = math.ceil(ctx / bs)
+        tables.append(list(range(at, at + n)))
+        at += n
+    perm = torch.randperm(at).tolist()
+    tables = [[perm[b] for b in t] for t in tables]
+    cache = torch.randn(2, at, bs, hk, d, device=DEV).to(BF16)
+    t = sum(query_lens)
+    qkv = torch.randn(t, (hq + 2 * hk) * d, device=DEV).to(BF16)
+    q, k, v = (x.view(t, -1, d) for x in qkv.split([hq * d, hk * d, hk * d], dim=-1))
+    meta = AttentionMetadata.build(query_lens, seq_lens, DEV, tables, bs)
+    cuda.reshape_and_cache(k, v, cache, meta.slot_mapping)
+    pairs = sum(q_len * (ctx - q_len) + q_len * (q_len + 1) // 2 for q_len, ctx in zip(query_lens, seq_lens, strict=True))
+    return q, k, v, cache, meta, 4 * hq * d * pairs
+
+
+def eager_seconds(fn: Callable[[], object], calls: int = 10, reps: int = 7) -> float:
+    """Median seconds per fn() issued eagerly, as the engine issues prefill steps (no CUDA graph), so a backend's
+    host work per call counts wherever the GPU would wait for it."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / calls)
+    return statistics.median(times)
+
+
+def _per_sequence(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor], q: torch.Tensor,
+                  k: torch.Tensor, v: torch.Tensor, lens: list[int]) -> torch.Tensor:
+    """fn on each sequence's rows (one call each, as the engine's cuDNN route does), outputs stacked [T, Hq, D]."""
+    outs, at = [], 0
+    for n in lens:
+        outs.append(fn(q[at : at + n], k[at : at + n], v[at : at + n]))
+        at += n
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def prefill_backend_rows(results: list[dict]) -> None:
+    """Prefill attention backends on exactly the engine's inputs (q/k/v views into the fused qkv output after RoPE,
+    Llama-3-8B heads 32/8, D=128, bf16), timed eagerly as the engine issues them: ours (the paged cache), torch's
+    flash kernel through its varlen entry point (all sequences in one launch, strided views, GQA in the kernel),
+    SDPA pinned to flash or cuDNN per sequence in each layout (views with GQA, contiguous copies, K/V expanded to
+    32 heads), with the layout change timed and, for the copying layouts, also without it. A cached prefix is
+    only ours to run (it lives in the paged cache). err: relative to ours."""
+    from candle_vllm.pyengine.ops import sdpa_prefill
     from candle_vllm.pyengine.ops.cuda_prefill import flash_prefill
 
     hq, hk, d, bs = 32, 8, 128, 64
-    print("\n== flash prefill attention bf16 (32/8 heads, D=128, block 64), causal TFLOP/s per tiling "
-          "(block_m x warp_rows x block_n) ==")
-    from candle_vllm.pyengine.ops.cuda_prefill import KERNEL_CONFIGS
+    scale = d**-0.5
+    cudnn_version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    print(f"\n== prefill attention backends, engine inputs (q/k/v views of qkv, 32/8 heads, D=128, bf16), eager; "
+          f"cuDNN {cudnn_version} ==")
+    print(f"{'case':<22}{'variant':<52}{'us':>10}{'TF/s':>7}{'err':>10}")
+    for query_lens, seq_lens in PREFILL_CASES:
+        q, k, v, cache, meta, flops = _prefill_case(query_lens, seq_lens, hq, hk, d, bs)
+        case = f"{len(query_lens)}x q{query_lens[0]} ctx{seq_lens[0]}"
+        ours_out = flash_prefill(q, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, max(query_lens),
+                                 scale)
+        variants: list[tuple[str, Callable[[], torch.Tensor]]] = [
+            ("ours (paged cache, default tiling)", lambda: flash_prefill(
+                q, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, max(query_lens), scale)),
+        ]
+        fresh = query_lens == seq_lens
+        if fresh:
+            run = meta.fresh_runs[0]
+            variants.append(("flash varlen (views, GQA, 1 launch) = sdpa-flash",
+                             lambda: sdpa_prefill.flash_varlen(q, k, v, run.cu_seqlens(DEV), run.max_len, scale)))
+            for backend in ("sdpa-flash", "sdpa-cudnn"):
+                for layout in sdpa_prefill.CUDNN_LAYOUTS:
+                    variants.append((f"SDPA {backend[5:]} per seq, {layout} (incl. layout)", lambda b=backend, lay=layout:
+                                     _per_sequence(lambda *x: sdpa_prefill.sdpa_sequence(b, *x, scale, lay),
+                                                   q, k, v, query_lens)))
+                    if layout != "view":
+                        ready = [sdpa_prefill.to_layout(q[a:b], k[a:b], v[a:b], layout)
+                                 for a, b in itertools.pairwise(meta.query_start_loc_cpu)]
+                        variants.append((f"SDPA {backend[5:]} per seq, {layout} (excl. layout)",
+                                         lambda b=backend, ready=ready: torch.cat(
+                                             [sdpa_prefill.sdpa_heads_first(b, *x, scale)[0].transpose(0, 1)
+                                              for x in ready])))
+            layouts = [sdpa_prefill.cudnn_plan(q[a:b], k[a:b], v[a:b])
+                       for a, b in itertools.pairwise(meta.query_start_loc_cpu)]
+            variants.append((f"engine sdpa-cudnn route (layout {layouts[0]})",
+                             lambda: sdpa_prefill.attend_fresh("sdpa-cudnn", q, k, v, run, scale)))
+        for name, fn in variants:
+            row = dict(kernel="prefill_backend", case=case, variant=name, query_lens=query_lens, seq_lens=seq_lens)
+            try:
+                err = ((fn().double() - ours_out.double()).norm() / ours_out.double().norm()).item()
+                sec = eager_seconds(fn)
+                row.update(us=sec * 1e6, tflops=flops / sec / 1e12, rel_err_vs_ours=err)
+                print(f"{case:<22}{name:<52}{sec * 1e6:>10.1f}{flops / sec / 1e12:>7.0f}{err:>10.1e}")
+            except Exception as exc:  # a backend refusing these inputs is a result, not a crash
+                row.update(error=f"{type(exc).__name__}: {exc}")
+                print(f"{case:<22}{name:<52}  failed: {row['error'].splitlines()[0][:120]}")
+            results.append(row)
+        if not fresh:
+            print(f"{case:<22}{'SDPA / flash varlen':<52}  n/a: the cached prefix is in the paged cache (ours only)")
 
+
+def prefill_rows(peak: float, results: list[dict]) -> None:
+    """Flash prefill attention (32 q / 8 kv heads, D=128, bf16, cache block 64) in causal TFLOP/s (4 * Hq * D
+    per attended (query, key) pair) for every compiled tiling (graph replays); then the backends on the engine's
+    inputs (``prefill_backend_rows``); then cuBLAS on the prefill linears at M=4096, the compute ceiling the TTFT
+    budget rests on. Inputs are not rotated: the kernels are compute-bound."""
+    from candle_vllm.pyengine.ops.cuda_prefill import KERNEL_CONFIGS, flash_prefill
+
+    hq, hk, d, bs = 32, 8, 128, 64
+    print("\n== flash prefill attention bf16 (32/8 heads, D=128, block 64), causal TFLOP/s per tiling "
+          "(block_m x warp_rows x block_n), graph replays ==")
     configs = KERNEL_CONFIGS[d]
-    print(f"{'case':<26}" + "".join(f"{'x'.join(map(str, c)) + ' us':>15}{'TF/s':>6}" for c in configs)
-          + f"{'sdpa us':>10}{'TF/s':>6}{'err':>9}")
-    for query_lens, seq_lens in [([4096], [4096]), ([1024] * 4, [1024] * 4), ([2048], [4096]), ([8192], [8192])]:
-        tables, at = [], 0
-        for ctx in seq_lens:
-            n = math.ceil(ctx / bs)
-            tables.append(list(range(at, at + n)))
-            at += n
-        perm = torch.randperm(at).tolist()  # scattered blocks
-        tables = [[perm[b] for b in t] for t in tables]
-        cache = torch.randn(2, at, bs, hk, d, device=DEV).to(BF16)
-        t = sum(query_lens)
-        q = torch.randn(t, hq, d, device=DEV).to(BF16)
-        meta = AttentionMetadata.build(query_lens, seq_lens, DEV, tables, bs)
-        pairs = sum(q_len * (ctx - q_len) + q_len * (q_len + 1) // 2
-                    for q_len, ctx in zip(query_lens, seq_lens, strict=True))
-        flops = 4 * hq * d * pairs
+    print(f"{'case':<26}" + "".join(f"{'x'.join(map(str, c)) + ' us':>15}{'TF/s':>6}" for c in configs))
+    for query_lens, seq_lens in PREFILL_CASES:
+        q, _, _, cache, meta, flops = _prefill_case(query_lens, seq_lens, hq, hk, d, bs)
         times = {c: graph_seconds(lambda i, c=c: flash_prefill(
             q, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, max(query_lens), d**-0.5, config=c),
             calls=10, reps=7) for c in configs}
-        # SDPA reference on the first sequence (contiguous K/V of its whole context), also the error check.
-        q_len, ctx = query_lens[0], seq_lens[0]
-        kv = cache[:, tables[0]].flatten(1, 2)[:, :ctx]  # [2, ctx, hk, d]
-        k4, v4 = (x.repeat_interleave(hq // hk, dim=1).transpose(0, 1).unsqueeze(0).contiguous() for x in kv)
-        q4 = q[:q_len].transpose(0, 1).unsqueeze(0).contiguous()
-        sdpa_us = err = float("nan")
-        if q_len == ctx:
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                want = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True)
-                sdpa = graph_seconds(lambda i: F.scaled_dot_product_attention(q4, k4, v4, is_causal=True),
-                                     calls=10, reps=7) * len(query_lens)  # one sequence timed, all of them done
-            got = flash_prefill(q, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, max(query_lens),
-                                d**-0.5)[:q_len]
-            err = ((got.double() - want[0].transpose(0, 1).double()).norm() / want.double().norm()).item()
-            sdpa_us = sdpa * 1e6
-        row = dict(kernel="flash_prefill", query_lens=query_lens, seq_lens=seq_lens, sdpa_us=sdpa_us, rel_err=err,
-                   us={"x".join(map(str, c)): v * 1e6 for c, v in times.items()},
-                   tflops={"x".join(map(str, c)): flops / v / 1e12 for c, v in times.items()})
-        results.append(row)
-        sd_tf = flops / (sdpa_us * 1e-6) / 1e12 if sdpa_us == sdpa_us else float("nan")
+        results.append(dict(kernel="flash_prefill", query_lens=query_lens, seq_lens=seq_lens,
+                            us={"x".join(map(str, c)): v * 1e6 for c, v in times.items()},
+                            tflops={"x".join(map(str, c)): flops / v / 1e12 for c, v in times.items()}))
         case = f"{len(query_lens)}x q{query_lens[0]} ctx{seq_lens[0]}"
-        print(f"{case:<26}" + "".join(f"{v * 1e6:>15.1f}{flops / v / 1e12:>6.0f}" for v in times.values())
-              + f"{sdpa_us:>10.1f}{sd_tf:>6.0f}{err:>9.1e}")
+        print(f"{case:<26}" + "".join(f"{v * 1e6:>15.1f}{flops / v / 1e12:>6.0f}" for v in times.values()))
+    prefill_backend_rows(results)
     print("\n-- cuBLAS (F.linear) on the prefill linears, M=4096 --")
     total = 0.0
     for name, n, k in [("qkv", 6144, 4096), ("o_proj", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]:

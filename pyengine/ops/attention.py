@@ -6,7 +6,8 @@ code path: a query at absolute position p attends to its sequence's keys at posi
 sliding_window when set). On the torch reference, decode rows (one new token each) are batched into a single
 padded call and longer query runs go one sequence at a time so a long prefill never pads the others; on CUDA
 (f16/bf16) a step with prefill rows runs the flash prefill kernel once (``ops/cuda_prefill.py``), its decode rows
-the paged decode kernel.
+the paged decode kernel; with ``CANDLE_VLLM_PREFILL=sdpa-cudnn|sdpa-flash`` the rows of fresh prompts (no cached
+prefix) take torch's cuDNN/flash kernel instead (``ops/sdpa_prefill.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from candle_vllm.pyengine.ops import cuda, native
+from candle_vllm.pyengine.ops import cuda, native, sdpa_prefill
 from candle_vllm.pyengine.ops.cuda_prefill import flash_prefill, flash_prefill_supported
 
 
@@ -52,6 +53,12 @@ class AttentionMetadata:
         """New tokens per sequence (host), computed once per step rather than once per layer."""
         qsl = self.query_start_loc_cpu or []
         return [b - a for a, b in itertools.pairwise(qsl)]
+
+    @functools.cached_property
+    def fresh_runs(self) -> list[sdpa_prefill.FreshRun]:
+        """Runs of consecutive sequences with no cached prefix (their K/V are all this step's own), computed once
+        per step: the rows a dense attention kernel can take (``ops/sdpa_prefill.py``)."""
+        return sdpa_prefill.fresh_runs(self.query_start_loc_cpu or [], self.seq_lens_cpu or [])
 
     @classmethod
     def build(
@@ -198,6 +205,9 @@ def attention(
                 softcap,
             )
         if on_cuda and flash_prefill_supported(q, kv_cache):
+            backend = sdpa_prefill.prefill_backend()
+            if sdpa_prefill.sdpa_eligible(backend, q, k, v, sliding_window, softcap) and meta.fresh_runs:
+                return _sdpa_prefill_step(backend, q, k, v, kv_cache, meta, scale, cuda_decode)
             return _cuda_prefill_step(q, kv_cache, meta, scale, sliding_window, softcap, cuda_decode)
     qsl, lens = meta.query_start_loc_cpu or [], meta.seq_lens_cpu or []
     out = torch.empty_like(q)
@@ -245,15 +255,87 @@ def _cuda_prefill_step(
         q, kv_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, max(q_lens, default=1), scale,
         sliding_window, softcap, skip_single_token=bool(decode_rows),
     )
+    sdpa_prefill.ROUTES["native"] += 1
     if decode_rows:
-        qsl = meta.query_start_loc_cpu
-        tok = torch.tensor([qsl[s] for s in decode_rows], device=q.device)
-        idx = torch.tensor(decode_rows, device=q.device)
-        out[tok] = cuda.paged_decode_attention(
-            q[tok], kv_cache, meta.block_tables[idx], meta.seq_lens[idx], scale,
-            max(meta.seq_lens_cpu[s] for s in decode_rows), sliding_window, softcap,
-        )
+        _decode_rows_cuda(q, out, kv_cache, meta, decode_rows, scale, sliding_window, softcap)
     return out
+
+
+def _decode_rows_cuda(
+    q: torch.Tensor,
+    out: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    rows: list[int],
+    scale: float,
+    sliding_window: int | None,
+    softcap: float | None,
+) -> None:
+    """The one-token sequences ``rows`` of a prefill step through the paged decode kernel, into ``out``."""
+    assert meta.block_tables is not None and meta.query_start_loc_cpu is not None and meta.seq_lens_cpu is not None
+    tok = torch.tensor([meta.query_start_loc_cpu[s] for s in rows], device=q.device)
+    idx = torch.tensor(rows, device=q.device)
+    out[tok] = cuda.paged_decode_attention(
+        q[tok], kv_cache, meta.block_tables[idx], meta.seq_lens[idx], scale, max(meta.seq_lens_cpu[s] for s in rows),
+        sliding_window, softcap,
+    )
+
+
+def _sdpa_prefill_step(
+    backend: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    cuda_decode: bool,
+) -> torch.Tensor:
+    """A CUDA step whose fresh prompts take torch's ``backend`` (their K/V are the step's own k/v, already in the
+    cache for later steps); the other multi-token sequences (cached prefix) run our flash kernel on their gathered
+    rows, one-token sequences the decode kernel (or our flash kernel when the decode kernel lacks the geometry).
+    No sliding window or soft-cap reaches here (``sdpa_eligible``)."""
+    assert meta.block_tables is not None and meta.query_start_loc_cpu is not None
+    runs = meta.fresh_runs
+    if backend == "sdpa-cudnn" and not all(sdpa_prefill.cudnn_supported(q, k, v, r) for r in runs):
+        return _cuda_prefill_step(q, kv_cache, meta, scale, None, None, cuda_decode)
+    t = q.shape[0]
+    if len(runs) == 1 and runs[0].start == 0 and runs[0].end == t:  # only fresh prompts (the TTFT step)
+        sdpa_prefill.ROUTES[backend] += 1
+        return sdpa_prefill.attend_fresh(backend, q, k, v, runs[0], scale).contiguous()
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    for run in runs:
+        out[run.start : run.end] = sdpa_prefill.attend_fresh(backend, q, k, v, run, scale)
+        sdpa_prefill.ROUTES[backend] += 1
+    fresh = {s for r in runs for s in range(r.first, r.last)}
+    q_lens = meta.query_lens_cpu
+    decode_rows = [s for s, n in enumerate(q_lens) if n == 1 and s not in fresh] if cuda_decode else []
+    rest = [s for s, n in enumerate(q_lens) if n > 0 and s not in fresh and s not in decode_rows]
+    if rest:
+        _native_rows(q, out, kv_cache, meta, rest, scale)
+    if decode_rows:
+        _decode_rows_cuda(q, out, kv_cache, meta, decode_rows, scale, None, None)
+    return out
+
+
+def _native_rows(
+    q: torch.Tensor, out: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, seqs: list[int],
+    scale: float,
+) -> None:
+    """Sequences ``seqs`` of the step through our flash prefill kernel, their query rows gathered into one batch."""
+    assert meta.block_tables is not None and meta.query_start_loc_cpu is not None
+    qsl = meta.query_start_loc_cpu
+    rows = torch.tensor([r for s in seqs for r in range(qsl[s], qsl[s + 1])], device=q.device)
+    lens = [qsl[s + 1] - qsl[s] for s in seqs]
+    sub_qsl = list(itertools.accumulate(lens, initial=0))
+    idx = torch.tensor(seqs, device=q.device)
+    got = flash_prefill(
+        q.index_select(0, rows), kv_cache, meta.block_tables.index_select(0, idx),
+        torch.tensor(sub_qsl, dtype=torch.int32, device=q.device), meta.seq_lens.index_select(0, idx), max(lens),
+        scale,
+    )
+    sdpa_prefill.ROUTES["native"] += 1
+    out.index_copy_(0, rows, got)
 
 
 def _decode_batch(
