@@ -113,14 +113,16 @@ def gemm_rows(peak: float, results: list[dict], ms: tuple[int, ...] = GEMM_MS) -
 
 
 def attention_rows(peak: float, results: list[dict]) -> None:
-    """Llama-3-8B heads (32 q / 8 kv, D=128) at the CUDA default block size 64 and the earlier rows' 16, the
-    automatic split next to a sweep of partition sizes, and batch 1 with the grid a CUDA graph captures
-    (max_seq_len 8192 while the context is 4096)."""
+    """Llama-3-8B heads (32 q / 8 kv, D=128) at the CUDA default block size 64 and the earlier rows' 16, batch 1
+    with the grid a CUDA graph captures (max_seq_len 8192 while the context is 4096). Each case: the automatic
+    plan (heads per CTA, partition, reduce form) and a sweep of heads per CTA x partition size, each cell with
+    the reduce kernel and, up to 16 pieces, the fused last-CTA reduce ("kernel/fused" us), so the plan's rule
+    (ops/cuda.py decode_plan, _FUSED_REDUCE_MAX_PARTS) can be set from one run."""
     hq, hk, d = 32, 8, 128
     print("\n== paged decode attention bf16 (Llama-3-8B heads 32/8, D=128) ==")
-    print(f"{'case':<34}{'auto us':>9}{'GB/s':>8}{'%ceil':>7}{'sdpa us':>9}   sweep (partition: us)")
     cases = [(1, 4096, 64, 4096), (1, 4096, 64, 8192), (1, 32768, 64, 32768), (64, 1024, 64, 1024),
-             (16, 4096, 64, 4096), (1, 4096, 16, 4096), (64, 1024, 16, 1024)]
+             (16, 4096, 64, 4096), (1, 4096, 16, 4096), (64, 1024, 16, 1024), (4, 4096, 64, 4096)]
+    sizes = (16, 32, 64, 128, 256, 512, 1024)
     for b, ctx, bs, max_len in cases:
         blocks_per_seq = math.ceil(ctx / bs)
         nblocks = b * blocks_per_seq
@@ -130,25 +132,46 @@ def attention_rows(peak: float, results: list[dict]) -> None:
         tables = torch.randperm(nblocks, device=DEV).view(b, blocks_per_seq).to(torch.int32)
         lens = torch.full((b,), ctx, dtype=torch.int32, device=DEV)
         q = torch.randn(b, hq, d, device=DEV).to(BF16)
-        t = graph_seconds(lambda i: cuda.paged_decode_attention(q, caches[i % copies], tables, lens, d**-0.5, max_len))
-        sweep = {}
-        for size in (16, 32, 64, 128, 256, 512, 1024):
-            if size <= max_len:
-                sweep[size] = 1e6 * graph_seconds(lambda i, p=size: cuda.paged_decode_attention(
-                    q, caches[i % copies], tables, lens, d**-0.5, max_len, partition_size=p))
+
+        def timed(**kw: object) -> float:
+            return 1e6 * graph_seconds(lambda i: cuda.paged_decode_attention(
+                q, caches[i % copies], tables, lens, d**-0.5, max_len, **kw))
+
+        plan = cuda.auto_decode_plan(q, caches[0], max_len)
+        auto_parts = math.ceil(max_len / plan.partition_size)
+        auto_us = timed()
+        sweep: dict[str, float] = {}
+        print(f"B={b} ctx={ctx} bs={bs} grid={max_len}: auto heads/CTA {plan.heads_per_cta} partition "
+              f"{plan.partition_size} ({auto_parts} pieces, {'fused' if cuda.decode_fused_reduce(auto_parts) else 'kernel'}"
+              f" reduce) {auto_us:.1f} us, {kv_bytes / auto_us / 1e3:.0f} GB/s, {100 * kv_bytes / auto_us / 1e-6 / peak:.0f}%")
+        print(f"{'  heads per CTA':<18}" + "".join(f"{f'p{p}':>14}" for p in sizes if p <= max_len))
+        for heads in (8, 4, 2, 1):
+            cells = []
+            for size in sizes:
+                if size > max_len:
+                    continue
+                parts = math.ceil(max_len / size)
+                us = timed(partition_size=size, heads_per_cta=heads, fused_reduce=False)
+                sweep[f"h{heads}/p{size}"] = us
+                cell = f"{us:.1f}"
+                if 1 < parts <= 16:
+                    fused = timed(partition_size=size, heads_per_cta=heads, fused_reduce=True)
+                    sweep[f"h{heads}/p{size}/fused"] = fused
+                    cell += f"/{fused:.1f}"
+                cells.append(cell)
+            print(f"{'  ' + str(heads):<18}" + "".join(f"{c:>14}" for c in cells))
+        best = min(sweep, key=sweep.__getitem__)
         sdpa_us = float("nan")
         if b == 1 and bs == 64 and max_len == ctx:
             kc = [torch.randn(1, hk, ctx, d, device=DEV).to(BF16) for _ in range(copies)]
             q4 = q.view(1, hq, 1, d)
-            sdpa = graph_seconds(lambda i: F.scaled_dot_product_attention(q4, kc[i % copies], kc[i % copies], enable_gqa=True))
-            sdpa_us = sdpa * 1e6
-        auto = cuda.decode_partition_size(b, hk, d, max_len, cuda.sm_count(0))
-        row = dict(kernel="paged_decode", b=b, ctx=ctx, block_size=bs, max_seq_len=max_len, us=t * 1e6,
-                   gbps=kv_bytes / t / 1e9, sdpa_us=sdpa_us, auto_partition=auto, sweep_us=sweep)
-        results.append(row)
-        case = f"B={b} ctx={ctx} bs={bs} grid={max_len} p={auto}"
-        cells = " ".join(f"{k}:{v:.1f}" for k, v in sweep.items())
-        print(f"{case:<34}{t * 1e6:>9.1f}{row['gbps']:>8.0f}{100 * kv_bytes / t / peak:>6.0f}%{sdpa_us:>9.1f}   {cells}")
+            sdpa_us = 1e6 * graph_seconds(
+                lambda i: F.scaled_dot_product_attention(q4, kc[i % copies], kc[i % copies], enable_gqa=True))
+        print(f"  best {best} {sweep[best]:.1f} us ({100 * kv_bytes / sweep[best] / 1e-6 / peak:.0f}%), "
+              f"auto {auto_us:.1f} us, SDPA contiguous {sdpa_us:.1f} us")
+        results.append(dict(kernel="paged_decode", b=b, ctx=ctx, block_size=bs, max_seq_len=max_len, us=auto_us,
+                            gbps=kv_bytes / auto_us / 1e3, sdpa_us=sdpa_us, auto_heads_per_cta=plan.heads_per_cta,
+                            auto_partition=plan.partition_size, best=best, sweep_us=sweep))
 
 
 PREFILL_CASES = [([4096], [4096]), ([8192], [8192]), ([1024] * 4, [1024] * 4), ([2048], [4096])]

@@ -1,8 +1,8 @@
 // Paged decode attention (split-KV, GQA on tensor cores, flash-decoding) and the KV-cache write.
 //
-// Grid (kv-head group, sequence, piece). A CTA covers up to kAttnCtaRow / head_dim kv heads (all 8 of a
-// Llama-3-8B layer), a warp per kv head, so each token's cache row is streamed as one contiguous run of up to
-// 2 KB. K/V tiles of kTile tokens go global -> shared through a kStages-deep cp.async pipeline (zero-filled past
+// Grid (kv-head group, sequence, piece). A CTA covers heads_per_cta kv heads, at most kAttnCtaRow / head_dim
+// (all 8 of a Llama-3-8B layer: each token's cache row streamed as one contiguous run of 2 KB), a warp per kv
+// head; small batches take fewer heads per CTA, so more, smaller CTAs fill the GPU, several per SM. K/V tiles of kTile tokens go global -> shared through a kStages-deep cp.async pipeline (zero-filled past
 // the piece), 16-byte chunks XOR-swizzled by token so the ldmatrix reads are free of bank conflicts. Each warp
 // holds its kv head's query heads as the 16 rows of an mma.m16n8k16 A operand (padded with zero rows), takes
 // scores Q K^T and the update P V on the tensor cores, and keeps an online softmax per row in registers
@@ -10,8 +10,12 @@
 // Pieces are cut per sequence at run time: the attended span [first, len) is divided into gridDim.z equal
 // pieces (whole tiles), so a grid sized for the longest context a CUDA graph serves keeps every CTA busy at
 // shorter ones. With one piece the CTA writes the normalised output; otherwise each writes (unnormalised out,
-// max, sum) and a reduce kernel, launched as a programmatic dependent so its launch overlaps the main
-// kernel's tail, rescales and combines them.
+// max, sum), combined either by a reduce kernel (launched as a programmatic dependent so its launch overlaps
+// the main kernel's tail) or, with reduce counters, by the last CTA of each (sequence, head group) to finish.
+// Programmatic dependent launch: the kernel starts while the one before it (the fused RoPE + cache write)
+// runs. Before pdl_wait it reads only host-copied inputs (seq_lens, block table) and issues the cp.async of
+// its first tiles when they hold only tokens older than the newest (position seq_len - 1, which that kernel
+// writes); q, the newest token's tile and every output come after the wait.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -51,18 +55,50 @@ __device__ __forceinline__ void store2(T* p, float a, float b) {
   *reinterpret_cast<uint32_t*>(p) = pack2<T>(a, b);
 }
 
+// The fused form of the split-KV reduce, run by the last CTA of a (sequence, head group): `heads` query heads
+// from head0, `used` pieces each. A thread per (head, float4 column); the partials were written by other CTAs
+// of this grid, so they are read through L2 (ld.cg), never from a possibly stale L1 line.
+template <typename T, int D>
+__device__ void reduce_pieces(T* __restrict__ out, const float* __restrict__ part_out,
+                              const float* __restrict__ part_ml, size_t head0, int heads, size_t ml_l, int parts,
+                              int used) {
+  constexpr int kCols = D / 4;
+  for (int item = threadIdx.x; item < heads * kCols; item += blockDim.x) {
+    const size_t head = head0 + item / kCols;
+    const int col = item % kCols;
+    const float* ms = part_ml + head * parts;
+    const float* ls = part_ml + (ml_l + head) * parts;
+    float m = -INFINITY;
+    for (int p = 0; p < used; ++p) m = fmaxf(m, __ldcg(ms + p));
+    const float base = exp_base(m);
+    float den = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+    for (int p = 0; p < used; ++p) {
+      const float w = exp2f(__ldcg(ms + p) - base);
+      den += w * __ldcg(ls + p);
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(part_out + (head * parts + p) * D) + col);
+      acc.x += w * x.x; acc.y += w * x.y; acc.z += w * x.z; acc.w += w * x.w;
+    }
+    const float inv = den > 0.f ? 1.f / den : 0.f;
+    T* o = out + head * D + col * 4;
+    store2<T>(o, acc.x * inv, acc.y * inv);
+    store2<T>(o + 2, acc.z * inv, acc.w * inv);
+  }
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
     T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
     const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_lens, float* __restrict__ part_out,
-    float* __restrict__ part_ml, int group, int q_heads, int kv_heads, int64_t q_stride, int block_size,
-    int block_shift, int max_blocks, int piece_cap, float qscale, float cap_log2, float inv_cap, int sliding_window) {
+    float* __restrict__ part_ml, int* __restrict__ counters, int group, int q_heads, int kv_heads, int64_t q_stride,
+    int block_size, int block_shift, int max_blocks, int piece_cap, float qscale, float cap_log2, float inv_cap, int sliding_window) {
   constexpr int kHeadChunks = D / 8;      // 16-byte chunks of one kv head's row
   constexpr int kTokStep = 256 / D;       // tokens one pass of the CTA's copies covers
   constexpr int kKSteps = D / 16;         // k steps of Q K^T, and pairs of 8-wide column tiles of P V
   extern __shared__ __align__(128) unsigned char smem[];
 
-  // The reduce kernel may start launching now; it waits for this grid's completion before reading.
+  // The next kernel (reduce or o_proj GEMV) may start launching now; it waits for this grid's completion.
   pdl_launch_dependents();
 
   const int warps = blockDim.x >> 5;
@@ -76,26 +112,15 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
   const int gid = lane >> 2, tig = lane & 3;  // mma fragment row group / thread in group
   const int r0 = gid, r1 = gid + 8;           // this lane's query rows (heads of the group)
 
-  // A fragments of Q (rows past the group are zero), issued before anything waits on memory.
-  uint32_t qa[kKSteps][4];
-  {
-    const T* qb = q + static_cast<size_t>(seq) * q_stride + static_cast<size_t>(kvh) * group * D + tig * 2;
-    const bool v0 = active && r0 < group, v1 = active && r1 < group;
-#pragma unroll
-    for (int k = 0; k < kKSteps; ++k) {
-      qa[k][0] = v0 ? ld_u32(qb + r0 * D + k * 16) : 0u;
-      qa[k][1] = v1 ? ld_u32(qb + r1 * D + k * 16) : 0u;
-      qa[k][2] = v0 ? ld_u32(qb + r0 * D + k * 16 + 8) : 0u;
-      qa[k][3] = v1 ? ld_u32(qb + r1 * D + k * 16 + 8) : 0u;
-    }
-  }
-
   const int ctx = seq_lens[seq];
   const int first = sliding_window > 0 ? max(0, ctx - sliding_window) : 0;
-  const int plen = piece_len(ctx - first, parts, piece_cap);
+  const int span = ctx - first;
+  const int plen = piece_len(span, parts, piece_cap);
   const int t0 = first + part * plen, t1 = min(t0 + plen, ctx);
   if (t1 <= t0) {  // past the context: the reduce reads only non-empty pieces
-    if (parts == 1) {
+    pdl_wait();
+    // An empty context: piece 0 writes zeros when no reduce kernel follows to do it.
+    if (part == 0 && (parts == 1 || counters != nullptr)) {
       const size_t head0 = static_cast<size_t>(seq) * q_heads + static_cast<size_t>(kvh0) * group;
       const int n = min(warps, kv_heads - kvh0) * group * D;
       for (int e = tid; e < n; e += blockDim.x) out[head0 * D + e] = from_f32<T>(0.f);
@@ -135,10 +160,29 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
   };
 
   const int ntiles = (t1 - t0 + kTile - 1) / kTile;
+  // Leading tiles wholly before the newest token are final before the previous kernel ends: issue them now.
+  const int old_tiles = t1 < ctx ? ntiles : (ctx - 1 - t0) / kTile;
+  const int early = min(min(ntiles, kStages - 1), old_tiles);
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
+    if (s == early) pdl_wait();
     if (s < ntiles) load_tile(s, s);
     cp_async_commit();
+  }
+  if (early == kStages - 1) pdl_wait();
+
+  // A fragments of Q (rows past the group are zero): the previous kernel wrote q, so after the wait.
+  uint32_t qa[kKSteps][4];
+  {
+    const T* qb = q + static_cast<size_t>(seq) * q_stride + static_cast<size_t>(kvh) * group * D + tig * 2;
+    const bool v0 = active && r0 < group, v1 = active && r1 < group;
+#pragma unroll
+    for (int k = 0; k < kKSteps; ++k) {
+      qa[k][0] = v0 ? ld_u32(qb + r0 * D + k * 16) : 0u;
+      qa[k][1] = v1 ? ld_u32(qb + r1 * D + k * 16) : 0u;
+      qa[k][2] = v0 ? ld_u32(qb + r0 * D + k * 16 + 8) : 0u;
+      qa[k][3] = v1 ? ld_u32(qb + r1 * D + k * 16 + 8) : 0u;
+    }
   }
 
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
@@ -215,7 +259,6 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
     }
   }
   cp_async_wait<0>();
-  if (!active) return;
 
 #pragma unroll
   for (int x = 1; x < 4; x <<= 1) {
@@ -223,7 +266,7 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
     l1 += __shfl_xor_sync(0xffffffffu, l1, x);
   }
   const size_t h = static_cast<size_t>(seq) * q_heads + static_cast<size_t>(kvh) * group;  // warp's first head
-  const bool w0 = r0 < group, w1 = r1 < group;
+  const bool w0 = active && r0 < group, w1 = active && r1 < group;
   if (parts == 1) {
     const float inv0 = 1.f / l0, inv1 = 1.f / l1;
 #pragma unroll
@@ -251,6 +294,22 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
       part_ml[(ml_l + h + r1) * parts + part] = l1;
     }
   }
+  if (counters == nullptr) return;
+
+  // Last CTA reduces: each CTA publishes its partials and counts itself in; the one that completes the count
+  // of non-empty pieces (those before `used`) combines them and re-arms the counter for the next call.
+  __threadfence();
+  const int used = min(parts, (span + plen - 1) / plen);
+  int* counter = counters + static_cast<size_t>(seq) * gridDim.x + blockIdx.x;
+  int last = 0;
+  if (tid == 0) {
+    last = atomicAdd(counter, 1) == used - 1;
+    if (last) *counter = 0;
+  }
+  if (!__syncthreads_or(last)) return;
+  __threadfence();
+  const size_t head0 = static_cast<size_t>(seq) * q_heads + static_cast<size_t>(kvh0) * group;
+  reduce_pieces<T, D>(out, part_out, part_ml, head0, min(warps, kv_heads - kvh0) * group, ml_l, parts, used);
 }
 
 constexpr int kReduceThreads = 256;
@@ -275,6 +334,7 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(
   constexpr int kRows = kReduceThreads / kCols;
   __shared__ float scratch[kReduceThreads / 32];
   __shared__ float4 rows[kRows][kCols];
+  pdl_launch_dependents();  // the o_proj GEMV after it may prefetch its weights meanwhile
   const size_t head = static_cast<size_t>(blockIdx.y) * q_heads + blockIdx.x;
   const int ctx = seq_lens[blockIdx.y];  // an input of the decode kernel, not its output: read before the wait
   const int span = ctx - (sliding_window > 0 ? max(0, ctx - sliding_window) : 0);
@@ -316,6 +376,8 @@ template <typename T, int V>
 __global__ void reshape_and_cache_kernel(const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ kc,
                                          T* __restrict__ vc, const int64_t* __restrict__ slots, int row,
                                          int64_t k_stride, int64_t v_stride) {
+  pdl_launch_dependents();
+  pdl_wait();  // k, v and the slots come from earlier kernels; the cache rows may still be read by them
   const int64_t t = blockIdx.x;
   const int64_t slot = slots[t];
   if (slot < 0) return;
@@ -337,9 +399,10 @@ inline size_t decode_smem_bytes(int64_t warps, int64_t head_dim, int64_t elem_by
   return static_cast<size_t>(kStages * 2 * kTile * warps * head_dim * elem_bytes + table * 4);
 }
 
-// Raises the decode kernel's dynamic shared-memory limit to the device's opt-in maximum, once per kernel
-// instance and device, and returns that maximum. Runs outside stream work, so it is safe during CUDA-graph
-// capture. (Keyed by <T, D>, not by the kernel's function type, which every head_dim shares.)
+// Raises the decode kernel's dynamic shared-memory limit to the device's opt-in maximum and asks for the
+// largest shared-memory carveout (several small CTAs share an SM; the kernel never reads through L1), once per
+// kernel instance and device, and returns that maximum. Runs outside stream work, so it is safe during
+// CUDA-graph capture. (Keyed by <T, D>, not by the kernel's function type, which every head_dim shares.)
 template <typename T, int D>
 int decode_smem_optin() {
   static int limit[64] = {};
@@ -352,6 +415,9 @@ int decode_smem_optin() {
                "paged_attention_decode: shared-memory limit");
     check_cuda(cudaFuncSetAttribute(paged_decode_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin),
                "paged_attention_decode: raise the shared-memory limit");
+    check_cuda(cudaFuncSetAttribute(paged_decode_kernel<T, D>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared),
+               "paged_attention_decode: shared-memory carveout");
     limit[dev] = optin;
   }
   return limit[dev];
@@ -359,11 +425,12 @@ int decode_smem_optin() {
 
 template <typename T, int D>
 void launch_decode(T* out, const T* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens,
-                   float* part_out, float* part_ml, int64_t num_seqs, int64_t q_heads, int64_t kv_heads,
-                   int64_t q_stride, int64_t block_size, int64_t max_blocks, int64_t partition_size, int64_t parts,
-                   float scale, float softcap, int64_t window, cudaStream_t stream) {
+                   float* part_out, float* part_ml, int32_t* counters, int64_t num_seqs, int64_t q_heads,
+                   int64_t kv_heads, int64_t q_stride, int64_t block_size, int64_t max_blocks, int64_t partition_size,
+                   int64_t parts, int64_t heads_per_cta, float scale, float softcap, int64_t window,
+                   cudaStream_t stream) {
   const int64_t group = q_heads / kv_heads;
-  const int64_t warps = std::min<int64_t>(kv_heads, kAttnCtaRow / D);
+  const int64_t warps = std::min<int64_t>(kv_heads, heads_per_cta);
   const int64_t head_groups = (kv_heads + warps - 1) / warps;
   const int64_t cap = (partition_size + kTile - 1) / kTile * kTile;
   int shift = -1;  // block_size as a shift when it is a power of two
@@ -375,15 +442,16 @@ void launch_decode(T* out, const T* q, const T* kc, const T* vc, const int32_t* 
   const float inv_cap = softcap > 0.f ? 1.f / softcap : 0.f;
   const size_t smem = decode_smem_bytes(warps, D, sizeof(T), cap, block_size);
   if (smem > static_cast<size_t>(decode_smem_optin<T, D>()))
-    throw std::invalid_argument("paged_attention_decode: partition_size / block_size too large (the CTA's block-table "
-                                "slice does not fit shared memory); use a smaller partition_size");
+    throw std::invalid_argument("paged_attention_decode: heads_per_cta x head_dim, partition_size / block_size too "
+                                "large (the CTA's K/V stages and block-table slice do not fit shared memory); use "
+                                "fewer heads per CTA or a smaller partition_size");
   const dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(num_seqs), static_cast<unsigned>(parts));
-  paged_decode_kernel<T, D><<<grid, static_cast<unsigned>(warps * 32), smem, stream>>>(
-      out, q, kc, vc, tables, lens, part_out, part_ml, static_cast<int>(group), static_cast<int>(q_heads),
-      static_cast<int>(kv_heads), q_stride, static_cast<int>(block_size), shift, static_cast<int>(max_blocks),
-      static_cast<int>(cap), qscale, cap_log2, inv_cap, static_cast<int>(window));
-  check_launch("paged_attention_decode");
-  if (parts > 1) {
+  launch_pdl("paged_attention_decode", paged_decode_kernel<T, D>, grid, dim3(static_cast<unsigned>(warps * 32)), smem,
+             stream, out, q, kc, vc, tables, lens, part_out, part_ml, parts > 1 ? counters : nullptr,
+             static_cast<int>(group), static_cast<int>(q_heads), static_cast<int>(kv_heads), q_stride,
+             static_cast<int>(block_size), shift, static_cast<int>(max_blocks), static_cast<int>(cap), qscale,
+             cap_log2, inv_cap, static_cast<int>(window));
+  if (parts > 1 && counters == nullptr) {
     launch_pdl("paged_attention_decode reduce", paged_decode_reduce_kernel<T, D>,
                dim3(static_cast<unsigned>(q_heads), static_cast<unsigned>(num_seqs)), dim3(kReduceThreads), 0, stream,
                out, static_cast<const float*>(part_out), static_cast<const float*>(part_ml), lens,
@@ -396,14 +464,17 @@ void launch_decode(T* out, const T* q, const T* kc, const T* vc, const int32_t* 
 
 void paged_attention_decode(void* out, const void* q, const void* key_cache, const void* value_cache,
                             const int32_t* block_tables, const int32_t* seq_lens, float* partial_out,
-                            float* partial_ml, int64_t num_seqs, int64_t q_heads, int64_t kv_heads,
-                            int64_t head_dim, int64_t q_stride, int64_t block_size, int64_t max_blocks,
-                            int64_t partition_size, int64_t num_partitions, float scale, float softcap,
-                            int64_t sliding_window, DType dtype, std::uintptr_t stream) {
+                            float* partial_ml, int32_t* reduce_counters, int64_t num_seqs, int64_t q_heads,
+                            int64_t kv_heads, int64_t head_dim, int64_t q_stride, int64_t block_size,
+                            int64_t max_blocks, int64_t partition_size, int64_t num_partitions,
+                            int64_t heads_per_cta, float scale, float softcap, int64_t sliding_window, DType dtype,
+                            std::uintptr_t stream) {
   if (kv_heads < 1 || q_heads % kv_heads != 0 || q_heads / kv_heads > kAttnMaxGroup)
     throw std::invalid_argument("paged_attention_decode: q_heads must be a multiple of kv_heads, at most 16x");
   if (head_dim != 64 && head_dim != 128 && head_dim != 256)
     throw std::invalid_argument("paged_attention_decode: head_dim must be 64, 128 or 256");
+  if (heads_per_cta < 1 || heads_per_cta > kAttnCtaRow / head_dim)
+    throw std::invalid_argument("paged_attention_decode: heads_per_cta must be 1 .. 1024 / head_dim");
   if (block_size < 1) throw std::invalid_argument("paged_attention_decode: block_size must be positive");
   if (partition_size < 1 || num_partitions < 1) throw std::invalid_argument("paged_attention_decode: bad partitioning");
   if (num_partitions > 1 && (partial_out == nullptr || partial_ml == nullptr))
@@ -414,9 +485,9 @@ void paged_attention_decode(void* out, const void* q, const void* key_cache, con
     auto run = [&](auto d_const) {
       launch_decode<T, decltype(d_const)::value>(
           static_cast<T*>(out), static_cast<const T*>(q), static_cast<const T*>(key_cache),
-          static_cast<const T*>(value_cache), block_tables, seq_lens, partial_out, partial_ml, num_seqs, q_heads,
-          kv_heads, q_stride, block_size, max_blocks, partition_size, num_partitions, scale, softcap, sliding_window,
-          as_stream(stream));
+          static_cast<const T*>(value_cache), block_tables, seq_lens, partial_out, partial_ml, reduce_counters,
+          num_seqs, q_heads, kv_heads, q_stride, block_size, max_blocks, partition_size, num_partitions,
+          heads_per_cta, scale, softcap, sliding_window, as_stream(stream));
     };
     if (head_dim == 64) run(std::integral_constant<int, 64>{});
     else if (head_dim == 128) run(std::integral_constant<int, 128>{});
@@ -435,14 +506,13 @@ void reshape_and_cache(const void* k, const void* v, void* key_cache, void* valu
     const bool vec = row % kVec == 0 && k_stride % kVec == 0 && v_stride % kVec == 0 && aligned16(k, v, key_cache, value_cache);
     const int threads = std::min(512, std::max(32, ((vec ? row / kVec : row) + 31) / 32 * 32));
     auto go = [&](auto kernel) {
-      kernel<<<static_cast<unsigned>(tokens), threads, 0, as_stream(stream)>>>(
-          static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(key_cache), static_cast<T*>(value_cache),
-          slot_mapping, row, k_stride, v_stride);
+      launch_pdl("reshape_and_cache", kernel, dim3(static_cast<unsigned>(tokens)), dim3(threads), 0, as_stream(stream),
+                 static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(key_cache),
+                 static_cast<T*>(value_cache), slot_mapping, row, k_stride, v_stride);
     };
     if (vec) go(reshape_and_cache_kernel<T, kVec>);
     else go(reshape_and_cache_kernel<T, 1>);
   });
-  check_launch("reshape_and_cache");
 }
 
 }  // namespace candle_vllm::cuda

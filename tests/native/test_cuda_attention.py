@@ -9,6 +9,7 @@ import torch
 from _cuda_helpers import REL_TOL, poison_allocator, rel_error
 
 from candle_vllm.pyengine.ops import cuda
+from candle_vllm.pyengine.ops.rotary import apply_rotary_and_cache, rope_cos_sin_cache
 
 pytestmark = pytest.mark.cuda
 DEV = torch.device("cuda")
@@ -136,11 +137,20 @@ def test_graph_replay_with_other_lengths_and_automatic_split() -> None:
 
 
 def test_partition_rule_covers_the_grid() -> None:
-    """The automatic piece length is whole 16-token tiles and, times the piece count, covers max_seq_len."""
+    """The automatic piece length is whole 16-token tiles and, times the piece count, covers max_seq_len; the
+    heads per CTA are a valid launch setting whose K/V stages fit the device's shared memory."""
     for b, hk, d, max_len in [(1, 8, 128, 4096), (1, 8, 128, 32768), (64, 8, 128, 1024), (7, 2, 64, 100), (3, 16, 256, 9)]:
-        size = cuda.decode_partition_size(b, hk, d, max_len, cuda.sm_count(0))
-        assert size % 16 == 0 and size > 0
-        assert math.ceil(max_len / size) * size >= max_len
+        q = torch.empty(b, 4 * hk, d, dtype=torch.bfloat16, device=DEV)
+        cache = torch.empty(2, 1, 16, hk, d, dtype=torch.bfloat16, device=DEV)
+        plan = cuda.auto_decode_plan(q, cache, max_len)
+        assert plan.partition_size % 16 == 0 and plan.partition_size > 0
+        assert math.ceil(max_len / plan.partition_size) * plan.partition_size >= max_len
+        assert 1 <= plan.heads_per_cta <= min(hk, 1024 // d)
+        out = cuda.paged_decode_attention(
+            q.normal_(), cache.normal_(), torch.zeros(b, 1, dtype=torch.int32, device=DEV),
+            torch.ones(b, dtype=torch.int32, device=DEV), 0.1, max_len,
+        )
+        assert torch.allclose(out.float(), cache[1, 0, 0].float().repeat_interleave(4, 0).expand_as(out), atol=1e-2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -160,3 +170,104 @@ def test_reshape_and_cache_writes_slots_and_skips_padding(dtype: torch.dtype) ->
     flat[1][slots[keep]] = v[keep]
     cuda.reshape_and_cache(k, v, cache, slots)
     assert torch.equal(cache, want)
+
+
+# Contexts around tile (16) and piece (64) boundaries, odd lengths, one token.
+_BOUNDARY_LENS = [1, 15, 16, 17, 63, 64, 65, 127, 129, 191, 192, 333, 1000]
+
+
+@pytest.mark.parametrize("fused_reduce", [False, True])
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("hq,hk", [(32, 8), (64, 8), (8, 8)])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("heads_per_cta", [1, 2, 4, 8, 16])
+def test_every_heads_per_cta_and_reduce_form(
+    heads_per_cta: int, d: int, hq: int, hk: int, block_size: int, fused_reduce: bool
+) -> None:
+    """Each CTA size (kv heads per CTA up to 1024 / D), GQA 4:1, 8:1 and 1:1, both split-KV reduce forms, with
+    contexts at tile and piece boundaries (16 pieces of 64 tokens for a 1024-token grid)."""
+    if heads_per_cta > 1024 // d:
+        pytest.skip("more kv heads than one CTA row holds at this head_dim")
+    q, cache, table_t, tables = _paged_case(_BOUNDARY_LENS, hq, hk, d, block_size, torch.bfloat16, seed=d + hq)
+    lens_t = torch.tensor(_BOUNDARY_LENS, dtype=torch.int32, device=DEV)
+    poison_allocator(DEV, 1 << 22)
+    got = cuda.paged_decode_attention(
+        q, cache, table_t, lens_t, d**-0.5, max_seq_len=1024, partition_size=64, heads_per_cta=heads_per_cta,
+        fused_reduce=fused_reduce,
+    )
+    assert rel_error(got, _reference(q, cache, tables, _BOUNDARY_LENS, d**-0.5)) < REL_TOL[torch.bfloat16]
+
+
+def test_fused_reduce_rearms_its_counters() -> None:
+    """The last CTA re-zeroes its counter: the same fused call twice, then with other lengths, gives the right
+    answer each time (a counter left non-zero would make no CTA, or the wrong one, reduce)."""
+    seq_lens = [40, 250, 511]
+    q, cache, table_t, tables = _paged_case(seq_lens, 32, 8, 128, 16, torch.bfloat16, seed=5)
+    for lens in (seq_lens, seq_lens, [250, 1, 100]):
+        lens_t = torch.tensor(lens, dtype=torch.int32, device=DEV)
+        got = cuda.paged_decode_attention(
+            q, cache, table_t, lens_t, 0.1, max_seq_len=512, partition_size=128, heads_per_cta=2, fused_reduce=True
+        )
+        assert rel_error(got, _reference(q, cache, tables, lens, 0.1)) < REL_TOL[torch.bfloat16], lens
+
+
+def test_heads_per_cta_out_of_range_is_refused() -> None:
+    q, cache, table_t, _ = _paged_case([5], 8, 8, 256, 16, torch.bfloat16, seed=1)
+    lens_t = torch.tensor([5], dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match=r"heads_per_cta must be 1 \.\. 4"):
+        cuda.paged_decode_attention(q, cache, table_t, lens_t, 0.1, max_seq_len=16, heads_per_cta=8)
+
+
+@pytest.mark.parametrize("writer", ["rope_cache", "reshape_and_cache"])
+@pytest.mark.parametrize("heads_per_cta,fused_reduce", [(8, False), (2, False), (2, True), (1, True)])
+def test_decode_after_the_newest_token_write_in_a_graph(writer: str, heads_per_cta: int, fused_reduce: bool) -> None:
+    """The decode step as the engine captures it: the fused RoPE + cache write (or reshape_and_cache) stores each
+    sequence's newest K/V and rotates q, then the decode kernel, a programmatic dependent launch, runs right
+    after it. Before each replay the newest slots hold large garbage and q is un-rotated, so a kernel that read
+    q or the newest token's tile before its pdl_wait would attend to stale values and miss the reference."""
+    hq, hk, d, bs = 32, 8, 128, 16
+    lens = [1, 16, 17, 33, 64, 65, 129, 700]
+    max_len = 1024
+    _, cache, table_t, tables = _paged_case(lens, hq, hk, d, bs, torch.bfloat16, seed=heads_per_cta)
+    g = torch.Generator(device=DEV).manual_seed(17)
+    b = len(lens)
+    source = torch.randn(b, (hq + 2 * hk) * d, generator=g, device=DEV).to(torch.bfloat16)
+    qkv = source.clone()
+    q = qkv[:, : hq * d].view(b, hq, d)
+    k = qkv[:, hq * d : (hq + hk) * d].view(b, hk, d)
+    v = qkv[:, (hq + hk) * d :].view(b, hk, d)
+    positions = torch.tensor([n - 1 for n in lens], dtype=torch.int64, device=DEV)
+    slots = torch.tensor([tables[i][(n - 1) // bs] * bs + (n - 1) % bs for i, n in enumerate(lens)], device=DEV)
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    cos_sin = rope_cos_sin_cache(inv_freq, 1.0, max_len, DEV)
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    flat = cache.view(2, -1, hk, d)
+
+    def step() -> torch.Tensor:
+        qkv.copy_(source)
+        if writer == "rope_cache":
+            assert apply_rotary_and_cache(q, k, v, positions, cos_sin, True, cache, slots)
+        else:
+            cuda.reshape_and_cache(k, v, cache, slots)
+        return cuda.paged_decode_attention(
+            q, cache, table_t, lens_t, d**-0.5, max_len, partition_size=64, heads_per_cta=heads_per_cta,
+            fused_reduce=fused_reduce,
+        )
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for trial in range(3):
+        flat[:, slots] = (40.0 * torch.randn(2, b, hk, d, generator=g, device=DEV)).to(flat.dtype)
+        stale = flat[:, slots].clone()
+        graph.replay()
+        torch.cuda.synchronize()
+        written = flat[:, slots]
+        assert not torch.equal(written, stale), "the writer kernel did not store the newest K/V"
+        want = _reference(q, cache, tables, lens, d**-0.5)  # q rotated in place, cache holding the new rows
+        assert rel_error(out, want) < REL_TOL[torch.bfloat16], trial
