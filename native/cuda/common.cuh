@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -44,6 +45,15 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// CANDLE_VLLM_PDL=0 launches every such kernel the ordinary way (an A/B switch for benchmarks and debugging).
+inline bool pdl_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("CANDLE_VLLM_PDL");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return enabled;
+}
+
 // Launches `kernel` as a programmatic dependent of the previous work on `stream` (see pdl_wait).
 template <typename... Params, typename... Args>
 inline void launch_pdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
@@ -57,7 +67,7 @@ inline void launch_pdl(const char* what, void (*kernel)(Params...), dim3 grid, d
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...), what);
 }
 
