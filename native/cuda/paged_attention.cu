@@ -299,6 +299,7 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
   // Last CTA reduces: each CTA publishes its partials and counts itself in; the one that completes the count
   // of non-empty pieces (those before `used`) combines them and re-arms the counter for the next call.
   __threadfence();
+  __syncthreads();  // every thread's partials are visible device-wide before the count says so
   const int used = min(parts, (span + plen - 1) / plen);
   int* counter = counters + static_cast<size_t>(seq) * gridDim.x + blockIdx.x;
   int last = 0;
