@@ -6,9 +6,8 @@ namespace candle_vllm::cuda {
 namespace {
 
 template <typename T, int V>
-__global__ void silu_and_mul_kernel(T* __restrict__ out, const T* __restrict__ x, int d) {
+__global__ void silu_and_mul_kernel(T* __restrict__ out, const T* x, int d) {  // x: not the read-only path (PDL)
   using Vt = Vec<T, V>;
-  pdl_launch_dependents();
   pdl_wait();
   const size_t t = blockIdx.y;
   const Vt* gate = reinterpret_cast<const Vt*>(x + t * 2 * d);
@@ -24,6 +23,7 @@ __global__ void silu_and_mul_kernel(T* __restrict__ out, const T* __restrict__ x
     }
     o[i] = r;
   }
+  pdl_launch_dependents();
 }
 
 }  // namespace

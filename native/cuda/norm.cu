@@ -11,7 +11,6 @@ template <typename T, int V, bool kFused>
 __global__ void rms_norm_kernel(T* __restrict__ out, T* __restrict__ x, T* __restrict__ residual,
                                 const T* __restrict__ weight, int hidden, float eps) {
   using Vt = Vec<T, V>;
-  pdl_launch_dependents();
   pdl_wait();
   const size_t row = blockIdx.x;
   const int nvec = hidden / V;
@@ -33,6 +32,7 @@ __global__ void rms_norm_kernel(T* __restrict__ out, T* __restrict__ x, T* __res
     }
   }
   const float inv = rsqrtf(block_sum(sq) / static_cast<float>(hidden) + eps);
+  pdl_launch_dependents();  // the next kernel's prologue overlaps the write pass
   // Second pass re-reads the row this CTA just touched (L1/L2 hits); each thread reads what it wrote.
   const Vt* src = kFused ? res : xin;
   Vt* dst = reinterpret_cast<Vt*>((kFused ? x : out) + row * hidden);

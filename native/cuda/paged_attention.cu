@@ -48,7 +48,9 @@ __device__ __forceinline__ int block_of(int j, int block_size, int block_shift) 
   return block_shift >= 0 ? j >> block_shift : j / block_size;
 }
 
-__device__ __forceinline__ uint32_t ld_u32(const void* p) { return __ldg(reinterpret_cast<const unsigned int*>(p)); }
+// q is written by the kernel before this one, which may still run when this grid starts (PDL): a coherent load,
+// never the read-only (.nc) path.
+__device__ __forceinline__ uint32_t ld_u32(const void* p) { return __ldcg(reinterpret_cast<const unsigned int*>(p)); }
 
 template <typename T>
 __device__ __forceinline__ void store2(T* p, float a, float b) {
@@ -97,9 +99,6 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
   constexpr int kTokStep = 256 / D;       // tokens one pass of the CTA's copies covers
   constexpr int kKSteps = D / 16;         // k steps of Q K^T, and pairs of 8-wide column tiles of P V
   extern __shared__ __align__(128) unsigned char smem[];
-
-  // The next kernel (reduce or o_proj GEMV) may start launching now; it waits for this grid's completion.
-  pdl_launch_dependents();
 
   const int warps = blockDim.x >> 5;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -259,6 +258,8 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
     }
   }
   cp_async_wait<0>();
+  // The next kernel (reduce or o_proj GEMV) may start launching now; it waits for this grid's completion.
+  pdl_launch_dependents();
 
 #pragma unroll
   for (int x = 1; x < 4; x <<= 1) {
@@ -335,7 +336,6 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(
   constexpr int kRows = kReduceThreads / kCols;
   __shared__ float scratch[kReduceThreads / 32];
   __shared__ float4 rows[kRows][kCols];
-  pdl_launch_dependents();  // the o_proj GEMV after it may prefetch its weights meanwhile
   const size_t head = static_cast<size_t>(blockIdx.y) * q_heads + blockIdx.x;
   const int ctx = seq_lens[blockIdx.y];  // an input of the decode kernel, not its output: read before the wait
   const int span = ctx - (sliding_window > 0 ? max(0, ctx - sliding_window) : 0);
@@ -345,22 +345,23 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(
   const float* ms = part_ml + head * parts;
   const float* ls = part_ml + (static_cast<size_t>(num_seqs) * q_heads + head) * parts;
   float m = -INFINITY;
-  for (int p = threadIdx.x; p < used; p += kReduceThreads) m = fmaxf(m, ms[p]);
+  for (int p = threadIdx.x; p < used; p += kReduceThreads) m = fmaxf(m, __ldcg(ms + p));
   m = block_max(m, scratch);
   const float base = exp_base(m);
   float den = 0.f;
-  for (int p = threadIdx.x; p < used; p += kReduceThreads) den += ls[p] * exp2f(ms[p] - base);
+  for (int p = threadIdx.x; p < used; p += kReduceThreads) den += __ldcg(ls + p) * exp2f(__ldcg(ms + p) - base);
   den = block_sum(den);
   const int col = threadIdx.x % kCols, r = threadIdx.x / kCols;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 8
   for (int p = r; p < used; p += kRows) {
-    const float w = exp2f(ms[p] - base);
-    const float4 x = __ldg(reinterpret_cast<const float4*>(part_out + (head * parts + p) * D) + col);
+    const float w = exp2f(__ldcg(ms + p) - base);
+    const float4 x = __ldcg(reinterpret_cast<const float4*>(part_out + (head * parts + p) * D) + col);
     acc.x += w * x.x; acc.y += w * x.y; acc.z += w * x.z; acc.w += w * x.w;
   }
   rows[r][col] = acc;
   __syncthreads();
+  pdl_launch_dependents();  // the o_proj GEMV after it may prefetch its weights meanwhile
   if (r == 0) {
     for (int i = 1; i < kRows; ++i) {
       const float4 x = rows[i][col];
@@ -374,10 +375,9 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(
 }
 
 template <typename T, int V>
-__global__ void reshape_and_cache_kernel(const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ kc,
+__global__ void reshape_and_cache_kernel(const T* k, const T* v, T* __restrict__ kc,
                                          T* __restrict__ vc, const int64_t* __restrict__ slots, int row,
                                          int64_t k_stride, int64_t v_stride) {
-  pdl_launch_dependents();
   pdl_wait();  // k, v and the slots come from earlier kernels; the cache rows may still be read by them
   const int64_t t = blockIdx.x;
   const int64_t slot = slots[t];
@@ -391,6 +391,7 @@ __global__ void reshape_and_cache_kernel(const T* __restrict__ k, const T* __res
     kd[i] = ks[i];
     vd[i] = vs[i];
   }
+  pdl_launch_dependents();
 }
 
 // Dynamic shared memory a decode CTA needs: kStages K/V tiles plus its piece's block-table slice.
