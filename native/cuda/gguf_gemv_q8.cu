@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_staged_kernel(Args a, int st
       const uint8_t* end = src + bytes;
       const int chunks = static_cast<int>((end - lo + 15) / 16);
       for (int k = tid; k < chunks; k += T)
-        cp_async16(dst + r * stride + 16 * k, lo + 16 * k, static_cast<int>(min(static_cast<int64_t>(16), static_cast<int64_t>(end - (lo + 16 * k)))));
+        cp_async16(dst + r * stride + 16 * k, lo + 16 * k, static_cast<int>(min(int64_t{16}, end - (lo + 16 * k))));
     }
   };
   Cursor ahead{static_cast<int>(blockIdx.x), 0}, at = ahead;
@@ -292,23 +292,27 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_staged_kernel(Args a, int st
   }
 }
 
-int sm_count() {
+// A device attribute of the current device, cached per device.
+template <cudaDeviceAttr kAttr>
+int device_attr() {
   static std::atomic<int> cached[64];
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "gguf_gemv_q8: cudaGetDevice");
   if (dev < 0 || dev >= 64) dev = 0;
   int n = cached[dev].load(std::memory_order_relaxed);
   if (n == 0) {
-    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "gguf_gemv_q8: SM count");
+    check_cuda(cudaDeviceGetAttribute(&n, kAttr, dev), "gguf_gemv_q8: cudaDeviceGetAttribute");
     cached[dev].store(n, std::memory_order_relaxed);
   }
   return n;
 }
 
+int sm_count() { return device_attr<cudaDevAttrMultiProcessorCount>(); }
+
 // Grid for `groups` row groups: one CTA each, or ctas_per_sm CTAs per SM walking them in turn.
 unsigned grid_for(int groups, int ctas_per_sm) {
-  const int64_t g = ctas_per_sm > 0 ? std::min<int64_t>(groups, static_cast<int64_t>(ctas_per_sm) * sm_count()) : groups;
-  return static_cast<unsigned>(g);
+  if (ctas_per_sm == 0) return static_cast<unsigned>(groups);
+  return static_cast<unsigned>(std::min<int64_t>(groups, static_cast<int64_t>(ctas_per_sm) * sm_count()));
 }
 
 template <class Q, int M, int R>
@@ -317,6 +321,12 @@ void launch_rows(const Args& a, const GgufGemvQ8Config& c, int threads, cudaStre
   if (c.stages > 0) {
     const int smem = c.stages * R * staged_row_stride<Q>(threads);
     auto* k = gemv_staged_kernel<Q, M, R>;
+    const int red_bytes = static_cast<int>(sizeof(float)) * 2 * (kMaxThreads / 32) * R * M;
+    const int limit = device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>() - red_bytes;
+    if (smem > limit)
+      throw std::invalid_argument("gguf_gemv_q8: " + std::to_string(c.stages) + " stages of " + std::to_string(R) +
+                                  " rows need " + std::to_string(smem) + " bytes of shared memory, more than this "
+                                  "device allows; use fewer stages, rows or threads");
     if (smem > 48 * 1024)
       check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gguf_gemv_q8: smem");
     launch_pdl("gguf_gemv_q8 (staged)", k, grid, block, static_cast<size_t>(smem), s, a, c.stages);

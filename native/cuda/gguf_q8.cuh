@@ -9,7 +9,8 @@
 // kernel can keep several shares in flight: the static fetch<G>() only issues loads into a Raw (the aligned words
 // holding the share, widest loads the block's alignment allows; G: global memory through the read-only path,
 // else any address, e.g. shared memory); decode() turns a landed Raw into int8-lane words (4 codes per word) and
-// float scales once, and dot() takes the dp4a products with one activation row's X (used for every row). Part p's elements, per type:
+// float scales once, and dot() takes the dp4a products with one activation row's X (used for every row).
+// Part p's elements, per type:
 //  - Q4_0/Q4_1/Q5_0/Q5_1 (kParts 1): the whole 32-element block.
 //  - Q8_0 (kParts 2): elements 16p..16p+15.
 //  - Q4_K/Q5_K (kParts 8): g = p/2, h = p%2: elements 64g+16h+[0,16) (sub-block 2g) and +32 (sub-block 2g+1).
@@ -429,7 +430,8 @@ struct Q8Dot<Q6_K> {
   GGUF_HD float dot(const X& x) const {
     float s = 0.f;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) s += a[q] * x.d[q] * static_cast<float>(dp4a(c[q][1], x.q[q][1], dp4a(c[q][0], x.q[q][0], 0)));
+    for (int q = 0; q < 4; ++q)
+      s += a[q] * x.d[q] * static_cast<float>(dp4a(c[q][1], x.q[q][1], dp4a(c[q][0], x.q[q][0], 0)));
     return s;
   }
 };
