@@ -14,8 +14,8 @@ from candle_vllm.actors.executor import ExecutorActor
 from candle_vllm.actors.intake import IntakeActor
 from candle_vllm.actors.messages import (
     Abort,
-    Execute,
     Executed,
+    ExecutorInbox,
     OutputInbox,
     SchedulerInbox,
     SinkItem,
@@ -56,7 +56,7 @@ class AsyncEngine:
         self.info = core.info
         self._intake_send, self._intake_recv = trio.open_memory_channel[Submit](INBOX_SIZE)
         self._sched_send, self._sched_recv = trio.open_memory_channel[SchedulerInbox](INBOX_SIZE)
-        exec_send, exec_recv = trio.open_memory_channel[Execute](PIPELINE_DEPTH)
+        exec_send, exec_recv = trio.open_memory_channel[ExecutorInbox](PIPELINE_DEPTH)
         result_send, result_recv = trio.open_memory_channel[Executed](PIPELINE_DEPTH)
         out_send, out_recv = trio.open_memory_channel[OutputInbox](64)
         self._intake = IntakeActor(core, self._intake_recv, self._sched_send.clone())

@@ -62,6 +62,16 @@ class Execute:
 
 
 @dataclass(slots=True)
+class Flush:
+    """No plan follows until a result comes back: the executor reads back the step it holds launched
+    (scheduler -> executor). Without it the executor keeps its newest step on the device and waits for the
+    next plan to launch behind it."""
+
+
+ExecutorInbox = Execute | Flush
+
+
+@dataclass(slots=True)
 class Executed:
     """The step's results, or the error it raised (executor -> scheduler)."""
 

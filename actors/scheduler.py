@@ -1,6 +1,7 @@
 """Scheduler actor: the engine's step loop. It keeps the executor one step ahead: while step N runs, step N+1
-is already planned and queued (its inputs that step N samples are placeholders the runner fills), so the
-device never waits for the event loop. Between plans it applies new requests, aborts and stop-string hits;
+is already planned and queued (its inputs that step N samples are placeholders the runner fills on the
+device), so the device never waits for the event loop. When it cannot plan ahead (every request waits on an
+in-flight result) it sends ``Flush`` so the executor reads back the step it holds. Between plans it applies new requests, aborts and stop-string hits;
 when a step's result comes back it applies the sampled tokens and passes the token events to the output
 actor, which detokenizes them while the next steps run."""
 
@@ -17,6 +18,8 @@ from candle_vllm.actors.messages import (
     Emit,
     Execute,
     Executed,
+    ExecutorInbox,
+    Flush,
     OutputInbox,
     Register,
     Reject,
@@ -24,17 +27,16 @@ from candle_vllm.actors.messages import (
     StopStrings,
     Submit,
 )
-from candle_vllm.pyengine.engine_core import EngineCore
+from candle_vllm.pyengine.engine_core import PIPELINE_DEPTH, EngineCore
 
 log = logging.getLogger(__name__)
-PIPELINE_DEPTH = 2  # steps handed to the executor before the oldest result is applied
 
 
 class SchedulerActor:
     """Owns the scheduler and the KV bookkeeping; the only task that mutates them."""
 
     def __init__(self, core: EngineCore, inbox: trio.MemoryReceiveChannel[SchedulerInbox],
-                 executor: trio.MemorySendChannel[Execute], results: trio.MemoryReceiveChannel[Executed],
+                 executor: trio.MemorySendChannel[ExecutorInbox], results: trio.MemoryReceiveChannel[Executed],
                  output: trio.MemorySendChannel[OutputInbox]) -> None:
         self.core = core
         self.inbox = inbox
@@ -58,6 +60,8 @@ class SchedulerActor:
                 if not in_flight:
                     await self._handle(await self.inbox.receive())
                     continue
+                if len(in_flight) < PIPELINE_DEPTH:  # no plan will follow the executor's newest before a result
+                    await self.executor.send(Flush())
                 done = await self.results.receive()
                 in_flight.popleft()
                 if done.error is not None:

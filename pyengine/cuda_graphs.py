@@ -75,11 +75,25 @@ class _Captured:
     logits: torch.Tensor  # f32 [bucket, V]
 
 
+@dataclass(slots=True)
+class _Staging:
+    """Pinned host copies of the static inputs, and the event after the copies that last read them."""
+
+    tokens: torch.Tensor
+    seq_lens: torch.Tensor
+    tables: torch.Tensor
+    copied: torch.cuda.Event | None = None
+
+    @classmethod
+    def like(cls, tokens: torch.Tensor, seq_lens: torch.Tensor, tables: torch.Tensor) -> _Staging:
+        return cls(tokens.cpu().pin_memory(), seq_lens.cpu().pin_memory(), tables.cpu().pin_memory())
+
+
 class DecodeGraphs:
     """The captured decode graphs of one model and its KV cache, with their static input buffers.
 
-    Not thread-safe; one runner owns it. ``run`` must not be called again before the previous step's outputs
-    were read back to the host (the runner's sampling does that), because the pinned staging buffers are reused.
+    Not thread-safe; one runner owns it. Replays are queued in call order; the returned outputs are overwritten
+    by the next replay, so their consumers (the runner's sampling) must be queued before it.
     """
 
     def __init__(
@@ -98,9 +112,10 @@ class DecodeGraphs:
         self._tables = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=device)
         self._qsl = torch.arange(n + 1, dtype=torch.int32, device=device)
         self._tokens[2].fill_(-1)
-        self._host_tokens = self._tokens.cpu().pin_memory()
-        self._host_seq_lens = self._seq_lens.cpu().pin_memory()
-        self._host_tables = self._tables.cpu().pin_memory()
+        # Two pinned staging sets, used in turn: a step may be staged while the previous step's copies are still
+        # queued behind the device's work (the runner launches step N+1 before reading step N back).
+        self._staging = [_Staging.like(self._tokens, self._seq_lens, self._tables) for _ in range(2)]
+        self._turn = 0
         self._graphs: dict[int, _Captured] = {}
 
     def capture(self) -> None:
@@ -142,26 +157,38 @@ class DecodeGraphs:
     def run(
         self,
         bucket: int,
-        input_ids: np.ndarray,
+        input_ids: np.ndarray | torch.Tensor,
         positions: np.ndarray,
         slot_mapping: np.ndarray,
         seq_lens: np.ndarray,
         block_tables: np.ndarray,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay the ``bucket`` graph for B = len(seq_lens) decode rows; returns views (hidden [B, H], f32 logits
-        [B, V]) of its outputs, valid until the next call."""
+        [B, V]) of its outputs, valid until the next call. ``input_ids`` may be a device tensor (ids gathered on
+        the device from a step not yet read back): it is copied device to device, never through the host."""
         b = seq_lens.shape[0]
-        tokens = self._host_tokens.numpy()
-        tokens[0, :b], tokens[1, :b], tokens[2, :b] = input_ids, positions, slot_mapping
+        staging = self._staging[self._turn]
+        self._turn ^= 1
+        if staging.copied is not None:
+            staging.copied.synchronize()  # its copies of two steps ago have run: free to overwrite
+        tokens = staging.tokens.numpy()
+        on_device = isinstance(input_ids, torch.Tensor)
+        tokens[0, :b] = 0 if on_device else input_ids
+        tokens[1, :b], tokens[2, :b] = positions, slot_mapping
         tokens[:2, b:bucket] = 0
         tokens[2, b:bucket] = -1  # padding rows write no K/V
-        lens = self._host_seq_lens.numpy()
+        lens = staging.seq_lens.numpy()
         lens[:b] = seq_lens
         lens[b:bucket] = 1  # padding rows attend to one token of whatever block their (stale, valid) table names
-        self._host_tables.numpy()[:b, : block_tables.shape[1]] = block_tables
-        self._tokens.copy_(self._host_tokens, non_blocking=True)
-        self._seq_lens.copy_(self._host_seq_lens, non_blocking=True)
-        self._tables[:bucket].copy_(self._host_tables[:bucket], non_blocking=True)
+        staging.tables.numpy()[:b, : block_tables.shape[1]] = block_tables
+        self._tokens.copy_(staging.tokens, non_blocking=True)
+        self._seq_lens.copy_(staging.seq_lens, non_blocking=True)
+        self._tables[:bucket].copy_(staging.tables[:bucket], non_blocking=True)
+        if staging.copied is None:
+            staging.copied = torch.cuda.Event()
+        staging.copied.record()
+        if on_device:
+            self._tokens[0, :b].copy_(input_ids)
         captured = self._graphs[bucket]
         captured.graph.replay()
         return captured.hidden[:b], captured.logits[:b]

@@ -1,13 +1,15 @@
 """The engine core: model, KV cache, scheduler, runner and output processor wired from ``EngineArgs``.
 
-The offline ``LLM`` drives it synchronously (``step()`` until done); the serving actors call the same three
-stages (``schedule``, ``runner.execute``, ``process``) from different tasks so they overlap.
+The offline ``LLM`` drives it with ``step()`` until done, keeping up to ``PIPELINE_DEPTH`` steps launched on the
+device; the serving actors call the same stages (``schedule``, ``runner.launch``/``collect``, ``apply``,
+``process``) from different tasks so they overlap.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +27,7 @@ from candle_vllm.pyengine.loader.embedded import default_model_path
 from candle_vllm.pyengine.output_processor import OutputProcessor, RequestGroup, StopStringHit, TokenEvent
 from candle_vllm.pyengine.outputs import RequestOutput, TokenLogprobs
 from candle_vllm.pyengine.request import FinishReason, Request
-from candle_vllm.pyengine.runner import ModelRunner, StepResult
+from candle_vllm.pyengine.runner import ModelRunner, PendingStep, StepResult
 from candle_vllm.pyengine.sampling import SamplingDefaults, SamplingParams
 from candle_vllm.pyengine.scheduler import Scheduler, SchedulerConfig
 from candle_vllm.pyengine.scheduler.plan import StepPlan
@@ -33,6 +35,7 @@ from candle_vllm.pyengine.structured_output import GrammarMatchers, check_struct
 from candle_vllm.pyengine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+PIPELINE_DEPTH = 2  # steps launched on the device before the oldest one is read back and applied
 
 
 @dataclass(slots=True)
@@ -110,6 +113,7 @@ class EngineCore:
         self.sampling_defaults = SamplingDefaults.from_generation_config(loaded.generation_config).overridden_by(
             SamplingDefaults(**args.sampling_defaults()))
         self.max_gen_tokens = args.max_gen_tokens_for(max_model_len)
+        self._in_flight: deque[tuple[StepPlan, PendingStep]] = deque()  # launched by step(), not yet applied
         self.info = EngineInfo(
             model_name=default_model_path().stem if embedded else source.name, device=device, dtype=dtype, quantization=_quantization(source.format, loaded),
             max_model_len=max_model_len, num_blocks=num_blocks, block_size=args.block_size,
@@ -159,6 +163,8 @@ class EngineCore:
         return self.outputs.abort(request_id)
 
     def has_unfinished(self) -> bool:
+        """Requests to run or outputs to deliver. A launched step whose requests all ended meanwhile does not
+        count: the next ``step()`` reads it back and drops its tokens."""
         return self.scheduler.has_unfinished_requests() or bool(self.outputs.groups)
 
     # ---- stages of a step ------------------------------------------------------------------------------
@@ -191,13 +197,23 @@ class EngineCore:
             self.scheduler.finish(hit.request_id, FinishReason.STOP, hit.stop)
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, run and process one step."""
-        plan = self.schedule()
-        if plan.is_empty:
+        """Finish one step: first plan and launch steps until ``PIPELINE_DEPTH`` are on the device (the newest
+        planned before the older ones' tokens are applied; the runner fills their placeholders on the device),
+        then read back, apply and process the oldest. The host's work for step N thus runs while the device
+        computes step N+1."""
+        in_flight = self._in_flight
+        while len(in_flight) < PIPELINE_DEPTH and self.scheduler.has_unfinished_requests():
+            plan = self.schedule()
+            pending = self.runner.launch(plan)  # an empty plan still tells the runner which requests ended
+            if plan.is_empty:  # every request waits on an in-flight result
+                break
+            in_flight.append((plan, pending))
+        if not in_flight:
             if self.scheduler.has_unfinished_requests():
                 raise RuntimeError("the scheduler has unfinished requests but planned nothing")
             return []
-        outputs, hits = self.process(self.apply(plan, self.runner.execute(plan)))
+        plan, pending = in_flight.popleft()
+        outputs, hits = self.process(self.apply(plan, self.runner.collect(pending)))
         self.finish_stop(hits)
         return outputs
 

@@ -6,9 +6,24 @@ generator, dropped when a plan reports the request finished. That record lets it
 previous step's tokens reached the scheduler (the scheduler one step ahead): placeholder inputs (-1) are the
 request's tokens sampled here, and penalties see every sampled token without reading scheduler state.
 
+A step is two calls so the device never waits for the host between steps: :meth:`ModelRunner.launch` queues
+all of a step's device work (inputs, model, sampling, a non-blocking copy of the sampled ids to pinned host
+memory) and returns a :class:`PendingStep`; :meth:`ModelRunner.collect` waits for it and reads the ids back.
+Step N+1 may be launched before step N is collected: its placeholders for tokens step N samples are then
+gathered on the device from step N's sampled-ids tensor (see ``step_inputs.placeholder_sources``).
+:meth:`ModelRunner.execute` is launch and collect at once.
+
+Launch collects the pending steps first (the serial order of old) when the new step needs host-side state
+of a step still in flight (``_needs_host_state``):
+- the pending step has grammar rows: each matcher must consume its token before it yields the next mask;
+- a row of the new step reads its sampled history and that history's newest token is in flight: penalties
+  (repetition/frequency/presence count the tokens) and min_tokens while it still bans stop tokens (the ban
+  depends on how many tokens the row has);
+- a placeholder whose token is neither on the host nor in the last launched step.
+
 Structured output: ``grammars`` (when given) holds a matcher per constrained request; the runner asks it for
-the masks of a step's constrained rows before sampling and feeds it the sampled tokens right after, so each
-mask comes from a matcher that has seen every earlier token of its row (see ``structured_output.matchers``).
+the masks of a step's constrained rows before sampling and feeds it the sampled tokens when the step is
+collected, so each mask comes from a matcher that has seen every earlier token of its row.
 
 On CUDA, pure-decode steps replay a captured graph (``cuda_graphs.DecodeGraphs``, enabled by
 :meth:`ModelRunner.enable_cuda_graphs`); every other step runs the model eagerly.
@@ -17,8 +32,8 @@ On CUDA, pure-decode steps replay a captured graph (``cuda_graphs.DecodeGraphs``
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Collection
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -28,6 +43,7 @@ from candle_vllm.pyengine.cuda_graphs import DecodeGraphs, unsupported_reason
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 from candle_vllm.pyengine.outputs import TokenLogprobs
 from candle_vllm.pyengine.request import Request
+from candle_vllm.pyengine.runner_steps import PendingStep, PipelineStats, StepResult, placeholder_sources
 from candle_vllm.pyengine.sampling import (
     Sampler,
     SamplingBatch,
@@ -39,17 +55,9 @@ from candle_vllm.pyengine.sampling import (
 from candle_vllm.pyengine.scheduler.plan import StepPlan
 from candle_vllm.pyengine.structured_output import GrammarMatchers
 
+__all__ = ["ModelRunner", "PendingStep", "PipelineStats", "StepResult"]
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class StepResult:
-    """What one step produced, in ``plan.sampled_requests`` order, plus prompt logprobs of prefill chunks."""
-
-    step_id: int
-    sampled_token_ids: list[int]
-    logprobs: list[TokenLogprobs | None]
-    prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -77,9 +85,11 @@ class ModelRunner:
             shared.seed()
         self.sampler = Sampler(shared)
         self._generators: dict[str, torch.Generator] = {}
-        self._sampled: dict[str, list[int]] = {}  # request id -> every token sampled for it, in order
+        self._sampled: dict[str, list[int]] = {}  # request id -> every collected token sampled for it, in order
+        self._pending: deque[PendingStep] = deque()  # launched, not yet read back, in launch order
         self.graphs: DecodeGraphs | None = None
         self.grammars = grammars
+        self.stats = PipelineStats()
 
     def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int, block_size: int) -> bool:
         """Capture decode graphs for batch sizes up to ``max_num_seqs`` (capped at 256) and contexts up to
@@ -99,8 +109,82 @@ class ModelRunner:
         self.graphs = graphs
         return True
 
+    # ---- the step pipeline -------------------------------------------------------------------------------
+
     def execute(self, plan: StepPlan) -> StepResult:
-        """Run one planned step and sample the requests whose known tokens it completes."""
+        """Run one planned step and sample the requests whose known tokens it completes (launch + collect)."""
+        return self.collect(self.launch(plan))
+
+    def launch(self, plan: StepPlan) -> PendingStep:
+        """Queue one planned step on the device without waiting for it; pass the result to :meth:`collect`.
+
+        Steps must be launched in plan order; an earlier step may still be pending (see the module docstring
+        for when launch collects it first)."""
+        prev = self._pending[-1] if self._pending else None
+        if prev is not None and self._needs_host_state(plan, prev):
+            self._collect_all()
+            self.stats.serialized += 1
+            prev = None
+        self._forget_and_admit(plan)
+        step = PendingStep(plan)
+        if plan.is_empty:
+            step.result = StepResult(plan.step_id, [], [])
+            return step
+        sources = placeholder_sources(plan, self._sampled, prev)
+        if sources is None:  # a placeholder token of an older pending step: read everything back first
+            self._collect_all()
+            self.stats.serialized += 1
+            prev = None
+            sources = placeholder_sources(plan, self._sampled, None)
+            if sources is None:
+                raise RuntimeError(f"step {plan.step_id} has a placeholder for a token this runner never sampled")
+        host_ids, dst, src = sources
+        with torch.inference_mode():
+            ids: np.ndarray | torch.Tensor = host_ids
+            if dst is not None:
+                assert prev is not None and prev.sampled is not None
+                ids = self._tensor(host_ids, torch.int64)
+                ids.index_copy_(0, self._tensor(dst, torch.int64),
+                                prev.sampled.index_select(0, self._tensor(src, torch.int64)))
+            self._run_model(plan, ids, step)
+        self.stats.launched += 1
+        if prev is not None:
+            self.stats.overlapped += 1
+        self._pending.append(step)
+        return step
+
+    def collect(self, step: PendingStep) -> StepResult:
+        """Wait for a launched step and return what it sampled (earlier pending steps are read back first, so
+        every request's history stays in order). Raises the error the step hit, if any."""
+        while step.result is None and step.error is None:
+            if not self._pending:
+                raise RuntimeError(f"step {step.plan.step_id} was not launched by this runner")
+            self._read_back(self._pending.popleft())
+        if step.error is not None:
+            raise step.error
+        assert step.result is not None
+        return step.result
+
+    def _collect_all(self) -> None:
+        while self._pending:
+            self._read_back(self._pending.popleft())
+
+    def _needs_host_state(self, plan: StepPlan, prev: PendingStep) -> bool:
+        """Whether ``plan`` cannot be launched before ``prev`` is read back (the fallbacks of the module
+        docstring; placeholders are checked by ``placeholder_sources``)."""
+        if prev.grammar_rows:
+            return True
+        in_flight = prev.row_of
+        for req in plan.sampled_requests:
+            if req.request_id not in in_flight:
+                continue
+            params: SamplingParams = req.sampling_params  # type: ignore[assignment]
+            if params.has_penalties or params.min_tokens > len(self._sampled.get(req.request_id, ())):
+                return True
+        return False
+
+    def _forget_and_admit(self, plan: StepPlan) -> None:
+        """Drop the state of requests that ended; start matchers of newly admitted constrained requests."""
         for request_id in plan.finished_ids:
             self._generators.pop(request_id, None)
             self._sampled.pop(request_id, None)
@@ -109,33 +193,32 @@ class ModelRunner:
             if plan.new_request_ids:
                 new_ids = set(plan.new_request_ids)
                 self.grammars.admit(req for req in plan.requests if req.request_id in new_ids)
-        if plan.is_empty:
-            return StepResult(plan.step_id, [], [])
-        input_ids = self._fill_placeholders(plan)
-        result = StepResult(plan.step_id, [], [])
-        with torch.inference_mode():
-            bucket = self._graph_bucket(plan)
-            if bucket is not None:
-                assert self.graphs is not None
-                hidden, logits = self.graphs.run(bucket, input_ids, plan.positions, plan.slot_mapping, plan.seq_lens,
-                                                 plan.block_tables)
-                if not np.array_equal(plan.sample_indices, np.arange(plan.num_tokens)):
-                    logits = logits[self._tensor(plan.sample_indices, torch.int64)]
-                self._sample(plan.sampled_requests, logits, result)
-            else:
-                ids, pos = self._tensor(input_ids, torch.int64), self._tensor(plan.positions, torch.int64)
-                if self._sampled_rows_only(plan):
-                    # The model's last layer runs for the sampled rows alone: hidden holds just those rows.
-                    rows = self._tensor(plan.sample_indices, torch.int64)
-                    hidden = self.model(ids, pos, self._attention_metadata(plan), output_rows=rows)
-                    self._sample(plan.sampled_requests, self.model.compute_logits(hidden), result)
-                    return result
-                hidden = self.model(ids, pos, self._attention_metadata(plan))
-                if plan.sampled_requests:
-                    logits = self.model.compute_logits(hidden[self._tensor(plan.sample_indices, torch.int64)])
-                    self._sample(plan.sampled_requests, logits, result)
-            self._prompt_logprobs(plan, hidden, result)
-        return result
+
+    # ---- one step's device work --------------------------------------------------------------------------
+
+    def _run_model(self, plan: StepPlan, ids: np.ndarray | torch.Tensor, step: PendingStep) -> None:
+        bucket = self._graph_bucket(plan)
+        if bucket is not None:
+            assert self.graphs is not None
+            hidden, logits = self.graphs.run(bucket, ids, plan.positions, plan.slot_mapping, plan.seq_lens,
+                                             plan.block_tables)
+            if not np.array_equal(plan.sample_indices, np.arange(plan.num_tokens)):
+                logits = logits[self._tensor(plan.sample_indices, torch.int64)]
+            self._sample(plan.sampled_requests, logits, step)
+            return
+        ids_t = ids if isinstance(ids, torch.Tensor) else self._tensor(ids, torch.int64)
+        pos = self._tensor(plan.positions, torch.int64)
+        if self._sampled_rows_only(plan):
+            # The model's last layer runs for the sampled rows alone: hidden holds just those rows.
+            rows = self._tensor(plan.sample_indices, torch.int64)
+            hidden = self.model(ids_t, pos, self._attention_metadata(plan), output_rows=rows)
+            self._sample(plan.sampled_requests, self.model.compute_logits(hidden), step)
+            return
+        hidden = self.model(ids_t, pos, self._attention_metadata(plan))
+        if plan.sampled_requests:
+            logits = self.model.compute_logits(hidden[self._tensor(plan.sample_indices, torch.int64)])
+            self._sample(plan.sampled_requests, logits, step)
+        self._prompt_logprobs(plan, hidden, step)
 
     def _sampled_rows_only(self, plan: StepPlan) -> bool:
         """Whether the model need only produce the sampled rows' hidden states: it supports that, some but not all
@@ -151,19 +234,6 @@ class ModelRunner:
         if self.graphs is None or not (plan.num_tokens == len(plan.requests) == len(plan.sampled_requests)):
             return None
         return self.graphs.bucket_for(plan.num_tokens, int(plan.seq_lens.max()), plan.block_tables.shape[1])
-
-    def _fill_placeholders(self, plan: StepPlan) -> np.ndarray:
-        """Input ids with each placeholder (-1: sampled by a step whose result the scheduler has not applied)
-        replaced by the token this runner sampled for that position."""
-        holes = np.flatnonzero(plan.input_ids < 0)
-        if holes.size == 0:
-            return plan.input_ids
-        ids = plan.input_ids.copy()
-        row_of = np.searchsorted(plan.query_start_loc, holes, side="right") - 1
-        for hole, row in zip(holes.tolist(), row_of.tolist(), strict=True):
-            req = plan.requests[row]
-            ids[hole] = self._sampled[req.request_id][int(plan.positions[hole]) - req.num_prompt_tokens]
-        return ids
 
     def _tensor(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         t = torch.from_numpy(array)
@@ -181,7 +251,8 @@ class ModelRunner:
             seq_lens_cpu=plan.seq_lens.tolist(),
         )
 
-    def _sample(self, requests: list[Request], logits: torch.Tensor, result: StepResult) -> None:
+    def _sample(self, requests: list[Request], logits: torch.Tensor, step: PendingStep) -> None:
+        """Queue sampling and the non-blocking copy of the sampled ids to the host."""
         histories = [self._sampled.setdefault(req.request_id, []) for req in requests]
         rows = [
             SamplingRow(req.sampling_params, history, req.prompt_token_ids, self._generator(req))
@@ -191,15 +262,10 @@ class ModelRunner:
         batch = SamplingBatch.build(rows, self.vocab_size, self.device, self.eos_token_ids,
                                     token_mask=masked[1] if masked else None)
         out = self.sampler(logits, batch)
-        result.sampled_token_ids = out.sampled_token_ids.tolist()
-        if masked:
-            self.grammars.advance(requests, masked[0], result.sampled_token_ids)  # type: ignore[union-attr]
-        for history, token in zip(histories, result.sampled_token_ids, strict=True):
-            history.append(token)
-        if out.logprobs is None:
-            result.logprobs = [None] * len(requests)
-        else:
-            result.logprobs = out.logprobs.tolists(batch.num_logprobs)
+        step.start_read_back(out.sampled_token_ids, histories)
+        step.grammar_rows = masked[0] if masked else []
+        if out.logprobs is not None:
+            step.logprobs = (out.logprobs, batch.num_logprobs)
 
     def _generator(self, req: Request) -> torch.Generator | None:
         params: SamplingParams = req.sampling_params  # type: ignore[assignment]
@@ -210,8 +276,8 @@ class ModelRunner:
             gen = self._generators[req.request_id] = make_generator(params.seed, self.device)
         return gen
 
-    def _prompt_logprobs(self, plan: StepPlan, hidden: torch.Tensor, result: StepResult) -> None:
-        """Logprobs of the prompt tokens this step computed, for requests that asked for them."""
+    def _prompt_logprobs(self, plan: StepPlan, hidden: torch.Tensor, step: PendingStep) -> None:
+        """Queue the logprobs of the prompt tokens this step computed, for requests that asked for them."""
         qsl = plan.query_start_loc
         for i, req in enumerate(plan.requests):
             params: SamplingParams = req.sampling_params  # type: ignore[assignment]
@@ -220,11 +286,39 @@ class ModelRunner:
                 continue
             # Row j (position start + j) predicts prompt token start + j + 1 while that is still a prompt token.
             n_rows = min(plan.num_new_tokens[i], req.num_prompt_tokens - 1 - start)
-            entries: list[TokenLogprobs | None] = [None] if start == 0 else []
+            lp = None
             if n_rows > 0:
                 first = int(qsl[i])
                 logits = self.model.compute_logits(hidden[first : first + n_rows])
                 targets = torch.tensor(req.prompt_token_ids[start + 1 : start + 1 + n_rows], device=self.device)
                 lp = prompt_logprobs(logits, targets, params.prompt_logprobs)
-                entries.extend(lp.tolists([params.prompt_logprobs] * n_rows))
-            result.prompt_logprobs[req.request_id] = entries
+            step.prompt_logprobs[req.request_id] = (start == 0, lp, params.prompt_logprobs, n_rows)
+
+    # ---- reading a step back -----------------------------------------------------------------------------
+
+    def _read_back(self, step: PendingStep) -> None:
+        """Finish a popped pending step: wait for its ids, advance grammars, extend histories, build the
+        result. An error is kept on the step (raised by :meth:`collect`), so later steps can still finish."""
+        try:
+            result = StepResult(step.plan.step_id, step.wait_for_ids(), [])
+            if step.grammar_rows:
+                assert self.grammars is not None
+                self.grammars.advance(step.requests, step.grammar_rows, result.sampled_token_ids)
+            for history, token in zip(step.histories, result.sampled_token_ids, strict=True):
+                history.append(token)
+            if step.logprobs is None:
+                result.logprobs = [None] * len(step.requests)
+            else:
+                tensors, num_top = step.logprobs
+                result.logprobs = tensors.tolists(num_top)
+            for request_id, (first, lp, k, n_rows) in step.prompt_logprobs.items():
+                entries: list[TokenLogprobs | None] = [None] if first else []
+                if lp is not None:
+                    entries.extend(lp.tolists([k] * n_rows))
+                result.prompt_logprobs[request_id] = entries
+            step.result = result
+        except Exception as exc:  # reported through collect(); the runner itself stays usable
+            step.error = exc
+        finally:
+            step.release()
+

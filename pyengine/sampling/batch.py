@@ -195,13 +195,7 @@ def _banned_stops(
 
 
 def _penalties(rows: Sequence[SamplingRow], vocab_size: int, device: torch.device) -> Penalties | None:
-    picked = [
-        i
-        for i, row in enumerate(rows)
-        if row.params.repetition_penalty != 1.0
-        or row.params.frequency_penalty != 0.0
-        or row.params.presence_penalty != 0.0
-    ]
+    picked = [i for i, row in enumerate(rows) if row.params.has_penalties]
     if not picked:
         return None
     chosen = [rows[i] for i in picked]

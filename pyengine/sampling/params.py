@@ -109,6 +109,11 @@ class SamplingParams:
         return self._explicit
 
     @property
+    def has_penalties(self) -> bool:
+        """Whether a repetition, frequency or presence penalty applies: such rows read their token history."""
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+    @property
     def is_greedy(self) -> bool:
         """Greedy rows take the argmax of the (biased, penalised) logits and draw no random numbers."""
         return self.temperature == 0.0

@@ -59,7 +59,10 @@ class Sampler:
 
     @staticmethod
     def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """A copy of ``logits`` with logit_bias, min_tokens and penalties applied; greedy rows argmax it."""
+        """``logits`` with logit_bias, min_tokens and penalties applied, in a copy; greedy rows argmax it.
+        A batch with none of them gets ``logits`` itself back (no [B, V] copy): treat the result as read-only."""
+        if batch.logit_bias is None and batch.banned_stops is None and batch.penalties is None:
+            return logits
         out = logits.clone()
         apply_logit_bias(out, batch)
         apply_min_tokens(out, batch)
@@ -70,7 +73,7 @@ class Sampler:
         greedy_ids = logits.argmax(dim=-1) if batch.any_greedy else None
         if greedy_ids is not None and batch.all_greedy:
             return greedy_ids
-        logits.div_(batch.temperature[:, None])
+        logits = logits / batch.temperature[:, None]  # a new tensor: the caller's may be the raw logits
         logits = apply_top_k_top_p(
             logits, batch.top_k, batch.max_top_k, batch.top_p, batch.top_k_on_every_row
         )

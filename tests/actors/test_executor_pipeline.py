@@ -1,0 +1,137 @@
+"""The serving actors with the executor's launch-ahead pipeline, on a tiny random Llama: every request's
+streamed tokens equal the serial drive's, aborts mid-stream end only their request (what was streamed is a
+prefix of the full output, nothing repeated), and a step that raises fails only its own requests."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pyengine"))
+from pipeline_cases import random_prompts, serial_generate, tiny_llm, tiny_model_dir
+
+from candle_vllm import LLM, SamplingParams
+from candle_vllm.actors import AsyncEngine
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory: pytest.TempPathFactory) -> LLM:
+    return tiny_llm(tiny_model_dir(tmp_path_factory.mktemp("tiny_llama")))
+
+
+def _params(rng: random.Random, i: int) -> SamplingParams:
+    kind = i % 4
+    if kind == 0:
+        return SamplingParams(temperature=0, max_tokens=rng.randint(1, 30), ignore_eos=True)
+    if kind == 1:
+        return SamplingParams(temperature=0.9, seed=i, n=2, max_tokens=rng.randint(1, 20), ignore_eos=True)
+    if kind == 2:
+        return SamplingParams(temperature=0, presence_penalty=0.7, max_tokens=rng.randint(1, 20), ignore_eos=True)
+    return SamplingParams(temperature=0, max_tokens=rng.randint(1, 30), ignore_eos=True, stop=["t1"])
+
+
+def test_streams_and_aborts_through_the_actors_match_serial(llm: LLM) -> None:
+    rng = random.Random(11)
+    prompts = random_prompts(rng, 20)
+    params = [_params(rng, i) for i in range(len(prompts))]
+    want = serial_generate(llm.engine, prompts, params)
+    aborted = {3, 8, 13}  # leave after two outputs
+    runner = llm.engine.runner
+    overlapped = runner.stats.overlapped
+
+    async def main() -> dict[int, list[tuple[list[int], list[int], str | None]]]:
+        engine = AsyncEngine(llm.engine)
+        got: dict[int, list[tuple[list[int], list[int], str | None]]] = {}
+
+        async def one(i: int) -> None:
+            await trio.sleep(0.002 * (i % 5))  # arrive while others run
+            streamed: list[list[int]] = [[] for _ in range(params[i].n)]
+            seen = 0
+            final = None
+            async for out in engine.generate(prompts[i], params[i], f"req-{i}"):
+                for c in out.outputs:
+                    streamed[c.index].extend(c.token_ids_delta)
+                final = out
+                seen += 1
+                if i in aborted and seen == 2:
+                    break
+            assert final is not None
+            got[i] = [(streamed[c.index], c.token_ids, c.finish_reason) for c in final.outputs]
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine.run)
+            async with trio.open_nursery() as clients:
+                for i in range(len(prompts)):
+                    clients.start_soon(one, i)
+            with trio.fail_after(30):
+                while engine.stats().num_running or engine.stats().num_waiting or engine.stats().kv_usage:
+                    await trio.sleep(0.01)  # the aborts are applied between steps
+            nursery.cancel_scope.cancel()
+        return got
+
+    got = trio.run(main)
+    for i, summary in enumerate(want):
+        for (streamed, token_ids, reason), (want_ids, _, want_reason, _) in zip(got[i], summary, strict=True):
+            assert streamed == token_ids, f"request {i}: deltas add up to the tokens"
+            if i in aborted:
+                assert token_ids == list(want_ids[: len(token_ids)]), f"request {i}"
+            else:
+                assert (token_ids, reason) == (list(want_ids), want_reason), f"request {i}"
+    assert runner.stats.overlapped > overlapped, "the executor never launched a step before reading one back"
+    assert llm.engine.scheduler.kv.usage == 0.0
+
+
+def test_a_failing_step_fails_only_its_requests(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(12)
+    prompts = random_prompts(rng, 2)
+    late = random_prompts(rng, 3)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    want = serial_generate(llm.engine, late, [params] * len(late))
+    model = llm.engine.runner.model
+    forward = model.forward
+    calls = 0
+
+    def failing_forward(*args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        if calls == 4:
+            raise RuntimeError("injected device fault")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", failing_forward)
+
+    async def main() -> tuple[list[str | None], list[list[int]]]:
+        engine = AsyncEngine(llm.engine)
+        early: list[str | None] = []
+        later: list[list[int]] = []
+
+        async def first(i: int) -> None:
+            async for out in engine.generate(prompts[i], params, f"early-{i}"):
+                last = out
+            early.append(last.outputs[0].finish_reason)
+
+        async def second(i: int) -> None:
+            async for out in engine.generate(late[i], params, f"late-{i}"):
+                last = out
+            later.append(last.outputs[0].token_ids)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine.run)
+            async with trio.open_nursery() as clients:
+                for i in range(len(prompts)):
+                    clients.start_soon(first, i)
+            assert calls >= 4
+            async with trio.open_nursery() as clients:
+                for i in range(len(late)):
+                    clients.start_soon(second, i)
+            nursery.cancel_scope.cancel()
+        return early, later
+
+    early, later = trio.run(main)
+    assert early == ["abort", "abort"]
+    assert sorted(later) == sorted(list(w[0][0]) for w in want)
+    assert llm.engine.scheduler.kv.usage == 0.0
