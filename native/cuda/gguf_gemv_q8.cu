@@ -37,8 +37,6 @@ constexpr int kDefaultThreads = 128;
 template <typename T>
 __global__ void __launch_bounds__(256) quantize_x_kernel(const T* __restrict__ x, int8_t* __restrict__ xq,
                                                         XBlock* __restrict__ xb, int64_t blocks) {
-  // The GEMV may start now: it streams its first weights while this grid runs and waits before reading xq.
-  pdl_launch_dependents();
   // x comes from the previous kernel (and the previous GEMV may still read xq) when launched as a dependent.
   pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -75,6 +73,8 @@ __global__ void __launch_bounds__(256) quantize_x_kernel(const T* __restrict__ x
     b.sum[1] = static_cast<int16_t>(upper);
     xb[blk] = b;
   }
+  // The GEMV may start now: it streams its first weights while this grid ends and waits before reading xq.
+  pdl_launch_dependents();
 }
 
 // What every GEMV kernel gets.
@@ -157,7 +157,6 @@ __device__ __forceinline__ void finish_group(float (&acc)[R][M], float (*red)[kM
 
 template <class Q, int M, int R, int kDepth>
 __global__ void __launch_bounds__(kMaxThreads) gemv_direct_kernel(Args a) {
-  pdl_launch_dependents();
   __shared__ float red[2][kMaxThreads / 32][R * M];
   const Walk<Q, R> walk(a);
   const int tid = threadIdx.x, T = blockDim.x;
@@ -204,6 +203,7 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_direct_kernel(Args a) {
       at.next(walk.rounds);
     }
   }
+  pdl_launch_dependents();  // after the last group: the next kernel's prologue overlaps this grid's tail
 }
 
 // 16 bytes global -> shared; only the first `bytes` are read, the rest of the destination is zero-filled.
@@ -225,7 +225,6 @@ __host__ __device__ constexpr int staged_row_stride(int threads) {
 
 template <class Q, int M, int R>
 __global__ void __launch_bounds__(kMaxThreads) gemv_staged_kernel(Args a, int stages) {
-  pdl_launch_dependents();
   extern __shared__ __align__(16) uint8_t tiles[];
   __shared__ float red[2][kMaxThreads / 32][R * M];
   const Walk<Q, R> walk(a);
@@ -290,6 +289,7 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_staged_kernel(Args a, int st
     if (at.j == walk.rounds - 1) finish_group<M, R>(acc, red, parity, a, at.g);
     at.next(walk.rounds);
   }
+  pdl_launch_dependents();  // after the last group: the next kernel's prologue overlaps this grid's tail
 }
 
 // A device attribute of the current device, cached per device.

@@ -62,6 +62,17 @@ GGUF_HD V ld(const void* p) {
   return *static_cast<const V*>(p);
 }
 
+// A V of the quantized activations at p: written by the quantizer, which may still run when the GEMV starts
+// (programmatic dependent launch), so a coherent load through L2, never the read-only path.
+template <typename V>
+GGUF_HD V ld_x(const void* p) {
+#ifdef __CUDA_ARCH__
+  return __ldcg(static_cast<const V*>(p));
+#else
+  return *static_cast<const V*>(p);
+#endif
+}
+
 GGUF_HD float half_lo(uint32_t w) {
 #ifdef __CUDA_ARCH__
   return __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xFFFF)));
@@ -110,10 +121,10 @@ struct XWords {
 
 GGUF_HD void ld_x_words(const int8_t* p, uint32_t* out, int words) {
   if (words == 4) {
-    const uint4 v = ld<true, uint4>(p);
+    const uint4 v = ld_x<uint4>(p);
     out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
   } else {
-    const uint2 v = ld<true, uint2>(p);
+    const uint2 v = ld_x<uint2>(p);
     out[0] = v.x, out[1] = v.y;
   }
 }
@@ -123,7 +134,7 @@ GGUF_HD void ld_x_words(const int8_t* p, uint32_t* out, int words) {
 template <int P, int W>
 GGUF_HD void ld_x_piece(XWords<P, W>& x, int i, const int8_t* xq, const XBlock* xb, int e, int half) {
   ld_x_words(xq + e, x.q[i], W);
-  const uint2 b = ld<true, uint2>(xb + e / 32);  // an XBlock
+  const uint2 b = ld_x<uint2>(xb + e / 32);  // an XBlock
   const int s0 = static_cast<int16_t>(b.y & 0xFFFF), s1 = static_cast<int16_t>(b.y >> 16);
 #ifdef __CUDA_ARCH__
   x.d[i] = __uint_as_float(b.x);

@@ -301,12 +301,14 @@ def _sdpa_prefill_step(
         return _cuda_prefill_step(q, kv_cache, meta, scale, None, None, cuda_decode)
     t = q.shape[0]
     if len(runs) == 1 and runs[0].start == 0 and runs[0].end == t:  # only fresh prompts (the TTFT step)
-        sdpa_prefill.ROUTES[backend] += 1
-        return sdpa_prefill.attend_fresh(backend, q, k, v, runs[0], scale).contiguous()
+        chosen = sdpa_prefill.run_backend(backend, q, k, v, runs[0])
+        sdpa_prefill.ROUTES[chosen] += 1
+        return sdpa_prefill.attend_fresh(chosen, q, k, v, runs[0], scale).contiguous()
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     for run in runs:
-        out[run.start : run.end] = sdpa_prefill.attend_fresh(backend, q, k, v, run, scale)
-        sdpa_prefill.ROUTES[backend] += 1
+        chosen = sdpa_prefill.run_backend(backend, q, k, v, run)
+        out[run.start : run.end] = sdpa_prefill.attend_fresh(chosen, q, k, v, run, scale)
+        sdpa_prefill.ROUTES[chosen] += 1
     fresh = {s for r in runs for s in range(r.first, r.last)}
     q_lens = meta.query_lens_cpu
     decode_rows = [s for s, n in enumerate(q_lens) if n == 1 and s not in fresh] if cuda_decode else []

@@ -97,6 +97,14 @@ def test_ttft_step_matches_reference(monkeypatch: pytest.MonkeyPatch, backend: s
     assert dict(sdpa_prefill.ROUTES) == {backend: 1}
 
 
+def test_auto_sends_long_prompts_to_cudnn_and_short_runs_to_flash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto: a fresh prompt of >= CUDNN_MIN_TOKENS tokens takes cuDNN, a shorter fresh one flash, a prefix hit ours."""
+    long = sdpa_prefill.CUDNN_MIN_TOKENS + 37
+    sdpa_prefill.ROUTES.clear()
+    _run_against_reference(monkeypatch, "auto", [long, 30, 301], [long, 95, 301], 32, 8, 128, torch.bfloat16)
+    assert dict(sdpa_prefill.ROUTES) == {"sdpa-cudnn": 1, "sdpa-flash": 1, "native": 1}
+
+
 @pytest.mark.parametrize("backend", SDPA_BACKENDS)
 @pytest.mark.parametrize("window,softcap", [(64, None), (None, 30.0)])
 def test_window_and_softcap_stay_on_our_kernel(monkeypatch: pytest.MonkeyPatch, backend: str, window: int | None,
