@@ -52,6 +52,7 @@ from candle_vllm.pyengine.sampling import (
     make_generator,
     prompt_logprobs,
 )
+from candle_vllm.pyengine.sampling.transfer import to_device
 from candle_vllm.pyengine.scheduler.plan import StepPlan
 from candle_vllm.pyengine.structured_output import GrammarMatchers
 
@@ -147,6 +148,7 @@ class ModelRunner:
                 ids.index_copy_(0, self._tensor(dst, torch.int64),
                                 prev.sampled.index_select(0, self._tensor(src, torch.int64)))
             self._run_model(plan, ids, step)
+        step.start_read_back(self.device)
         self.stats.launched += 1
         if prev is not None:
             self.stats.overlapped += 1
@@ -239,7 +241,7 @@ class ModelRunner:
         t = torch.from_numpy(array)
         if t.dtype != dtype:
             t = t.to(dtype)
-        return t.to(self.device, non_blocking=True)
+        return to_device(t, self.device)
 
     def _attention_metadata(self, plan: StepPlan) -> AttentionMetadata:
         return AttentionMetadata(
@@ -262,7 +264,7 @@ class ModelRunner:
         batch = SamplingBatch.build(rows, self.vocab_size, self.device, self.eos_token_ids,
                                     token_mask=masked[1] if masked else None)
         out = self.sampler(logits, batch)
-        step.start_read_back(out.sampled_token_ids, histories)
+        step.set_sampled(out.sampled_token_ids, histories)
         step.grammar_rows = masked[0] if masked else []
         if out.logprobs is not None:
             step.logprobs = (out.logprobs, batch.num_logprobs)
@@ -290,7 +292,7 @@ class ModelRunner:
             if n_rows > 0:
                 first = int(qsl[i])
                 logits = self.model.compute_logits(hidden[first : first + n_rows])
-                targets = torch.tensor(req.prompt_token_ids[start + 1 : start + 1 + n_rows], device=self.device)
+                targets = to_device(torch.tensor(req.prompt_token_ids[start + 1 : start + 1 + n_rows]), self.device)
                 lp = prompt_logprobs(logits, targets, params.prompt_logprobs)
             step.prompt_logprobs[req.request_id] = (start == 0, lp, params.prompt_logprobs, n_rows)
 

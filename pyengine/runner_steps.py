@@ -11,6 +11,7 @@ import torch
 from candle_vllm.pyengine.outputs import TokenLogprobs
 from candle_vllm.pyengine.request import Request
 from candle_vllm.pyengine.sampling.logprobs import LogprobsTensors
+from candle_vllm.pyengine.sampling.transfer import to_host
 from candle_vllm.pyengine.scheduler.plan import StepPlan
 
 
@@ -58,22 +59,29 @@ class PendingStep:
     def requests(self) -> list[Request]:
         return self.plan.sampled_requests
 
-    def start_read_back(self, sampled: torch.Tensor, histories: list[list[int]]) -> None:
-        """Record the sampled ids and, on CUDA, start their copy to pinned memory behind an event."""
+    def set_sampled(self, sampled: torch.Tensor, histories: list[list[int]]) -> None:
+        """Record the step's sampled ids (int64 [B], on the device) and each sampled request's token record."""
         self.sampled = sampled
         self.histories = histories
         self.row_of = {req.request_id: i for i, req in enumerate(self.plan.sampled_requests)}
-        if sampled.device.type != "cuda":
-            self._host_ids = sampled
-            return
-        host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
-        host.copy_(sampled, non_blocking=True)
-        self._ready = torch.cuda.Event()
-        self._ready.record()
-        self._host_ids = host
+
+    def start_read_back(self, device: torch.device) -> None:
+        """Queue the copies of all that collect reads (ids, logprobs) to pinned host memory, then an event."""
+        if self.sampled is not None:
+            self._host_ids = to_host(self.sampled)
+        if self.logprobs is not None:
+            self.logprobs = (_logprobs_to_host(self.logprobs[0]), self.logprobs[1])
+        self.prompt_logprobs = {
+            rid: (first, None if lp is None else _logprobs_to_host(lp), k, n)
+            for rid, (first, lp, k, n) in self.prompt_logprobs.items()
+        }
+        if device.type == "cuda":
+            self._ready = torch.cuda.Event()
+            self._ready.record()
 
     def wait_for_ids(self) -> list[int]:
-        """The sampled ids as ints, once the device has produced and copied them."""
+        """The sampled ids as ints, once the device has produced and copied them (logprobs are then on the host
+        too)."""
         if self._ready is not None:
             self._ready.synchronize()
         return [] if self._host_ids is None else self._host_ids.tolist()
@@ -84,6 +92,10 @@ class PendingStep:
         self.logprobs = None
         self.prompt_logprobs = {}
         self.row_of = {}
+
+
+def _logprobs_to_host(lp: LogprobsTensors) -> LogprobsTensors:
+    return LogprobsTensors(to_host(lp.token_ids), to_host(lp.logprobs), to_host(lp.ranks))
 
 
 def placeholder_sources(

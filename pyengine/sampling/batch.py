@@ -16,6 +16,7 @@ import torch
 
 from candle_vllm.pyengine.sampling.params import SamplingParams
 from candle_vllm.pyengine.sampling.token_mask import TokenMask
+from candle_vllm.pyengine.sampling.transfer import to_device
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
@@ -102,7 +103,7 @@ class SamplingBatch:
         requested = [p.logprobs for p in params if p.logprobs is not None]
 
         def per_row(values: list[float] | list[int] | list[bool], dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype).to(device)
+            return to_device(torch.tensor(values, dtype=dtype), device)
 
         return cls(
             vocab_size=vocab_size,
@@ -171,9 +172,9 @@ def _logit_bias(
         )
     biases = [b for p in params for b in p.logit_bias.values()]
     return (
-        torch.tensor(rows, dtype=torch.int64).to(device),
-        torch.tensor(tokens, dtype=torch.int64).to(device),
-        torch.tensor(biases, dtype=torch.float32).to(device),
+        to_device(torch.tensor(rows, dtype=torch.int64), device),
+        to_device(torch.tensor(tokens, dtype=torch.int64), device),
+        to_device(torch.tensor(biases, dtype=torch.float32), device),
     )
 
 
@@ -190,7 +191,7 @@ def _banned_stops(
     ]
     if not pairs:
         return None
-    indices = torch.tensor(pairs, dtype=torch.int64).to(device)
+    indices = to_device(torch.tensor(pairs, dtype=torch.int64), device)
     return indices[:, 0], indices[:, 1]
 
 
@@ -202,7 +203,7 @@ def _penalties(rows: Sequence[SamplingRow], vocab_size: int, device: torch.devic
     uses_repetition = any(row.params.repetition_penalty != 1.0 for row in chosen)
 
     def floats(name: str) -> torch.Tensor:
-        return torch.tensor([getattr(row.params, name) for row in chosen], dtype=torch.float32).to(device)
+        return to_device(torch.tensor([getattr(row.params, name) for row in chosen], dtype=torch.float32), device)
 
     output_counts = _token_counts([row.output_token_ids for row in chosen], vocab_size, device)
     seen = None
@@ -210,7 +211,7 @@ def _penalties(rows: Sequence[SamplingRow], vocab_size: int, device: torch.devic
         seen = output_counts > 0
         seen[_flat_indices([row.prompt_token_ids for row in chosen], vocab_size, device)] = True
     return Penalties(
-        rows=torch.tensor(picked, dtype=torch.int64).to(device),
+        rows=to_device(torch.tensor(picked, dtype=torch.int64), device),
         repetition=floats("repetition_penalty"),
         frequency=floats("frequency_penalty"),
         presence=floats("presence_penalty"),
@@ -231,7 +232,7 @@ def _flat_indices(
     if total and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
         raise ValueError(f"token ids must lie in [0, {vocab_size}) to apply penalties")
     rows = torch.repeat_interleave(torch.arange(len(sequences)), lengths)
-    return rows.to(device), tokens.to(device)
+    return to_device(rows, device), to_device(tokens, device)
 
 
 def _token_counts(sequences: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -> torch.Tensor:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from candle_vllm.pyengine.sampling.transfer import to_device
+
 
 @dataclass(slots=True)
 class TokenMask:
@@ -24,7 +26,9 @@ class TokenMask:
     bitmask: torch.Tensor
 
     def to(self, device: torch.device | str) -> TokenMask:
-        return TokenMask(self.rows.to(device, non_blocking=True), self.bitmask.to(device, non_blocking=True))
+        """On ``device``, without a host wait; the host buffers may be reused as soon as this returns."""
+        device = torch.device(device)
+        return TokenMask(to_device(self.rows, device), to_device(self.bitmask, device))
 
 
 _BYTE_BIAS: dict[torch.device, torch.Tensor] = {}

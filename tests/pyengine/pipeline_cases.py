@@ -37,7 +37,9 @@ def tiny_model_dir(path: Path) -> Path:
 
 
 def tiny_llm(path: Path, **engine_args: Any) -> LLM:
-    args: dict[str, Any] = {"load_format": "dummy", "dtype": "f32", "mem": 16, "max_num_seqs": 32, "seed": 0}
+    """The tiny model on the CPU unless ``cpu=False`` is passed (then on the GPU where there is one)."""
+    args: dict[str, Any] = {"load_format": "dummy", "dtype": "f32", "mem": 16, "max_num_seqs": 32, "seed": 0,
+                            "cpu": True}
     args.update(engine_args)
     return LLM(model=str(path), **args)
 
