@@ -203,7 +203,7 @@ def test_fused_reduce_rearms_its_counters() -> None:
     answer each time (a counter left non-zero would make no CTA, or the wrong one, reduce)."""
     seq_lens = [40, 250, 511]
     q, cache, table_t, tables = _paged_case(seq_lens, 32, 8, 128, 16, torch.bfloat16, seed=5)
-    for lens in (seq_lens, seq_lens, [250, 1, 100]):
+    for lens in (seq_lens, seq_lens, [33, 1, 300]):  # each within the blocks its sequence owns
         lens_t = torch.tensor(lens, dtype=torch.int32, device=DEV)
         got = cuda.paged_decode_attention(
             q, cache, table_t, lens_t, 0.1, max_seq_len=512, partition_size=128, heads_per_cta=2, fused_reduce=True
