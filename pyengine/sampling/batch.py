@@ -56,11 +56,11 @@ class SamplingBatch:
     """Per-row sampling inputs for one step; build with :meth:`build`."""
 
     vocab_size: int
-    greedy: torch.Tensor  # bool [B]
+    greedy: torch.Tensor | None  # bool [B]; None when every row is greedy (nothing to tell apart)
     all_greedy: bool
     any_greedy: bool
     any_unseeded_random: bool  # some row draws from the sampler's shared stream
-    temperature: torch.Tensor  # f32 [B], 1.0 on greedy rows
+    temperature: torch.Tensor | None  # f32 [B], 1.0 on greedy rows; None when every row is greedy
     top_k: torch.Tensor | None  # int64 [B], 0 = disabled
     max_top_k: int
     top_k_on_every_row: bool  # every sampled (non-greedy) row has a top-k: sort only max_top_k per row
@@ -105,13 +105,15 @@ class SamplingBatch:
         def per_row(values: list[float] | list[int] | list[bool], dtype: torch.dtype) -> torch.Tensor:
             return to_device(torch.tensor(values, dtype=dtype), device)
 
+        all_greedy = not random_params
         return cls(
             vocab_size=vocab_size,
-            greedy=per_row(greedy, torch.bool),
-            all_greedy=all(greedy),
+            greedy=None if all_greedy else per_row(greedy, torch.bool),
+            all_greedy=all_greedy,
             any_greedy=any(greedy),
             any_unseeded_random=any(p.seed is None for p in random_params),
-            temperature=per_row([1.0 if p.is_greedy else p.temperature for p in params], torch.float32),
+            temperature=None if all_greedy
+            else per_row([1.0 if p.is_greedy else p.temperature for p in params], torch.float32),
             top_k=per_row(top_k, torch.int64) if any(top_k) else None,
             max_top_k=max(top_k, default=0),
             top_k_on_every_row=top_k_on_every_row,

@@ -73,6 +73,7 @@ class Sampler:
         greedy_ids = logits.argmax(dim=-1) if batch.any_greedy else None
         if greedy_ids is not None and batch.all_greedy:
             return greedy_ids
+        assert batch.temperature is not None
         logits = logits / batch.temperature[:, None]  # a new tensor: the caller's may be the raw logits
         logits = apply_top_k_top_p(
             logits, batch.top_k, batch.max_top_k, batch.top_p, batch.top_k_on_every_row
@@ -83,6 +84,7 @@ class Sampler:
         random_ids = probs.div_(self._exponential_noise(probs, batch)).argmax(dim=-1)
         if greedy_ids is None:
             return random_ids
+        assert batch.greedy is not None
         return torch.where(batch.greedy, greedy_ids, random_ids)
 
     def _exponential_noise(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
