@@ -2,17 +2,12 @@
 
     python benches/bench_quant_cuda.py                 # every type, the 8B shapes, M = 1 (and M = 8 for some)
     python benches/bench_quant_cuda.py --types q4k q8_0 --m 1 4 8 --kernels dp4a --json out.json
-    python benches/bench_quant_cuda.py --variants                  # dp4a launch-variant sweep (see VARIANTS)
-    python benches/bench_quant_cuda.py --variants base pdl,d1 pdl,r8,s3 --types q4k --m 1
 
 Both GEMV kernels are timed where a type has them: "dp4a" (x rounded to int8 per 32 values, its own small
 launch included in the time) and "mma" (f16/bf16 x on tensor cores).
 
 Each figure is the median over graph replays of one launch per weight copy, the copies together several times
-the 50 MB L2 so every launch streams its weight from HBM. The variant sweep times each dp4a launch variant
-(cuda_gguf.Dp4aVariant, spelled as comma-separated tokens: pdl = quantizer as a programmatic dependent, rN rows
-per CTA, tN threads, dN depth, sN shared-memory stages, cN CTAs per SM; "base" = all defaults) on the four 8B
-shapes and the LM head, and ranks the variants per type and M by total time over the four 8B shapes. GB/s counts the quantized bytes read once (x and y are
+the 50 MB L2 so every launch streams its weight from HBM. GB/s counts the quantized bytes read once (x and y are
 negligible); the fraction is of the 4.26 TB/s copy ceiling. The bf16 skinny GEMM on the same shape is the dense
 baseline (2 bytes per weight).
 """
@@ -76,88 +71,12 @@ def copies_for(nbytes: int) -> int:
     return max(2, -(-256 * 2**20 // nbytes))
 
 
-def weight_copies(qtype: QT, n: int, k: int, gen: torch.Generator) -> list[torch.Tensor]:
-    """Enough random copies of an [n, k] weight that a pass over them streams from HBM."""
-    return [random_blocks(qtype, n, k, gen) for _ in range(copies_for(n * k // 2))]
-
-
-def bench_gemv(
-    qtype: QT,
-    n: int,
-    k: int,
-    m: int,
-    kernel: cuda_gguf.GemvKernel,
-    gen: torch.Generator,
-    w: list[torch.Tensor] | None = None,
-    variant: cuda_gguf.Dp4aVariant | None = None,
-) -> dict[str, float]:
-    w = w if w is not None else weight_copies(qtype, n, k, gen)
+def bench_gemv(qtype: QT, n: int, k: int, m: int, kernel: cuda_gguf.GemvKernel, gen: torch.Generator) -> dict[str, float]:
+    w = [random_blocks(qtype, n, k, gen) for _ in range(copies_for(n * k // 2))]
     x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
-    sec = time_per_launch([lambda d=d: cuda_gguf.gemv(x, d, qtype, n, k, kernel=kernel, variant=variant) for d in w])
+    sec = time_per_launch([lambda d=d: cuda_gguf.gemv(x, d, qtype, n, k, kernel=kernel) for d in w])
     nbytes = w[0].numel()
     return {"us": sec * 1e6, "gb_s": nbytes / sec / 1e9, "fraction": nbytes / sec / CEILING_BYTES_PER_S}
-
-
-VARIANTS = [
-    "base", "pdl", "pdl,d1", "pdl,d2",
-    "pdl,r1,d1", "pdl,r2,d1", "pdl,r4,d1", "pdl,r8,d1", "pdl,r2,d2", "pdl,r4,d2",
-    "pdl,s2", "pdl,s3", "pdl,s4", "pdl,r1,s3", "pdl,r4,s3",
-    "pdl,t64,d1", "pdl,t256,d1", "pdl,t256,s3",
-    "pdl,c1,d2", "pdl,c2,d2", "pdl,c4,d1", "pdl,c2,s3", "pdl,c4,s2",
-]
-VARIANT_KEYS = {"r": "rows", "t": "threads", "d": "depth", "s": "stages", "c": "ctas_per_sm"}
-
-
-def parse_variant(spec: str) -> cuda_gguf.Dp4aVariant:
-    """'pdl,r4,d1' -> Dp4aVariant(rows=4, depth=1, pdl_quantizer=True); 'base' -> the defaults."""
-    fields: dict[str, int | bool] = {}
-    for tok in spec.split(","):
-        if tok in ("base", ""):
-            continue
-        if tok == "pdl":
-            fields["pdl_quantizer"] = True
-        elif tok[0] in VARIANT_KEYS and tok[1:].isdigit():
-            fields[VARIANT_KEYS[tok[0]]] = int(tok[1:])
-        else:
-            raise SystemExit(f"bad variant token {tok!r} in {spec!r}: use base, pdl, rN, tN, dN, sN or cN")
-    return cuda_gguf.Dp4aVariant(**fields)
-
-
-def sweep_variants(specs: list[str], names: list[str], ms: list[int], gen: torch.Generator) -> list[dict[str, object]]:
-    """Every variant on every shape (weights generated once per type and shape), then a ranking per type and M."""
-    rows: list[dict[str, object]] = []
-    shapes = [*SHAPES, LM_HEAD]
-    for name in names:
-        qtype = TYPES[name]
-        if not cuda_gguf.dp4a_supported(qtype):
-            raise SystemExit(f"{name} has no dp4a kernel to sweep")
-        for n, k in shapes:
-            w = weight_copies(qtype, n, k, gen)
-            for m in ms:
-                for spec in specs:
-                    try:
-                        r = bench_gemv(qtype, n, k, m, "dp4a", gen, w, parse_variant(spec))
-                    except ValueError as exc:  # a combination that is not built (e.g. 8 rows at M = 8)
-                        print(f"variant {name:5s} M={m} {spec:14s} {n:>6d}x{k:<6d} not built: {exc}", flush=True)
-                        continue
-                    rows.append({"kind": "variant", "variant": spec, "type": name, "n": n, "k": k, "m": m, **r})
-                    print(f"variant {name:5s} M={m} {spec:14s} {n:>6d}x{k:<6d} {r['us']:9.2f} us"
-                          f"  {100 * r['fraction']:5.1f} %", flush=True)
-            del w
-            torch.cuda.empty_cache()
-    print("\nranking by total us over the four 8B shapes (then LM head):")
-    for name in names:
-        for m in ms:
-            table = {}
-            for r in rows:
-                if r["type"] == name and r["m"] == m:
-                    table.setdefault(r["variant"], {})[(r["n"], r["k"])] = r
-            full = {v: t for v, t in table.items() if all(s in t for s in SHAPES)}
-            for v in sorted(full, key=lambda v: sum(full[v][s]["us"] for s in SHAPES)):
-                t = full[v]
-                cells = "  ".join(f"{t[s]['us']:7.2f} us {100 * t[s]['fraction']:5.1f} %" for s in [*SHAPES, LM_HEAD] if s in t)
-                print(f"{name:5s} M={m} {v:14s} total {sum(t[s]['us'] for s in SHAPES):8.2f} us | {cells}")
-    return rows
 
 
 def bench_dense(n: int, k: int, m: int, gen: torch.Generator) -> dict[str, float]:
@@ -176,25 +95,16 @@ def bench_dequant(qtype: QT, n: int, k: int, gen: torch.Generator) -> dict[str, 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--types", nargs="+", default=None, choices=list(TYPES), help="default: all (sweep: q4k q8_0 q4_0 q6k)")
-    ap.add_argument("--m", nargs="+", type=int, default=None, help="activation rows (1..8); default 1 (sweep: 1 8)")
+    ap.add_argument("--types", nargs="+", default=list(TYPES), choices=list(TYPES))
+    ap.add_argument("--m", nargs="+", type=int, default=[1], help="activation rows (1..8)")
     ap.add_argument("--m8-types", nargs="*", default=["q4k", "q8_0", "q4_0"], help="types also timed at M = 8")
     ap.add_argument("--kernels", nargs="+", default=["dp4a", "mma"], choices=["dp4a", "mma"])
     ap.add_argument("--no-dequant", action="store_true", help="skip the dequantize throughput rows")
     ap.add_argument("--no-dense", action="store_true", help="skip the bf16 skinny-GEMM baseline rows")
-    ap.add_argument("--variants", nargs="*", default=None, metavar="SPEC",
-                    help="sweep dp4a launch variants instead (no SPEC: the VARIANTS list)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     gen = torch.Generator(DEV).manual_seed(0)
     rows: list[dict[str, object]] = []
-    if args.variants is not None:
-        names = args.types or ["q4k", "q8_0", "q4_0", "q6k"]
-        rows = sweep_variants(args.variants or VARIANTS, names, args.m or [1, 8], gen)
-        if args.json:
-            Path(args.json).write_text(json.dumps(rows, indent=1))
-        return
-    args.types, args.m = args.types or list(TYPES), args.m or [1]
 
     def emit(kind: str, name: str, shape: tuple[int, int], m: int, r: dict[str, float]) -> None:
         rows.append({"kind": kind, "type": name, "n": shape[0], "k": shape[1], "m": m, **r})

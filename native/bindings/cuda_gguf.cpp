@@ -34,19 +34,10 @@ static Registrar registrar([](py::module_& m) {
   m.def(
       "cuda_gguf_gemv_q8",
       [](uintptr_t y, uintptr_t x, uintptr_t xq, uintptr_t xb, uintptr_t w, int64_t M, int64_t N, int64_t K,
-         int qtype, int dtype, uintptr_t stream, int rows, int threads, int depth, int stages, int ctas_per_sm,
-         bool pdl_quantizer) {
-        cuda::GgufGemvQ8Config config;
-        config.rows = rows, config.threads = threads, config.depth = depth, config.stages = stages;
-        config.ctas_per_sm = ctas_per_sm, config.pdl_quantizer = pdl_quantizer;
+         int qtype, int dtype, uintptr_t stream) {
         cuda::gguf_gemv_q8(as_ptr<void>(y), as_ptr<const void>(x), as_ptr<int8_t>(xq), as_ptr<void>(xb),
-                           as_ptr<const uint8_t>(w), M, N, K, qtype, to_dtype(dtype), stream, config);
+                           as_ptr<const uint8_t>(w), M, N, K, qtype, to_dtype(dtype), stream);
       },
-      py::arg("y"), py::arg("x"), py::arg("xq"), py::arg("xb"), py::arg("w"), py::arg("M"), py::arg("N"),
-      py::arg("K"), py::arg("qtype"), py::arg("dtype"), py::arg("stream"), py::arg("rows") = 0,
-      py::arg("threads") = 0, py::arg("depth") = 0, py::arg("stages") = 0, py::arg("ctas_per_sm") = 0,
-      py::arg("pdl_quantizer") = false,
-      "y[M,N] = x[M,K] @ W[N,K]^T for M <= 8: x quantized to int8 blocks into scratch xq/xb, then dp4a; the "
-      "keyword arguments pick a launch variant (0: default)");
+      "y[M,N] = x[M,K] @ W[N,K]^T for M <= 8: x quantized to int8 blocks into scratch xq/xb, then dp4a");
 });
 #endif  // CANDLE_VLLM_WITH_CUDA

@@ -32,9 +32,9 @@ inline void check_cuda(cudaError_t err, const char* what) {
 // behind that kernel's tail. Contract for every kernel launched this way: call pdl_wait() before reading what an
 // earlier kernel wrote and before writing what an earlier kernel may still read; every CTA calls it (an early
 // return too), so a grid never completes before the grids it depends on. Data an earlier kernel wrote is read
-// with coherent loads (__ldcg or plain), never the read-only path (__ldg, or const __restrict__ that the
-// compiler may turn into it): that path assumes the data is constant for the kernel's whole lifetime, which
-// starts before the writer ends. pdl_launch_dependents() lets the next kernel start before this one ends; it
+// after the wait with ordinary loads (__ldca, __ldcg or plain), never the read-only path (__ldg, or
+// const __restrict__ that the compiler may turn into it): that path assumes the data is constant for the
+// kernel's whole lifetime, which starts before the writer ends. pdl_launch_dependents() lets the next kernel start before this one ends; it
 // goes after the main work (a dependent launched earlier only occupies the SMs while it waits). Both are no-ops
 // before sm_90 and for kernels launched the ordinary way.
 __device__ __forceinline__ void pdl_wait() {

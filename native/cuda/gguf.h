@@ -29,20 +29,10 @@ constexpr int kGgufXBlockBytes = 8;
 // True for the types gguf_gemv_q8 decodes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
 bool gguf_gemv_q8_supported(int qtype);
 
-// Launch-time variants of gguf_gemv_q8 (0 picks the default), so one GPU run can compare them.
-struct GgufGemvQ8Config {
-  int rows = 0;         // weight rows per CTA: 1, 2, 4 (8 at M <= 2); default per type and M
-  int threads = 0;      // threads per CTA: 64, 128 or 256; default 128
-  int depth = 0;        // direct loads: items fetched ahead of the one being multiplied, 0..2
-  int stages = 0;       // > 0: weights staged through shared memory by cp.async, 2..4 stages; 0: direct loads
-  int ctas_per_sm = 0;  // > 0: a grid of this many CTAs per SM, each walking row groups; 0: a CTA per row group
-  bool pdl_quantizer = false;  // the activation quantizer as a programmatic dependent of the previous kernel
-};
-
 // The same product with x first quantized to int8 per 32-element block (scale amax / 127, written to the
 // caller's scratch: xq [M * K] int8, xb [M * K / 32] blocks of kGgufXBlockBytes), then dp4a dot products
 // against the weight codes. K a multiple of 32; x, xq, w 16-byte aligned, xb 8-byte aligned.
 void gguf_gemv_q8(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
-                  int qtype, DType dtype, std::uintptr_t stream, const GgufGemvQ8Config& config = {});
+                  int qtype, DType dtype, std::uintptr_t stream);
 
 }  // namespace candle_vllm::cuda

@@ -1,15 +1,13 @@
-// GGUF weights against int8-quantized activations (dp4a dot products) for the decode GEMV kernels
-// (gguf_gemv_q8.cu). Plain integer code with host fallbacks for the CUDA intrinsics.
+// GGUF weights against int8-quantized activations (dp4a dot products), shared by the decode GEMV kernel and a
+// host check. Plain integer code with host fallbacks for the CUDA intrinsics.
 //
 // Activations: each row of x is cut into 32-element blocks, each stored as int8 codes (row-major, [M, K]) plus an
 // XBlock: the f32 scale d = amax / 127 and the integer sums of the codes of its two 16-element halves (those
 // give the offset and min terms of the weight formulas without per-element work).
 //
-// A weight block is shared by kParts threads. Each thread's share is fetched and used in separate steps so a
-// kernel can keep several shares in flight: the static fetch<G>() only issues loads into a Raw (the aligned words
-// holding the share, widest loads the block's alignment allows; G: global memory through the read-only path,
-// else any address, e.g. shared memory); decode() turns a landed Raw into int8-lane words (4 codes per word) and
-// float scales once, and dot() takes the dp4a products with one activation row's X (used for every row).
+// A weight block is shared by kParts threads; each thread's Part loads its share of the block's bytes with the
+// widest loads the block's alignment allows, turns them into int8-lane words (4 codes per word) plus float
+// scales once, and its dot() is then used for every activation row. X<Q> holds the matching activation words.
 // Part p's elements, per type:
 //  - Q4_0/Q4_1/Q5_0/Q5_1 (kParts 1): the whole 32-element block.
 //  - Q8_0 (kParts 2): elements 16p..16p+15.
@@ -53,24 +51,39 @@ GGUF_HD uint32_t mid16(uint32_t lo, uint32_t hi) {
 #endif
 }
 
-// A V at p: through the read-only global path when G, else a generic load (shared or global memory).
-template <bool G, typename V>
-GGUF_HD V ld(const void* p) {
-#ifdef __CUDA_ARCH__
-  if constexpr (G) return __ldg(static_cast<const V*>(p));
-#endif
-  return *static_cast<const V*>(p);
-}
-
-// A V of the quantized activations at p: written by the quantizer, which may still run when the GEMV starts
-// (programmatic dependent launch), so a coherent load through L2, never the read-only path.
+// A V of the quantized activations at p. The quantizer that writes them may still run when the GEMV starts
+// (programmatic dependent launch), so these are ordinary cached loads issued after griddepcontrol.wait, never
+// the read-only path (.nc), which assumes the data is constant for the GEMV's whole lifetime.
 template <typename V>
 GGUF_HD V ld_x(const void* p) {
 #ifdef __CUDA_ARCH__
-  return __ldcg(static_cast<const V*>(p));
+  return __ldca(static_cast<const V*>(p));
 #else
   return *static_cast<const V*>(p);
 #endif
+}
+
+// A V of the weights (immutable: the read-only path).
+template <typename V>
+GGUF_HD V ld(const void* p) {
+#ifdef __CUDA_ARCH__
+  return __ldg(static_cast<const V*>(p));
+#else
+  return *static_cast<const V*>(p);
+#endif
+}
+
+// Bytes [p, p + 4N) of a 2-byte aligned p as N words, reading only the aligned words that hold them.
+template <int N>
+GGUF_HD void ld_words_a2(const uint8_t* p, uint32_t (&out)[N]) {
+  const bool odd = (reinterpret_cast<std::uintptr_t>(p) & 2) != 0;
+  const uint32_t* a = reinterpret_cast<const uint32_t*>(p - (odd ? 2 : 0));
+  uint32_t w[N + 1];
+#pragma unroll
+  for (int i = 0; i < N; ++i) w[i] = ld<uint32_t>(a + i);
+  w[N] = odd ? ld<uint32_t>(a + N) : 0u;
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = odd ? mid16(w[i], w[i + 1]) : w[i];
 }
 
 GGUF_HD float half_lo(uint32_t w) {
@@ -83,30 +96,12 @@ GGUF_HD float half_lo(uint32_t w) {
 }
 GGUF_HD float half_hi(uint32_t w) { return half_lo(w >> 16); }
 
-// Bytes [p, p + kBytes) of a 2-byte aligned p held as the aligned words that cover them (fetched now, shifted
-// into place when read: word(o) and half(o) for an even, compile-time offset o).
-template <int kBytes>
-struct Span2 {
-  static constexpr int kWords = (kBytes + 2 + 3) / 4;
-  uint32_t w[kWords];
-  bool odd;  // p is 2 mod 4: byte p is byte 2 of w[0]
-  template <bool G>
-  GGUF_HD void fetch(const uint8_t* p) {
-    odd = (reinterpret_cast<std::uintptr_t>(p) & 2) != 0;
-    const uint32_t* a = reinterpret_cast<const uint32_t*>(p - (odd ? 2 : 0));
-#pragma unroll
-    for (int i = 0; i < kWords; ++i) w[i] = ld<G, uint32_t>(a + i);
-  }
-  GGUF_HD uint32_t word(int o) const {
-    const int i = o >> 2;
-    if (o & 2) return odd ? w[i + 1] : mid16(w[i], w[i + 1]);
-    return odd ? mid16(w[i], w[i + 1]) : w[i];
-  }
-  GGUF_HD float half(int o) const {
-    const int at = o + (odd ? 2 : 0);
-    return (at & 2) ? half_hi(w[at >> 2]) : half_lo(w[at >> 2]);
-  }
-};
+// The f16 at a 2-byte aligned p as f32.
+GGUF_HD float ld_f16_a2(const uint8_t* p) {
+  const bool odd = (reinterpret_cast<std::uintptr_t>(p) & 2) != 0;
+  const uint32_t w = ld<uint32_t>(p - (odd ? 2 : 0));
+  return odd ? half_hi(w) : half_lo(w);
+}
 
 // Bit 4 of byte j = bit j of the low 4 bits of n (the fifth bit of 4 adjacent 5-bit codes).
 GGUF_HD uint32_t bit4_of_bytes(uint32_t n) { return ((n & 0xF) * 0x00204081u & 0x01010101u) << 4; }
@@ -147,8 +142,8 @@ GGUF_HD void ld_x_piece(XWords<P, W>& x, int i, const int8_t* xq, const XBlock* 
 // ---- 32-element types: one thread per block --------------------------------------------------------------
 
 // The 16 code bytes of a Q4_0/Q4_1 block -> low nibbles (elements 0..15) and high nibbles (16..31).
-GGUF_HD int dot_nibbles(const uint32_t (&qs)[4], const XWords<2, 4>& x) {
-  int lo = 0, hi = 0;
+GGUF_HD int dot_nibbles(const uint32_t (&qs)[4], const XWords<2, 4>& x, int& lo, int& hi) {
+  lo = 0, hi = 0;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     lo = dp4a(qs[k] & kNib, x.q[0][k], lo);
@@ -173,20 +168,15 @@ struct Block32X {
 template <>
 struct Q8Dot<Q4_0> : Block32X {
   static constexpr int kBlockElems = 32, kBlockBytes = 18, kParts = 1;
-  struct Raw {
-    Span2<18> b;
-  };
-  template <bool G>
-  GGUF_HD static void fetch(Raw& r, const uint8_t* b, int) { r.b.fetch<G>(b); }
   uint32_t qs[4];
   float d;
-  GGUF_HD void decode(const Raw& r) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) qs[k] = r.b.word(2 + 4 * k);
-    d = r.b.half(0);
+  GGUF_HD void load(const uint8_t* b, int) {
+    ld_words_a2(b + 2, qs);
+    d = ld_f16_a2(b);
   }
   GGUF_HD float dot(const X& x) const {
-    const int s = dot_nibbles(qs, x) - 8 * (x.sum[0] + x.sum[1]);
+    int lo, hi;
+    const int s = dot_nibbles(qs, x, lo, hi) - 8 * (x.sum[0] + x.sum[1]);
     return d * x.d[0] * static_cast<float>(s);
   }
 };
@@ -194,23 +184,17 @@ struct Q8Dot<Q4_0> : Block32X {
 template <>
 struct Q8Dot<Q4_1> : Block32X {
   static constexpr int kBlockElems = 32, kBlockBytes = 20, kParts = 1;
-  struct Raw {
-    uint32_t w[5];  // d, m as f16, then the 16 code bytes
-  };
-  template <bool G>
-  GGUF_HD static void fetch(Raw& r, const uint8_t* b, int) {  // 4-byte aligned
-#pragma unroll
-    for (int k = 0; k < 5; ++k) r.w[k] = ld<G, uint32_t>(b + 4 * k);
-  }
   uint32_t qs[4];
   float d, m;
-  GGUF_HD void decode(const Raw& r) {
+  GGUF_HD void load(const uint8_t* b, int) {  // 4-byte aligned
+    const uint32_t dm = ld<uint32_t>(b);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) qs[k] = r.w[1 + k];
-    d = half_lo(r.w[0]), m = half_hi(r.w[0]);
+    for (int k = 0; k < 4; ++k) qs[k] = ld<uint32_t>(b + 4 + 4 * k);
+    d = half_lo(dm), m = half_hi(dm);
   }
   GGUF_HD float dot(const X& x) const {
-    const int s = dot_nibbles(qs, x);
+    int lo, hi;
+    const int s = dot_nibbles(qs, x, lo, hi);
     return x.d[0] * (d * static_cast<float>(s) + m * static_cast<float>(x.sum[0] + x.sum[1]));
   }
 };
@@ -234,17 +218,14 @@ GGUF_HD int dot_codes(const uint32_t (&lo)[4], const uint32_t (&hi)[4], const XW
 template <>
 struct Q8Dot<Q5_0> : Block32X {
   static constexpr int kBlockElems = 32, kBlockBytes = 22, kParts = 1;
-  struct Raw {
-    Span2<22> b;
-  };
-  template <bool G>
-  GGUF_HD static void fetch(Raw& r, const uint8_t* b, int) { r.b.fetch<G>(b); }
   uint32_t lo[4], hi[4];
   float d;
-  GGUF_HD void decode(const Raw& r) {
-    const uint32_t qs[4] = {r.b.word(6), r.b.word(10), r.b.word(14), r.b.word(18)};
-    add_fifth_bits(lo, hi, qs, r.b.word(2));
-    d = r.b.half(0);
+  GGUF_HD void load(const uint8_t* b, int) {
+    uint32_t qs[4], qh[1];
+    ld_words_a2(b + 6, qs);
+    ld_words_a2(b + 2, qh);
+    d = ld_f16_a2(b);
+    add_fifth_bits(lo, hi, qs, qh[0]);
   }
   GGUF_HD float dot(const X& x) const {
     const int s = dot_codes(lo, hi, x) - 16 * (x.sum[0] + x.sum[1]);
@@ -255,19 +236,13 @@ struct Q8Dot<Q5_0> : Block32X {
 template <>
 struct Q8Dot<Q5_1> : Block32X {
   static constexpr int kBlockElems = 32, kBlockBytes = 24, kParts = 1;
-  struct Raw {
-    uint2 h, q0, q1;  // (d, m as f16; qh), then the 16 code bytes
-  };
-  template <bool G>
-  GGUF_HD static void fetch(Raw& r, const uint8_t* b, int) {  // 8-byte aligned
-    r.h = ld<G, uint2>(b), r.q0 = ld<G, uint2>(b + 8), r.q1 = ld<G, uint2>(b + 16);
-  }
   uint32_t lo[4], hi[4];
   float d, m;
-  GGUF_HD void decode(const Raw& r) {
-    const uint32_t qs[4] = {r.q0.x, r.q0.y, r.q1.x, r.q1.y};
-    add_fifth_bits(lo, hi, qs, r.h.y);
-    d = half_lo(r.h.x), m = half_hi(r.h.x);
+  GGUF_HD void load(const uint8_t* b, int) {  // 8-byte aligned
+    const uint2 h = ld<uint2>(b), q0 = ld<uint2>(b + 8), q1 = ld<uint2>(b + 16);
+    const uint32_t qs[4] = {q0.x, q0.y, q1.x, q1.y};
+    d = half_lo(h.x), m = half_hi(h.x);
+    add_fifth_bits(lo, hi, qs, h.y);
   }
   GGUF_HD float dot(const X& x) const {
     const int s = dot_codes(lo, hi, x);
@@ -279,23 +254,13 @@ template <>
 struct Q8Dot<Q8_0> {
   static constexpr int kBlockElems = 32, kBlockBytes = 34, kParts = 2, kRowsAtM1 = 2;
   using X = XWords<1, 4>;
-  struct Raw {
-    Span2<2> d;
-    Span2<16> q;
-  };
-  template <bool G>
-  GGUF_HD static void fetch(Raw& r, const uint8_t* b, int p) {
-    r.d.fetch<G>(b);
-    r.q.fetch<G>(b + 2 + 16 * p);
-  }
-  GGUF_HD static void load_x(X& x, const int8_t* xq, const XBlock* xb, int p) { ld_x_piece(x, 0, xq, xb, 16 * p, p); }
   uint32_t qs[4];
   float d;
-  GGUF_HD void decode(const Raw& r) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) qs[k] = r.q.word(4 * k);
-    d = r.d.half(0);
+  GGUF_HD void load(const uint8_t* b, int p) {
+    ld_words_a2(b + 2 + 16 * p, qs);
+    d = ld_f16_a2(b);
   }
+  GGUF_HD static void load_x(X& x, const int8_t* xq, const XBlock* xb, int p) { ld_x_piece(x, 0, xq, xb, 16 * p, p); }
   GGUF_HD float dot(const X& x) const {
     int s = 0;
 #pragma unroll
@@ -325,12 +290,12 @@ struct K4Part {
   using X = XWords<2, 4>;
   uint32_t lo[4], hi[4];
   float a[2], b[2];
-  // hdr: the block's first 16 bytes (d, dmin, 12 packed scale bytes).
-  GGUF_HD void decode_header(uint4 hdr, int g) {
-    const float d = half_lo(hdr.x), dmin = half_hi(hdr.x);
+  GGUF_HD void load_header(const uint8_t* blk, int g) {
+    const uint4 h = ld<uint4>(blk);
+    const float d = half_lo(h.x), dmin = half_hi(h.x);
     for (int i = 0; i < 2; ++i) {
       int sc, m;
-      k4_scale_min_words(hdr.y, hdr.z, hdr.w, 2 * g + i, sc, m);
+      k4_scale_min_words(h.y, h.z, h.w, 2 * g + i, sc, m);
       a[i] = d * static_cast<float>(sc);
       b[i] = dmin * static_cast<float>(m);
     }
@@ -352,44 +317,29 @@ struct K4Part {
 template <>
 struct Q8Dot<Q4_K> : K4Part {
   static constexpr int kBlockElems = 256, kBlockBytes = 144, kParts = 8;
-  struct Raw {
-    uint4 h, q;
-    int g;
-  };
-  template <bool G>
-  GGUF_HD static void fetch(Raw& r, const uint8_t* blk, int p) {  // 16-byte aligned
+  GGUF_HD void load(const uint8_t* blk, int p) {  // 16-byte aligned
     const int g = p >> 1, h = p & 1;
-    r.h = ld<G, uint4>(blk), r.q = ld<G, uint4>(blk + 16 + 32 * g + 16 * h), r.g = g;
-  }
-  GGUF_HD void decode(const Raw& r) {
-    const uint32_t qs[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
+    const uint4 q = ld<uint4>(blk + 16 + 32 * g + 16 * h);
+    const uint32_t qs[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) lo[k] = qs[k] & kNib, hi[k] = (qs[k] >> 4) & kNib;
-    decode_header(r.h, r.g);
+    load_header(blk, g);
   }
 };
 
 template <>
 struct Q8Dot<Q5_K> : K4Part {
   static constexpr int kBlockElems = 256, kBlockBytes = 176, kParts = 8;
-  struct Raw {
-    uint4 h, q, e;
-    int g;
-  };
-  template <bool G>
-  GGUF_HD static void fetch(Raw& r, const uint8_t* blk, int p) {  // 16-byte aligned
+  GGUF_HD void load(const uint8_t* blk, int p) {  // 16-byte aligned
     const int g = p >> 1, h = p & 1;
-    r.h = ld<G, uint4>(blk), r.q = ld<G, uint4>(blk + 48 + 32 * g + 16 * h), r.e = ld<G, uint4>(blk + 16 + 16 * h);
-    r.g = g;
-  }
-  GGUF_HD void decode(const Raw& r) {
-    const uint32_t qs[4] = {r.q.x, r.q.y, r.q.z, r.q.w}, qh[4] = {r.e.x, r.e.y, r.e.z, r.e.w};
+    const uint4 q = ld<uint4>(blk + 48 + 32 * g + 16 * h), e = ld<uint4>(blk + 16 + 16 * h);
+    const uint32_t qs[4] = {q.x, q.y, q.z, q.w}, qh[4] = {e.x, e.y, e.z, e.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      lo[k] = (qs[k] & kNib) | (((qh[k] >> (2 * r.g)) & 0x01010101u) << 4);
-      hi[k] = ((qs[k] >> 4) & kNib) | (((qh[k] >> (2 * r.g + 1)) & 0x01010101u) << 4);
+      lo[k] = (qs[k] & kNib) | (((qh[k] >> (2 * g)) & 0x01010101u) << 4);
+      hi[k] = ((qs[k] >> 4) & kNib) | (((qh[k] >> (2 * g + 1)) & 0x01010101u) << 4);
     }
-    decode_header(r.h, r.g);
+    load_header(blk, g);
   }
 };
 
@@ -400,38 +350,27 @@ template <>
 struct Q8Dot<Q6_K> {
   static constexpr int kBlockElems = 256, kBlockBytes = 210, kParts = 8, kRowsAtM1 = 2;
   using X = XWords<4, 2>;
-  struct Raw {
-    Span2<8> qa, qb, qh, sc;
-    Span2<2> d;
-    int is;  // which of the two scales per 16 elements
-  };
-  template <bool G>
-  GGUF_HD static void fetch(Raw& r, const uint8_t* blk, int p) {
-    const int h = p >> 2, l0 = 8 * (p & 3);
-    r.qa.fetch<G>(blk + 64 * h + l0);
-    r.qb.fetch<G>(blk + 64 * h + 32 + l0);
-    r.qh.fetch<G>(blk + 128 + 32 * h + l0);
-    r.sc.fetch<G>(blk + 192 + 8 * h);
-    r.d.fetch<G>(blk + 208);
-    r.is = (p & 3) >> 1;
-  }
   uint32_t c[4][2];  // quarter q (elements 128h + 32q + l0 ..), two words of 4 signed codes
   float a[4];
-  GGUF_HD void decode(const Raw& r) {
+  GGUF_HD void load(const uint8_t* blk, int p) {
+    const int h = p >> 2, l0 = 8 * (p & 3), is = (p & 3) >> 1;
+    uint32_t qa[2], qb[2], qh[2], sc[2];
+    ld_words_a2(blk + 64 * h + l0, qa);
+    ld_words_a2(blk + 64 * h + 32 + l0, qb);
+    ld_words_a2(blk + 128 + 32 * h + l0, qh);
+    ld_words_a2(blk + 192 + 8 * h, sc);
+    const float d = ld_f16_a2(blk + 208);
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      const uint32_t qa = r.qa.word(4 * k), qb = r.qb.word(4 * k), qh = r.qh.word(4 * k);
-      c[0][k] = minus32((qa & kNib) | ((qh << 4) & 0x30303030u));
-      c[1][k] = minus32((qb & kNib) | ((qh << 2) & 0x30303030u));
-      c[2][k] = minus32(((qa >> 4) & kNib) | (qh & 0x30303030u));
-      c[3][k] = minus32(((qb >> 4) & kNib) | ((qh >> 2) & 0x30303030u));
+      c[0][k] = minus32((qa[k] & kNib) | ((qh[k] << 4) & 0x30303030u));
+      c[1][k] = minus32((qb[k] & kNib) | ((qh[k] << 2) & 0x30303030u));
+      c[2][k] = minus32(((qa[k] >> 4) & kNib) | (qh[k] & 0x30303030u));
+      c[3][k] = minus32(((qb[k] >> 4) & kNib) | ((qh[k] >> 2) & 0x30303030u));
     }
-    const uint32_t sc[2] = {r.sc.word(0), r.sc.word(4)};
-    const float d = r.d.half(0);
     // Scale of quarter q: byte is + 2q of the 8 at 192 + 8h.
 #pragma unroll
     for (int q = 0; q < 4; ++q)
-      a[q] = d * static_cast<float>(static_cast<int8_t>(sc[q >> 1] >> (8 * (r.is + 2 * (q & 1)))));
+      a[q] = d * static_cast<float>(static_cast<int8_t>(sc[q >> 1] >> (8 * (is + 2 * (q & 1)))));
   }
   GGUF_HD static void load_x(X& x, const int8_t* xq, const XBlock* xb, int p) {
     const int h = p >> 2, l0 = 8 * (p & 3);
@@ -441,15 +380,14 @@ struct Q8Dot<Q6_K> {
   GGUF_HD float dot(const X& x) const {
     float s = 0.f;
 #pragma unroll
-    for (int q = 0; q < 4; ++q)
-      s += a[q] * x.d[q] * static_cast<float>(dp4a(c[q][1], x.q[q][1], dp4a(c[q][0], x.q[q][0], 0)));
+    for (int q = 0; q < 4; ++q) s += a[q] * x.d[q] * static_cast<float>(dp4a(c[q][1], x.q[q][1], dp4a(c[q][0], x.q[q][0], 0)));
     return s;
   }
 };
 
 // Calls f(Q8Dot<Q>{}) for the types with an int8-activation GEMV; false for the others.
 template <typename F>
-inline bool dispatch_q8(int q, F&& f) {
+GGUF_HD bool dispatch_q8(int q, F&& f) {
   switch (q) {
     case Q4_0: f(Q8Dot<Q4_0>{}); return true;
     case Q4_1: f(Q8Dot<Q4_1>{}); return true;

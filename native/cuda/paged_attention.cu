@@ -48,9 +48,9 @@ __device__ __forceinline__ int block_of(int j, int block_size, int block_shift) 
   return block_shift >= 0 ? j >> block_shift : j / block_size;
 }
 
-// q is written by the kernel before this one, which may still run when this grid starts (PDL): a coherent load,
-// never the read-only (.nc) path.
-__device__ __forceinline__ uint32_t ld_u32(const void* p) { return __ldcg(reinterpret_cast<const unsigned int*>(p)); }
+// q is written by the kernel before this one, which may still run when this grid starts (PDL): an ordinary load
+// after the wait, never the read-only (.nc) path.
+__device__ __forceinline__ uint32_t ld_u32(const void* p) { return __ldca(reinterpret_cast<const unsigned int*>(p)); }
 
 template <typename T>
 __device__ __forceinline__ void store2(T* p, float a, float b) {

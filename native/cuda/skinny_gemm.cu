@@ -56,7 +56,7 @@ __device__ __forceinline__ void load_x(Chunk<NT>& c, int chunk, int t, int K, co
     const int k = chunk * kSkinnyChunkK + s * 32 + t * 8;
 #pragma unroll
     for (int n = 0; n < NT; ++n)
-      c.x[n][s] = k < K && x_ok[n] ? __ldcg(reinterpret_cast<const uint4*>(x[n] + k)) : make_uint4(0, 0, 0, 0);
+      c.x[n][s] = k < K && x_ok[n] ? __ldca(reinterpret_cast<const uint4*>(x[n] + k)) : make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(T* __restrict_
 
   // Double-buffered: the next chunk's loads are in flight while the current one is multiplied. The first
   // chunk's weights do not depend on the kernel before this one (launch_pdl): they stream while it ends. x is
-  // that kernel's output, so it is read after pdl_wait and through L2 (coherent), never the read-only path.
+  // that kernel's output, so it is read after pdl_wait with ordinary cached loads, never the read-only path.
   int chunk = split * chunks_per_split + warp;
   Chunk<NT> cur, next;
   if (chunk < chunk_end) load_w<T, NT>(cur, chunk, t, K, w_lo, w_hi);

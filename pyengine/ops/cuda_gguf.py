@@ -8,7 +8,6 @@ so the calls can be captured in CUDA graphs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -56,45 +55,20 @@ def gemv_supported(x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features:
 GemvKernel = Literal["auto", "dp4a", "mma"]
 
 
-@dataclass(frozen=True)
-class Dp4aVariant:
-    """A launch variant of the dp4a GEMV (0 = the built-in default), so one GPU run can compare them before the
-    defaults are set. ``rows``: weight rows per CTA (1, 2, 4; 8 at M <= 2; other than the default only for
-    Q4_0, Q8_0, Q4_K, Q6_K). ``threads``: per CTA (64, 128, 256). ``depth``: items of weights loaded ahead of
-    the one being multiplied (0..2). ``stages``: 2..4 stages the weights through shared memory with 16-byte
-    cp.async instead (0: direct loads). ``ctas_per_sm``: a grid of that many CTAs per SM, each walking row
-    groups (0: a CTA per row group). ``pdl_quantizer``: the activation quantizer starts as a programmatic
-    dependent of the previous kernel."""
-
-    rows: int = 0
-    threads: int = 0
-    depth: int = 0
-    stages: int = 0
-    ctas_per_sm: int = 0
-    pdl_quantizer: bool = False
-
-
 def dp4a_supported(qtype: QT) -> bool:
     """Whether the int8-activation GEMV (x quantized per 32 values, dp4a dot products) handles ``qtype``."""
     return native.module().cuda_gguf_gemv_q8_supported(int(qtype))
 
 
 def gemv(
-    x: torch.Tensor,
-    data: torch.Tensor,
-    qtype: QT,
-    out_features: int,
-    in_features: int,
-    kernel: GemvKernel = "auto",
-    variant: Dp4aVariant | None = None,
+    x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features: int, in_features: int, kernel: GemvKernel = "auto"
 ) -> torch.Tensor:
     """y [M, N] = x [M, K] @ W.T for decode-sized M (<= 8), W read once straight from its GGUF blocks.
 
     Two kernels: "dp4a" rounds each 32-value block of x to int8 (scale amax / 127, as the CPU kernels do) and
     takes integer dot products with the weight codes, the fast path where the type has one; "mma" keeps x in
     f16/bf16 and multiplies decoded weights on tensor cores (every type, no activation rounding). "auto" picks
-    dp4a when the type has it. ``variant`` selects a dp4a launch variant (benchmarks and tests); an unsupported
-    one raises ValueError.
+    dp4a when the type has it.
     """
     if not gemv_supported(x, data, qtype, out_features, in_features):
         raise ValueError(
@@ -107,8 +81,6 @@ def gemv(
     use_dp4a = dp4a_supported(qtype) if kernel == "auto" else kernel == "dp4a"
     if use_dp4a and not dp4a_supported(qtype):
         raise ValueError(f"the dp4a gguf gemv has no {QT(qtype).name} kernel; use kernel='mma' or 'auto'")
-    if variant is not None and not use_dp4a:
-        raise ValueError("a Dp4aVariant applies to the dp4a kernel only; drop it or use kernel='dp4a'")
     m, mod = x.shape[0], native.module()
     y = torch.empty(m, out_features, dtype=x.dtype, device=x.device)
     stream = native.stream(x.device)
@@ -122,11 +94,9 @@ def gemv(
         x = x.clone()  # the activation quantizer reads 16-byte aligned rows
     xq = torch.empty(m * in_features, dtype=torch.int8, device=x.device)
     xb = torch.empty(m * in_features // 32 * mod.cuda_gguf_xblock_bytes, dtype=torch.uint8, device=x.device)
-    v = variant or Dp4aVariant()
     mod.cuda_gguf_gemv_q8(
         y.data_ptr(), x.data_ptr(), xq.data_ptr(), xb.data_ptr(), data.data_ptr(), m, out_features, in_features,
-        int(qtype), native.dtype_code(x), stream, rows=v.rows, threads=v.threads, depth=v.depth, stages=v.stages,
-        ctas_per_sm=v.ctas_per_sm, pdl_quantizer=v.pdl_quantizer,
+        int(qtype), native.dtype_code(x), stream,
     )
     return y
 

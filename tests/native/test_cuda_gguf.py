@@ -122,7 +122,9 @@ def assert_dp4a_within(got: torch.Tensor, x: torch.Tensor, w64: torch.Tensor) ->
         assert worst <= 1.0, f"error exceeds its bound by x{worst:.3f}"
 
 
-GEMV_CASES = [(q, "mma") for q in BLOCK_TYPES] + [(q, "dp4a") for q in BLOCK_TYPES if q not in (QT.Q2_K, QT.Q3_K)]
+GEMV_CASES = [(q, "mma") for q in BLOCK_TYPES] + [
+    (q, "dp4a") for q in BLOCK_TYPES if q not in (QT.Q2_K, QT.Q3_K)
+]
 
 
 @pytest.mark.parametrize(("qtype", "kernel"), GEMV_CASES, ids=lambda v: getattr(v, "name", v))
@@ -144,76 +146,6 @@ def test_gemv_matches_float64(qtype: QT, kernel: str, dtype: torch.dtype) -> Non
         else:
             err = rel_error(got, x.double() @ w64.T)
             assert err < REL_TOL[dtype], f"{qtype.name} {dtype} M={m}: relative error {err:.2e}"
-
-
-DP4A_TYPES = [q for q in BLOCK_TYPES if q not in (QT.Q2_K, QT.Q3_K)]
-SWEEP_TYPES = (QT.Q4_0, QT.Q8_0, QT.Q4_K, QT.Q6_K)  # rows per CTA other than the default are built for these
-V = cuda_gguf.Dp4aVariant
-# Every axis of the launch variants: rows x load scheme, threads, persistent grids (several row groups per CTA,
-# so the double-buffered reduction is reused), the quantizer as a programmatic dependent.
-SWEEP_VARIANTS = (
-    [V(rows=r, depth=d) for r in (1, 2, 4, 8) for d in (0, 1, 2)]
-    + [V(rows=r, stages=st) for r in (1, 2, 4, 8) for st in (2, 3, 4)]
-    + [V(threads=t, depth=1) for t in (64, 256)] + [V(threads=t, stages=3) for t in (64, 256)]
-    + [V(ctas_per_sm=c, depth=2) for c in (1, 2)] + [V(ctas_per_sm=1, stages=3, threads=64, rows=1)]
-    + [V(pdl_quantizer=True), V(pdl_quantizer=True, stages=2, ctas_per_sm=1)]
-)
-DEFAULT_ROW_VARIANTS = [V(depth=d) for d in (1, 2)] + [V(stages=st) for st in (2, 4)] + [
-    V(threads=64, ctas_per_sm=1, depth=2), V(threads=256, stages=3, ctas_per_sm=2, pdl_quantizer=True)
-]
-VARIANT_CASES = [(q, v) for q in SWEEP_TYPES for v in SWEEP_VARIANTS] + [
-    (q, v) for q in DP4A_TYPES if q not in SWEEP_TYPES for v in DEFAULT_ROW_VARIANTS
-]
-
-
-@pytest.fixture(scope="module")
-def variant_weights() -> dict[QT, tuple[torch.Tensor, torch.Tensor]]:
-    """Per type: GPU blocks and the float64 oracle of a [333, K] weight, K spanning 11 units (plus a partial one
-    for the 32-element types) so that 64- and 128-thread CTAs need several rounds per row, the last partial, and
-    row starts fall on every 2-byte alignment."""
-    out = {}
-    for q in DP4A_TYPES:
-        n, k = 333, cols_for(q, 11)
-        raw = random_blocks(q, n, k, seed=300 + int(q))
-        out[q] = (torch.from_numpy(raw).to(DEV), oracle(raw, q, n, k).double())
-    return out
-
-
-@pytest.mark.parametrize(("qtype", "variant"), VARIANT_CASES, ids=lambda v: getattr(v, "name", None) or repr(v)[12:-1])
-def test_dp4a_variants_match_float64(
-    qtype: QT, variant: cuda_gguf.Dp4aVariant, variant_weights: dict[QT, tuple[torch.Tensor, torch.Tensor]]
-) -> None:
-    """Each launch variant, M = 1..8 (M <= 2 where 8 rows per CTA are asked), within the dp4a bounds."""
-    data, w64 = variant_weights[qtype]
-    n, k = w64.shape
-    g = torch.Generator().manual_seed(int(qtype) + 7)
-    for m in range(1, 9):
-        x = torch.randn(m, k, generator=g).to(torch.bfloat16)
-        if variant.rows == 8 and m > 2:
-            with pytest.raises(ValueError, match="rows per CTA"):
-                cuda_gguf.gemv(x.to(DEV), data, qtype, n, k, kernel="dp4a", variant=variant)
-            continue
-        poison_allocator(DEV, 8 * n * 4)
-        got = cuda_gguf.gemv(x.to(DEV), data, qtype, n, k, kernel="dp4a", variant=variant)
-        assert got.shape == (m, n)
-        assert_dp4a_within(got, x, w64)
-
-
-def test_dp4a_variant_refusals() -> None:
-    qtype, n, k = QT.Q4_1, 16, 256
-    data = torch.from_numpy(random_blocks(qtype, n, k, seed=2)).to(DEV)
-    x = torch.randn(1, k, device=DEV, dtype=torch.bfloat16)
-    for variant, match in (
-        (V(rows=4), "default 2 rows"),  # Q4_1 is built with its default rows only
-        (V(threads=96), "threads per CTA"),
-        (V(depth=3), "depth"),
-        (V(stages=1), "stages"),
-        (V(stages=2, depth=1), "direct loads only"),
-    ):
-        with pytest.raises(ValueError, match=match):
-            cuda_gguf.gemv(x, data, qtype, n, k, kernel="dp4a", variant=variant)
-    with pytest.raises(ValueError, match="dp4a kernel only"):
-        cuda_gguf.gemv(x, data, qtype, n, k, kernel="mma", variant=V(depth=1))
 
 
 def test_dp4a_refuses_types_without_a_kernel() -> None:
