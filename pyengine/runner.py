@@ -41,6 +41,7 @@ from torch import nn
 
 from candle_vllm.pyengine.cuda_graphs import DecodeGraphs, unsupported_reason
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
+from candle_vllm.pyengine.ops.transfer import to_device
 from candle_vllm.pyengine.outputs import TokenLogprobs
 from candle_vllm.pyengine.request import Request
 from candle_vllm.pyengine.runner_steps import PendingStep, PipelineStats, StepResult, placeholder_sources
@@ -52,7 +53,6 @@ from candle_vllm.pyengine.sampling import (
     make_generator,
     prompt_logprobs,
 )
-from candle_vllm.pyengine.sampling.transfer import to_device
 from candle_vllm.pyengine.scheduler.plan import StepPlan
 from candle_vllm.pyengine.structured_output import GrammarMatchers
 

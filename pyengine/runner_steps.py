@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from candle_vllm.pyengine.ops.transfer import to_host
 from candle_vllm.pyengine.outputs import TokenLogprobs
 from candle_vllm.pyengine.request import Request
 from candle_vllm.pyengine.sampling.logprobs import LogprobsTensors
-from candle_vllm.pyengine.sampling.transfer import to_host
 from candle_vllm.pyengine.scheduler.plan import StepPlan
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from candle_vllm.pyengine.ops import cuda, native, sdpa_prefill
 from candle_vllm.pyengine.ops.cuda_prefill import flash_prefill, flash_prefill_supported
+from candle_vllm.pyengine.ops.transfer import to_device
 
 
 @dataclass
@@ -59,6 +60,16 @@ class AttentionMetadata:
         """Runs of consecutive sequences with no cached prefix (their K/V are all this step's own), computed once
         per step: the rows a dense attention kernel can take (``ops/sdpa_prefill.py``)."""
         return sdpa_prefill.fresh_runs(self.query_start_loc_cpu or [], self.seq_lens_cpu or [])
+
+    def device_ints(self, key: str, values: Callable[[], Sequence[int]], dtype: torch.dtype = torch.int64
+                    ) -> torch.Tensor:
+        """The integers ``values()`` on the step's device, built and copied once per step under ``key`` (every
+        layer reuses them) and queued without a host wait: a plain ``torch.tensor(..., device=cuda)`` from pageable
+        memory synchronizes with the stream, which would drain the GPU once per layer."""
+        cache: dict[str, torch.Tensor] = self.__dict__.setdefault("_device_ints", {})
+        if key not in cache:
+            cache[key] = to_device(torch.tensor(values(), dtype=dtype), self.seq_lens.device)
+        return cache[key]
 
     @classmethod
     def build(
@@ -273,8 +284,9 @@ def _decode_rows_cuda(
 ) -> None:
     """The one-token sequences ``rows`` of a prefill step through the paged decode kernel, into ``out``."""
     assert meta.block_tables is not None and meta.query_start_loc_cpu is not None and meta.seq_lens_cpu is not None
-    tok = torch.tensor([meta.query_start_loc_cpu[s] for s in rows], device=q.device)
-    idx = torch.tensor(rows, device=q.device)
+    qsl = meta.query_start_loc_cpu
+    tok = meta.device_ints(f"decode_tok{rows}", lambda: [qsl[s] for s in rows])
+    idx = meta.device_ints(f"decode_seq{rows}", lambda: rows)
     out[tok] = cuda.paged_decode_attention(
         q[tok], kv_cache, meta.block_tables[idx], meta.seq_lens[idx], scale, max(meta.seq_lens_cpu[s] for s in rows),
         sliding_window, softcap,
@@ -327,14 +339,13 @@ def _native_rows(
     """Sequences ``seqs`` of the step through our flash prefill kernel, their query rows gathered into one batch."""
     assert meta.block_tables is not None and meta.query_start_loc_cpu is not None
     qsl = meta.query_start_loc_cpu
-    rows = torch.tensor([r for s in seqs for r in range(qsl[s], qsl[s + 1])], device=q.device)
+    rows = meta.device_ints(f"native_rows{seqs}", lambda: [r for s in seqs for r in range(qsl[s], qsl[s + 1])])
     lens = [qsl[s + 1] - qsl[s] for s in seqs]
-    sub_qsl = list(itertools.accumulate(lens, initial=0))
-    idx = torch.tensor(seqs, device=q.device)
+    idx = meta.device_ints(f"native_seqs{seqs}", lambda: seqs)
+    sub_qsl = meta.device_ints(f"native_qsl{seqs}", lambda: list(itertools.accumulate(lens, initial=0)), torch.int32)
     got = flash_prefill(
-        q.index_select(0, rows), kv_cache, meta.block_tables.index_select(0, idx),
-        torch.tensor(sub_qsl, dtype=torch.int32, device=q.device), meta.seq_lens.index_select(0, idx), max(lens),
-        scale,
+        q.index_select(0, rows), kv_cache, meta.block_tables.index_select(0, idx), sub_qsl,
+        meta.seq_lens.index_select(0, idx), max(lens), scale,
     )
     sdpa_prefill.ROUTES["native"] += 1
     out.index_copy_(0, rows, got)

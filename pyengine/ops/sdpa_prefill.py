@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPAParams, SDPBackend, sdpa_kernel
 
+from candle_vllm.pyengine.ops.transfer import to_device
+
 ENV = "CANDLE_VLLM_PREFILL"
 BACKENDS = ("auto", "native", "sdpa-cudnn", "sdpa-flash")
 CUDNN_MIN_TOKENS = 2048  # auto: sequences this long go to cuDNN, shorter runs to the flash kernel (one launch)
@@ -86,7 +88,7 @@ class FreshRun:
             cu = [0]
             for n in self.lens:
                 cu.append(cu[-1] + n)
-            self._cu = torch.tensor(cu, dtype=torch.int32, device=device)
+            self._cu = to_device(torch.tensor(cu, dtype=torch.int32), device)
         return self._cu
 
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from candle_vllm.pyengine.ops.transfer import to_device
 from candle_vllm.pyengine.sampling.params import SamplingParams
 from candle_vllm.pyengine.sampling.token_mask import TokenMask
-from candle_vllm.pyengine.sampling.transfer import to_device
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:

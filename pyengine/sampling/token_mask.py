@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from candle_vllm.pyengine.sampling.transfer import to_device
+from candle_vllm.pyengine.ops.transfer import to_device
 
 
 @dataclass(slots=True)
