@@ -34,13 +34,10 @@ static Registrar registrar([](py::module_& m) {
   m.def(
       "cuda_gguf_gemv_q8",
       [](uintptr_t y, uintptr_t x, uintptr_t xq, uintptr_t xb, uintptr_t w, int64_t M, int64_t N, int64_t K,
-         int qtype, int dtype, uintptr_t stream, uintptr_t next_w, int64_t next_bytes) {
+         int qtype, int dtype, uintptr_t stream) {
         cuda::gguf_gemv_q8(as_ptr<void>(y), as_ptr<const void>(x), as_ptr<int8_t>(xq), as_ptr<void>(xb),
-                           as_ptr<const uint8_t>(w), M, N, K, qtype, to_dtype(dtype), stream,
-                           as_ptr<const void>(next_w), next_bytes);
+                           as_ptr<const uint8_t>(w), M, N, K, qtype, to_dtype(dtype), stream);
       },
-      py::arg("y"), py::arg("x"), py::arg("xq"), py::arg("xb"), py::arg("w"), py::arg("M"), py::arg("N"), py::arg("K"),
-      py::arg("qtype"), py::arg("dtype"), py::arg("stream"), py::arg("next_w") = 0, py::arg("next_bytes") = 0,
       "y[M,N] = x[M,K] @ W[N,K]^T for M <= 8: x quantized to int8 blocks into scratch xq/xb, then dp4a");
 });
 #endif  // CANDLE_VLLM_WITH_CUDA

@@ -19,16 +19,11 @@ static Registrar registrar([](py::module_& m) {
   m.def(
       "cuda_skinny_gemm",
       [](uintptr_t y, uintptr_t x, uintptr_t w, uintptr_t partials, uintptr_t counters, int64_t M, int64_t N,
-         int64_t K, int splits, int dtype, uintptr_t stream, uintptr_t next_w, int64_t next_bytes) {
+         int64_t K, int splits, int dtype, uintptr_t stream) {
         cuda::skinny_gemm(as_ptr<void>(y), as_ptr<const void>(x), as_ptr<const void>(w), as_ptr<float>(partials),
-                          as_ptr<int>(counters), M, N, K, splits, to_dtype(dtype), stream, as_ptr<const void>(next_w),
-                          next_bytes);
+                          as_ptr<int>(counters), M, N, K, splits, to_dtype(dtype), stream);
       },
-      py::arg("y"), py::arg("x"), py::arg("w"), py::arg("partials"), py::arg("counters"), py::arg("M"), py::arg("N"),
-      py::arg("K"), py::arg("splits"), py::arg("dtype"), py::arg("stream"), py::arg("next_w") = 0,
-      py::arg("next_bytes") = 0,
-      "y[M,N] = x[M,K] @ W[N,K]^T for M <= 16 (decode), optional serial split-K; next_w/next_bytes: weights of the "
-      "next GEMV to pull into L2 once this one's loads are issued");
+      "y[M,N] = x[M,K] @ W[N,K]^T for M <= 16 (decode), optional serial split-K");
   m.attr("cuda_skinny_max_m") = cuda::kSkinnyMaxM;
   m.attr("cuda_skinny_chunk_k") = cuda::kSkinnyChunkK;
   m.def(

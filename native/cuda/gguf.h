@@ -31,10 +31,8 @@ bool gguf_gemv_q8_supported(int qtype);
 
 // The same product with x first quantized to int8 per 32-element block (scale amax / 127, written to the
 // caller's scratch: xq [M * K] int8, xb [M * K / 32] blocks of kGgufXBlockBytes), then dp4a dot products
-// against the weight codes. K a multiple of 32; x, xq, w 16-byte aligned, xb 8-byte aligned. next_w/next_bytes:
-// the next GEMV's weights, pulled into L2 once this one's loads are issued (null: none).
+// against the weight codes. K a multiple of 32; x, xq, w 16-byte aligned, xb 8-byte aligned.
 void gguf_gemv_q8(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
-                  int qtype, DType dtype, std::uintptr_t stream, const void* next_w = nullptr,
-                  int64_t next_bytes = 0);
+                  int qtype, DType dtype, std::uintptr_t stream);
 
 }  // namespace candle_vllm::cuda

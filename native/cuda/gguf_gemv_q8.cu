@@ -66,8 +66,7 @@ __global__ void __launch_bounds__(kThreads) gemv_q8_kernel(void* __restrict__ y,
                                                            const int8_t* __restrict__ xq,
                                                            const XBlock* __restrict__ xb,
                                                            const uint8_t* __restrict__ w, int rows_m, int N, int K,
-                                                           int64_t row_bytes, const void* next_w,
-                                                           int64_t next_bytes) {
+                                                           int64_t row_bytes) {
   const int row0 = blockIdx.x * R;
   const int slots = K / Q::kBlockElems * Q::kParts;
   const uint8_t* wr[R];
@@ -103,7 +102,6 @@ __global__ void __launch_bounds__(kThreads) gemv_q8_kernel(void* __restrict__ y,
   }
 
   pdl_launch_dependents();  // the next kernel's prologue overlaps the reduction
-  prefetch_l2(next_w, next_bytes);
   __shared__ float red[kThreads / 32][R * M];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
@@ -129,11 +127,11 @@ __global__ void __launch_bounds__(kThreads) gemv_q8_kernel(void* __restrict__ y,
 
 template <class Q, int M, int R>
 void launch_gemv(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int rows_m, int N, int K,
-                 cudaStream_t stream, const void* next_w, int64_t next_bytes) {
+                 cudaStream_t stream) {
   const int64_t row_bytes = static_cast<int64_t>(K / Q::kBlockElems) * Q::kBlockBytes;
   // A programmatic dependent of the quantizer: the first weights stream while it runs.
   launch_pdl("gguf_gemv_q8", gemv_q8_kernel<Q, M, R>, dim3(static_cast<unsigned>((N + R - 1) / R)), dim3(kThreads), 0,
-             stream, y, bf16, xq, xb, w, rows_m, N, K, row_bytes, next_w, next_bytes);
+             stream, y, bf16, xq, xb, w, rows_m, N, K, row_bytes);
 }
 
 }  // namespace
@@ -143,7 +141,7 @@ bool gguf_gemv_q8_supported(int qtype) {
 }
 
 void gguf_gemv_q8(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
-                  int qtype, DType dtype, std::uintptr_t stream, const void* next_w, int64_t next_bytes) {
+                  int qtype, DType dtype, std::uintptr_t stream) {
   if (M < 1 || M > kGgufGemvMaxM) throw std::invalid_argument("gguf_gemv_q8: M must be in 1..8");
   if (N < 1 || K < 1 || N > INT32_MAX || K > INT32_MAX / 8) throw std::invalid_argument("gguf_gemv_q8: bad N or K");
   if (K % 32 != 0) throw std::invalid_argument("gguf_gemv_q8: K must be a multiple of 32");
@@ -166,10 +164,10 @@ void gguf_gemv_q8(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w
     if (K % Q::kBlockElems != 0) throw std::invalid_argument("gguf_gemv_q8: K must be a whole number of blocks");
     // Rows per CTA from a measured sweep (benches/RESULTS.md): per type at one token (Q::kRowsAtM1), 4 from
     // four tokens up (each activation load then serves 4 rows).
-    if (m == 1) launch_gemv<Q, 1, Q::kRowsAtM1>(y, bf16, xq, xbp, w, m, n, k, s, next_w, next_bytes);
-    else if (m == 2) launch_gemv<Q, 2, 2>(y, bf16, xq, xbp, w, m, n, k, s, next_w, next_bytes);
-    else if (m <= 4) launch_gemv<Q, 4, 4>(y, bf16, xq, xbp, w, m, n, k, s, next_w, next_bytes);
-    else launch_gemv<Q, 8, 4>(y, bf16, xq, xbp, w, m, n, k, s, next_w, next_bytes);
+    if (m == 1) launch_gemv<Q, 1, Q::kRowsAtM1>(y, bf16, xq, xbp, w, m, n, k, s);
+    else if (m == 2) launch_gemv<Q, 2, 2>(y, bf16, xq, xbp, w, m, n, k, s);
+    else if (m <= 4) launch_gemv<Q, 4, 4>(y, bf16, xq, xbp, w, m, n, k, s);
+    else launch_gemv<Q, 8, 4>(y, bf16, xq, xbp, w, m, n, k, s);
   });
   if (!known) throw std::invalid_argument("gguf_gemv_q8: no int8-activation kernel for GGUF type " + std::to_string(qtype));
   check_launch("gguf_gemv_q8");

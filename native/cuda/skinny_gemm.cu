@@ -79,8 +79,7 @@ template <typename T, int NT>
 __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(T* __restrict__ y, const T* __restrict__ x,
                                                                   const T* __restrict__ w, float* __restrict__ partials,
                                                                   int* __restrict__ counters, int M, int N, int K,
-                                                                  int chunks_per_split, const void* next_w,
-                                                                  int64_t next_bytes) {
+                                                                  int chunks_per_split) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
@@ -121,7 +120,6 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(T* __restrict_
     cur = next;
   }
   pdl_launch_dependents();  // the next kernel's prologue overlaps this one's reduction
-  prefetch_l2(next_w, next_bytes);
 
   __shared__ float red[kWarps][NT * 4][32];
 #pragma unroll
@@ -174,7 +172,7 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(T* __restrict_
 }  // namespace
 
 void skinny_gemm(void* y, const void* x, const void* w, float* partials, int* counters, int64_t M, int64_t N,
-                 int64_t K, int splits, DType dtype, std::uintptr_t stream, const void* next_w, int64_t next_bytes) {
+                 int64_t K, int splits, DType dtype, std::uintptr_t stream) {
   if (M < 1 || M > kSkinnyMaxM) throw std::invalid_argument("skinny_gemm: M must be in 1..16");
   if (K % 8 != 0) throw std::invalid_argument("skinny_gemm: K must be a multiple of 8");
   if (N < 1 || splits < 1) throw std::invalid_argument("skinny_gemm: N and splits must be >= 1");
@@ -189,7 +187,7 @@ void skinny_gemm(void* y, const void* x, const void* w, float* partials, int* co
     auto launch = [&](auto kernel) {
       launch_pdl("skinny_gemm", kernel, grid, dim3(kWarps * 32), 0, as_stream(stream), static_cast<T*>(y),
                  static_cast<const T*>(x), static_cast<const T*>(w), partials, counters, static_cast<int>(M),
-                 static_cast<int>(N), static_cast<int>(K), chunks_per_split, next_w, next_bytes);
+                 static_cast<int>(N), static_cast<int>(K), chunks_per_split);
     };
     if (M <= 8) launch(skinny_gemm_kernel<T, 1>);
     else launch(skinny_gemm_kernel<T, 2>);

@@ -14,7 +14,6 @@ constexpr int kSkinnyChunkK = 128;
 // With splits > 1, the K range is cut into `splits` parts: partials (f32, splits*M*N) hold their sums and
 // counters (int32, ceil(N/16), all zero before the call; left zero after it) elect the CTA that adds them up.
 void skinny_gemm(void* y, const void* x, const void* w, float* partials, int* counters, int64_t M, int64_t N,
-                 int64_t K, int splits, DType dtype, std::uintptr_t stream, const void* next_w = nullptr,
-                 int64_t next_bytes = 0);
+                 int64_t K, int splits, DType dtype, std::uintptr_t stream);
 
 }  // namespace candle_vllm::cuda

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import torch
@@ -72,12 +71,3 @@ class Linear(nn.Module):
         y = methods[0](x) if len(methods) == 1 else torch.cat([m(x) for m in methods], dim=-1)
         return y + self.bias if self.bias is not None else y
 
-
-
-def chain_l2_prefetch(linears: Sequence[Linear]) -> None:
-    """Tell each weight matrix's method which one runs after it in a decode step (``linears`` in execution
-    order), so the decode GEMV can warm the next one's weights in L2 while the small kernels in between run."""
-    methods = [m for lin in linears for m in lin.methods]
-    for method, following in itertools.pairwise(methods):
-        # A plain reference, not a registered parameter or buffer: the tensor belongs to the following method.
-        object.__setattr__(method, "prefetch_next", following.storage)

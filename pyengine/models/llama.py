@@ -15,7 +15,6 @@ from torch import nn
 
 from candle_vllm.pyengine.config import ModelConfig
 from candle_vllm.pyengine.layers import Attention, Linear, RMSNorm, RotaryEmbedding, VocabEmbedding
-from candle_vllm.pyengine.layers.linear import chain_l2_prefetch
 from candle_vllm.pyengine.ops import native
 from candle_vllm.pyengine.ops.activation import silu_and_mul
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
@@ -251,13 +250,9 @@ class LlamaForCausalLM(nn.Module):
         return loaded
 
     def finish_loading(self) -> None:
-        """Called once all weights are in: binds a tied LM head to the embedding and chains each linear to the
-        one that runs after it (decode GEMVs warm the next weights in L2)."""
+        """Called once all weights are in: binds a tied LM head to the embedding."""
         if self.config.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)
-        order = [lin for layer in self.model.layers for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
-                                                                layer.mlp.gate_up_proj, layer.mlp.down_proj)]
-        chain_l2_prefetch([*order, self.lm_head])
 
     def _load_one(self, name: str, w: WeightData) -> None:
         if name == "model.embed_tokens.weight":

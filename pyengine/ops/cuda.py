@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import NamedTuple
 
 import torch
@@ -21,8 +20,6 @@ from candle_vllm.pyengine.ops import native
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 _COUNTER_SLOTS = 1 << 16  # split-K tiles of 16 rows: covers N up to ~1M
-# Bytes of the next GEMV's weights a decode GEMV pulls into L2 (CANDLE_VLLM_L2_PREFETCH_MB, read at import; 0: off).
-L2_PREFETCH_BYTES = int(float(os.environ.get("CANDLE_VLLM_L2_PREFETCH_MB", "24")) * (1 << 20))
 _ATTN_TILE = 16  # tokens per K/V tile of the decode attention kernel (pieces are whole tiles)
 _ATTN_STAGES = 3  # K/V tiles a decode CTA holds in shared memory
 _ATTN_REGS = {64: 128, 128: 168, 256: 256}  # registers per decode thread (-Xptxas -v, sm_90a; allocated in 8s)
@@ -91,20 +88,11 @@ def skinny_gemm_splits(n: int, k: int, sms: int) -> int:
     return math.ceil(chunks / per_split)
 
 
-def l2_prefetch_args(prefetch: torch.Tensor | None) -> tuple[int, int]:
-    """(pointer, bytes) of the leading part of ``prefetch`` (the next GEMV's weight storage) that a decode GEMV
-    pulls into L2 when its own loads are issued, at most ``CANDLE_VLLM_L2_PREFETCH_MB`` (0 turns it off)."""
-    if prefetch is None or L2_PREFETCH_BYTES <= 0 or not prefetch.is_cuda:
-        return 0, 0
-    return prefetch.data_ptr(), min(prefetch.numel() * prefetch.element_size(), L2_PREFETCH_BYTES)
-
-
-def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, splits: int | None = None,
-                prefetch: torch.Tensor | None = None) -> torch.Tensor:
+def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, splits: int | None = None) -> torch.Tensor:
     """y [M, N] = x [M, K] @ weight [N, K].T for decode-sized M (<= 16), reading the weight once at HBM speed.
 
     ``splits`` overrides the split-K heuristic (benchmarks use it); the result does not depend on it beyond
-    f32 summation order. ``prefetch``: the next GEMV's weights, warmed in L2 (:func:`l2_prefetch_args`).
+    f32 summation order.
     """
     if not skinny_gemm_supported(x, weight):
         raise ValueError(
@@ -126,7 +114,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, splits: int | None = None
         partials_ptr, counters_ptr = partials.data_ptr(), counters.data_ptr()
     native.module().cuda_skinny_gemm(
         y.data_ptr(), x.data_ptr(), weight.data_ptr(), partials_ptr, counters_ptr, m, n, k, splits,
-        native.dtype_code(x), native.stream(x.device), *l2_prefetch_args(prefetch),
+        native.dtype_code(x), native.stream(x.device),
     )
     return y
 

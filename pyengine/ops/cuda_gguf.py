@@ -15,7 +15,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 
 from candle_vllm.pyengine.ops import native
-from candle_vllm.pyengine.ops.cuda import HALF_DTYPES, available, l2_prefetch_args
+from candle_vllm.pyengine.ops.cuda import HALF_DTYPES, available
 
 
 def type_supported(qtype: QT) -> bool:
@@ -61,16 +61,14 @@ def dp4a_supported(qtype: QT) -> bool:
 
 
 def gemv(
-    x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features: int, in_features: int, kernel: GemvKernel = "auto",
-    prefetch: torch.Tensor | None = None,
+    x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features: int, in_features: int, kernel: GemvKernel = "auto"
 ) -> torch.Tensor:
     """y [M, N] = x [M, K] @ W.T for decode-sized M (<= 8), W read once straight from its GGUF blocks.
 
     Two kernels: "dp4a" rounds each 32-value block of x to int8 (scale amax / 127, as the CPU kernels do) and
     takes integer dot products with the weight codes, the fast path where the type has one; "mma" keeps x in
     f16/bf16 and multiplies decoded weights on tensor cores (every type, no activation rounding). "auto" picks
-    dp4a when the type has it. ``prefetch``: the next GEMV's weights, warmed in L2 by the dp4a kernel
-    (``ops.cuda.l2_prefetch_args``).
+    dp4a when the type has it.
     """
     if not gemv_supported(x, data, qtype, out_features, in_features):
         raise ValueError(
@@ -98,7 +96,7 @@ def gemv(
     xb = torch.empty(m * in_features // 32 * mod.cuda_gguf_xblock_bytes, dtype=torch.uint8, device=x.device)
     mod.cuda_gguf_gemv_q8(
         y.data_ptr(), x.data_ptr(), xq.data_ptr(), xb.data_ptr(), data.data_ptr(), m, out_features, in_features,
-        int(qtype), native.dtype_code(x), stream, *l2_prefetch_args(prefetch),
+        int(qtype), native.dtype_code(x), stream,
     )
     return y
 

@@ -262,8 +262,7 @@ def quant_matmul_reference(
 
 
 def quant_matmul(
-    x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features: int, in_features: int,
-    prefetch: torch.Tensor | None = None,
+    x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features: int, in_features: int
 ) -> torch.Tensor:
     """``y = x @ W.T`` for W [out_features, in_features] stored as GGUF blocks ``data``.
 
@@ -279,7 +278,7 @@ def quant_matmul(
     flat = _as_bytes(data, qtype, (out_features, in_features))
     rows = x.numel() // in_features
     if x.device.type == "cuda" and cuda_gguf.type_supported_on(x.device, qtype):
-        return _cuda_quant_matmul(x, flat, qtype, out_features, in_features, prefetch)
+        return _cuda_quant_matmul(x, flat, qtype, out_features, in_features)
     if x.device.type != "cpu" or not native.available(x.device):
         return quant_matmul_reference(x, flat, qtype, out_features, in_features)
     xc = x.contiguous()
@@ -299,14 +298,13 @@ def quant_matmul(
 
 
 def _cuda_quant_matmul(
-    x: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: int, in_features: int,
-    prefetch: torch.Tensor | None,
+    x: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: int, in_features: int
 ) -> torch.Tensor:
     """Decode batches (<= 8 rows of f16/bf16): the fused GEMV reads each quantized byte once. Larger batches
     (prefill): W dequantized into a scratch tensor from torch's allocator, then one cuBLAS GEMM."""
     x2 = x.reshape(-1, in_features).contiguous()
     if cuda_gguf.gemv_supported(x2, flat, qtype, out_features, in_features):
-        y = cuda_gguf.gemv(x2, flat, qtype, out_features, in_features, prefetch=prefetch)
+        y = cuda_gguf.gemv(x2, flat, qtype, out_features, in_features)
     else:
         w = cuda_gguf.dequantize(flat, qtype, out_features, in_features, x.dtype)
         y = torch.matmul(x2, w.t())

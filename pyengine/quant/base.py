@@ -24,13 +24,6 @@ class LinearMethod(nn.Module, ABC):
 
     out_features: int
     in_features: int
-    # The next GEMV's weight storage in execution order (set by chain_l2_prefetch): decode kernels warm it in L2.
-    prefetch_next: torch.Tensor | None = None
-
-    @property
-    def storage(self) -> torch.Tensor | None:
-        """The tensor this method streams from memory on each call (what the previous GEMV may prefetch)."""
-        return None
 
     @abstractmethod
     def forward(self, x: torch.Tensor) -> torch.Tensor:

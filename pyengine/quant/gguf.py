@@ -41,9 +41,5 @@ class GGUFLinear(LinearMethod):
         out = sum(w.shape[0] for w in weights)
         return cls(GGUFWeight(data, weights[0].qtype, (out, weights[0].shape[1])), device)
 
-    @property
-    def storage(self) -> torch.Tensor:
-        return self.data
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return quant_matmul(x, self.data, self.qtype, self.out_features, self.in_features, self.prefetch_next)
+        return quant_matmul(x, self.data, self.qtype, self.out_features, self.in_features)

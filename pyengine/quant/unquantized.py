@@ -19,11 +19,7 @@ class UnquantizedLinear(LinearMethod):
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.out_features, self.in_features = weight.shape
 
-    @property
-    def storage(self) -> torch.Tensor:
-        return self.weight
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type == "cuda" and cuda.skinny_gemm_supported(x, self.weight):
-            return cuda.skinny_gemm(x, self.weight, prefetch=self.prefetch_next)
+            return cuda.skinny_gemm(x, self.weight)
         return F.linear(x, self.weight)

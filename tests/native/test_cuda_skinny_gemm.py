@@ -58,16 +58,3 @@ def test_skinny_gemm_rejects_unsupported_input() -> None:
     x, w = _case(2, 64, 60, torch.bfloat16, seed=0)
     with pytest.raises(ValueError, match="K % 8"):
         cuda.skinny_gemm(x, w)
-
-
-@pytest.mark.parametrize("offset,size", [(0, 1 << 20), (3, 12345), (16, 40 << 20)])
-def test_l2_prefetch_of_the_next_weights_changes_nothing(offset: int, size: int) -> None:
-    """Warming another tensor in L2 (unaligned start, odd length, more than the cap) leaves the product bit for
-    bit as it is without it."""
-    x, w = _case(1, 4096, 4096, torch.bfloat16, seed=9)
-    nxt = torch.randint(0, 255, (size + offset,), dtype=torch.uint8, device=DEV)[offset:]
-    plain = cuda.skinny_gemm(x, w)
-    warmed = cuda.skinny_gemm(x, w, prefetch=nxt)
-    torch.cuda.synchronize()
-    assert torch.equal(plain, warmed)
-    assert rel_error(warmed, x.double() @ w.double().T) < REL_TOL[torch.bfloat16]
