@@ -12,9 +12,12 @@ import argparse
 import json
 import platform
 import random
+import tempfile
 import time
+from pathlib import Path
 
 import torch
+from bench_decode import model_dir_with_tokenizer
 
 from candle_vllm import LLM, SamplingParams
 
@@ -33,8 +36,12 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the result here")
     args = ap.parse_args()
 
-    llm = LLM(model=args.model, load_format=args.load_format, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-              kv_fraction=args.kv_fraction, seed=args.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model
+        if model and args.load_format == "dummy" and not (Path(model) / "tokenizer.json").exists():
+            model = str(model_dir_with_tokenizer(Path(model), Path(tmp)))  # a bare config (benches/configs)
+        llm = LLM(model=model, load_format=args.load_format, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+                  kv_fraction=args.kv_fraction, seed=args.seed)
     device = llm.engine.info.device
     n = args.num_prompts or (256 if device.type == "cuda" else 32)
     rng = random.Random(args.seed)
