@@ -19,3 +19,16 @@ def poison_allocator(device: torch.device, numel: int) -> None:
     element a kernel forgets to write shows up as NaN instead of a plausible stale value."""
     junk = torch.full((numel,), float("nan"), dtype=torch.float32, device=device)
     del junk
+
+
+def assert_greedy_equal_up_to_ties(got: list, want: list, length: int, label: str = "", tol: float = 0.02) -> None:
+    """Greedy outputs (RequestOutput lists, ``want`` with logprobs) agree token for token, except that the first
+    difference in a sequence may be a near-tie in ``want``'s logprobs (then the rest of it is not compared)."""
+    for g, w in zip(got, want, strict=True):
+        g_ids, w_ids = g.outputs[0].token_ids, w.outputs[0].token_ids
+        assert len(g_ids) == len(w_ids) == length
+        for i, (a, b) in enumerate(zip(g_ids, w_ids, strict=True)):
+            if a != b:
+                top = w.outputs[0].logprobs[i]
+                assert a in top and top[b].logprob - top[a].logprob < tol, f"{label} step {i}: {a} vs {b}, {top}"
+                break
