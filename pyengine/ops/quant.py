@@ -297,14 +297,26 @@ def quant_matmul(
     return y
 
 
+# Decode batches up to this many rows run the fused GEMV in 8-row passes (each pass reads the quantized weights
+# once); beyond it dequantize + cuBLAS is cheaper. At 16 rows two q4k passes read 10 GB per 8B step against
+# ~35 GB for dequantizing to bf16 and multiplying; at 24 they would break even (benches/RESULTS.md).
+GEMV_PASSES_MAX_ROWS = 16
+
+
 def _cuda_quant_matmul(
     x: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: int, in_features: int
 ) -> torch.Tensor:
-    """Decode batches (<= 8 rows of f16/bf16): the fused GEMV reads each quantized byte once. Larger batches
-    (prefill): W dequantized into a scratch tensor from torch's allocator, then one cuBLAS GEMM."""
+    """Decode batches (<= 16 rows of f16/bf16): the fused GEMV, in passes of up to 8 rows, each reading the
+    quantized bytes once; a row's arithmetic does not depend on its pass, so results stay batch invariant.
+    Larger batches (prefill): W dequantized into a scratch tensor from torch's allocator, then one cuBLAS GEMM."""
     x2 = x.reshape(-1, in_features).contiguous()
+    rows, per_pass = x2.shape[0], native.module().cuda_gguf_gemv_max_m
     if cuda_gguf.gemv_supported(x2, flat, qtype, out_features, in_features):
         y = cuda_gguf.gemv(x2, flat, qtype, out_features, in_features)
+    elif rows <= GEMV_PASSES_MAX_ROWS and cuda_gguf.gemv_supported(x2[:per_pass], flat, qtype, out_features,
+                                                                    in_features):
+        y = torch.cat([cuda_gguf.gemv(x2[i : i + per_pass], flat, qtype, out_features, in_features)
+                       for i in range(0, rows, per_pass)])
     else:
         w = cuda_gguf.dequantize(flat, qtype, out_features, in_features, x.dtype)
         y = torch.matmul(x2, w.t())

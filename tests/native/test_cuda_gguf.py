@@ -155,17 +155,22 @@ def test_dp4a_refuses_types_without_a_kernel() -> None:
         cuda_gguf.gemv(x, data, QT.Q3_K, 4, 256, kernel="dp4a")
 
 
-@pytest.mark.parametrize("m", [1, 8, 9, 200])
+@pytest.mark.parametrize("m", [1, 4, 5, 8, 9, 200])
 def test_quant_matmul_dispatch_on_cuda(m: int) -> None:
-    """ops.quant.quant_matmul on CUDA: the dp4a GEMV up to 8 rows, dequantize + cuBLAS beyond, same function."""
+    """ops.quant.quant_matmul on CUDA: the dp4a GEMV up to 16 rows (in 8-row passes above 8), dequantize +
+    cuBLAS beyond, same function; a row's result does not depend on which pass or batch it came in."""
     qtype, n, k = QT.Q4_K, 517, 1024
     raw = random_blocks(qtype, n, k, seed=m)
     w64 = oracle(raw, qtype, n, k).double()
+    data = torch.from_numpy(raw).to(DEV)
     x = torch.randn(2, m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
-    got = quant.quant_matmul(x.to(DEV), torch.from_numpy(raw).to(DEV), qtype, n, k)
+    got = quant.quant_matmul(x.to(DEV), data, qtype, n, k)
     assert got.shape == (2, m, n) and got.device.type == "cuda"
-    if 2 * m <= 8:
+    if 2 * m <= quant.GEMV_PASSES_MAX_ROWS:
         assert_dp4a_within(got.view(2 * m, n), x.view(2 * m, k), w64)
+        alone = torch.cat([quant.quant_matmul(x.view(2 * m, k)[i : i + 1].to(DEV), data, qtype, n, k)
+                           for i in range(2 * m)])
+        assert torch.equal(got.view(2 * m, n), alone), "a row's result depends on the rows beside it"
     else:
         assert rel_error(got, x.double() @ w64.T) < REL_TOL[torch.bfloat16]
 
