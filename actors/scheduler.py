@@ -47,13 +47,18 @@ class SchedulerActor:
 
     async def run(self) -> None:
         in_flight: deque[Execute] = deque()
+        # Requests that ended since the last plan the executor got: an empty plan is not sent, so its finished ids
+        # ride on the next one (the runner drops their sampling and grammar state when it sees them).
+        finished: list[str] = []
         async with self.inbox, self.executor, self.results, self.output:
             while True:
                 await self._apply_pending()
                 while len(in_flight) < PIPELINE_DEPTH and self.core.scheduler.has_unfinished_requests():
                     plan = self.core.schedule()
+                    finished += plan.finished_ids
                     if plan.is_empty:  # every request waits on an in-flight result
                         break
+                    plan.finished_ids, finished = finished, []
                     msg = Execute(plan)
                     await self.executor.send(msg)
                     in_flight.append(msg)

@@ -222,6 +222,11 @@ class ModelRunner:
             self._sample(plan.sampled_requests, logits, step)
         self._prompt_logprobs(plan, hidden, step)
 
+    def tracked_requests(self) -> set[str]:
+        """Requests whose sampling state (token history, seeded generator) the runner still holds: released when a
+        plan lists them in ``finished_ids``, so a long-running server does not accumulate ended requests."""
+        return set(self._sampled) | set(self._generators)
+
     def _sampled_rows_only(self, plan: StepPlan) -> bool:
         """Whether the model need only produce the sampled rows' hidden states: it supports that, some but not all
         rows are sampled, and no request wants prompt logprobs (they read every prompt row's state)."""
