@@ -25,6 +25,7 @@ DEV = torch.device("cuda")
 CPU = torch.device("cpu")
 # The module itself (ops/__init__ re-exports its ``attention`` function under the same name).
 attention_ops = importlib.import_module("candle_vllm.pyengine.ops.attention")
+attention_cuda_ops = importlib.import_module("candle_vllm.pyengine.ops.attention_cuda")
 
 
 @pytest.fixture(autouse=True)
@@ -182,8 +183,8 @@ def test_greedy_generation_equals_reference_prefill(tmp_path: Path, monkeypatch:
     common = dict(load_format="dummy", dtype="bf16", mem=64, max_num_seqs=8, seed=0, prefill_chunk_size=128)
     flash_llm, ref_llm = LLM(model=model, **common), LLM(model=model, **common)
     launches: list[int] = []
-    real = attention_ops.flash_prefill
-    monkeypatch.setattr(attention_ops, "flash_prefill", lambda *a, **k: launches.append(1) or real(*a, **k))
+    real = attention_cuda_ops.flash_prefill
+    monkeypatch.setattr(attention_cuda_ops, "flash_prefill", lambda *a, **k: launches.append(1) or real(*a, **k))
     rng = random.Random(3)
     base = [[rng.randrange(VOCAB) for _ in range(rng.randint(150, 600))] for _ in range(4)]
     rounds = [base, [p[: len(p) // 2] + [rng.randrange(VOCAB) for _ in range(40)] for p in base]]

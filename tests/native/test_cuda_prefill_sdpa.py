@@ -6,7 +6,6 @@ kernel."""
 
 from __future__ import annotations
 
-import importlib
 import math
 import random
 from pathlib import Path
@@ -26,7 +25,6 @@ pytestmark = pytest.mark.cuda
 DEV = torch.device("cuda")
 CPU = torch.device("cpu")
 SDPA_BACKENDS = ("sdpa-cudnn", "sdpa-flash")
-attention_ops = importlib.import_module("candle_vllm.pyengine.ops.attention")
 
 
 @pytest.fixture(autouse=True)
