@@ -8,6 +8,7 @@ import random
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import trio
 
@@ -16,6 +17,7 @@ from pipeline_cases import random_prompts, serial_generate, tiny_llm, tiny_model
 
 from candle_vllm import LLM, SamplingParams
 from candle_vllm.actors import AsyncEngine
+from candle_vllm.pyengine.scheduler.plan import StepPlan
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +72,6 @@ def test_streams_and_aborts_through_the_actors_match_serial(llm: LLM) -> None:
             with trio.fail_after(30):
                 while engine.stats().num_running or engine.stats().num_waiting or engine.stats().kv_usage:
                     await trio.sleep(0.01)  # the aborts are applied between steps
-            # One more request: the ids of those that ended reach the runner with its plans, so afterwards it
-            # holds no state for any of the 20 (ids dropped with an empty plan would stay there for good).
-            async for _ in engine.generate(prompts[0], SamplingParams(temperature=0, max_tokens=4), "late"):
-                pass
-            assert runner.tracked_requests() <= {"late"}, runner.tracked_requests()
             nursery.cancel_scope.cancel()
         return got
 
@@ -140,3 +137,58 @@ def test_a_failing_step_fails_only_its_requests(llm: LLM, monkeypatch: pytest.Mo
     assert early == ["abort", "abort"]
     assert sorted(later) == sorted(list(w[0][0]) for w in want)
     assert llm.engine.scheduler.kv.usage == 0.0
+
+
+def _empty_plan(finished_ids: list[str]) -> StepPlan:
+    """What the scheduler returns when nothing can run (every request waits on an in-flight result): no rows,
+    but the ids of the requests that ended since the previous plan."""
+    ints = np.zeros(0, dtype=np.int64)
+    return StepPlan(-1, [], [], [], [], ints, ints, ints, np.zeros(1, dtype=np.int32), np.zeros(0, dtype=np.int32),
+                    np.zeros((0, 0), dtype=np.int32), ints, finished_ids=finished_ids)
+
+
+def test_ended_requests_reach_the_runner_through_empty_plans(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whenever requests have ended and a step is in flight, the scheduler first answers with an empty plan
+    carrying their ids (as it does when every running request waits on an in-flight result). The actor does
+    not send empty plans, so the ids must ride on the next plan: afterwards the runner holds state for none."""
+    core = llm.engine
+    scheduler, real_schedule, real_apply = core.scheduler, core.schedule, core.apply
+    in_flight = 0
+
+    def schedule_with_idle_plans() -> StepPlan:
+        nonlocal in_flight
+        if scheduler._finished_ids and in_flight:  # drained into an empty plan, as Scheduler.schedule does
+            ids, scheduler._finished_ids = scheduler._finished_ids, []
+            return _empty_plan(ids)
+        plan = real_schedule()
+        in_flight += not plan.is_empty
+        return plan
+
+    def counted_apply(*args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal in_flight
+        in_flight -= 1
+        return real_apply(*args, **kwargs)
+
+    monkeypatch.setattr(core, "schedule", schedule_with_idle_plans)
+    monkeypatch.setattr(core, "apply", counted_apply)
+    rng = random.Random(13)
+    prompts = random_prompts(rng, 6)
+
+    async def main() -> None:
+        engine = AsyncEngine(core)
+
+        async def one(i: int, max_tokens: int) -> None:
+            params = SamplingParams(temperature=0.8, seed=i, max_tokens=max_tokens, ignore_eos=True)
+            async for _ in engine.generate(prompts[i], params, f"idle-{i}"):
+                pass
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine.run)
+            async with trio.open_nursery() as clients:
+                for i in range(5):
+                    clients.start_soon(one, i, 3 + 4 * i)  # they end at different steps, while others run
+            await one(5, 4)  # a later request's plans carry the last ids
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert core.runner.tracked_requests() <= {"idle-5"}, core.runner.tracked_requests()
