@@ -96,20 +96,22 @@ def gemm_rows(peak: float, results: list[dict], ms: tuple[int, ...] = GEMM_MS) -
             results.append(row)
             print(f"{row['shape']:<24}{m:>3}{ours * 1e6:>10.1f}{row['gbps']:>8.0f}{100 * nbytes / ours / peak:>6.0f}%"
                   f"{blas * 1e6:>11.1f}{row['cublas_gbps']:>8.0f}{blas / ours:>8.2f}x  err {err:.1e}")
-    sweep_ms = [m for m in (1, 16) if m in ms]
-    print(f"\n-- split-K sweep (M={sweep_ms}) --")
-    for name, n, k in [("o_proj", 4096, 4096), ("down", 4096, 14336), ("qkv", 6144, 4096)]:
+    sweep_ms = [m for m in (1, 8, 16) if m in ms]
+    print(f"\n-- CTA size x split-K sweep (M={sweep_ms}; cells w<warps>s<splits>:us) --")
+    for name, n, k in [("o_proj", 4096, 4096), ("down", 4096, 14336), ("qkv", 6144, 4096), ("gate_up", 28672, 4096)]:
         copies = copies_for(n * k * 2)
         ws = [torch.randn(n, k, device=DEV).to(BF16) for _ in range(copies)]
         for m in sweep_ms:
             x = torch.randn(m, k, device=DEV).to(BF16)
             cells = []
-            for splits in (1, 2, 3, 4, 6, 8):
-                t = graph_seconds(lambda i, s=splits: cuda.skinny_gemm(x, ws[i % copies], splits=s))
-                cells.append(f"s{splits}:{t * 1e6:.1f}")
-                results.append(dict(kernel="skinny_gemm_splits", shape=f"{name} {n}x{k}", m=m, splits=splits, us=t * 1e6))
+            for warps in (4, 8):
+                for splits in (1, 2, 3, 4):
+                    t = graph_seconds(lambda i, s=splits, w=warps: cuda.skinny_gemm(x, ws[i % copies], splits=s, warps=w))
+                    cells.append(f"w{warps}s{splits}:{t * 1e6:.1f}")
+                    results.append(dict(kernel="skinny_gemm_sweep", shape=f"{name} {n}x{k}", m=m, warps=warps,
+                                        splits=splits, us=t * 1e6, pct=100 * n * k * 2 / t / peak))
             auto = cuda.skinny_gemm_splits(n, k, cuda.sm_count(0))
-            print(f"{name} {n}x{k} M={m} (auto {auto}): " + "  ".join(cells))
+            print(f"{name} {n}x{k} M={m} (auto s{auto}): " + "  ".join(cells))
 
 
 def attention_rows(peak: float, results: list[dict]) -> None:

@@ -19,11 +19,11 @@ static Registrar registrar([](py::module_& m) {
   m.def(
       "cuda_skinny_gemm",
       [](uintptr_t y, uintptr_t x, uintptr_t w, uintptr_t partials, uintptr_t counters, int64_t M, int64_t N,
-         int64_t K, int splits, int dtype, uintptr_t stream) {
+         int64_t K, int splits, int warps, int dtype, uintptr_t stream) {
         cuda::skinny_gemm(as_ptr<void>(y), as_ptr<const void>(x), as_ptr<const void>(w), as_ptr<float>(partials),
-                          as_ptr<int>(counters), M, N, K, splits, to_dtype(dtype), stream);
+                          as_ptr<int>(counters), M, N, K, splits, warps, to_dtype(dtype), stream);
       },
-      "y[M,N] = x[M,K] @ W[N,K]^T for M <= 16 (decode), optional serial split-K");
+      "y[M,N] = x[M,K] @ W[N,K]^T for M <= 16 (decode), optional serial split-K, 4 or 8 warps per CTA");
   m.attr("cuda_skinny_max_m") = cuda::kSkinnyMaxM;
   m.attr("cuda_skinny_chunk_k") = cuda::kSkinnyChunkK;
   m.def(

@@ -5,7 +5,7 @@
 // registers feed mma.m16n8k16 as the A operand directly: the dot product does not care in which order k is
 // summed, so the k slots of the A fragment are mapped onto the bytes the lane happens to hold, and x (the B
 // operand, one token per group) is loaded with the same mapping. Every weight byte is loaded once for all M
-// tokens. The 4 warps of a CTA interleave over the chunks of the CTA's K range and are reduced through
+// tokens. The 4 or 8 warps of a CTA interleave over the chunks of the CTA's K range and are reduced through
 // shared memory; with split-K (small N, too few tiles to fill the GPU) the last CTA of a tile adds the f32
 // partials of the others (serial split-K, no second launch).
 #include "cuda/common.cuh"
@@ -15,7 +15,6 @@
 namespace candle_vllm::cuda {
 namespace {
 
-constexpr int kWarps = 4;
 constexpr int kSteps = kSkinnyChunkK / 32;  // 32-wide k steps per chunk
 
 // Weights are read exactly once: keep them out of L1 so x stays there.
@@ -75,7 +74,7 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const Chunk<NT>& 
   }
 }
 
-template <typename T, int NT>
+template <typename T, int NT, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(T* __restrict__ y, const T* __restrict__ x,
                                                                   const T* __restrict__ w, float* __restrict__ partials,
                                                                   int* __restrict__ counters, int M, int N, int K,
@@ -129,18 +128,20 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(T* __restrict_
   __syncthreads();
 
   // Accumulator layout: c0,c1 = (row g, tokens 2t, 2t+1), c2,c3 = (row g+8, same tokens).
-  float sums[(NT * 4 * 32 + kWarps * 32 - 1) / (kWarps * 32)];
-  int feats[sizeof(sums) / sizeof(float)], toks[sizeof(sums) / sizeof(float)];
-  constexpr int kPer = sizeof(sums) / sizeof(float);
+  // With 8 warps and one token group, half the threads have no output element (idx past NT * 4): their
+  // coordinates are pushed past N so every store below skips them.
+  constexpr int kPer = (NT * 4 * 32 + kWarps * 32 - 1) / (kWarps * 32);
+  float sums[kPer];
+  int feats[kPer], toks[kPer];
 #pragma unroll
   for (int r = 0; r < kPer; ++r) {
     const int e = threadIdx.x + r * kWarps * 32;
-    const int l = e & 31, idx = e >> 5, n = idx >> 2, i = idx & 3;
+    const int l = e & 31, idx = min(e >> 5, NT * 4 - 1), n = idx >> 2, i = idx & 3;
     float s = 0.f;
 #pragma unroll
     for (int v = 0; v < kWarps; ++v) s += red[v][idx][l];
     sums[r] = s;
-    feats[r] = tile * 16 + (l >> 2) + (i >= 2 ? 8 : 0);
+    feats[r] = e >> 5 < NT * 4 ? tile * 16 + (l >> 2) + (i >= 2 ? 8 : 0) : N;
     toks[r] = n * 8 + (l & 3) * 2 + (i & 1);
   }
   if (splits == 1) {
@@ -172,10 +173,11 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(T* __restrict_
 }  // namespace
 
 void skinny_gemm(void* y, const void* x, const void* w, float* partials, int* counters, int64_t M, int64_t N,
-                 int64_t K, int splits, DType dtype, std::uintptr_t stream) {
+                 int64_t K, int splits, int warps, DType dtype, std::uintptr_t stream) {
   if (M < 1 || M > kSkinnyMaxM) throw std::invalid_argument("skinny_gemm: M must be in 1..16");
   if (K % 8 != 0) throw std::invalid_argument("skinny_gemm: K must be a multiple of 8");
   if (N < 1 || splits < 1) throw std::invalid_argument("skinny_gemm: N and splits must be >= 1");
+  if (warps != 4 && warps != 8) throw std::invalid_argument("skinny_gemm: warps must be 4 or 8");
   if (splits > 1 && (partials == nullptr || counters == nullptr))
     throw std::invalid_argument("skinny_gemm: split-K needs partials and counters");
   const int total_chunks = static_cast<int>((K + kSkinnyChunkK - 1) / kSkinnyChunkK);
@@ -185,12 +187,12 @@ void skinny_gemm(void* y, const void* x, const void* w, float* partials, int* co
   dispatch_float<false>(dtype, "skinny_gemm", [&](auto tag) {
     using T = decltype(tag);
     auto launch = [&](auto kernel) {
-      launch_pdl("skinny_gemm", kernel, grid, dim3(kWarps * 32), 0, as_stream(stream), static_cast<T*>(y),
+      launch_pdl("skinny_gemm", kernel, grid, dim3(warps * 32), 0, as_stream(stream), static_cast<T*>(y),
                  static_cast<const T*>(x), static_cast<const T*>(w), partials, counters, static_cast<int>(M),
                  static_cast<int>(N), static_cast<int>(K), chunks_per_split);
     };
-    if (M <= 8) launch(skinny_gemm_kernel<T, 1>);
-    else launch(skinny_gemm_kernel<T, 2>);
+    if (M <= 8) warps == 4 ? launch(skinny_gemm_kernel<T, 1, 4>) : launch(skinny_gemm_kernel<T, 1, 8>);
+    else warps == 4 ? launch(skinny_gemm_kernel<T, 2, 4>) : launch(skinny_gemm_kernel<T, 2, 8>);
   });
 }
 

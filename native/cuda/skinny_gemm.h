@@ -13,7 +13,9 @@ constexpr int kSkinnyChunkK = 128;
 // x, w, y share `dtype` (f16 or bf16); contiguous, 16-byte aligned, K % 8 == 0, 1 <= M <= 16.
 // With splits > 1, the K range is cut into `splits` parts: partials (f32, splits*M*N) hold their sums and
 // counters (int32, ceil(N/16), all zero before the call; left zero after it) elect the CTA that adds them up.
+// `warps` (4 or 8) is the CTA size: the warps of a tile's CTA interleave over its K chunks, so 8 keep twice the
+// weight bytes in flight per tile where there are too few tiles for several CTAs per SM.
 void skinny_gemm(void* y, const void* x, const void* w, float* partials, int* counters, int64_t M, int64_t N,
-                 int64_t K, int splits, DType dtype, std::uintptr_t stream);
+                 int64_t K, int splits, int warps, DType dtype, std::uintptr_t stream);
 
 }  // namespace candle_vllm::cuda

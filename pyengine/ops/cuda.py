@@ -74,26 +74,30 @@ def skinny_gemm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def skinny_gemm_splits(n: int, k: int, sms: int) -> int:
+def skinny_gemm_splits(n: int, k: int, sms: int, warps: int = 4) -> int:
     """K splits for an [N, K] weight: one as soon as the 16-row tiles give every SM a CTA (measured on the
     H200, 2026-11-30: splitting 4096x4096 or 4096x14336 gained <= 10% at M=1 and lost 20-30% at M=16), else
-    enough to reach about two CTAs per SM, keeping at least 4 chunks of 128 k per split (one per warp).
+    enough to reach about two CTAs per SM, keeping at least one chunk of 128 k per warp in each split.
     M > 16 stays on cuBLAS: a 64-row-tile variant measured 0.26-0.94x cuBLAS on the 8B shapes (RESULTS.md)."""
     tiles = math.ceil(n / 16)
     chunks = math.ceil(k / native.module().cuda_skinny_chunk_k)
     if tiles >= sms:
         return 1
-    splits = max(1, min(math.ceil(2 * sms / tiles), chunks // 4))
+    splits = max(1, min(math.ceil(2 * sms / tiles), chunks // warps))
     per_split = math.ceil(chunks / splits)
     return math.ceil(chunks / per_split)
 
 
-def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, splits: int | None = None) -> torch.Tensor:
+def skinny_gemm(
+    x: torch.Tensor, weight: torch.Tensor, splits: int | None = None, warps: int = 4
+) -> torch.Tensor:
     """y [M, N] = x [M, K] @ weight [N, K].T for decode-sized M (<= 16), reading the weight once at HBM speed.
 
-    ``splits`` overrides the split-K heuristic (benchmarks use it); the result does not depend on it beyond
-    f32 summation order.
+    ``splits`` overrides the split-K heuristic and ``warps`` (4 or 8) sets the CTA size (benchmarks sweep
+    both); the result does not depend on either beyond f32 summation order.
     """
+    if warps not in (4, 8):
+        raise ValueError(f"skinny_gemm: warps must be 4 or 8, got {warps}")
     if not skinny_gemm_supported(x, weight):
         raise ValueError(
             "skinny_gemm needs x [M<=16, K] and weight [N, K] contiguous f16/bf16 CUDA tensors of one dtype, "
@@ -103,7 +107,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, splits: int | None = None
     n = weight.shape[0]
     dev = _device_index(x.device)
     if splits is None:
-        splits = skinny_gemm_splits(n, k, sm_count(dev))
+        splits = skinny_gemm_splits(n, k, sm_count(dev), warps)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     partials_ptr = counters_ptr = 0
     if splits > 1:
@@ -113,7 +117,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, splits: int | None = None
         partials = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
         partials_ptr, counters_ptr = partials.data_ptr(), counters.data_ptr()
     native.module().cuda_skinny_gemm(
-        y.data_ptr(), x.data_ptr(), weight.data_ptr(), partials_ptr, counters_ptr, m, n, k, splits,
+        y.data_ptr(), x.data_ptr(), weight.data_ptr(), partials_ptr, counters_ptr, m, n, k, splits, warps,
         native.dtype_code(x), native.stream(x.device),
     )
     return y

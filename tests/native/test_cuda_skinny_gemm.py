@@ -25,28 +25,30 @@ def _case(m: int, n: int, k: int, dtype: torch.dtype, seed: int) -> tuple[torch.
     return x, w
 
 
+@pytest.mark.parametrize("warps", [4, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
 @pytest.mark.parametrize("n,k", [(1, 8), (37, 136), (1000, 1000), (4099, 4104), (517, 14336)])
-def test_skinny_gemm_matches_float64(dtype: torch.dtype, m: int, n: int, k: int) -> None:
+def test_skinny_gemm_matches_float64(dtype: torch.dtype, m: int, n: int, k: int, warps: int) -> None:
     x, w = _case(m, n, k, dtype, seed=m * 1000 + n + k)
     poison_allocator(DEV, 16 * n * 4)
-    got = cuda.skinny_gemm(x, w)
+    got = cuda.skinny_gemm(x, w, warps=warps)
     want = x.double() @ w.double().T
     assert got.shape == (m, n) and got.dtype == dtype
     assert rel_error(got, want) < REL_TOL[dtype]
 
 
+@pytest.mark.parametrize("warps", [4, 8])
 @pytest.mark.parametrize("m", [5, 16])
 @pytest.mark.parametrize("splits", [1, 2, 5, 32, 40])
-def test_split_k_gives_the_same_result_and_repeats(m: int, splits: int) -> None:
+def test_split_k_gives_the_same_result_and_repeats(m: int, splits: int, warps: int) -> None:
     """Serial split-K elects a last CTA per tile through counters that must be left at zero for the next call
-    (40 splits of 32 chunks: the launcher drops the empty ones)."""
+    (40 splits of 32 chunks: the launcher drops the empty ones; with 8 warps most warps of a split idle)."""
     x, w = _case(m, 333, 4096, torch.bfloat16, seed=splits)
     want = x.double() @ w.double().T
     for _ in range(3):
         poison_allocator(DEV, 1 << 20)
-        got = cuda.skinny_gemm(x, w, splits=splits)
+        got = cuda.skinny_gemm(x, w, splits=splits, warps=warps)
         assert rel_error(got, want) < REL_TOL[torch.bfloat16]
 
 
@@ -58,3 +60,6 @@ def test_skinny_gemm_rejects_unsupported_input() -> None:
     x, w = _case(2, 64, 60, torch.bfloat16, seed=0)
     with pytest.raises(ValueError, match="K % 8"):
         cuda.skinny_gemm(x, w)
+    x, w = _case(2, 64, 64, torch.bfloat16, seed=0)
+    with pytest.raises(ValueError, match="warps must be 4 or 8"):
+        cuda.skinny_gemm(x, w, warps=6)
