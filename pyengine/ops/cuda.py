@@ -88,15 +88,23 @@ def skinny_gemm_splits(n: int, k: int, sms: int, warps: int = 4) -> int:
     return math.ceil(chunks / per_split)
 
 
+def skinny_gemm_warps(m: int, n: int, sms: int) -> int:
+    """CTA size for an [N, K] weight at M rows: 8 warps where the 16-row tiles leave at most two CTAs per SM
+    and one token group (M <= 8), else 4. H200, 2026-11-30 (`bench_kernels.py --only gemm`): M=1 o_proj
+    4096x4096 9.4 vs 11.8 us, down 4096x14336 28.3 vs 31.7 us; qkv (384 tiles) 14.4 vs 13.6 and gate_up even;
+    at M=16 (two token groups, 165 registers) 4 warps win everywhere."""
+    return 8 if m <= 8 and math.ceil(n / 16) <= 2 * sms else 4
+
+
 def skinny_gemm(
-    x: torch.Tensor, weight: torch.Tensor, splits: int | None = None, warps: int = 4
+    x: torch.Tensor, weight: torch.Tensor, splits: int | None = None, warps: int | None = None
 ) -> torch.Tensor:
     """y [M, N] = x [M, K] @ weight [N, K].T for decode-sized M (<= 16), reading the weight once at HBM speed.
 
-    ``splits`` overrides the split-K heuristic and ``warps`` (4 or 8) sets the CTA size (benchmarks sweep
-    both); the result does not depend on either beyond f32 summation order.
+    ``splits`` and ``warps`` (4 or 8) override the split-K and CTA-size heuristics (benchmarks sweep both); the
+    result does not depend on either beyond f32 summation order.
     """
-    if warps not in (4, 8):
+    if warps not in (None, 4, 8):
         raise ValueError(f"skinny_gemm: warps must be 4 or 8, got {warps}")
     if not skinny_gemm_supported(x, weight):
         raise ValueError(
@@ -106,6 +114,8 @@ def skinny_gemm(
     m, k = x.shape
     n = weight.shape[0]
     dev = _device_index(x.device)
+    if warps is None:
+        warps = skinny_gemm_warps(m, n, sm_count(dev))
     if splits is None:
         splits = skinny_gemm_splits(n, k, sm_count(dev), warps)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
