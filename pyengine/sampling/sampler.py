@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from candle_vllm.pyengine.ops import cuda
 from candle_vllm.pyengine.sampling.batch import SamplingBatch
 from candle_vllm.pyengine.sampling.filters import apply_min_p, apply_top_k_top_p
 from candle_vllm.pyengine.sampling.logprobs import LogprobsTensors, compute_logprobs
@@ -70,7 +71,7 @@ class Sampler:
         return out
 
     def _choose(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        greedy_ids = logits.argmax(dim=-1) if batch.any_greedy else None
+        greedy_ids = greedy_argmax(logits) if batch.any_greedy else None
         if greedy_ids is not None and batch.all_greedy:
             return greedy_ids
         assert batch.temperature is not None
@@ -96,3 +97,11 @@ class Sampler:
                 noise[row].exponential_(generator=gen)
         # A draw of exactly 0 would turn p / q into inf or nan and could pick a masked token.
         return noise.clamp_min_(torch.finfo(noise.dtype).tiny)
+
+
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(dim=-1)``; on CUDA the native kernel, which spreads a row over many CTAs (a batch-1 step's
+    argmax over 128k logits is on the decode critical path: 17.5 us for torch's kernel on the H200)."""
+    if logits.device.type == "cuda" and cuda.available(logits.device):
+        return cuda.argmax(logits)
+    return logits.argmax(dim=-1)
