@@ -39,5 +39,13 @@ static Registrar registrar([](py::module_& m) {
                            as_ptr<const uint8_t>(w), M, N, K, qtype, to_dtype(dtype), stream);
       },
       "y[M,N] = x[M,K] @ W[N,K]^T for M <= 8: x quantized to int8 blocks into scratch xq/xb, then dp4a");
+  m.def(
+      "cuda_gguf_gemv_q8_quantized",
+      [](uintptr_t y, uintptr_t xq, uintptr_t xb, uintptr_t w, int64_t M, int64_t N, int64_t K, int qtype, int dtype,
+         uintptr_t stream) {
+        cuda::gguf_gemv_q8_quantized(as_ptr<void>(y), as_ptr<const int8_t>(xq), as_ptr<const void>(xb),
+                                     as_ptr<const uint8_t>(w), M, N, K, qtype, to_dtype(dtype), stream);
+      },
+      "cuda_gguf_gemv_q8 on activations a norm/SiLU kernel already quantized into xq/xb (no quantizer launch)");
 });
 #endif  // CANDLE_VLLM_WITH_CUDA

@@ -1,48 +1,81 @@
-// SiLU-and-mul (SwiGLU) over the fused gate/up projection: one read of each input, one write, f32 maths.
+// SiLU-and-mul (SwiGLU) over the fused gate/up projection: one read of each input, one write, f32 maths. The _q8
+// variant also writes the output's int8 codes for the dp4a GGUF GEMV of the down projection (q8_activation.cuh).
 #include "cuda/activation.h"
 #include "cuda/common.cuh"
+#include "cuda/q8_activation.cuh"
 
 namespace candle_vllm::cuda {
 namespace {
 
-template <typename T, int V>
-__global__ void silu_and_mul_kernel(T* __restrict__ out, const T* x, int d) {  // x: not the read-only path (PDL)
+template <typename T, int V, bool kQ8>
+__global__ void silu_and_mul_kernel(T* __restrict__ out, const T* x, int8_t* __restrict__ xq,
+                                    gguf::XBlock* __restrict__ xb, int d) {  // x: not the read-only path (PDL)
   using Vt = Vec<T, V>;
   pdl_wait();
   const size_t t = blockIdx.y;
+  const int nvec = d / V;
   const Vt* gate = reinterpret_cast<const Vt*>(x + t * 2 * d);
   const Vt* up = reinterpret_cast<const Vt*>(x + t * 2 * d + d);
   Vt* o = reinterpret_cast<Vt*>(out + t * d);
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < d / V; i += gridDim.x * blockDim.x) {
-    const Vt a = gate[i], b = up[i];
+  // Every thread of a CTA takes the same number of trips (the code blocks' shuffles need the whole warp).
+  for (int base = blockIdx.x * blockDim.x; base < nvec; base += gridDim.x * blockDim.x) {
+    const int i = base + threadIdx.x;
+    const bool live = i < nvec;
     Vt r;
+    if (live) {
+      const Vt a = gate[i], b = up[i];
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const float g = to_f32(a.v[j]);
-      r.v[j] = from_f32<T>(g / (1.f + __expf(-g)) * to_f32(b.v[j]));
+      for (int j = 0; j < V; ++j) {
+        const float g = to_f32(a.v[j]);
+        r.v[j] = from_f32<T>(g / (1.f + __expf(-g)) * to_f32(b.v[j]));
+      }
+      o[i] = r;
     }
-    o[i] = r;
+    if constexpr (kQ8) q8_store_vec(r, live, xq, xb, t * d + static_cast<size_t>(i) * V);
   }
   pdl_launch_dependents();
 }
 
-}  // namespace
-
-void silu_and_mul(void* out, const void* x, int64_t tokens, int64_t d, DType dtype, std::uintptr_t stream) {
+void launch(void* out, const void* x, int8_t* xq, void* xb, int64_t tokens, int64_t d, DType dtype,
+            std::uintptr_t stream) {
+  const char* what = xq ? "silu_and_mul_q8" : "silu_and_mul";
   if (tokens == 0 || d == 0) return;
-  if (tokens > 65535) throw std::invalid_argument("silu_and_mul: at most 65535 tokens per call");
-  dispatch_float<true>(dtype, "silu_and_mul", [&](auto tag) {
+  if (tokens > 65535) throw std::invalid_argument(std::string(what) + ": at most 65535 tokens per call");
+  dispatch_float<true>(dtype, what, [&](auto tag) {
     using T = decltype(tag);
     constexpr int kVec = 16 / sizeof(T);
     auto go = [&](auto kernel, int64_t nvec) {
       const int threads = 256;
       const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(64, (nvec + threads - 1) / threads)));
-      launch_pdl("silu_and_mul", kernel, dim3(blocks, static_cast<unsigned>(tokens)), dim3(threads), 0,
-                 as_stream(stream), static_cast<T*>(out), static_cast<const T*>(x), static_cast<int>(d));
+      launch_pdl(what, kernel, dim3(blocks, static_cast<unsigned>(tokens)), dim3(threads), 0, as_stream(stream),
+                 static_cast<T*>(out), static_cast<const T*>(x), xq, static_cast<gguf::XBlock*>(xb),
+                 static_cast<int>(d));
     };
-    if (d % kVec == 0 && aligned16(out, x)) go(silu_and_mul_kernel<T, kVec>, d / kVec);
-    else go(silu_and_mul_kernel<T, 1>, d);
+    const bool vec = d % kVec == 0 && aligned16(out, x);
+    if (xq != nullptr) {
+      if constexpr (sizeof(T) == 2) {
+        if (!vec || d % 32 != 0 || !aligned16(xq) || reinterpret_cast<std::uintptr_t>(xb) % 8 != 0)
+          throw std::invalid_argument(std::string(what) + ": needs d % 32 == 0, 16-byte aligned x, out and xq, "
+                                      "8-byte aligned xb");
+        go(silu_and_mul_kernel<T, kVec, true>, d / kVec);
+        return;
+      }
+      throw std::invalid_argument(std::string(what) + ": int8 codes are written for f16/bf16 rows only");
+    }
+    if (vec) go(silu_and_mul_kernel<T, kVec, false>, d / kVec);
+    else go(silu_and_mul_kernel<T, 1, false>, d);
   });
+}
+
+}  // namespace
+
+void silu_and_mul(void* out, const void* x, int64_t tokens, int64_t d, DType dtype, std::uintptr_t stream) {
+  launch(out, x, nullptr, nullptr, tokens, d, dtype, stream);
+}
+
+void silu_and_mul_q8(void* out, int8_t* xq, void* xb, const void* x, int64_t tokens, int64_t d, DType dtype,
+                     std::uintptr_t stream) {
+  launch(out, x, xq, xb, tokens, d, dtype, stream);
 }
 
 }  // namespace candle_vllm::cuda

@@ -31,8 +31,14 @@ bool gguf_gemv_q8_supported(int qtype);
 
 // The same product with x first quantized to int8 per 32-element block (scale amax / 127, written to the
 // caller's scratch: xq [M * K] int8, xb [M * K / 32] blocks of kGgufXBlockBytes), then dp4a dot products
-// against the weight codes. K a multiple of 32; x, xq, w 16-byte aligned, xb 8-byte aligned.
+// against the weight codes. K a multiple of 32; x, xq, w 16-byte aligned, xb 8-byte aligned; y f16/bf16 as x.
 void gguf_gemv_q8(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
                   int qtype, DType dtype, std::uintptr_t stream);
+
+// gguf_gemv_q8 on activations already quantized by the kernel before (RMSNorm or SiLU-and-mul with codes, see
+// native/cuda/q8_activation.cuh): no quantizer launch, the GEMV waits on that kernel directly. xq/xb as above;
+// dtype is y's.
+void gguf_gemv_q8_quantized(void* y, const int8_t* xq, const void* xb, const uint8_t* w, int64_t M, int64_t N,
+                            int64_t K, int qtype, DType dtype, std::uintptr_t stream);
 
 }  // namespace candle_vllm::cuda

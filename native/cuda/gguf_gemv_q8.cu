@@ -1,8 +1,10 @@
 // Decode GEMV against int8 activations: y[M, N] = x[M, K] @ W[N, K]^T for M <= 8, W in GGUF blocks.
 //
-// Two launches on the caller's stream. The first quantizes each 32-element block of x to int8 codes with scale
-// amax / 127 (IEEE division and rounding half away from zero, as the CPU kernels do) plus per-half code sums.
-// The second streams W (a programmatic dependent launch: it fetches its first weights while the quantizer runs):
+// gguf_gemv_q8 makes two launches on the caller's stream. The first quantizes each 32-element block of x to
+// int8 codes (q8_activation.cuh: scale amax / 127, IEEE division, rounding half away from zero, as the CPU
+// kernels do) plus per-half code sums. gguf_gemv_q8_quantized skips it: the kernel before it (RMSNorm or
+// SiLU-and-mul) already wrote the codes. The GEMV itself streams W (a programmatic dependent launch: it fetches
+// its first weights while the producer of the codes runs):
 // a 128-thread CTA owns kRows weight rows and its threads walk the row's blocks together,
 // each taking one Part of a block (gguf_q8.cuh) for all kRows rows at once, so several independent weight loads
 // are in flight per thread and each activation load serves every row. Products are integer dp4a sums scaled
@@ -32,37 +34,9 @@ __global__ void __launch_bounds__(256) quantize_x_kernel(const T* x, int8_t* __r
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t blk = i >> 3;
   const bool live = blk < blocks;
-  float v[4] = {0.f, 0.f, 0.f, 0.f};
-  if (live) {
-    const Vec<T, 4> in = *reinterpret_cast<const Vec<T, 4>*>(x + 4 * i);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = to_f32(in.v[j]);
-  }
-  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-#pragma unroll
-  for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float inv = amax > 0.f ? __fdiv_rn(127.f, amax) : 0.f;
-  uint32_t packed = 0;
-  int sum = 0;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float s = __fmul_rn(v[j], inv);
-    const int q = static_cast<int>(truncf(__fadd_rn(s, s >= 0.f ? 0.5f : -0.5f)));
-    sum += q;
-    packed |= (static_cast<uint32_t>(q) & 0xFF) << (8 * j);
-  }
-  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-  sum += __shfl_xor_sync(0xffffffffu, sum, 2);  // lanes 0-3 hold the first half's sum, 4-7 the second's
-  const int upper = __shfl_down_sync(0xffffffffu, sum, 4);
-  if (!live) return;
-  reinterpret_cast<uint32_t*>(xq)[i] = packed;
-  if ((i & 7) == 0) {
-    XBlock b;
-    b.d = __fdiv_rn(amax, 127.f);
-    b.sum[0] = static_cast<int16_t>(sum);
-    b.sum[1] = static_cast<int16_t>(upper);
-    xb[blk] = b;
-  }
+  Vec<T, 4> in;
+  if (live) in = *reinterpret_cast<const Vec<T, 4>*>(x + 4 * i);
+  q8_store_vec(in, live, xq, xb, 4 * i);
 }
 
 template <class Q, int M, int R>
@@ -87,8 +61,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<M>) gemv_q8_kernel(void* __
 #pragma unroll
     for (int r = 0; r < R; ++r) part[r].load(wr[r] + static_cast<int64_t>(s / Q::kParts) * Q::kBlockBytes, s % Q::kParts);
   };
-  // The first weights do not depend on the activation quantizer (launched just before, see gguf_gemv_q8):
-  // fetch them, then wait for its grid.
+  // The first weights do not depend on the kernel before, which writes xq/xb (the quantizer, or the RMSNorm /
+  // SiLU that wrote them as it produced x): fetch them, then wait for its grid.
   if (threadIdx.x < slots) load_parts(threadIdx.x);
   pdl_wait();
   for (int s = threadIdx.x; s < slots; s += kThreads) {
@@ -133,9 +107,40 @@ template <class Q, int M, int R>
 void launch_gemv(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int rows_m, int N, int K,
                  cudaStream_t stream) {
   const int64_t row_bytes = static_cast<int64_t>(K / Q::kBlockElems) * Q::kBlockBytes;
-  // A programmatic dependent of the quantizer: the first weights stream while it runs.
+  // A programmatic dependent of the kernel that wrote xq/xb: the first weights stream while it runs.
   launch_pdl("gguf_gemv_q8", gemv_q8_kernel<Q, M, R>, dim3(static_cast<unsigned>((N + R - 1) / R)), dim3(kThreads), 0,
              stream, y, bf16, xq, xb, w, rows_m, N, K, row_bytes);
+}
+
+void check_gemv_args(const char* what, int64_t M, int64_t N, int64_t K, const void* w, const void* xq,
+                     const void* xb, DType dtype) {
+  const std::string op(what);
+  if (M < 1 || M > kGgufGemvMaxM) throw std::invalid_argument(op + ": M must be in 1..8");
+  if (N < 1 || K < 1 || N > INT32_MAX || K > INT32_MAX / 8) throw std::invalid_argument(op + ": bad N or K");
+  if (K % 32 != 0) throw std::invalid_argument(op + ": K must be a multiple of 32");
+  if (!aligned16(w, xq) || reinterpret_cast<std::uintptr_t>(xb) % 8 != 0)
+    throw std::invalid_argument(op + ": w and xq must be 16-byte aligned, xb 8-byte aligned");
+  if (dtype != DType::F16 && dtype != DType::BF16) throw std::invalid_argument(op + ": dtype must be f16 or bf16");
+}
+
+// The GEMV on the codes in xq/xb, a programmatic dependent of the kernel before (which wrote them).
+void launch_q8(const char* what, void* y, const int8_t* xq, const XBlock* xb, const uint8_t* w, int64_t M, int64_t N,
+               int64_t K, int qtype, DType dtype, cudaStream_t s) {
+  const bool bf16 = dtype == DType::BF16;
+  const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
+  const bool known = gguf::dispatch_q8(qtype, [&](auto tag) {
+    using Q = decltype(tag);
+    if (K % Q::kBlockElems != 0) throw std::invalid_argument(std::string(what) + ": K must be a whole number of blocks");
+    // Rows per CTA from a measured sweep (benches/RESULTS.md): per type at one token (Q::kRowsAtM1), 4 from
+    // four tokens up (each activation load then serves 4 rows).
+    if (m == 1) launch_gemv<Q, 1, Q::kRowsAtM1>(y, bf16, xq, xb, w, m, n, k, s);
+    else if (m == 2) launch_gemv<Q, 2, 2>(y, bf16, xq, xb, w, m, n, k, s);
+    else if (m <= 4) launch_gemv<Q, 4, 4>(y, bf16, xq, xb, w, m, n, k, s);
+    else launch_gemv<Q, 8, 4>(y, bf16, xq, xb, w, m, n, k, s);
+  });
+  if (!known)
+    throw std::invalid_argument(std::string(what) + ": no int8-activation kernel for GGUF type " + std::to_string(qtype));
+  check_launch(what);
 }
 
 }  // namespace
@@ -146,12 +151,10 @@ bool gguf_gemv_q8_supported(int qtype) {
 
 void gguf_gemv_q8(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
                   int qtype, DType dtype, std::uintptr_t stream) {
-  if (M < 1 || M > kGgufGemvMaxM) throw std::invalid_argument("gguf_gemv_q8: M must be in 1..8");
-  if (N < 1 || K < 1 || N > INT32_MAX || K > INT32_MAX / 8) throw std::invalid_argument("gguf_gemv_q8: bad N or K");
-  if (K % 32 != 0) throw std::invalid_argument("gguf_gemv_q8: K must be a multiple of 32");
-  if (!aligned16(w, xq, x) || reinterpret_cast<std::uintptr_t>(xb) % 8 != 0)
-    throw std::invalid_argument("gguf_gemv_q8: w, x and xq must be 16-byte aligned, xb 8-byte aligned");
-  if (dtype != DType::F16 && dtype != DType::BF16) throw std::invalid_argument("gguf_gemv_q8: dtype must be f16 or bf16");
+  check_gemv_args("gguf_gemv_q8", M, N, K, w, xq, xb, dtype);
+  if (!aligned16(x)) throw std::invalid_argument("gguf_gemv_q8: x must be 16-byte aligned");
+  if (!gguf_gemv_q8_supported(qtype))
+    throw std::invalid_argument("gguf_gemv_q8: no int8-activation kernel for GGUF type " + std::to_string(qtype));
   const cudaStream_t s = as_stream(stream);
   const int64_t blocks = M * K / 32;
   auto* xbp = static_cast<XBlock*>(xb);
@@ -161,20 +164,14 @@ void gguf_gemv_q8(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w
     launch_pdl("gguf_gemv_q8: quantize activations", quantize_x_kernel<T>, dim3(grid), dim3(256), 0, s,
                static_cast<const T*>(x), xq, xbp, blocks);
   });
-  const bool bf16 = dtype == DType::BF16;
-  const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
-  const bool known = gguf::dispatch_q8(qtype, [&](auto tag) {
-    using Q = decltype(tag);
-    if (K % Q::kBlockElems != 0) throw std::invalid_argument("gguf_gemv_q8: K must be a whole number of blocks");
-    // Rows per CTA from a measured sweep (benches/RESULTS.md): per type at one token (Q::kRowsAtM1), 4 from
-    // four tokens up (each activation load then serves 4 rows).
-    if (m == 1) launch_gemv<Q, 1, Q::kRowsAtM1>(y, bf16, xq, xbp, w, m, n, k, s);
-    else if (m == 2) launch_gemv<Q, 2, 2>(y, bf16, xq, xbp, w, m, n, k, s);
-    else if (m <= 4) launch_gemv<Q, 4, 4>(y, bf16, xq, xbp, w, m, n, k, s);
-    else launch_gemv<Q, 8, 4>(y, bf16, xq, xbp, w, m, n, k, s);
-  });
-  if (!known) throw std::invalid_argument("gguf_gemv_q8: no int8-activation kernel for GGUF type " + std::to_string(qtype));
-  check_launch("gguf_gemv_q8");
+  launch_q8("gguf_gemv_q8", y, xq, xbp, w, M, N, K, qtype, dtype, s);
+}
+
+void gguf_gemv_q8_quantized(void* y, const int8_t* xq, const void* xb, const uint8_t* w, int64_t M, int64_t N,
+                            int64_t K, int qtype, DType dtype, std::uintptr_t stream) {
+  check_gemv_args("gguf_gemv_q8_quantized", M, N, K, w, xq, xb, dtype);
+  launch_q8("gguf_gemv_q8_quantized", y, xq, static_cast<const XBlock*>(xb), w, M, N, K, qtype, dtype,
+            as_stream(stream));
 }
 
 }  // namespace candle_vllm::cuda

@@ -1,9 +1,8 @@
 // GGUF weights against int8-quantized activations (dp4a dot products), shared by the decode GEMV kernel and a
 // host check. Plain integer code with host fallbacks for the CUDA intrinsics.
 //
-// Activations: each row of x is cut into 32-element blocks, each stored as int8 codes (row-major, [M, K]) plus an
-// XBlock: the f32 scale d = amax / 127 and the integer sums of the codes of its two 16-element halves (those
-// give the offset and min terms of the weight formulas without per-element work).
+// Activations: int8 codes per 32-element block plus an XBlock (q8_activation.cuh); the XBlock's code sums give
+// the offset and min terms of the weight formulas without per-element work.
 //
 // A weight block is shared by kParts threads; each thread's Part loads its share of the block's bytes with the
 // widest loads the block's alignment allows, turns them into int8-lane words (4 codes per word) plus float
@@ -21,14 +20,9 @@
 #endif
 
 #include "cuda/gguf_decode.cuh"
+#include "cuda/q8_activation.cuh"
 
 namespace candle_vllm::gguf {
-
-struct XBlock {
-  float d;
-  int16_t sum[2];  // sums of the int8 codes of elements 0..15 and 16..31
-};
-static_assert(sizeof(XBlock) == 8, "XBlock is read as one 8-byte load");
 
 constexpr uint32_t kNib = 0x0F0F0F0Fu;
 

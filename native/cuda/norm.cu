@@ -1,15 +1,18 @@
 // RMSNorm kernels: one CTA per row, 16-byte vectors when the row allows, f32 statistics.
 // The normalised value is rounded to the storage type before the weight multiplies it, as HF Llama's
-// RMSNorm (and ops/norm.py's reference) does.
+// RMSNorm (and ops/norm.py's reference) does. The _q8 variants also write the output's int8 codes for the dp4a
+// GGUF GEMV that consumes it (q8_activation.cuh), saving that GEMV its quantizer launch.
 #include "cuda/common.cuh"
 #include "cuda/norm.h"
+#include "cuda/q8_activation.cuh"
 
 namespace candle_vllm::cuda {
 namespace {
 
-template <typename T, int V, bool kFused>
+template <typename T, int V, bool kFused, bool kQ8>
 __global__ void rms_norm_kernel(T* __restrict__ out, T* __restrict__ x, T* __restrict__ residual,
-                                const T* __restrict__ weight, int hidden, float eps) {
+                                const T* __restrict__ weight, int8_t* __restrict__ xq, gguf::XBlock* __restrict__ xb,
+                                int hidden, float eps) {
   using Vt = Vec<T, V>;
   pdl_wait();
   const size_t row = blockIdx.x;
@@ -33,34 +36,52 @@ __global__ void rms_norm_kernel(T* __restrict__ out, T* __restrict__ x, T* __res
   }
   const float inv = rsqrtf(block_sum(sq) / static_cast<float>(hidden) + eps);
   pdl_launch_dependents();  // the next kernel's prologue overlaps the write pass
-  // Second pass re-reads the row this CTA just touched (L1/L2 hits); each thread reads what it wrote.
+  // Second pass re-reads the row this CTA just touched (L1/L2 hits); each thread reads what it wrote. Every
+  // thread takes the same number of trips (the code blocks' shuffles need the whole warp).
   const Vt* src = kFused ? res : xin;
   Vt* dst = reinterpret_cast<Vt*>((kFused ? x : out) + row * hidden);
   const Vt* wv = reinterpret_cast<const Vt*>(weight);
-  for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
-    const Vt a = src[i], wt = wv[i];
+  for (int base = 0; base < nvec; base += blockDim.x) {
+    const int i = base + threadIdx.x;
+    const bool live = i < nvec;
     Vt o;
+    if (live) {
+      const Vt a = src[i], wt = wv[i];
 #pragma unroll
-    for (int j = 0; j < V; ++j) o.v[j] = from_f32<T>(round_to<T>(to_f32(a.v[j]) * inv) * to_f32(wt.v[j]));
-    dst[i] = o;
+      for (int j = 0; j < V; ++j) o.v[j] = from_f32<T>(round_to<T>(to_f32(a.v[j]) * inv) * to_f32(wt.v[j]));
+      dst[i] = o;
+    }
+    if constexpr (kQ8) q8_store_vec(o, live, xq, xb, row * hidden + static_cast<size_t>(i) * V);
   }
 }
 
 template <bool kFused>
-void launch(void* out, void* x, void* residual, const void* weight, int64_t rows, int64_t hidden, float eps,
-            DType dtype, std::uintptr_t stream) {
+void launch(void* out, void* x, void* residual, const void* weight, int8_t* xq, void* xb, int64_t rows,
+            int64_t hidden, float eps, DType dtype, std::uintptr_t stream) {
   if (rows == 0) return;
-  dispatch_float<true>(dtype, "rms_norm", [&](auto tag) {
+  const char* what = kFused ? (xq ? "fused_add_rms_norm_q8" : "fused_add_rms_norm") : (xq ? "rms_norm_q8" : "rms_norm");
+  dispatch_float<true>(dtype, what, [&](auto tag) {
     using T = decltype(tag);
     constexpr int kVec = 16 / sizeof(T);
     const int threads = static_cast<int>(std::min<int64_t>(1024, ((hidden / kVec + 31) / 32) * 32));
     auto go = [&](auto kernel, int nthreads) {
-      launch_pdl(kFused ? "fused_add_rms_norm" : "rms_norm", kernel, dim3(static_cast<unsigned>(rows)), dim3(nthreads),
-                 0, as_stream(stream), static_cast<T*>(out), static_cast<T*>(x), static_cast<T*>(residual),
-                 static_cast<const T*>(weight), static_cast<int>(hidden), eps);
+      launch_pdl(what, kernel, dim3(static_cast<unsigned>(rows)), dim3(nthreads), 0, as_stream(stream),
+                 static_cast<T*>(out), static_cast<T*>(x), static_cast<T*>(residual), static_cast<const T*>(weight),
+                 xq, static_cast<gguf::XBlock*>(xb), static_cast<int>(hidden), eps);
     };
-    if (hidden % kVec == 0 && aligned16(out, x, residual, weight)) go(rms_norm_kernel<T, kVec, kFused>, std::max(32, threads));
-    else go(rms_norm_kernel<T, 1, kFused>, static_cast<int>(std::min<int64_t>(1024, ((hidden + 31) / 32) * 32)));
+    const bool vec = hidden % kVec == 0 && aligned16(out, x, residual, weight);
+    if (xq != nullptr) {
+      if constexpr (sizeof(T) == 2) {
+        if (!vec || hidden % 32 != 0 || !aligned16(xq) || reinterpret_cast<std::uintptr_t>(xb) % 8 != 0)
+          throw std::invalid_argument(std::string(what) + ": needs hidden % 32 == 0, 16-byte aligned tensors and xq, "
+                                      "8-byte aligned xb");
+        go(rms_norm_kernel<T, kVec, kFused, true>, std::max(32, threads));
+        return;
+      }
+      throw std::invalid_argument(std::string(what) + ": int8 codes are written for f16/bf16 rows only");
+    }
+    if (vec) go(rms_norm_kernel<T, kVec, kFused, false>, std::max(32, threads));
+    else go(rms_norm_kernel<T, 1, kFused, false>, static_cast<int>(std::min<int64_t>(1024, ((hidden + 31) / 32) * 32)));
   });
 }
 
@@ -68,12 +89,22 @@ void launch(void* out, void* x, void* residual, const void* weight, int64_t rows
 
 void rms_norm(void* out, const void* x, const void* weight, int64_t rows, int64_t hidden, float eps, DType dtype,
               std::uintptr_t stream) {
-  launch<false>(out, const_cast<void*>(x), nullptr, weight, rows, hidden, eps, dtype, stream);
+  launch<false>(out, const_cast<void*>(x), nullptr, weight, nullptr, nullptr, rows, hidden, eps, dtype, stream);
 }
 
 void fused_add_rms_norm(void* x, void* residual, const void* weight, int64_t rows, int64_t hidden, float eps,
                         DType dtype, std::uintptr_t stream) {
-  launch<true>(nullptr, x, residual, weight, rows, hidden, eps, dtype, stream);
+  launch<true>(nullptr, x, residual, weight, nullptr, nullptr, rows, hidden, eps, dtype, stream);
+}
+
+void rms_norm_q8(void* out, int8_t* xq, void* xb, const void* x, const void* weight, int64_t rows, int64_t hidden,
+                 float eps, DType dtype, std::uintptr_t stream) {
+  launch<false>(out, const_cast<void*>(x), nullptr, weight, xq, xb, rows, hidden, eps, dtype, stream);
+}
+
+void fused_add_rms_norm_q8(void* x, void* residual, int8_t* xq, void* xb, const void* weight, int64_t rows,
+                           int64_t hidden, float eps, DType dtype, std::uintptr_t stream) {
+  launch<true>(nullptr, x, residual, weight, xq, xb, rows, hidden, eps, dtype, stream);
 }
 
 }  // namespace candle_vllm::cuda

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from candle_vllm.pyengine.layers.embedding import VocabEmbedding
+from candle_vllm.pyengine.ops.q8_activation import Q8Activation
 from candle_vllm.pyengine.quant import WeightData, build_linear_methods
 
 
@@ -66,7 +67,14 @@ class Linear(nn.Module):
     def loaded(self) -> bool:
         return len(self.methods) > 0
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def accepts_q8(self, rows: int) -> bool:
+        """Whether :meth:`forward` uses the int8 codes of a ``Q8Activation`` input of ``rows`` rows (one weight
+        method that takes them), so the producer of the input should write them."""
+        return len(self.methods) == 1 and self.methods[0].accepts_q8(rows)
+
+    def forward(self, x: torch.Tensor | Q8Activation) -> torch.Tensor:
+        if isinstance(x, Q8Activation) and not self.accepts_q8(x.rows):
+            x = x.x
         methods = self.methods
         y = methods[0](x) if len(methods) == 1 else torch.cat([m(x) for m in methods], dim=-1)
         return y + self.bias if self.bias is not None else y

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from candle_vllm.pyengine.ops import fused_add_rms_norm, rms_norm
+from candle_vllm.pyengine.ops.q8_activation import Q8Activation
 
 
 class RMSNorm(nn.Module):
@@ -17,8 +18,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, *, q8: bool = False
+    ) -> torch.Tensor | Q8Activation | tuple[torch.Tensor | Q8Activation, torch.Tensor]:
+        """``q8=True`` when the consumer is a linear that takes int8 codes (``Linear.accepts_q8``): the normed
+        output then comes as a :class:`Q8Activation` where the kernel can write them."""
         if residual is None:
-            return rms_norm(x, self.weight, self.eps)
-        return fused_add_rms_norm(x, residual, self.weight, self.eps)
+            return rms_norm(x, self.weight, self.eps, q8=q8)
+        return fused_add_rms_norm(x, residual, self.weight, self.eps, q8=q8)

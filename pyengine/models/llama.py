@@ -19,6 +19,7 @@ from candle_vllm.pyengine.ops import native
 from candle_vllm.pyengine.ops.activation import silu_and_mul
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 from candle_vllm.pyengine.ops.cpu_decoder import CpuDecoderStack
+from candle_vllm.pyengine.ops.q8_activation import Q8Activation, dense
 from candle_vllm.pyengine.ops.rotary import apply_rotary_and_cache
 from candle_vllm.pyengine.quant import GGUFLinear, WeightData
 
@@ -80,13 +81,14 @@ class LlamaAttention(nn.Module):
     def forward(
         self,
         positions: torch.Tensor,
-        x: torch.Tensor,
+        x: torch.Tensor | Q8Activation,
         kv_cache: torch.Tensor | None,
         meta: AttentionMetadata,
         rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """[T, H] -> [T, H], or [len(rows), H] for only ``rows`` (every token's K/V still reach the cache)."""
-        t, d = x.shape[0], self.head_dim
+        """[T, H] -> [T, H], or [len(rows), H] for only ``rows`` (every token's K/V still reach the cache).
+        x may carry int8 codes for qkv_proj (``qkv_proj.accepts_q8``)."""
+        t, d = dense(x).shape[0], self.head_dim
         q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
         q, k, v = q.reshape(t, -1, d), k.reshape(t, -1, d), v.reshape(t, -1, d)
         if self.q_norm is not None and self.k_norm is not None:
@@ -107,8 +109,10 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = Linear(cfg.hidden_size, [i, i], False, dtype, device)
         self.down_proj = Linear(i, [cfg.hidden_size], False, dtype, device)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor | Q8Activation) -> torch.Tensor:
+        """x may carry int8 codes for gate_up_proj; the SiLU writes them for down_proj where it takes them."""
+        h = self.gate_up_proj(x)
+        return self.down_proj(silu_and_mul(h, q8=self.down_proj.accepts_q8(h.shape[0])))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -130,17 +134,19 @@ class LlamaDecoderLayer(nn.Module):
         meta: AttentionMetadata,
         rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """With ``rows``, everything after the attention runs for those token rows only."""
+        """With ``rows``, everything after the attention runs for those token rows only. The norms write int8
+        codes for the linears after them where those take them (GGUF weights, decode batches on CUDA)."""
+        q8 = self.self_attn.qkv_proj.accepts_q8(x.shape[0])
         if residual is None:
             residual = x
-            x = self.input_layernorm(x)
+            h = self.input_layernorm(x, q8=q8)
         else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x, kv_cache, meta, rows)
+            h, residual = self.input_layernorm(x, residual, q8=q8)
+        x = self.self_attn(positions, h, kv_cache, meta, rows)
         if rows is not None:
             residual = residual[rows]
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        h, residual = self.post_attention_layernorm(x, residual, q8=self.mlp.gate_up_proj.accepts_q8(x.shape[0]))
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):

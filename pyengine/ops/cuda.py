@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 
 from candle_vllm.pyengine.ops import native
+from candle_vllm.pyengine.ops.q8_activation import Q8Activation, codes_for, producer_supported
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 _COUNTER_SLOTS = 1 << 16  # split-K tiles of 16 rows: covers N up to ~1M
@@ -136,8 +137,9 @@ def skinny_gemm(
 # ---- element-wise layers -----------------------------------------------------------------------------------
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
-    """``silu(x[..., :d]) * x[..., d:]`` on the GPU, or None when x is not a contiguous float CUDA tensor."""
+def silu_and_mul(x: torch.Tensor, *, q8: bool = False) -> torch.Tensor | Q8Activation | None:
+    """``silu(x[..., :d]) * x[..., d:]`` on the GPU, or None when x is not a contiguous float CUDA tensor. With
+    ``q8`` and a shape the code-writing kernel takes, the output with its int8 codes (ops/q8_activation.py)."""
     if not (available(x.device) and x.dtype in native.FLOAT_DTYPES and x.is_contiguous() and x.shape[-1] % 2 == 0):
         return None
     d = x.shape[-1] // 2
@@ -145,6 +147,13 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
     if tokens > 65535:
         return None
     out = torch.empty(*x.shape[:-1], d, dtype=x.dtype, device=x.device)
+    if q8 and producer_supported(out, x):
+        act = codes_for(out)
+        native.module().cuda_silu_and_mul_q8(
+            out.data_ptr(), act.xq.data_ptr(), act.xb.data_ptr(), x.data_ptr(), tokens, d, native.dtype_code(x),
+            native.stream(x.device),
+        )
+        return act
     native.module().cuda_silu_and_mul(
         out.data_ptr(), x.data_ptr(), tokens, d, native.dtype_code(x), native.stream(x.device)
     )

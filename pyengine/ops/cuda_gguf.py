@@ -16,6 +16,7 @@ from gguf import GGMLQuantizationType as QT
 
 from candle_vllm.pyengine.ops import native
 from candle_vllm.pyengine.ops.cuda import HALF_DTYPES, available
+from candle_vllm.pyengine.ops.q8_activation import BLOCK, Q8Activation
 
 
 def type_supported(qtype: QT) -> bool:
@@ -61,15 +62,19 @@ def dp4a_supported(qtype: QT) -> bool:
 
 
 def gemv(
-    x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features: int, in_features: int, kernel: GemvKernel = "auto"
+    x: torch.Tensor | Q8Activation, data: torch.Tensor, qtype: QT, out_features: int, in_features: int,
+    kernel: GemvKernel = "auto",
 ) -> torch.Tensor:
     """y [M, N] = x [M, K] @ W.T for decode-sized M (<= 8), W read once straight from its GGUF blocks.
 
     Two kernels: "dp4a" rounds each 32-value block of x to int8 (scale amax / 127, as the CPU kernels do) and
     takes integer dot products with the weight codes, the fast path where the type has one; "mma" keeps x in
     f16/bf16 and multiplies decoded weights on tensor cores (every type, no activation rounding). "auto" picks
-    dp4a when the type has it.
+    dp4a when the type has it. A :class:`Q8Activation` x brings its codes (written by the kernel that produced
+    it): dp4a then skips its quantizer launch, with the same result; mma uses its dense ``x``.
     """
+    q8 = x if isinstance(x, Q8Activation) else None
+    x = q8.x if q8 is not None else x
     if not gemv_supported(x, data, qtype, out_features, in_features):
         raise ValueError(
             "gguf gemv needs x [M<=8, K] contiguous f16/bf16 and W as contiguous 16-byte aligned uint8 blocks of a "
@@ -90,15 +95,36 @@ def gemv(
             native.dtype_code(x), stream,
         )
         return y
+    if q8 is not None:
+        _check_codes(q8, m, in_features, mod.cuda_gguf_xblock_bytes)
+        mod.cuda_gguf_gemv_q8_quantized(
+            y.data_ptr(), q8.xq.data_ptr(), q8.xb.data_ptr(), data.data_ptr(), m, out_features, in_features,
+            int(qtype), native.dtype_code(x), stream,
+        )
+        return y
     if x.data_ptr() % 16:
         x = x.clone()  # the activation quantizer reads 16-byte aligned rows
     xq = torch.empty(m * in_features, dtype=torch.int8, device=x.device)
-    xb = torch.empty(m * in_features // 32 * mod.cuda_gguf_xblock_bytes, dtype=torch.uint8, device=x.device)
+    xb = torch.empty(m * in_features // BLOCK * mod.cuda_gguf_xblock_bytes, dtype=torch.uint8, device=x.device)
     mod.cuda_gguf_gemv_q8(
         y.data_ptr(), x.data_ptr(), xq.data_ptr(), xb.data_ptr(), data.data_ptr(), m, out_features, in_features,
         int(qtype), native.dtype_code(x), stream,
     )
     return y
+
+
+def _check_codes(q8: Q8Activation, m: int, k: int, xblock_bytes: int) -> None:
+    xq, xb = q8.xq, q8.xb
+    if not (
+        xq.dtype == torch.int8 and xq.shape == (m, k) and xq.is_contiguous() and xq.data_ptr() % 16 == 0
+        and xb.dtype == torch.uint8 and xb.shape == (m, k // BLOCK * xblock_bytes) and xb.is_contiguous()
+        and xb.data_ptr() % 8 == 0 and xq.device == xb.device == q8.x.device
+    ):
+        raise ValueError(
+            f"gguf gemv: quantized activations for x [{m}, {k}] need int8 codes [{m}, {k}] (16-byte aligned) and "
+            f"uint8 blocks [{m}, {k // BLOCK * xblock_bytes}] (8-byte aligned), contiguous on x's device; got "
+            f"{xq.dtype} {tuple(xq.shape)} and {xb.dtype} {tuple(xb.shape)}"
+        )
 
 
 def dequantize_supported(data: torch.Tensor, qtype: QT, rows: int, cols: int, dtype: torch.dtype) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from candle_vllm.pyengine.ops import native
+from candle_vllm.pyengine.ops.q8_activation import Q8Activation, codes_for, producer_supported
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -21,39 +22,62 @@ def fused_add_rms_norm_reference(
     return rms_norm_reference(residual, weight, eps), residual
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, q8: bool = False) -> torch.Tensor | Q8Activation:
     """Normalise the last dimension of ``x``; returns a new tensor.
 
     Strided views (q/k heads cut from a fused qkv output, as q/k norms get them) are copied to take the native
     kernel too: otherwise a step's rounding would depend on whether its q happened to be contiguous, which is
-    a matter of how many tokens share the step, and batch invariance would be lost."""
+    a matter of how many tokens share the step, and batch invariance would be lost.
+
+    ``q8=True`` (for a GGUF linear that takes int8 activations, see ``ops/q8_activation.py``): on CUDA with the
+    native kernel, the same output wrapped in a :class:`Q8Activation` with its int8 codes; elsewhere the plain
+    tensor."""
     if not x.is_contiguous() and native.available(x.device):
         x = x.contiguous()
     if x.dtype == weight.dtype and native.ready(x, weight):
         out = torch.empty_like(x)
         hidden = x.shape[-1]
-        args = (native.ptr(out), native.ptr(x), native.ptr(weight), x.numel() // hidden, hidden, eps, native.dtype_code(x))
+        rows, code = x.numel() // hidden, native.dtype_code(x)
         if x.device.type == "cpu":
-            native.module().cpu_rms_norm(*args)
-        else:
-            native.module().cuda_rms_norm(*args, native.stream(x.device))
+            native.module().cpu_rms_norm(native.ptr(out), native.ptr(x), native.ptr(weight), rows, hidden, eps, code)
+            return out
+        stream = native.stream(x.device)
+        if q8 and producer_supported(out, x, weight):
+            act = codes_for(out)
+            native.module().cuda_rms_norm_q8(
+                native.ptr(out), native.ptr(act.xq), native.ptr(act.xb), native.ptr(x), native.ptr(weight), rows,
+                hidden, eps, code, stream,
+            )
+            return act
+        native.module().cuda_rms_norm(native.ptr(out), native.ptr(x), native.ptr(weight), rows, hidden, eps, code, stream)
         return out
     return rms_norm_reference(x, weight, eps)
 
 
 def fused_add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return (rms_norm(x + residual), x + residual); the native path works in place on x and residual."""
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *, q8: bool = False
+) -> tuple[torch.Tensor | Q8Activation, torch.Tensor]:
+    """Return (rms_norm(x + residual), x + residual); the native path works in place on x and residual.
+
+    ``q8=True``: as :func:`rms_norm`'s, the first element then a :class:`Q8Activation` where the kernel runs."""
     if x.dtype == residual.dtype == weight.dtype and native.ready(x, residual, weight):
         hidden = x.shape[-1]
-        args = (
-            native.ptr(x), native.ptr(residual), native.ptr(weight), x.numel() // hidden, hidden, eps,
-            native.dtype_code(x),
-        )
+        rows, code = x.numel() // hidden, native.dtype_code(x)
         if x.device.type == "cpu":
-            native.module().cpu_fused_add_rms_norm(*args)
-        else:
-            native.module().cuda_fused_add_rms_norm(*args, native.stream(x.device))
+            native.module().cpu_fused_add_rms_norm(
+                native.ptr(x), native.ptr(residual), native.ptr(weight), rows, hidden, eps, code
+            )
+            return x, residual
+        stream = native.stream(x.device)
+        if q8 and producer_supported(x, residual, weight):
+            act = codes_for(x)
+            native.module().cuda_fused_add_rms_norm_q8(
+                native.ptr(x), native.ptr(residual), native.ptr(act.xq), native.ptr(act.xb), native.ptr(weight),
+                rows, hidden, eps, code, stream,
+            )
+            return act, residual
+        native.module().cuda_fused_add_rms_norm(
+            native.ptr(x), native.ptr(residual), native.ptr(weight), rows, hidden, eps, code, stream
+        )
         return x, residual
     return fused_add_rms_norm_reference(x, residual, weight, eps)

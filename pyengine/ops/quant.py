@@ -18,6 +18,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 
 from candle_vllm.pyengine.ops import cuda_gguf, native
+from candle_vllm.pyengine.ops.q8_activation import Q8Activation
 
 SUPPORTED_TYPES: frozenset[QT] = frozenset(
     {
@@ -262,7 +263,7 @@ def quant_matmul_reference(
 
 
 def quant_matmul(
-    x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features: int, in_features: int
+    x: torch.Tensor | Q8Activation, data: torch.Tensor, qtype: QT, out_features: int, in_features: int
 ) -> torch.Tensor:
     """``y = x @ W.T`` for W [out_features, in_features] stored as GGUF blocks ``data``.
 
@@ -270,7 +271,11 @@ def quant_matmul(
     the fused native kernel (W never materialised). Each row of x goes through the same arithmetic whatever
     the batch holds, so a request's tokens never depend on the requests sharing its step (batch invariance);
     a dense torch GEMM for large batches would be up to 1.5x faster in prefill but rounds differently.
+    A :class:`Q8Activation` x (int8 codes written by its producer) saves the CUDA dp4a GEMV its quantizer
+    launch, same result; every other path uses its dense ``x``.
     """
+    q8 = x if isinstance(x, Q8Activation) else None
+    x = q8.x if q8 is not None else x
     if x.shape[-1] != in_features:
         raise ValueError(f"x has {x.shape[-1]} features, the weight expects {in_features}")
     if x.dtype not in native.FLOAT_DTYPES:
@@ -278,7 +283,7 @@ def quant_matmul(
     flat = _as_bytes(data, qtype, (out_features, in_features))
     rows = x.numel() // in_features
     if x.device.type == "cuda" and cuda_gguf.type_supported_on(x.device, qtype):
-        return _cuda_quant_matmul(x, flat, qtype, out_features, in_features)
+        return _cuda_quant_matmul(x, flat, qtype, out_features, in_features, q8)
     if x.device.type != "cpu" or not native.available(x.device):
         return quant_matmul_reference(x, flat, qtype, out_features, in_features)
     xc = x.contiguous()
@@ -304,19 +309,22 @@ GEMV_PASSES_MAX_ROWS = 16
 
 
 def _cuda_quant_matmul(
-    x: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: int, in_features: int
+    x: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: int, in_features: int, q8: Q8Activation | None
 ) -> torch.Tensor:
     """Decode batches (<= 16 rows of f16/bf16): the fused GEMV, in passes of up to 8 rows, each reading the
     quantized bytes once; a row's arithmetic does not depend on its pass, so results stay batch invariant.
-    Larger batches (prefill): W dequantized into a scratch tensor from torch's allocator, then one cuBLAS GEMM."""
+    ``q8``'s codes (rows as x's) go to the GEMV. Larger batches (prefill): W dequantized into a scratch tensor
+    from torch's allocator, then one cuBLAS GEMM."""
     x2 = x.reshape(-1, in_features).contiguous()
+    q8 = Q8Activation(x2, q8.xq, q8.xb) if q8 is not None else None
     rows, per_pass = x2.shape[0], native.module().cuda_gguf_gemv_max_m
     if cuda_gguf.gemv_supported(x2, flat, qtype, out_features, in_features):
-        y = cuda_gguf.gemv(x2, flat, qtype, out_features, in_features)
+        y = cuda_gguf.gemv(q8 or x2, flat, qtype, out_features, in_features)
     elif rows <= GEMV_PASSES_MAX_ROWS and cuda_gguf.gemv_supported(x2[:per_pass], flat, qtype, out_features,
                                                                     in_features):
-        y = torch.cat([cuda_gguf.gemv(x2[i : i + per_pass], flat, qtype, out_features, in_features)
-                       for i in range(0, rows, per_pass)])
+        starts = range(0, rows, per_pass)
+        parts = [q8.row_slice(i, i + per_pass) for i in starts] if q8 else [x2[i : i + per_pass] for i in starts]
+        y = torch.cat([cuda_gguf.gemv(p, flat, qtype, out_features, in_features) for p in parts])
     else:
         w = cuda_gguf.dequantize(flat, qtype, out_features, in_features, x.dtype)
         y = torch.matmul(x2, w.t())

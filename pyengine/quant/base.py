@@ -29,6 +29,11 @@ class LinearMethod(nn.Module, ABC):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., in_features] -> x @ W.T [..., out_features]`` in x's dtype."""
 
+    def accepts_q8(self, rows: int) -> bool:
+        """Whether :meth:`forward` takes, for ``rows`` rows, an ``ops.q8_activation.Q8Activation`` (activations
+        with int8 codes written by their producer) and uses its codes; then the producer may be asked for them."""
+        return False
+
 
 def build_linear_methods(
     shards: Sequence[WeightData], dtype: torch.dtype, device: torch.device

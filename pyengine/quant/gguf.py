@@ -8,7 +8,9 @@ from dataclasses import dataclass
 import torch
 from gguf import GGMLQuantizationType
 
-from candle_vllm.pyengine.ops.quant import quant_matmul
+from candle_vllm.pyengine.ops import cuda_gguf
+from candle_vllm.pyengine.ops.q8_activation import BLOCK, Q8Activation, fusion_enabled
+from candle_vllm.pyengine.ops.quant import GEMV_PASSES_MAX_ROWS, quant_matmul
 from candle_vllm.pyengine.quant.base import LinearMethod
 
 
@@ -41,5 +43,17 @@ class GGUFLinear(LinearMethod):
         out = sum(w.shape[0] for w in weights)
         return cls(GGUFWeight(data, weights[0].qtype, (out, weights[0].shape[1])), device)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def accepts_q8(self, rows: int) -> bool:
+        """True where the CUDA dp4a GEMV serves this weight for ``rows`` (<= GEMV_PASSES_MAX_ROWS) rows: it then
+        reads the codes a norm/SiLU kernel wrote instead of quantizing the input itself. CANDLE_VLLM_Q8_FUSION=0
+        turns it off."""
+        return (
+            1 <= rows <= GEMV_PASSES_MAX_ROWS
+            and self.in_features % BLOCK == 0
+            and fusion_enabled()
+            and cuda_gguf.type_supported_on(self.data.device, self.qtype)
+            and cuda_gguf.dp4a_supported(self.qtype)
+        )
+
+    def forward(self, x: torch.Tensor | Q8Activation) -> torch.Tensor:
         return quant_matmul(x, self.data, self.qtype, self.out_features, self.in_features)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
 
 # ||out - ref|| / ||ref|| bounds per storage dtype (outputs rounded once to that dtype, f32 accumulation).
 REL_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
@@ -32,3 +36,13 @@ def assert_greedy_equal_up_to_ties(got: list, want: list, length: int, label: st
                 top = w.outputs[0].logprobs[i]
                 assert a in top and top[b].logprob - top[a].logprob < tol, f"{label} step {i}: {a} vs {b}, {top}"
                 break
+
+
+def write_tiny_model_dir(path: Path, config: dict, vocab: int) -> Path:
+    """A model directory LLM(load_format="dummy") can serve: ``config`` as config.json and a word-level tokenizer
+    of ``vocab`` tokens t0, t1, ..."""
+    (path / "config.json").write_text(json.dumps(config))
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(path / "tokenizer.json"))
+    return path

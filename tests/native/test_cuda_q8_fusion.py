@@ -1,0 +1,283 @@
+"""Int8 activation codes written by RMSNorm / fused add+RMSNorm / SiLU-and-mul for the dp4a GGUF GEMV
+(``ops/q8_activation.py``, ``native/cuda/q8_activation.cuh``).
+
+Oracles:
+- the producers' dense output equals the plain kernel's, bit for bit (the codes are an extra output);
+- the codes and blocks equal a torch re-implementation of the rule (per 32 values: amax, IEEE 127 / amax, codes
+  trunc(v * inv +- 0.5), scale amax / 127, int sums of the two 16-value halves), on random data plus blocks that
+  hit the corner cases (an all-zero block, exact ties);
+- the codes equal the bytes the GEMV's own quantizer writes into its scratch for the same dense values, so the
+  GEMV on pre-quantized activations equals the GEMV on the dense tensor bit for bit (q4k, q8_0, q4_0, q6k; 1, 3,
+  8 and 13 rows, 13 being two 8-row passes);
+- a tiny random Llama with ISQ weights: logits and greedy tokens (CUDA graphs included) identical with the fusion
+  on and off (CANDLE_VLLM_Q8_FUSION=0), and the fused run really skips the quantizer launches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from _cuda_helpers import write_tiny_model_dir
+from gguf import GGMLQuantizationType as QT
+
+from candle_vllm import LLM, SamplingParams
+from candle_vllm.pyengine.config import config_from_hf_dict
+from candle_vllm.pyengine.loader.dummy import dummy_weights
+from candle_vllm.pyengine.models.llama import LlamaForCausalLM
+from candle_vllm.pyengine.ops import native, q8_activation, quant
+from candle_vllm.pyengine.ops.activation import silu_and_mul
+from candle_vllm.pyengine.ops.attention import AttentionMetadata
+from candle_vllm.pyengine.ops.norm import fused_add_rms_norm, rms_norm
+from candle_vllm.pyengine.ops.q8_activation import Q8Activation
+from candle_vllm.pyengine.quant.isq import isq_weight, quantize
+
+pytestmark = pytest.mark.cuda
+DEV = torch.device("cuda")
+EPS = 1e-5
+ROWS = [1, 3, 8, 13]
+GEMV_TYPES = [QT.Q4_K, QT.Q8_0, QT.Q4_0, QT.Q6_K]
+VOCAB = 512
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": VOCAB,
+    "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "torch_dtype": "bfloat16",
+}
+
+
+@pytest.fixture(autouse=True)
+def _needs_cuda_kernels() -> None:
+    if not native.available(DEV) or not native.module().built_with_cuda:
+        pytest.fail("candle_vllm._native was built without CUDA kernels")
+
+
+@pytest.fixture
+def fusion(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[bool], None]]:
+    """Sets CANDLE_VLLM_Q8_FUSION (read once per process) and forgets the cached value before and after."""
+
+    def set_fusion(on: bool) -> None:
+        monkeypatch.setenv("CANDLE_VLLM_Q8_FUSION", "1" if on else "0")
+        q8_activation.fusion_enabled.cache_clear()
+
+    yield set_fusion
+    monkeypatch.delenv("CANDLE_VLLM_Q8_FUSION", raising=False)
+    q8_activation.fusion_enabled.cache_clear()
+
+
+def _randn(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEV)
+
+
+def reference_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (codes int8 [M, K], scales f32 [M, K/32], half sums int [M, K/32, 2]) by the rule, on the CPU
+    with tensor/tensor divisions (IEEE; torch's division by a Python scalar may multiply by a reciprocal)."""
+    m, k = x.shape
+    xf = x.cpu().float().view(m, k // 32, 32)
+    amax = xf.abs().amax(dim=-1, keepdim=True)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
+    scaled = xf * inv
+    codes = torch.trunc(scaled + torch.where(scaled >= 0, 0.5, -0.5)).to(torch.int32)
+    d = (amax / torch.full_like(amax, 127.0)).squeeze(-1)
+    return codes.to(torch.int8).view(m, k), d, codes.view(m, k // 32, 2, 16).sum(-1)
+
+
+def unpack_blocks(xb: torch.Tensor, m: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The native XBlocks (f32 scale, two int16 sums) of [m, k] activations as (scales, sums)."""
+    raw = xb.cpu().view(m, k // 32, 8)
+    return raw[..., :4].contiguous().view(torch.float32).squeeze(-1), raw[..., 4:].contiguous().view(torch.int16)
+
+
+def assert_codes_follow_rule(act: Q8Activation) -> None:
+    x = act.x.reshape(-1, act.x.shape[-1])
+    m, k = x.shape
+    want_q, want_d, want_sums = reference_codes(x)
+    got_d, got_sums = unpack_blocks(act.xb, m, k)
+    assert torch.equal(act.xq.cpu(), want_q), f"{int((act.xq.cpu() != want_q).sum())} codes differ"
+    assert torch.equal(got_d, want_d), "block scales differ"
+    assert torch.equal(got_sums.to(torch.int32), want_sums.to(torch.int32)), "half sums differ"
+
+
+def gemv_quantizer_bytes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The codes and blocks the dp4a GEMV's own quantizer writes for x [M, K] (read back from its scratch)."""
+    m, k = x.shape
+    w = quantize(_randn(4, k, dtype=torch.float32, seed=1), "q8_0")
+    mod = native.module()
+    xq = torch.empty(m, k, dtype=torch.int8, device=DEV)
+    xb = torch.empty(m, k // 32 * mod.cuda_gguf_xblock_bytes, dtype=torch.uint8, device=DEV)
+    y = torch.empty(m, 4, dtype=x.dtype, device=DEV)
+    for at in range(0, m, 8):  # the GEMV takes up to 8 rows
+        rows = min(8, m - at)
+        mod.cuda_gguf_gemv_q8(
+            y.data_ptr(), x[at:].data_ptr(), xq[at:].data_ptr(), xb[at:].data_ptr(), w.data_ptr(), rows, 4, k,
+            int(QT.Q8_0), native.dtype_code(x), native.stream(DEV),
+        )
+    return xq, xb
+
+
+def assert_codes_equal_gemv_quantizer(act: Q8Activation) -> None:
+    xq, xb = gemv_quantizer_bytes(act.x.reshape(-1, act.x.shape[-1]))
+    assert torch.equal(act.xq, xq), "codes differ from the GEMV quantizer's"
+    assert torch.equal(act.xb, xb), "blocks differ from the GEMV quantizer's"
+
+
+def with_zero_block(x: torch.Tensor) -> torch.Tensor:
+    """Row 0's first 32 values set to 0 (amax 0: scale 0 and zero codes, no division by zero)."""
+    x = x.clone()
+    x[0, :32] = 0
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hidden", [4096, 1056, 8448])  # 8448: two trips of 1024 threads, the second partial
+def test_rms_norm_codes(dtype: torch.dtype, hidden: int) -> None:
+    for m in ROWS:
+        x = with_zero_block(_randn(m, hidden, dtype=dtype, seed=m))
+        w = _randn(hidden, dtype=dtype, seed=99, scale=0.5)
+        act = rms_norm(x, w, EPS, q8=True)
+        assert isinstance(act, Q8Activation)
+        assert torch.equal(act.x, rms_norm(x, w, EPS)), "the dense output changed"
+        assert_codes_follow_rule(act)
+        assert_codes_equal_gemv_quantizer(act)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hidden", [4096, 1056])
+def test_fused_add_rms_norm_codes(dtype: torch.dtype, hidden: int) -> None:
+    for m in ROWS:
+        x, res = _randn(m, hidden, dtype=dtype, seed=m), _randn(m, hidden, dtype=dtype, seed=50 + m)
+        w = _randn(hidden, dtype=dtype, seed=98, scale=0.5)
+        want_x, want_res = fused_add_rms_norm(x.clone(), res.clone(), w, EPS)
+        act, got_res = fused_add_rms_norm(x.clone(), res.clone(), w, EPS, q8=True)
+        assert isinstance(act, Q8Activation)
+        assert torch.equal(act.x, want_x) and torch.equal(got_res, want_res), "the dense outputs changed"
+        assert_codes_follow_rule(act)
+        assert_codes_equal_gemv_quantizer(act)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [4096, 1056, 14336])
+def test_silu_and_mul_codes(dtype: torch.dtype, d: int) -> None:
+    for m in ROWS:
+        x = _randn(m, 2 * d, dtype=dtype, seed=m, scale=2.0)
+        act = silu_and_mul(x, q8=True)
+        assert isinstance(act, Q8Activation)
+        assert torch.equal(act.x, silu_and_mul(x)), "the dense output changed"
+        assert_codes_follow_rule(act)
+        assert_codes_equal_gemv_quantizer(act)
+
+
+def test_corner_blocks_follow_the_rule() -> None:
+    """A zero block -> zero codes and scale; exact ties round away from zero. silu(32) is 32 in f32, so the output
+    is 32 * up exactly; a block of up holding +-127 has amax 4064 and inv exactly 1/32, and up's halves
+    (2.5, -0.5, ...) land on ties (2.5 -> 3, -0.5 -> -1)."""
+    up = with_zero_block(_randn(2, 256, dtype=torch.bfloat16, seed=3))
+    ties = torch.tensor([127.0, -127.0, 2.5, -2.5, 0.5, -0.5, 1.5, -1.5] * 4, dtype=up.dtype, device=DEV)
+    up[0, 32:64] = ties
+    act = silu_and_mul(torch.cat([torch.full_like(up, 32.0), up], dim=-1), q8=True)
+    assert isinstance(act, Q8Activation)
+    assert torch.equal(act.x[0, 32:64], 32 * ties)
+    got_d, _ = unpack_blocks(act.xb, 2, 256)
+    assert (act.xq[0, :32] == 0).all() and got_d[0, 0] == 0
+    want = torch.tensor([127, -127, 3, -3, 1, -1, 2, -2] * 4, dtype=torch.int8)
+    assert torch.equal(act.xq[0, 32:64].cpu(), want)
+    assert_codes_follow_rule(act)
+
+
+def test_unsupported_shapes_return_plain_tensors() -> None:
+    """q8 is a request: f32 rows, rows not a multiple of 32 values and CPU tensors give today's plain output."""
+    x32 = _randn(2, 256, dtype=torch.float32, seed=1)
+    assert isinstance(rms_norm(x32, torch.ones(256, device=DEV), EPS, q8=True), torch.Tensor)
+    xodd = _randn(2, 2 * 48, dtype=torch.bfloat16, seed=2)
+    assert isinstance(silu_and_mul(xodd, q8=True), torch.Tensor)
+    xcpu = torch.randn(2, 256, dtype=torch.bfloat16)
+    assert isinstance(rms_norm(xcpu, torch.ones(256, dtype=torch.bfloat16), EPS, q8=True), torch.Tensor)
+
+
+@contextlib.contextmanager
+def counting(*names: str) -> Iterator[dict[str, int]]:
+    """Counts the calls of native functions (still running them) inside the block."""
+    mod, counts = native.module(), dict.fromkeys(names, 0)
+    with pytest.MonkeyPatch.context() as mp:
+        for name in names:
+            real = getattr(mod, name)
+
+            def counted(*args: object, _real: Callable[..., None] = real, _name: str = name) -> None:
+                counts[_name] += 1
+                _real(*args)
+
+            mp.setattr(mod, name, counted)
+        yield counts
+
+
+@pytest.mark.parametrize("qtype", GEMV_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("hidden", [4096, 1056])
+def test_gemv_on_codes_equals_gemv_on_dense(qtype: QT, hidden: int) -> None:
+    if hidden % 256 and qtype in (QT.Q4_K, QT.Q6_K):
+        pytest.skip("K-quant rows are whole 256-value super-blocks")
+    n = 300
+    data = quantize(_randn(n, hidden, dtype=torch.float32, seed=int(qtype)), qtype)
+    w = _randn(hidden, dtype=torch.bfloat16, seed=7, scale=0.5)
+    for m in ROWS:
+        act = rms_norm(_randn(m, hidden, dtype=torch.bfloat16, seed=m), w, EPS, q8=True)
+        assert isinstance(act, Q8Activation)
+        want = quant.quant_matmul(act.x, data, qtype, n, hidden)
+        with counting("cuda_gguf_gemv_q8", "cuda_gguf_gemv_q8_quantized") as counts:
+            got = quant.quant_matmul(act, data, qtype, n, hidden)
+        passes = -(-m // 8)
+        assert counts == {"cuda_gguf_gemv_q8": 0, "cuda_gguf_gemv_q8_quantized": passes}, counts
+        assert torch.equal(got, want), f"M={m}: max |diff| {(got.float() - want.float()).abs().max()}"
+
+
+def _tiny_llama(qtype: QT) -> LlamaForCausalLM:
+    cfg = config_from_hf_dict(TINY_LLAMA)
+    model = LlamaForCausalLM(cfg, torch.bfloat16, DEV)
+    weights = dummy_weights(model.expected_weights(), torch.bfloat16, DEV, seed=3)
+    model.load_weights((name, isq_weight(name, w, qtype, DEV)) for name, w in weights)
+    model.finish_loading()
+    return model
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q4_0], ids=lambda t: t.name)
+def test_model_logits_equal_with_and_without_fusion(qtype: QT, fusion: Callable[[bool], None]) -> None:
+    """Eager forwards of a few-token batch (one GEMV pass) and of 13 one-token sequences (two passes)."""
+    model = _tiny_llama(qtype)
+    layers = len(model.model.layers)
+    for query_lens in ([3, 4], [1] * 13):
+        t = sum(query_lens)
+        ids = torch.randint(0, VOCAB, (t,), generator=torch.Generator().manual_seed(t)).to(DEV)
+        pos = torch.cat([torch.arange(q) for q in query_lens]).to(DEV)
+        meta = AttentionMetadata.build(query_lens, device=DEV)
+        logits = {}
+        for on in (False, True):
+            fusion(on)
+            with counting("cuda_gguf_gemv_q8", "cuda_gguf_gemv_q8_quantized") as counts, torch.inference_mode():
+                logits[on] = model.compute_logits(model(ids, pos, meta))
+            passes = -(-t // 8)
+            fused = 3 * layers * passes if on else 0  # qkv, gate_up, down of each layer; o_proj quantizes itself
+            assert counts["cuda_gguf_gemv_q8_quantized"] == fused, (on, counts)
+            assert counts["cuda_gguf_gemv_q8"] == 4 * layers * passes - fused, (on, counts)
+        assert torch.equal(logits[True], logits[False]), f"{query_lens}: logits differ with the fusion"
+
+
+def test_engine_greedy_equal_with_and_without_fusion(tmp_path: Path, fusion: Callable[[bool], None]) -> None:
+    """Through LLM.generate with --isq q4k and decode CUDA graphs captured under each setting: tokens and their
+    logprobs (functions of the logits) equal."""
+    model = str(write_tiny_model_dir(tmp_path, TINY_LLAMA, VOCAB))
+    g = torch.Generator().manual_seed(11)
+    prompts = [{"prompt_token_ids": torch.randint(0, VOCAB, (int(n),), generator=g).tolist()} for n in (5, 17, 2, 9)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
+    outs = {}
+    for on in (True, False):
+        fusion(on)
+        llm = LLM(model=model, load_format="dummy", isq="q4k", dtype="bf16", mem=64, max_num_seqs=8, seed=0)
+        assert llm.engine.runner.graphs is not None, "decode should run inside CUDA graphs"
+        outs[on] = llm.generate(prompts, params)
+        del llm
+    for a, b in zip(outs[True], outs[False], strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True):
+            assert {k: v.logprob for k, v in la.items()} == {k: v.logprob for k, v in lb.items()}
