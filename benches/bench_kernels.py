@@ -176,47 +176,6 @@ def attention_rows(peak: float, results: list[dict]) -> None:
                             auto_partition=plan.partition_size, best=best, sweep_us=sweep))
 
 
-def attention_stage_rows(peak: float, results: list[dict]) -> None:
-    """Pipeline depth of the decode attention CTAs (K/V tiles in shared memory, ``stages``) for the small grids of
-    batch-1/4 decode, where few CTAs each stream a short piece and latency, not bandwidth, bounds them: heads per
-    CTA x partition x stages, CUDA-graph replays of the grid the engine captures (max_seq_len 8192 at a 4k
-    context). Cells whose shared memory does not fit print "-"."""
-    hq, hk, d, bs = 32, 8, 128, 64
-    print("\n== paged decode attention: pipeline depth (bf16, 32/8 heads, D=128, block 64) ==")
-    for b, ctx, max_len in [(1, 4096, 8192), (1, 4096, 4096), (4, 4096, 8192), (1, 32768, 32768)]:
-        nblocks = b * math.ceil(ctx / bs)
-        kv_bytes = 2 * b * ctx * hk * d * 2
-        copies = copies_for(kv_bytes, cap=8)
-        caches = [torch.randn(2, nblocks, bs, hk, d, device=DEV).to(BF16) for _ in range(copies)]
-        tables = torch.randperm(nblocks, device=DEV).view(b, -1).to(torch.int32)
-        lens = torch.full((b,), ctx, dtype=torch.int32, device=DEV)
-        q = torch.randn(b, hq, d, device=DEV).to(BF16)
-        plan = cuda.auto_decode_plan(q, caches[0], max_len)
-        auto_us = 1e6 * graph_seconds(lambda i: cuda.paged_decode_attention(q, caches[i % copies], tables, lens,
-                                                                            d**-0.5, max_len))
-        print(f"B={b} ctx={ctx} grid={max_len}: auto {plan} {auto_us:.1f} us "
-              f"({100 * kv_bytes / auto_us / 1e-6 / peak:.0f}%)")
-        best = ("auto", auto_us)
-        for heads in (4, 2, 1):
-            for size in (64, 128, 256, 512):
-                cells = []
-                for stages in (3, 4, 6, 8):
-                    try:
-                        us = 1e6 * graph_seconds(lambda i, h=heads, p=size, st=stages: cuda.paged_decode_attention(
-                            q, caches[i % copies], tables, lens, d**-0.5, max_len, partition_size=p,
-                            heads_per_cta=h, stages=st))
-                    except ValueError:
-                        cells.append(f"s{stages}:-")
-                        continue
-                    cells.append(f"s{stages}:{us:.1f}")
-                    results.append(dict(kernel="paged_decode_stages", b=b, ctx=ctx, max_seq_len=max_len, heads=heads,
-                                        partition=size, stages=stages, us=us))
-                    if us < best[1]:
-                        best = (f"h{heads}/p{size}/s{stages}", us)
-                print(f"  h{heads} p{size}: " + "  ".join(cells))
-        print(f"  best {best[0]} {best[1]:.1f} us ({100 * kv_bytes / best[1] / 1e-6 / peak:.0f}%)")
-
-
 PREFILL_CASES = [([4096], [4096]), ([8192], [8192]), ([1024] * 4, [1024] * 4), ([2048], [4096])]
 
 
@@ -426,7 +385,7 @@ def _report(results: list[dict], case: str, ours: float, nbytes: int, ref: float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", help="write all rows to this file")
-    parser.add_argument("--only", help="comma-separated sections: elementwise, rotary, attention, attention-stages, gemm, prefill")
+    parser.add_argument("--only", help="comma-separated sections: elementwise, rotary, attention, gemm, prefill")
     parser.add_argument("--gemm-m", default=",".join(map(str, GEMM_MS)), help="skinny GEMM row counts to time")
     args = parser.parse_args()
     only = set(args.only.split(",")) if args.only else None
@@ -438,8 +397,7 @@ def main() -> None:
           f"copy bandwidth {peak / 1e9:.0f} GB/s (read + write)")
     results: list[dict] = [dict(kernel="copy", gbps=peak / 1e9, device=props.name)]
     sections = {"elementwise": elementwise_rows, "rotary": rotary_rows, "attention": attention_rows,
-                "attention-stages": attention_stage_rows, "gemm": lambda p, r: gemm_rows(p, r, ms),
-                "prefill": prefill_rows}
+                "gemm": lambda p, r: gemm_rows(p, r, ms), "prefill": prefill_rows}
     if only and not only <= sections.keys():
         parser.error(f"unknown sections {sorted(only - sections.keys())}; choose from {sorted(sections)}")
     for name, section in sections.items():

@@ -2,8 +2,8 @@
 //
 // Grid (kv-head group, sequence, piece). A CTA covers heads_per_cta kv heads, at most kAttnCtaRow / head_dim
 // (all 8 of a Llama-3-8B layer: each token's cache row streamed as one contiguous run of 2 KB), a warp per kv
-// head; small batches take fewer heads per CTA, so more, smaller CTAs fill the GPU, several per SM. K/V tiles of kTile tokens go global -> shared through a cp.async pipeline `stages` tiles deep (a launch
-// choice: deep for the few small CTAs of a batch-1 step, 3 for whole-row CTAs; zero-filled past the piece), 16-byte chunks XOR-swizzled by token so the ldmatrix reads are free of bank conflicts. Each warp
+// head; small batches take fewer heads per CTA, so more, smaller CTAs fill the GPU, several per SM. K/V tiles of kTile tokens go global -> shared through a kStages-deep cp.async pipeline (zero-filled past
+// the piece), 16-byte chunks XOR-swizzled by token so the ldmatrix reads are free of bank conflicts. Each warp
 // holds its kv head's query heads as the 16 rows of an mma.m16n8k16 A operand (padded with zero rows), takes
 // scores Q K^T and the update P V on the tensor cores, and keeps an online softmax per row in registers
 // (base-2 exponentials, the scale folded in before exp2).
@@ -30,7 +30,7 @@ namespace candle_vllm::cuda {
 namespace {
 
 constexpr int kTile = 16;   // tokens per pipeline stage: the k of the P V mma
-constexpr int kMaxStages = 8;  // tiles in shared memory at most; stages - 1 in flight while one is computed
+constexpr int kStages = 3;  // tiles in shared memory; kStages - 1 in flight while one is computed
 constexpr float kLog2e = 1.4426950408889634f;
 
 // The value a running max is subtracted from: 0 while nothing was seen, so exp2(-inf - base) stays 0, not NaN.
@@ -94,8 +94,7 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
     T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
     const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_lens, float* __restrict__ part_out,
     float* __restrict__ part_ml, int* __restrict__ counters, int group, int q_heads, int kv_heads, int64_t q_stride,
-    int block_size, int block_shift, int max_blocks, int piece_cap, float qscale, float cap_log2, float inv_cap, int sliding_window,
-    int stages) {
+    int block_size, int block_shift, int max_blocks, int piece_cap, float qscale, float cap_log2, float inv_cap, int sliding_window) {
   constexpr int kHeadChunks = D / 8;      // 16-byte chunks of one kv head's row
   constexpr int kTokStep = 256 / D;       // tokens one pass of the CTA's copies covers
   constexpr int kKSteps = D / 16;         // k steps of Q K^T, and pairs of 8-wide column tiles of P V
@@ -108,7 +107,7 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
   const bool active = kvh < kv_heads;
   const int row_chunks = warps * kHeadChunks;  // chunks of one token in a tile
   const int tile_bytes = kTile * row_chunks * 16;
-  int32_t* tbl = reinterpret_cast<int32_t*>(smem + stages * 2 * tile_bytes);
+  int32_t* tbl = reinterpret_cast<int32_t*>(smem + kStages * 2 * tile_bytes);
   const int gid = lane >> 2, tig = lane & 3;  // mma fragment row group / thread in group
   const int r0 = gid, r1 = gid + 8;           // this lane's query rows (heads of the group)
 
@@ -162,13 +161,14 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
   const int ntiles = (t1 - t0 + kTile - 1) / kTile;
   // Leading tiles wholly before the newest token are final before the previous kernel ends: issue them now.
   const int old_tiles = t1 < ctx ? ntiles : (ctx - 1 - t0) / kTile;
-  const int early = min(min(ntiles, stages - 1), old_tiles);
-  for (int s = 0; s < stages - 1; ++s) {
+  const int early = min(min(ntiles, kStages - 1), old_tiles);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
     if (s == early) pdl_wait();
     if (s < ntiles) load_tile(s, s);
     cp_async_commit();
   }
-  if (early == stages - 1) pdl_wait();
+  if (early == kStages - 1) pdl_wait();
 
   // A fragments of Q (rows past the group are zero): the previous kernel wrote q, so after the wait.
   uint32_t qa[kKSteps][4];
@@ -193,12 +193,12 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
   const int vt = (((lane >> 3) & 1) << 3) + (lane & 7), vcol = warp * kHeadChunks + (lane >> 4);
 
   for (int i = 0; i < ntiles; ++i) {
-    cp_async_wait_n(stages - 2);
+    cp_async_wait<kStages - 2>();
     __syncthreads();  // tile i landed for every thread; the stage of tile i - 1 is free again
-    if (i + stages - 1 < ntiles) load_tile(i + stages - 1, (i + stages - 1) % stages);
+    if (i + kStages - 1 < ntiles) load_tile(i + kStages - 1, (i + kStages - 1) % kStages);
     cp_async_commit();
     if (!active) continue;
-    const uint32_t ks = sbase + (i % stages) * 2 * tile_bytes, vs = ks + tile_bytes;
+    const uint32_t ks = sbase + (i % kStages) * 2 * tile_bytes, vs = ks + tile_bytes;
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
     for (int k = 0; k < kKSteps; ++k) {
@@ -394,11 +394,11 @@ __global__ void reshape_and_cache_kernel(const T* k, const T* v, T* __restrict__
   pdl_launch_dependents();
 }
 
-// Dynamic shared memory a decode CTA needs: `stages` K/V tiles plus its piece's block-table slice.
+// Dynamic shared memory a decode CTA needs: kStages K/V tiles plus its piece's block-table slice.
 inline size_t decode_smem_bytes(int64_t warps, int64_t head_dim, int64_t elem_bytes, int64_t piece_cap,
-                                int64_t block_size, int64_t stages) {
+                                int64_t block_size) {
   const int64_t table = (piece_cap + block_size - 1) / block_size + 1;
-  return static_cast<size_t>(stages * 2 * kTile * warps * head_dim * elem_bytes + table * 4);
+  return static_cast<size_t>(kStages * 2 * kTile * warps * head_dim * elem_bytes + table * 4);
 }
 
 // Raises the decode kernel's dynamic shared-memory limit to the device's opt-in maximum and asks for the
@@ -429,7 +429,7 @@ template <typename T, int D>
 void launch_decode(T* out, const T* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens,
                    float* part_out, float* part_ml, int32_t* counters, int64_t num_seqs, int64_t q_heads,
                    int64_t kv_heads, int64_t q_stride, int64_t block_size, int64_t max_blocks, int64_t partition_size,
-                   int64_t parts, int64_t heads_per_cta, int64_t stages, float scale, float softcap, int64_t window,
+                   int64_t parts, int64_t heads_per_cta, float scale, float softcap, int64_t window,
                    cudaStream_t stream) {
   const int64_t group = q_heads / kv_heads;
   const int64_t warps = std::min<int64_t>(kv_heads, heads_per_cta);
@@ -442,17 +442,17 @@ void launch_decode(T* out, const T* q, const T* kc, const T* vc, const int32_t* 
   const float qscale = softcap > 0.f ? scale : scale * kLog2e;
   const float cap_log2 = softcap > 0.f ? softcap * kLog2e : 0.f;
   const float inv_cap = softcap > 0.f ? 1.f / softcap : 0.f;
-  const size_t smem = decode_smem_bytes(warps, D, sizeof(T), cap, block_size, stages);
+  const size_t smem = decode_smem_bytes(warps, D, sizeof(T), cap, block_size);
   if (smem > static_cast<size_t>(decode_smem_optin<T, D>()))
-    throw std::invalid_argument("paged_attention_decode: heads_per_cta x head_dim x stages, partition_size / "
-                                "block_size too large (the CTA's K/V stages and block-table slice do not fit "
-                                "shared memory); use fewer heads per CTA, fewer stages or a smaller partition_size");
+    throw std::invalid_argument("paged_attention_decode: heads_per_cta x head_dim, partition_size / block_size too "
+                                "large (the CTA's K/V stages and block-table slice do not fit shared memory); use "
+                                "fewer heads per CTA or a smaller partition_size");
   const dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(num_seqs), static_cast<unsigned>(parts));
   launch_pdl("paged_attention_decode", paged_decode_kernel<T, D>, grid, dim3(static_cast<unsigned>(warps * 32)), smem,
              stream, out, q, kc, vc, tables, lens, part_out, part_ml, parts > 1 ? counters : nullptr,
              static_cast<int>(group), static_cast<int>(q_heads), static_cast<int>(kv_heads), q_stride,
              static_cast<int>(block_size), shift, static_cast<int>(max_blocks), static_cast<int>(cap), qscale,
-             cap_log2, inv_cap, static_cast<int>(window), static_cast<int>(stages));
+             cap_log2, inv_cap, static_cast<int>(window));
   if (parts > 1 && counters == nullptr) {
     launch_pdl("paged_attention_decode reduce", paged_decode_reduce_kernel<T, D>,
                dim3(static_cast<unsigned>(q_heads), static_cast<unsigned>(num_seqs)), dim3(kReduceThreads), 0, stream,
@@ -469,8 +469,8 @@ void paged_attention_decode(void* out, const void* q, const void* key_cache, con
                             float* partial_ml, int32_t* reduce_counters, int64_t num_seqs, int64_t q_heads,
                             int64_t kv_heads, int64_t head_dim, int64_t q_stride, int64_t block_size,
                             int64_t max_blocks, int64_t partition_size, int64_t num_partitions,
-                            int64_t heads_per_cta, int64_t stages, float scale, float softcap,
-                            int64_t sliding_window, DType dtype, std::uintptr_t stream) {
+                            int64_t heads_per_cta, float scale, float softcap, int64_t sliding_window, DType dtype,
+                            std::uintptr_t stream) {
   if (kv_heads < 1 || q_heads % kv_heads != 0 || q_heads / kv_heads > kAttnMaxGroup)
     throw std::invalid_argument("paged_attention_decode: q_heads must be a multiple of kv_heads, at most 16x");
   if (head_dim != 64 && head_dim != 128 && head_dim != 256)
@@ -478,7 +478,6 @@ void paged_attention_decode(void* out, const void* q, const void* key_cache, con
   if (heads_per_cta < 1 || heads_per_cta > kAttnCtaRow / head_dim)
     throw std::invalid_argument("paged_attention_decode: heads_per_cta must be 1 .. 1024 / head_dim");
   if (block_size < 1) throw std::invalid_argument("paged_attention_decode: block_size must be positive");
-  if (stages < 2 || stages > kMaxStages) throw std::invalid_argument("paged_attention_decode: stages must be 2 .. 8");
   if (partition_size < 1 || num_partitions < 1) throw std::invalid_argument("paged_attention_decode: bad partitioning");
   if (num_partitions > 1 && (partial_out == nullptr || partial_ml == nullptr))
     throw std::invalid_argument("paged_attention_decode: split-KV needs partial buffers");
@@ -490,7 +489,7 @@ void paged_attention_decode(void* out, const void* q, const void* key_cache, con
           static_cast<T*>(out), static_cast<const T*>(q), static_cast<const T*>(key_cache),
           static_cast<const T*>(value_cache), block_tables, seq_lens, partial_out, partial_ml, reduce_counters,
           num_seqs, q_heads, kv_heads, q_stride, block_size, max_blocks, partition_size, num_partitions,
-          heads_per_cta, stages, scale, softcap, sliding_window, as_stream(stream));
+          heads_per_cta, scale, softcap, sliding_window, as_stream(stream));
     };
     if (head_dim == 64) run(std::integral_constant<int, 64>{});
     else if (head_dim == 128) run(std::integral_constant<int, 128>{});

@@ -297,12 +297,11 @@ def decode_head_groups(kv_heads: int, head_dim: int, heads_per_cta: int | None =
 
 
 class DecodePlan(NamedTuple):
-    """Launch shape of :func:`paged_decode_attention` for one batch bucket: kv heads per CTA, tokens per
-    split-KV piece at the grid's maximum, and K/V tiles per CTA in shared memory (pipeline depth)."""
+    """Launch shape of :func:`paged_decode_attention` for one batch bucket: kv heads per CTA and tokens per
+    split-KV piece at the grid's maximum."""
 
     heads_per_cta: int
     partition_size: int
-    stages: int = 3
 
 
 def decode_fused_reduce(parts: int) -> bool:
@@ -424,15 +423,14 @@ def paged_decode_attention(
     partition_size: int | None = None,
     heads_per_cta: int | None = None,
     fused_reduce: bool | None = None,
-    stages: int | None = None,
 ) -> torch.Tensor:
     """One query token per sequence over the paged cache: q [B, Hq, D] -> out [B, Hq, D].
 
     ``max_seq_len`` (host int, >= every seq_lens entry) fixes the split-KV grid, so a CUDA graph captured with
     the model's maximum length serves every shorter context (the kernel cuts each sequence's actual span into
-    that grid's pieces). ``partition_size``, ``heads_per_cta`` (kv heads per CTA, 1 .. 1024 // D), ``stages``
-    (K/V tiles per CTA in shared memory, 2 .. 8) and ``fused_reduce`` (the last CTA of a head group combines the
-    pieces instead of a second kernel) override :func:`decode_plan` and :func:`decode_fused_reduce` one by one (benchmarks and tests use them). block_tables int32 [B, max_blocks],
+    that grid's pieces). ``partition_size``, ``heads_per_cta`` (kv heads per CTA, 1 .. 1024 // D) and
+    ``fused_reduce`` (the last CTA of a head group combines the pieces instead of a second kernel) override
+    :func:`decode_plan` and :func:`decode_fused_reduce` one by one (benchmarks and tests use them). block_tables int32 [B, max_blocks],
     seq_lens int32 [B]. The first call on a device must not be inside CUDA-graph capture.
     """
     if not paged_decode_supported(q, kv_cache):
@@ -450,7 +448,6 @@ def paged_decode_attention(
     plan = auto_decode_plan(q, kv_cache, max_seq_len)
     partition_size = partition_size or plan.partition_size
     heads_per_cta = heads_per_cta or plan.heads_per_cta
-    stages = stages or plan.stages
     parts = max(1, math.ceil(max_seq_len / partition_size))
     fused = decode_fused_reduce(parts) if fused_reduce is None else fused_reduce
     counters = _reduce_counters(_device_index(q.device))
@@ -466,7 +463,7 @@ def paged_decode_attention(
     native.module().cuda_paged_attention_decode(
         out.data_ptr(), q.data_ptr(), kp, vp, block_tables.data_ptr(), seq_lens.data_ptr(), po_ptr, pml_ptr,
         counters.data_ptr() if fused else 0, b, hq, hk, d, q.stride(0), block_size, block_tables.shape[1],
-        partition_size, parts, heads_per_cta, stages, scale, softcap or 0.0, sliding_window or 0, native.dtype_code(q),
+        partition_size, parts, heads_per_cta, scale, softcap or 0.0, sliding_window or 0, native.dtype_code(q),
         native.stream(q.device),
     )
     return out

@@ -198,22 +198,6 @@ def test_every_heads_per_cta_and_reduce_form(
     assert rel_error(got, _reference(q, cache, tables, _BOUNDARY_LENS, d**-0.5)) < REL_TOL[torch.bfloat16]
 
 
-@pytest.mark.parametrize("stages", [2, 4, 8])
-@pytest.mark.parametrize("d,heads_per_cta", [(64, 2), (128, 1), (128, 2), (256, 1)])
-@pytest.mark.parametrize("partition_size", [64, 256])
-def test_pipeline_depths(stages: int, d: int, heads_per_cta: int, partition_size: int) -> None:
-    """K/V tiles in flight per CTA (a launch argument): pieces shorter than, equal to and longer than the
-    pipeline, at tile and piece boundaries, with both reduce forms' inputs (split-KV pieces)."""
-    q, cache, table_t, tables = _paged_case(_BOUNDARY_LENS, 32, 8, d, 16, torch.bfloat16, seed=stages + d)
-    lens_t = torch.tensor(_BOUNDARY_LENS, dtype=torch.int32, device=DEV)
-    poison_allocator(DEV, 1 << 22)
-    got = cuda.paged_decode_attention(
-        q, cache, table_t, lens_t, d**-0.5, max_seq_len=1024, partition_size=partition_size,
-        heads_per_cta=heads_per_cta, stages=stages,
-    )
-    assert rel_error(got, _reference(q, cache, tables, _BOUNDARY_LENS, d**-0.5)) < REL_TOL[torch.bfloat16]
-
-
 def test_fused_reduce_rearms_its_counters() -> None:
     """The last CTA re-zeroes its counter: the same fused call twice, then with other lengths, gives the right
     answer each time (a counter left non-zero would make no CTA, or the wrong one, reduce)."""
@@ -232,17 +216,11 @@ def test_heads_per_cta_out_of_range_is_refused() -> None:
     lens_t = torch.tensor([5], dtype=torch.int32, device=DEV)
     with pytest.raises(ValueError, match=r"heads_per_cta must be 1 \.\. 4"):
         cuda.paged_decode_attention(q, cache, table_t, lens_t, 0.1, max_seq_len=16, heads_per_cta=8)
-    with pytest.raises(ValueError, match=r"stages must be 2 \.\. 8"):
-        cuda.paged_decode_attention(q, cache, table_t, lens_t, 0.1, max_seq_len=16, stages=9)
 
 
 @pytest.mark.parametrize("writer", ["rope_cache", "reshape_and_cache"])
-@pytest.mark.parametrize(
-    "heads_per_cta,fused_reduce,stages", [(8, False, 3), (2, False, 3), (2, True, 3), (1, True, 3), (2, False, 8)]
-)
-def test_decode_after_the_newest_token_write_in_a_graph(
-    writer: str, heads_per_cta: int, fused_reduce: bool, stages: int
-) -> None:
+@pytest.mark.parametrize("heads_per_cta,fused_reduce", [(8, False), (2, False), (2, True), (1, True)])
+def test_decode_after_the_newest_token_write_in_a_graph(writer: str, heads_per_cta: int, fused_reduce: bool) -> None:
     """The decode step as the engine captures it: the fused RoPE + cache write (or reshape_and_cache) stores each
     sequence's newest K/V and rotates q, then the decode kernel, a programmatic dependent launch, runs right
     after it. Before each replay the newest slots hold large garbage and q is un-rotated, so a kernel that read
@@ -272,8 +250,8 @@ def test_decode_after_the_newest_token_write_in_a_graph(
         else:
             cuda.reshape_and_cache(k, v, cache, slots)
         return cuda.paged_decode_attention(
-            q, cache, table_t, lens_t, d**-0.5, max_len, partition_size=64 if stages == 3 else 256,
-            heads_per_cta=heads_per_cta, fused_reduce=fused_reduce, stages=stages,
+            q, cache, table_t, lens_t, d**-0.5, max_len, partition_size=64, heads_per_cta=heads_per_cta,
+            fused_reduce=fused_reduce,
         )
 
     side = torch.cuda.Stream()
