@@ -19,10 +19,12 @@ namespace {
 
 using gguf::XBlock;
 constexpr int kThreads = 128;
-// One token: at most 64 registers, so 8 CTAs fit an SM and a 4096-row GEMV (1024 CTAs of 4 rows) runs in one
-// wave; Nsight Compute showed 78 registers, 6 CTAs per SM, 1.29 waves and 26-41 % of DRAM bandwidth.
-template <int M>
-constexpr int kMinCtas = M == 1 ? 8 : 1;
+// CTAs per SM the register allocation must allow. One token with 2-row CTAs: 8 (at most 64 registers, no
+// spills), measured on the H200 (q6k 4096x4096 29.7 -> 37.0 % of bandwidth, 4096x14336 38.8 -> 44.9 %; q8_0
+// and q4_0 even). The 4-row CTAs of Q4_K/Q5_K spill at 64 registers and lost (q4k 28672x4096 24.8 -> 28.1 us),
+// so they keep the compiler's choice.
+template <class Q, int M>
+constexpr int kMinCtas = M == 1 && Q::kRowsAtM1 <= 2 ? 8 : 1;
 
 // Eight threads per 32-element block, four elements each.
 template <typename T>
@@ -40,7 +42,7 @@ __global__ void __launch_bounds__(256) quantize_x_kernel(const T* x, int8_t* __r
 }
 
 template <class Q, int M, int R>
-__global__ void __launch_bounds__(kThreads, kMinCtas<M>) gemv_q8_kernel(void* __restrict__ y, bool bf16,
+__global__ void __launch_bounds__(kThreads, kMinCtas<Q, M>) gemv_q8_kernel(void* __restrict__ y, bool bf16,
                                                            const int8_t* __restrict__ xq,
                                                            const XBlock* __restrict__ xb,
                                                            const uint8_t* __restrict__ w, int rows_m, int N, int K,
