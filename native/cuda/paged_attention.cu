@@ -316,26 +316,22 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
 
 constexpr int kReduceThreads = 256;
 
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_max(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < kReduceThreads / 32 ? scratch[lane] : -INFINITY;
-  return warp_max(v);
-}
-
-// Combines the pieces of one (sequence, query head): rescale each by 2^(max_p - max) and normalise (the
-// maxima are in base-2 units, as the decode kernel keeps them). Threads take float4 columns of the output
-// and several pieces side by side, so many partial rows are in flight at once.
+// Combines the pieces of one (sequence, query head) in one pass over memory: each thread owns a float4 column
+// and every kRows-th piece, and folds its pieces into a running (max, denominator, column sum), rescaling by
+// 2^(old max - new max) as a larger maximum arrives (the maxima are in base-2 units, as the decode kernel
+// keeps them); the kRows partial states of a column then merge through shared memory. One round of loads
+// (max, sum and partial row of each piece together) instead of a max pass, a sum pass and a row pass.
 template <typename T, int D>
 __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(
     T* __restrict__ out, const float* __restrict__ part_out, const float* __restrict__ part_ml,
     const int32_t* __restrict__ seq_lens, int num_seqs, int q_heads, int parts, int piece_cap, int sliding_window) {
   constexpr int kCols = D / 4;
   constexpr int kRows = kReduceThreads / kCols;
-  __shared__ float scratch[kReduceThreads / 32];
-  __shared__ float4 rows[kRows][kCols];
+  struct State {
+    float m, den;
+    float4 acc;
+  };
+  __shared__ State states[kRows][kCols];
   const size_t head = static_cast<size_t>(blockIdx.y) * q_heads + blockIdx.x;
   const int ctx = seq_lens[blockIdx.y];  // an input of the decode kernel, not its output: read before the wait
   const int span = ctx - (sliding_window > 0 ? max(0, ctx - sliding_window) : 0);
@@ -344,34 +340,40 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(
   pdl_wait();
   const float* ms = part_ml + head * parts;
   const float* ls = part_ml + (static_cast<size_t>(num_seqs) * q_heads + head) * parts;
-  float m = -INFINITY;
-  for (int p = threadIdx.x; p < used; p += kReduceThreads) m = fmaxf(m, __ldcg(ms + p));
-  m = block_max(m, scratch);
-  const float base = exp_base(m);
-  float den = 0.f;
-  for (int p = threadIdx.x; p < used; p += kReduceThreads) den += __ldcg(ls + p) * exp2f(__ldcg(ms + p) - base);
-  den = block_sum(den);
   const int col = threadIdx.x % kCols, r = threadIdx.x / kCols;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 8
+  State st{-INFINITY, 0.f, make_float4(0.f, 0.f, 0.f, 0.f)};
+#pragma unroll 4
   for (int p = r; p < used; p += kRows) {
-    const float w = exp2f(__ldcg(ms + p) - base);
+    const float mp = __ldcg(ms + p), lp = __ldcg(ls + p);
     const float4 x = __ldcg(reinterpret_cast<const float4*>(part_out + (head * parts + p) * D) + col);
-    acc.x += w * x.x; acc.y += w * x.y; acc.z += w * x.z; acc.w += w * x.w;
+    const float m = fmaxf(st.m, mp), base = exp_base(m);
+    const float keep = exp2f(st.m - base), w = exp2f(mp - base);
+    st.m = m;
+    st.den = st.den * keep + w * lp;
+    st.acc = make_float4(st.acc.x * keep + w * x.x, st.acc.y * keep + w * x.y, st.acc.z * keep + w * x.z,
+                         st.acc.w * keep + w * x.w);
   }
-  rows[r][col] = acc;
+  states[r][col] = st;
   __syncthreads();
   pdl_launch_dependents();  // the o_proj GEMV after it may prefetch its weights meanwhile
-  if (r == 0) {
-    for (int i = 1; i < kRows; ++i) {
-      const float4 x = rows[i][col];
-      acc.x += x.x; acc.y += x.y; acc.z += x.z; acc.w += x.w;
-    }
-    const float inv = den > 0.f ? 1.f / den : 0.f;
-    T* o = out + head * D + col * 4;
-    store2<T>(o, acc.x * inv, acc.y * inv);
-    store2<T>(o + 2, acc.z * inv, acc.w * inv);
+  if (r != 0) return;
+  float m = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) m = fmaxf(m, states[i][col].m);
+  const float base = exp_base(m);
+  float den = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const State& o = states[i][col];
+    const float w = exp2f(o.m - base);
+    den += w * o.den;
+    acc.x += w * o.acc.x; acc.y += w * o.acc.y; acc.z += w * o.acc.z; acc.w += w * o.acc.w;
   }
+  const float inv = den > 0.f ? 1.f / den : 0.f;
+  T* o = out + head * D + col * 4;
+  store2<T>(o, acc.x * inv, acc.y * inv);
+  store2<T>(o + 2, acc.z * inv, acc.w * inv);
 }
 
 template <typename T, int V>
