@@ -324,14 +324,14 @@ def _piece_cost(ctas_per_piece: int, parts: int, max_tiles: int, share: float, r
     Each SM streams its CTAs' tiles (``share``: a CTA's fraction of a full 1024-element row); a wave of resident
     CTAs pays one tile time of start-up (seq_lens -> block table -> first K/V); a lone small CTA has too few bytes
     in flight to reach the SM's share of bandwidth (half a full-row CTA's two stages suffice); each piece costs
-    1/18 tile time for its partials and their reduce."""
+    1/36 tile time for its partials and their one-pass reduce."""
     ctas = ctas_per_piece * parts
     per_sm = math.ceil(ctas / sms)
     waves = math.ceil(per_sm / resident)
     concurrent = min(per_sm, resident)
     speed = min(1.0, 2 * concurrent * share)
     tiles = math.ceil(max_tiles / parts)
-    return waves * (tiles * concurrent * share / speed + 1) + parts / 18
+    return waves * (tiles * concurrent * share / speed + 1) + parts / 36
 
 
 @functools.lru_cache(maxsize=1024)
@@ -344,7 +344,10 @@ def decode_plan(
     heads per CTA give more, smaller CTAs, several per SM. The cost model (:func:`_piece_cost`) was fitted to
     the H200 whole-row sweep of 2026-11-30 (32/8 heads, D=128): batch 1 at 4k, 64 pieces 12.5 us vs 128 pieces
     15.2 us vs 32 pieces 18.9 us; at 32k 128 pieces 43.5 us; batch 64 at 1k 2 pieces 72.9 us; batch 16 at 4k
-    8 pieces 70.9 us. Fewer heads per CTA are taken only where the model gains ``_SMALL_CTA_MARGIN`` (they
+    8 pieces 70.9 us. The per-piece term was halved with the one-pass reduce kernel (session-4 sweep, same
+    machine and command: batch 1 at 4k in a 4096 grid 64 pieces 11.2 us vs the old pick of 43 pieces 12.8 us;
+    at 32k 128 pieces 40.0 us vs 64 pieces 44.6 us; the other cases keep their plans). Fewer heads per CTA are
+    taken only where the model gains ``_SMALL_CTA_MARGIN`` (they
     keep the whole-row plan at batch 64 / 1k and batch 16 / 4k). The kernel divides each sequence's actual span
     into the same number of pieces, so shorter contexts in a graph-sized grid keep every CTA busy.
     """
