@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from candle_vllm.pyengine.layers.embedding import VocabEmbedding
-from candle_vllm.pyengine.layers.norm import RMSNorm
 from candle_vllm.pyengine.ops.q8_activation import Q8Activation
 from candle_vllm.pyengine.quant import WeightData, build_linear_methods
 
@@ -79,18 +78,4 @@ class Linear(nn.Module):
         methods = self.methods
         y = methods[0](x) if len(methods) == 1 else torch.cat([m(x) for m in methods], dim=-1)
         return y + self.bias if self.bias is not None else y
-
-    def forward_add_norm(
-        self, x: torch.Tensor | Q8Activation, residual: torch.Tensor, norm: RMSNorm, *, q8: bool = False
-    ) -> tuple[torch.Tensor | Q8Activation, torch.Tensor]:
-        """``norm(self(x), residual)``: the projection, the residual add and the RMSNorm that follows it (o_proj
-        then the post-attention norm, down_proj then the next layer's input norm), as one kernel where the weight
-        method has one (dense weights, decode batches on CUDA), else as the two steps. The residual is updated in
-        place either way; ``q8`` asks the norm for int8 codes (the next linear takes them), which only the
-        two-step form writes."""
-        if self.bias is None and len(self.methods) == 1 and not q8 and isinstance(x, torch.Tensor):
-            y = self.methods[0].forward_add_norm(x, residual, norm.weight, norm.eps)
-            if y is not None:
-                return y, residual
-        return norm(self(x), residual, q8=q8)
 

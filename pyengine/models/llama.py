@@ -86,9 +86,8 @@ class LlamaAttention(nn.Module):
         meta: AttentionMetadata,
         rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """[T, H] -> the attention output [T, Hq * D] before ``o_proj``, or [len(rows), Hq * D] for only ``rows``
-        (every token's K/V still reach the cache). The decoder layer runs ``o_proj`` itself, fused with the
-        residual add and norm after it. x may carry int8 codes for qkv_proj (``qkv_proj.accepts_q8``)."""
+        """[T, H] -> [T, H], or [len(rows), H] for only ``rows`` (every token's K/V still reach the cache).
+        x may carry int8 codes for qkv_proj (``qkv_proj.accepts_q8``)."""
         t, d = dense(x).shape[0], self.head_dim
         q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
         q, k, v = q.reshape(t, -1, d), k.reshape(t, -1, d), v.reshape(t, -1, d)
@@ -100,7 +99,7 @@ class LlamaAttention(nn.Module):
         if not cached:
             q, k = self.rotary(positions, q, k)
         out = self.attn(q, k, v, kv_cache, meta, kv_cached=cached)
-        return out if rows is None else out[rows]
+        return self.o_proj(out if rows is None else out[rows])
 
 
 class LlamaMLP(nn.Module):
@@ -110,16 +109,10 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = Linear(cfg.hidden_size, [i, i], False, dtype, device)
         self.down_proj = Linear(i, [cfg.hidden_size], False, dtype, device)
 
-    def forward(
-        self, x: torch.Tensor | Q8Activation, residual: torch.Tensor, next_norm: RMSNorm, next_q8: bool
-    ) -> tuple[torch.Tensor | Q8Activation, torch.Tensor]:
-        """``next_norm(down(silu(gate_up(x))), residual)``: the MLP with the norm that follows it (the next
-        layer's input norm, or the final norm), fused into down_proj where it can be. x may carry int8 codes for
-        gate_up_proj; the SiLU writes them for down_proj and the norm for the next qkv_proj where those take
-        them (``next_q8``)."""
+    def forward(self, x: torch.Tensor | Q8Activation) -> torch.Tensor:
+        """x may carry int8 codes for gate_up_proj; the SiLU writes them for down_proj where it takes them."""
         h = self.gate_up_proj(x)
-        a = silu_and_mul(h, q8=self.down_proj.accepts_q8(h.shape[0]))
-        return self.down_proj.forward_add_norm(a, residual, next_norm, q8=next_q8)
+        return self.down_proj(silu_and_mul(h, q8=self.down_proj.accepts_q8(h.shape[0])))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -135,26 +128,25 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self,
         positions: torch.Tensor,
-        h: torch.Tensor | Q8Activation,
-        residual: torch.Tensor,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
         kv_cache: torch.Tensor | None,
         meta: AttentionMetadata,
-        next_norm: RMSNorm,
-        next_q8: bool,
         rows: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor | Q8Activation, torch.Tensor]:
-        """One layer on its already-normalised input ``h`` (this layer's input norm ran at the end of the layer
-        before, or in the model for the first): returns ``next_norm`` applied to the layer's output added into
-        ``residual``, so every residual add + RMSNorm directly follows a projection and is fused into it where
-        the projection can take it (:meth:`Linear.forward_add_norm`). With ``rows``, everything after the
-        attention runs for those token rows only. The norms write int8 codes for the linears after them where
-        those take them (GGUF weights, decode batches on CUDA; ``next_q8`` for the next layer's qkv_proj)."""
-        out = self.self_attn(positions, h, kv_cache, meta, rows)
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """With ``rows``, everything after the attention runs for those token rows only. The norms write int8
+        codes for the linears after them where those take them (GGUF weights, decode batches on CUDA)."""
+        q8 = self.self_attn.qkv_proj.accepts_q8(x.shape[0])
+        if residual is None:
+            residual = x
+            h = self.input_layernorm(x, q8=q8)
+        else:
+            h, residual = self.input_layernorm(x, residual, q8=q8)
+        x = self.self_attn(positions, h, kv_cache, meta, rows)
         if rows is not None:
             residual = residual[rows]
-        q8 = self.mlp.gate_up_proj.accepts_q8(out.shape[0])
-        h, residual = self.self_attn.o_proj.forward_add_norm(out, residual, self.post_attention_layernorm, q8=q8)
-        return self.mlp(h, residual, next_norm, next_q8)
+        h, residual = self.post_attention_layernorm(x, residual, q8=self.mlp.gate_up_proj.accepts_q8(x.shape[0]))
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -204,22 +196,16 @@ class LlamaForCausalLM(nn.Module):
         """
         x = self.model.embed_tokens(input_ids)
         stack = self.cpu_decoder_stack() if self.use_cpu_decoder_stack and x.device.type == "cpu" else None
+        residual: torch.Tensor | None = None
         if stack is not None and stack.step_supported(x, positions, self.kv_caches, attn):
             x, residual = stack.run(x, positions, self.kv_caches, attn, output_rows)
-            x, _ = self.model.norm(x, residual)
-            return x
-        layers, tokens = self.model.layers, x.shape[0]
-        residual = x
-        h = layers[0].input_layernorm(x, q8=layers[0].self_attn.qkv_proj.accepts_q8(tokens))
-        for i, layer in enumerate(layers):
-            kv_cache = self.kv_caches[i] if self.kv_caches else None
-            if i + 1 < len(layers):
-                nxt = layers[i + 1]
-                h, residual = layer(positions, h, residual, kv_cache, attn, nxt.input_layernorm,
-                                    nxt.self_attn.qkv_proj.accepts_q8(tokens))
-            else:
-                h, residual = layer(positions, h, residual, kv_cache, attn, self.model.norm, False, output_rows)
-        return dense(h)
+        else:
+            last = len(self.model.layers) - 1
+            for i, layer in enumerate(self.model.layers):
+                kv_cache = self.kv_caches[i] if self.kv_caches else None
+                x, residual = layer(positions, x, residual, kv_cache, attn, output_rows if i == last else None)
+        x, _ = self.model.norm(x, residual)
+        return x
 
     def cpu_decoder_stack(self) -> CpuDecoderStack | None:
         """The layers as native calls (one per layer) for CPU steps, built once; None when a layer does not fit

@@ -34,14 +34,6 @@ class LinearMethod(nn.Module, ABC):
         with int8 codes written by their producer) and uses its codes; then the producer may be asked for them."""
         return False
 
-    def forward_add_norm(
-        self, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float
-    ) -> torch.Tensor | None:
-        """``x @ W.T`` added into ``residual`` (in place) and RMS-normalised with ``norm_weight``, in one kernel
-        where this method has one (the residual add and norm after o_proj / down_proj then cost no launch of
-        their own); None when it has none, and the caller runs the projection and the norm separately."""
-        return None
-
 
 def build_linear_methods(
     shards: Sequence[WeightData], dtype: torch.dtype, device: torch.device

@@ -23,12 +23,3 @@ class UnquantizedLinear(LinearMethod):
         if x.device.type == "cuda" and cuda.skinny_gemm_supported(x, self.weight):
             return cuda.skinny_gemm(x, self.weight)
         return F.linear(x, self.weight)
-
-    def forward_add_norm(
-        self, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float
-    ) -> torch.Tensor | None:
-        """The skinny GEMM whose last CTA adds the residual and normalises (decode batches on CUDA), bit for bit
-        what the GEMM followed by ``ops.fused_add_rms_norm`` gives."""
-        if x.device.type == "cuda" and cuda.skinny_add_norm_supported(x, self.weight, residual, norm_weight):
-            return cuda.skinny_gemm(x, self.weight, add_norm=(residual, norm_weight, eps))
-        return None
