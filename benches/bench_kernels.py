@@ -114,30 +114,6 @@ def gemm_rows(peak: float, results: list[dict], ms: tuple[int, ...] = GEMM_MS) -
             print(f"{name} {n}x{k} M={m} (auto s{auto}): " + "  ".join(cells))
 
 
-def add_norm_rows(results: list[dict], ms: tuple[int, ...] = (1, 4)) -> None:
-    """The decode chain's o_proj -> post-attention norm and down -> next input norm: skinny GEMM then
-    fused_add_rms_norm (two grids) against the GEMM with its add-norm tail (one grid), 20 back-to-back pairs per
-    CUDA graph (PDL between them, as in a decode step); the GEMM alone for scale."""
-    print("\n== skinny GEMM + fused_add_rms_norm: two launches vs the add-norm tail (bf16, us per pair) ==")
-    print(f"{'shape':<24}{'M':>3}{'gemm':>8}{'gemm+norm':>11}{'tail':>8}{'saved':>8}")
-    eps = 1e-5
-    for name, n, k in [("o_proj", 4096, 4096), ("down", 4096, 14336)]:
-        copies = copies_for(n * k * 2)
-        ws = [(torch.randn(n, k, device=DEV) / k**0.5).to(BF16) for _ in range(copies)]
-        norm_w = (1 + 0.1 * torch.randn(n, device=DEV)).to(BF16)
-        for m in ms:
-            x = torch.randn(m, k, device=DEV).to(BF16)
-            residual = torch.randn(m, n, device=DEV).to(BF16)
-            gemm = graph_seconds(lambda i: cuda.skinny_gemm(x, ws[i % copies]))
-            two = graph_seconds(lambda i: norm.fused_add_rms_norm(cuda.skinny_gemm(x, ws[i % copies]), residual,
-                                                                  norm_w, eps))
-            tail = graph_seconds(lambda i: cuda.skinny_gemm(x, ws[i % copies], add_norm=(residual, norm_w, eps)))
-            results.append(dict(kernel="skinny_add_norm", shape=f"{name} {n}x{k}", m=m, gemm_us=gemm * 1e6,
-                                two_launch_us=two * 1e6, tail_us=tail * 1e6))
-            print(f"{name + f' {n}x{k}':<24}{m:>3}{gemm * 1e6:>8.1f}{two * 1e6:>11.1f}{tail * 1e6:>8.1f}"
-                  f"{(two - tail) * 1e6:>8.1f}")
-
-
 def attention_rows(peak: float, results: list[dict]) -> None:
     """Llama-3-8B heads (32 q / 8 kv, D=128) at the CUDA default block size 64 and the earlier rows' 16, batch 1
     with the grid a CUDA graph captures (max_seq_len 8192 while the context is 4096). Each case: the automatic
@@ -409,7 +385,7 @@ def _report(results: list[dict], case: str, ours: float, nbytes: int, ref: float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", help="write all rows to this file")
-    parser.add_argument("--only", help="comma-separated sections: elementwise, rotary, attention, gemm, add_norm, prefill")
+    parser.add_argument("--only", help="comma-separated sections: elementwise, rotary, attention, gemm, prefill")
     parser.add_argument("--gemm-m", default=",".join(map(str, GEMM_MS)), help="skinny GEMM row counts to time")
     args = parser.parse_args()
     only = set(args.only.split(",")) if args.only else None
@@ -421,8 +397,7 @@ def main() -> None:
           f"copy bandwidth {peak / 1e9:.0f} GB/s (read + write)")
     results: list[dict] = [dict(kernel="copy", gbps=peak / 1e9, device=props.name)]
     sections = {"elementwise": elementwise_rows, "rotary": rotary_rows, "attention": attention_rows,
-                "gemm": lambda p, r: gemm_rows(p, r, ms), "add_norm": lambda p, r: add_norm_rows(r),
-                "prefill": prefill_rows}
+                "gemm": lambda p, r: gemm_rows(p, r, ms), "prefill": prefill_rows}
     if only and not only <= sections.keys():
         parser.error(f"unknown sections {sorted(only - sections.keys())}; choose from {sorted(sections)}")
     for name, section in sections.items():

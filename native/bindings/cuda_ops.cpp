@@ -24,18 +24,6 @@ static Registrar registrar([](py::module_& m) {
                           as_ptr<int>(counters), M, N, K, splits, warps, to_dtype(dtype), stream);
       },
       "y[M,N] = x[M,K] @ W[N,K]^T for M <= 16 (decode), optional serial split-K, 4 or 8 warps per CTA");
-  m.def(
-      "cuda_skinny_gemm_add_norm",
-      [](uintptr_t y, uintptr_t x, uintptr_t w, uintptr_t partials, uintptr_t counters, uintptr_t residual,
-         uintptr_t norm_weight, uintptr_t done, float eps, int64_t M, int64_t N, int64_t K, int splits, int warps,
-         int dtype, uintptr_t stream) {
-        cuda::skinny_gemm_add_norm(as_ptr<void>(y), as_ptr<const void>(x), as_ptr<const void>(w),
-                                   as_ptr<float>(partials), as_ptr<int>(counters), as_ptr<void>(residual),
-                                   as_ptr<const void>(norm_weight), as_ptr<int>(done), eps, M, N, K, splits, warps,
-                                   to_dtype(dtype), stream);
-      },
-      "cuda_skinny_gemm, then in the same grid: residual += y in place, y = rms_norm(residual) * norm_weight "
-      "(bit-identical to cuda_fused_add_rms_norm); `done` is an int32 grid counter, zero before and after");
   m.attr("cuda_skinny_max_m") = cuda::kSkinnyMaxM;
   m.attr("cuda_skinny_chunk_k") = cuda::kSkinnyChunkK;
   m.def(

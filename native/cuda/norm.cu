@@ -1,12 +1,10 @@
 // RMSNorm kernels: one CTA per row, 16-byte vectors when the row allows, f32 statistics.
 // The normalised value is rounded to the storage type before the weight multiplies it, as HF Llama's
 // RMSNorm (and ops/norm.py's reference) does. The _q8 variants also write the output's int8 codes for the dp4a
-// GGUF GEMV that consumes it (q8_activation.cuh), saving that GEMV its quantizer launch. The per-element
-// arithmetic and the thread count live in rms_norm_row.cuh, shared with the skinny GEMM's add-norm tail.
+// GGUF GEMV that consumes it (q8_activation.cuh), saving that GEMV its quantizer launch.
 #include "cuda/common.cuh"
 #include "cuda/norm.h"
 #include "cuda/q8_activation.cuh"
-#include "cuda/rms_norm_row.cuh"
 
 namespace candle_vllm::cuda {
 namespace {
@@ -26,12 +24,17 @@ __global__ void rms_norm_kernel(T* __restrict__ out, T* __restrict__ x, T* __res
     Vt a = xin[i];
     if constexpr (kFused) {
       const Vt b = res[i];
-      a = add_residual(a, b);
+#pragma unroll
+      for (int j = 0; j < V; ++j) a.v[j] = from_f32<T>(to_f32(a.v[j]) + to_f32(b.v[j]));
       res[i] = a;
     }
-    sq = add_squares(sq, a);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float f = to_f32(a.v[j]);
+      sq += f * f;
+    }
   }
-  const float inv = rms_inv(block_sum(sq), hidden, eps);
+  const float inv = rsqrtf(block_sum(sq) / static_cast<float>(hidden) + eps);
   pdl_launch_dependents();  // the next kernel's prologue overlaps the write pass
   // Second pass re-reads the row this CTA just touched (L1/L2 hits); each thread reads what it wrote. Every
   // thread takes the same number of trips (the code blocks' shuffles need the whole warp).
@@ -44,7 +47,8 @@ __global__ void rms_norm_kernel(T* __restrict__ out, T* __restrict__ x, T* __res
     Vt o;
     if (live) {
       const Vt a = src[i], wt = wv[i];
-      o = rms_scale(a, wt, inv);
+#pragma unroll
+      for (int j = 0; j < V; ++j) o.v[j] = from_f32<T>(round_to<T>(to_f32(a.v[j]) * inv) * to_f32(wt.v[j]));
       dst[i] = o;
     }
     if constexpr (kQ8) q8_store_vec(o, live, xq, xb, row * hidden + static_cast<size_t>(i) * V);
@@ -59,7 +63,7 @@ void launch(void* out, void* x, void* residual, const void* weight, int8_t* xq, 
   dispatch_float<true>(dtype, what, [&](auto tag) {
     using T = decltype(tag);
     constexpr int kVec = 16 / sizeof(T);
-    const int threads = rms_norm_threads(hidden / kVec);  // the add-norm tail of skinny_gemm replays this block
+    const int threads = static_cast<int>(std::min<int64_t>(1024, ((hidden / kVec + 31) / 32) * 32));
     auto go = [&](auto kernel, int nthreads) {
       launch_pdl(what, kernel, dim3(static_cast<unsigned>(rows)), dim3(nthreads), 0, as_stream(stream),
                  static_cast<T*>(out), static_cast<T*>(x), static_cast<T*>(residual), static_cast<const T*>(weight),
@@ -71,13 +75,13 @@ void launch(void* out, void* x, void* residual, const void* weight, int8_t* xq, 
         if (!vec || hidden % 32 != 0 || !aligned16(xq) || reinterpret_cast<std::uintptr_t>(xb) % 8 != 0)
           throw std::invalid_argument(std::string(what) + ": needs hidden % 32 == 0, 16-byte aligned tensors and xq, "
                                       "8-byte aligned xb");
-        go(rms_norm_kernel<T, kVec, kFused, true>, threads);
+        go(rms_norm_kernel<T, kVec, kFused, true>, std::max(32, threads));
         return;
       }
       throw std::invalid_argument(std::string(what) + ": int8 codes are written for f16/bf16 rows only");
     }
-    if (vec) go(rms_norm_kernel<T, kVec, kFused, false>, threads);
-    else go(rms_norm_kernel<T, 1, kFused, false>, rms_norm_threads(hidden));
+    if (vec) go(rms_norm_kernel<T, kVec, kFused, false>, std::max(32, threads));
+    else go(rms_norm_kernel<T, 1, kFused, false>, static_cast<int>(std::min<int64_t>(1024, ((hidden + 31) / 32) * 32)));
   });
 }
 

@@ -8,13 +8,8 @@
 // tokens. The 4 or 8 warps of a CTA interleave over the chunks of the CTA's K range and are reduced through
 // shared memory; with split-K (small N, too few tiles to fill the GPU) the last CTA of a tile adds the f32
 // partials of the others (serial split-K, no second launch).
-//
-// Optional add-norm tail (skinny_gemm_add_norm): every CTA that finalises a tile of y counts itself on a grid
-// counter; the last one, once all of y is in L2, runs fused_add_rms_norm on the M rows (rms_norm_row.cuh,
-// bit-identical to norm.cu's kernel), so the next kernel waits on one grid instead of two.
 #include "cuda/common.cuh"
 #include "cuda/mma.cuh"
-#include "cuda/rms_norm_row.cuh"
 #include "cuda/skinny_gemm.h"
 
 namespace candle_vllm::cuda {
@@ -79,39 +74,11 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const Chunk<NT>& 
   }
 }
 
-// What the add-norm tail needs (kAddNorm only): the residual stream [M, N] updated in place, the norm weight [N],
-// and a grid counter (zero before the launch, left zero after).
-template <typename T>
-struct AddNormArgs {
-  T* residual;
-  const T* weight;
-  int* done;
-  float eps;
-};
-
-// The last CTA to finalise a tile of y (fenced before counting) normalises the M rows of y in place.
-template <typename T, int kWarps>
-__device__ void add_norm_tail(T* y, const AddNormArgs<T>& an, int M, int N) {
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(an.done, 1) == static_cast<int>(gridDim.x) - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  fused_add_rms_norm_rows<T, 16 / sizeof(T), kWarps * 32, kSkinnyAddNormMaxM>(y, an.residual, an.weight, M, N, an.eps);
-  if (threadIdx.x == 0) *an.done = 0;
-}
-
-// The tail variant is held to the 128 registers of the plain one-token-group kernel (two 8-warp or four 4-warp
-// CTAs per SM): o_proj/down at M=1 have ~2 tiles per SM, and one CTA per SM would halve the bytes in flight.
-// (0 = no minimum: the plain variants compile exactly as before the tail existed.)
-template <typename T, int NT, int kWarps, bool kAddNorm>
-__global__ void __launch_bounds__(kWarps * 32, kAddNorm ? 16 / kWarps : 0)
-    skinny_gemm_kernel(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ w,
-                       float* __restrict__ partials, int* __restrict__ counters, AddNormArgs<T> an, int M, int N, int K,
-                       int chunks_per_split) {
-  static_assert(!kAddNorm || NT == 1, "the add-norm tail serves M <= 8 only");
+template <typename T, int NT, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(T* __restrict__ y, const T* __restrict__ x,
+                                                                  const T* __restrict__ w, float* __restrict__ partials,
+                                                                  int* __restrict__ counters, int M, int N, int K,
+                                                                  int chunks_per_split) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
@@ -141,14 +108,7 @@ __global__ void __launch_bounds__(kWarps * 32, kAddNorm ? 16 / kWarps : 0)
   int chunk = split * chunks_per_split + warp;
   Chunk<NT> cur, next;
   if (chunk < chunk_end) load_w<T, NT>(cur, chunk, t, K, w_lo, w_hi);
-  // The tail's operands, pulled into L2 by the CTAs that own their columns: the norm weight is constant (before
-  // the wait), the residual is the previous kernels' output (after it).
-  if constexpr (kAddNorm)
-    if (split == 0 && threadIdx.x == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(an.weight + tile * 16));
   pdl_wait();
-  if constexpr (kAddNorm)
-    if (split == 0 && threadIdx.x < M)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(an.residual + static_cast<size_t>(threadIdx.x) * N + tile * 16));
   if (chunk < chunk_end) load_x<T, NT>(cur, chunk, t, K, xs, x_ok);
   for (; chunk < chunk_end; chunk += kWarps) {
     if (chunk + kWarps < chunk_end) {
@@ -188,7 +148,6 @@ __global__ void __launch_bounds__(kWarps * 32, kAddNorm ? 16 / kWarps : 0)
 #pragma unroll
     for (int r = 0; r < kPer; ++r)
       if (feats[r] < N && toks[r] < M) y[static_cast<size_t>(toks[r]) * N + feats[r]] = from_f32<T>(sums[r]);
-    if constexpr (kAddNorm) add_norm_tail<T, kWarps>(y, an, M, N);
     return;
   }
 #pragma unroll
@@ -209,13 +168,12 @@ __global__ void __launch_bounds__(kWarps * 32, kAddNorm ? 16 / kWarps : 0)
     y[static_cast<size_t>(toks[r]) * N + feats[r]] = from_f32<T>(s);
   }
   if (threadIdx.x == 0) counters[tile] = 0;
-  if constexpr (kAddNorm) add_norm_tail<T, kWarps>(y, an, M, N);
 }
 
-template <typename T>
-void launch_skinny(void* y, const void* x, const void* w, float* partials, int* counters,
-                          const AddNormArgs<T>* an, int64_t M, int64_t N, int64_t K, int splits, int warps,
-                          std::uintptr_t stream) {
+}  // namespace
+
+void skinny_gemm(void* y, const void* x, const void* w, float* partials, int* counters, int64_t M, int64_t N,
+                 int64_t K, int splits, int warps, DType dtype, std::uintptr_t stream) {
   if (M < 1 || M > kSkinnyMaxM) throw std::invalid_argument("skinny_gemm: M must be in 1..16");
   if (K % 8 != 0) throw std::invalid_argument("skinny_gemm: K must be a multiple of 8");
   if (N < 1 || splits < 1) throw std::invalid_argument("skinny_gemm: N and splits must be >= 1");
@@ -226,38 +184,15 @@ void launch_skinny(void* y, const void* x, const void* w, float* partials, int* 
   const int chunks_per_split = (total_chunks + splits - 1) / splits;
   splits = (total_chunks + chunks_per_split - 1) / chunks_per_split;  // no empty split
   const dim3 grid(static_cast<unsigned>((N + 15) / 16), static_cast<unsigned>(splits));
-  auto launch = [&](auto kernel) {
-    launch_pdl("skinny_gemm", kernel, grid, dim3(warps * 32), 0, as_stream(stream), static_cast<T*>(y),
-               static_cast<const T*>(x), static_cast<const T*>(w), partials, counters,
-               an ? *an : AddNormArgs<T>{nullptr, nullptr, nullptr, 0.f}, static_cast<int>(M), static_cast<int>(N),
-               static_cast<int>(K), chunks_per_split);
-  };
-  if (an) warps == 4 ? launch(skinny_gemm_kernel<T, 1, 4, true>) : launch(skinny_gemm_kernel<T, 1, 8, true>);
-  else if (M <= 8) warps == 4 ? launch(skinny_gemm_kernel<T, 1, 4, false>) : launch(skinny_gemm_kernel<T, 1, 8, false>);
-  else warps == 4 ? launch(skinny_gemm_kernel<T, 2, 4, false>) : launch(skinny_gemm_kernel<T, 2, 8, false>);
-}
-
-}  // namespace
-
-void skinny_gemm(void* y, const void* x, const void* w, float* partials, int* counters, int64_t M, int64_t N,
-                 int64_t K, int splits, int warps, DType dtype, std::uintptr_t stream) {
   dispatch_float<false>(dtype, "skinny_gemm", [&](auto tag) {
     using T = decltype(tag);
-    launch_skinny<T>(y, x, w, partials, counters, nullptr, M, N, K, splits, warps, stream);
-  });
-}
-
-void skinny_gemm_add_norm(void* y, const void* x, const void* w, float* partials, int* counters, void* residual,
-                          const void* norm_weight, int* done, float eps, int64_t M, int64_t N, int64_t K, int splits,
-                          int warps, DType dtype, std::uintptr_t stream) {
-  if (M > kSkinnyAddNormMaxM) throw std::invalid_argument("skinny_gemm_add_norm: M must be <= 8");
-  if (done == nullptr) throw std::invalid_argument("skinny_gemm_add_norm: needs a grid counter");
-  if (N % 8 != 0 || !aligned16(y, residual, norm_weight))
-    throw std::invalid_argument("skinny_gemm_add_norm: needs N % 8 == 0 and 16-byte aligned y, residual, weight");
-  dispatch_float<false>(dtype, "skinny_gemm_add_norm", [&](auto tag) {
-    using T = decltype(tag);
-    const AddNormArgs<T> an{static_cast<T*>(residual), static_cast<const T*>(norm_weight), done, eps};
-    launch_skinny<T>(y, x, w, partials, counters, &an, M, N, K, splits, warps, stream);
+    auto launch = [&](auto kernel) {
+      launch_pdl("skinny_gemm", kernel, grid, dim3(warps * 32), 0, as_stream(stream), static_cast<T*>(y),
+                 static_cast<const T*>(x), static_cast<const T*>(w), partials, counters, static_cast<int>(M),
+                 static_cast<int>(N), static_cast<int>(K), chunks_per_split);
+    };
+    if (M <= 8) warps == 4 ? launch(skinny_gemm_kernel<T, 1, 4>) : launch(skinny_gemm_kernel<T, 1, 8>);
+    else warps == 4 ? launch(skinny_gemm_kernel<T, 2, 4>) : launch(skinny_gemm_kernel<T, 2, 8>);
   });
 }
 

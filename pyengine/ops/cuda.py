@@ -21,8 +21,6 @@ from candle_vllm.pyengine.ops.q8_activation import Q8Activation, codes_for, prod
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 _COUNTER_SLOTS = 1 << 16  # split-K tiles of 16 rows: covers N up to ~1M
-_GRID_COUNTER = _COUNTER_SLOTS  # the slot after them: the add-norm tail's grid counter
-ADD_NORM_MAX_M = 4  # rows the skinny GEMM's add-norm tail takes: one CTA normalises them all, so its cost grows with M
 _ATTN_TILE = 16  # tokens per K/V tile of the decode attention kernel (pieces are whole tiles)
 _ATTN_STAGES = 3  # K/V tiles a decode CTA holds in shared memory
 _ATTN_REGS = {64: 128, 128: 168, 256: 256}  # registers per decode thread (-Xptxas -v, sm_90a; allocated in 8s)
@@ -50,13 +48,9 @@ def _device_index(device: torch.device) -> int:
 
 @functools.cache
 def _split_counters(device_index: int) -> torch.Tensor:
-    """The skinny GEMM's int32 counters: one per split-K tile, then the add-norm tail's grid counter. Kernels leave
-    them at zero. Every call shares them: two calls on one stream never use them at once, even as programmatic
-    dependents (PDL), because a grid touches them only after its pdl_wait, i.e. once the grid before it has
-    completed and re-zeroed them. Two streams running skinny GEMMs at once would collide (the engine decodes on one)."""
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("skinny_gemm: call it once before CUDA-graph capture (its split-K counters are created then)")
-    return torch.zeros(_COUNTER_SLOTS + 1, dtype=torch.int32, device=torch.device("cuda", device_index))
+    return torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=torch.device("cuda", device_index))
 
 
 # ---- skinny GEMM (decode linear layers) -------------------------------------------------------------------
@@ -78,28 +72,6 @@ def skinny_gemm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and x.is_contiguous()
         and weight.is_contiguous()
         and _aligned(x, weight)
-    )
-
-
-def skinny_add_norm_supported(
-    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor
-) -> bool:
-    """True when ``skinny_gemm(x, weight, add_norm=(residual, norm_weight, eps))`` can fuse the residual add +
-    RMSNorm into the GEMM's grid: the skinny kernel applies, M <= ADD_NORM_MAX_M, residual [M, N] and norm_weight
-    [N] of x's dtype and device, contiguous and 16-byte aligned, N % 8 == 0 (the norm kernel's vector path, whose
-    bits the tail reproduces)."""
-    if not skinny_gemm_supported(x, weight) or x.shape[0] > ADD_NORM_MAX_M:
-        return False
-    m, n = x.shape[0], weight.shape[0]
-    return (
-        n % 8 == 0
-        and residual.shape == (m, n)
-        and norm_weight.shape == (n,)
-        and residual.dtype == norm_weight.dtype == x.dtype
-        and residual.device == norm_weight.device == x.device
-        and residual.is_contiguous()
-        and norm_weight.is_contiguous()
-        and _aligned(residual, norm_weight)
     )
 
 
@@ -126,21 +98,12 @@ def skinny_gemm_warps(m: int, n: int, sms: int) -> int:
 
 
 def skinny_gemm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    splits: int | None = None,
-    warps: int | None = None,
-    add_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+    x: torch.Tensor, weight: torch.Tensor, splits: int | None = None, warps: int | None = None
 ) -> torch.Tensor:
     """y [M, N] = x [M, K] @ weight [N, K].T for decode-sized M (<= 16), reading the weight once at HBM speed.
 
     ``splits`` and ``warps`` (4 or 8) override the split-K and CTA-size heuristics (benchmarks sweep both); the
     result does not depend on either beyond f32 summation order.
-
-    ``add_norm=(residual, norm_weight, eps)`` (see :func:`skinny_add_norm_supported`): the GEMM's last CTA also
-    does ``ops.norm.fused_add_rms_norm(y, residual, norm_weight, eps)``, bit for bit: ``residual`` is updated in
-    place (+= y) and the normalised y is returned. One grid instead of two saves a decode step a kernel hop
-    (o_proj -> post-attention norm, down_proj -> next input norm).
     """
     if warps not in (None, 4, 8):
         raise ValueError(f"skinny_gemm: warps must be 4 or 8, got {warps}")
@@ -148,13 +111,6 @@ def skinny_gemm(
         raise ValueError(
             "skinny_gemm needs x [M<=16, K] and weight [N, K] contiguous f16/bf16 CUDA tensors of one dtype, "
             f"16-byte aligned, K % 8 == 0; got x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} {weight.dtype}"
-        )
-    if add_norm is not None and not skinny_add_norm_supported(x, weight, add_norm[0], add_norm[1]):
-        raise ValueError(
-            f"skinny_gemm add_norm needs M <= {ADD_NORM_MAX_M}, N % 8 == 0, residual [M, N] and norm weight [N] "
-            f"contiguous, 16-byte aligned, of x's dtype and device; got x {tuple(x.shape)}, weight "
-            f"{tuple(weight.shape)}, residual {tuple(add_norm[0].shape)} {add_norm[0].dtype}, norm weight "
-            f"{tuple(add_norm[1].shape)} {add_norm[1].dtype}; call ops.norm.fused_add_rms_norm after the GEMM instead"
         )
     m, k = x.shape
     n = weight.shape[0]
@@ -165,25 +121,15 @@ def skinny_gemm(
         splits = skinny_gemm_splits(n, k, sm_count(dev), warps)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     partials_ptr = counters_ptr = 0
-    if splits > 1 or add_norm is not None:
-        counters = _split_counters(dev)
-        counters_ptr = counters.data_ptr()
     if splits > 1:
         if math.ceil(n / 16) > _COUNTER_SLOTS:
             raise ValueError(f"skinny_gemm: split-K supports N up to {_COUNTER_SLOTS * 16}; use splits=1")
+        counters = _split_counters(dev)
         partials = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
-        partials_ptr = partials.data_ptr()
-    code, stream = native.dtype_code(x), native.stream(x.device)
-    if add_norm is None:
-        native.module().cuda_skinny_gemm(
-            y.data_ptr(), x.data_ptr(), weight.data_ptr(), partials_ptr, counters_ptr, m, n, k, splits, warps, code,
-            stream,
-        )
-        return y
-    residual, norm_weight, eps = add_norm
-    native.module().cuda_skinny_gemm_add_norm(
-        y.data_ptr(), x.data_ptr(), weight.data_ptr(), partials_ptr, counters_ptr, residual.data_ptr(),
-        norm_weight.data_ptr(), counters_ptr + 4 * _GRID_COUNTER, float(eps), m, n, k, splits, warps, code, stream,
+        partials_ptr, counters_ptr = partials.data_ptr(), counters.data_ptr()
+    native.module().cuda_skinny_gemm(
+        y.data_ptr(), x.data_ptr(), weight.data_ptr(), partials_ptr, counters_ptr, m, n, k, splits, warps,
+        native.dtype_code(x), native.stream(x.device),
     )
     return y
 
