@@ -11,6 +11,7 @@ template <typename T, int V, bool kQ8>
 __global__ void silu_and_mul_kernel(T* __restrict__ out, const T* x, int8_t* __restrict__ xq,
                                     gguf::XBlock* __restrict__ xb, int d) {  // x: not the read-only path (PDL)
   using Vt = Vec<T, V>;
+  pdl_launch_dependents();
   pdl_wait();
   const size_t t = blockIdx.y;
   const int nvec = d / V;
@@ -33,7 +34,6 @@ __global__ void silu_and_mul_kernel(T* __restrict__ out, const T* x, int8_t* __r
     }
     if constexpr (kQ8) q8_store_vec(r, live, xq, xb, t * d + static_cast<size_t>(i) * V);
   }
-  pdl_launch_dependents();
 }
 
 void launch(void* out, const void* x, int8_t* xq, void* xb, int64_t tokens, int64_t d, DType dtype,

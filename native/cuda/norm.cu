@@ -14,6 +14,7 @@ __global__ void rms_norm_kernel(T* __restrict__ out, T* __restrict__ x, T* __res
                                 const T* __restrict__ weight, int8_t* __restrict__ xq, gguf::XBlock* __restrict__ xb,
                                 int hidden, float eps) {
   using Vt = Vec<T, V>;
+  pdl_launch_dependents();
   pdl_wait();
   const size_t row = blockIdx.x;
   const int nvec = hidden / V;
@@ -35,7 +36,6 @@ __global__ void rms_norm_kernel(T* __restrict__ out, T* __restrict__ x, T* __res
     }
   }
   const float inv = rsqrtf(block_sum(sq) / static_cast<float>(hidden) + eps);
-  pdl_launch_dependents();  // the next kernel's prologue overlaps the write pass
   // Second pass re-reads the row this CTA just touched (L1/L2 hits); each thread reads what it wrote. Every
   // thread takes the same number of trips (the code blocks' shuffles need the whole warp).
   const Vt* src = kFused ? res : xin;

@@ -337,6 +337,7 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(
   const int span = ctx - (sliding_window > 0 ? max(0, ctx - sliding_window) : 0);
   const int plen = piece_len(span, parts, piece_cap);
   const int used = min(parts, (span + plen - 1) / plen);
+  pdl_launch_dependents();
   pdl_wait();
   const float* ms = part_ml + head * parts;
   const float* ls = part_ml + (static_cast<size_t>(num_seqs) * q_heads + head) * parts;
@@ -355,7 +356,6 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(
   }
   states[r][col] = st;
   __syncthreads();
-  pdl_launch_dependents();  // the o_proj GEMV after it may prefetch its weights meanwhile
   if (r != 0) return;
   float m = -INFINITY;
 #pragma unroll
@@ -380,6 +380,7 @@ template <typename T, int V>
 __global__ void reshape_and_cache_kernel(const T* k, const T* v, T* __restrict__ kc,
                                          T* __restrict__ vc, const int64_t* __restrict__ slots, int row,
                                          int64_t k_stride, int64_t v_stride) {
+  pdl_launch_dependents();
   pdl_wait();  // k, v and the slots come from earlier kernels; the cache rows may still be read by them
   const int64_t t = blockIdx.x;
   const int64_t slot = slots[t];
@@ -393,7 +394,6 @@ __global__ void reshape_and_cache_kernel(const T* k, const T* v, T* __restrict__
     kd[i] = ks[i];
     vd[i] = vs[i];
   }
-  pdl_launch_dependents();
 }
 
 // Dynamic shared memory a decode CTA needs: kStages K/V tiles plus its piece's block-table slice.

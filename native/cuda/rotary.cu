@@ -32,13 +32,13 @@ template <typename T>
 __global__ void rotary_kernel(T* __restrict__ q, T* __restrict__ k, const int64_t* __restrict__ positions,
                               const float* __restrict__ cos_sin, int q_heads, int k_heads, int head_dim,
                               int rotary_dim, int64_t q_stride, int64_t k_stride, bool is_neox) {
+  pdl_launch_dependents();
   pdl_wait();
   const int64_t t = blockIdx.x;
   const float* cs = cos_sin + positions[t] * rotary_dim;
   const int half = rotary_dim / 2;
   rotate_heads(q + t * q_stride, q_heads, head_dim, half, cs, is_neox);
   rotate_heads(k + t * k_stride, k_heads, head_dim, half, cs, is_neox);
-  pdl_launch_dependents();
 }
 
 template <typename T>
@@ -65,6 +65,7 @@ struct RotaryArgs {
 template <typename T, bool NEOX, bool CACHE>
 __global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T> a) {
   constexpr int V = kVec<T>;
+  pdl_launch_dependents();
   const int half = a.rotary_dim / 2, groups = half / V;
   const int heads = a.q_heads + a.k_heads * (CACHE ? 2 : 1);
   const int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -125,7 +126,6 @@ __global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T
     *reinterpret_cast<Vec16<T>*>(dst + o1) = v1;
     *reinterpret_cast<Vec16<T>*>(dst + o2) = v2;
   }
-  pdl_launch_dependents();  // threads that returned early count as triggered
 }
 
 template <typename T, bool CACHE>
