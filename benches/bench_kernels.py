@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from candle_vllm.pyengine.ops import cuda, norm
+from candle_vllm.pyengine.ops import cuda, cuda_paged, norm
 
 DEV = torch.device("cuda")
 BF16 = torch.bfloat16
@@ -119,7 +119,7 @@ def attention_rows(peak: float, results: list[dict]) -> None:
     with the grid a CUDA graph captures (max_seq_len 8192 while the context is 4096). Each case: the automatic
     plan (heads per CTA, partition, reduce form) and a sweep of heads per CTA x partition size, each cell with
     the reduce kernel and, up to 16 pieces, the fused last-CTA reduce ("kernel/fused" us), so the plan's rule
-    (ops/cuda.py decode_plan, _FUSED_REDUCE_MAX_PARTS) can be set from one run."""
+    (ops/cuda_paged.py decode_plan, _FUSED_REDUCE_MAX_PARTS) can be set from one run."""
     hq, hk, d = 32, 8, 128
     print("\n== paged decode attention bf16 (Llama-3-8B heads 32/8, D=128) ==")
     cases = [(1, 4096, 64, 4096), (1, 4096, 64, 8192), (1, 32768, 64, 32768), (64, 1024, 64, 1024),
@@ -136,15 +136,15 @@ def attention_rows(peak: float, results: list[dict]) -> None:
         q = torch.randn(b, hq, d, device=DEV).to(BF16)
 
         def timed(**kw: object) -> float:
-            return 1e6 * graph_seconds(lambda i: cuda.paged_decode_attention(
+            return 1e6 * graph_seconds(lambda i: cuda_paged.paged_decode_attention(
                 q, caches[i % copies], tables, lens, d**-0.5, max_len, **kw))
 
-        plan = cuda.auto_decode_plan(q, caches[0], max_len)
+        plan = cuda_paged.auto_decode_plan(q, caches[0], max_len)
         auto_parts = math.ceil(max_len / plan.partition_size)
         auto_us = timed()
         sweep: dict[str, float] = {}
         print(f"B={b} ctx={ctx} bs={bs} grid={max_len}: auto heads/CTA {plan.heads_per_cta} partition "
-              f"{plan.partition_size} ({auto_parts} pieces, {'fused' if cuda.decode_fused_reduce(auto_parts) else 'kernel'}"
+              f"{plan.partition_size} ({auto_parts} pieces, {'fused' if cuda_paged.decode_fused_reduce(auto_parts) else 'kernel'}"
               f" reduce) {auto_us:.1f} us, {kv_bytes / auto_us / 1e3:.0f} GB/s, {100 * kv_bytes / auto_us / 1e-6 / peak:.0f}%")
         print(f"{'  heads per CTA':<18}" + "".join(f"{f'p{p}':>14}" for p in sizes if p <= max_len))
         for heads in (8, 4, 2, 1):
@@ -196,7 +196,7 @@ def _prefill_case(query_lens: list[int], seq_lens: list[int], hq: int, hk: int, 
     qkv = torch.randn(t, (hq + 2 * hk) * d, device=DEV).to(BF16)
     q, k, v = (x.view(t, -1, d) for x in qkv.split([hq * d, hk * d, hk * d], dim=-1))
     meta = AttentionMetadata.build(query_lens, seq_lens, DEV, tables, bs)
-    cuda.reshape_and_cache(k, v, cache, meta.slot_mapping)
+    cuda_paged.reshape_and_cache(k, v, cache, meta.slot_mapping)
     pairs = sum(q_len * (ctx - q_len) + q_len * (q_len + 1) // 2 for q_len, ctx in zip(query_lens, seq_lens, strict=True))
     return q, k, v, cache, meta, 4 * hq * d * pairs
 
@@ -373,7 +373,7 @@ def rotary_rows(peak: float, results: list[dict]) -> None:
         _report(results, f"rotary tokens={rows}", ours, 2 * rows * 5120 * 2 + rows * 128 * 4, float("nan"))
         fused = graph_seconds(lambda i: cuda.rotary_embedding_cache_(q, k, v, pos, table, True, cache, slots))
         two = graph_seconds(lambda i: (cuda.rotary_embedding_(q, k, pos, table, True),
-                                       cuda.reshape_and_cache(k, v, cache, slots)))
+                                       cuda_paged.reshape_and_cache(k, v, cache, slots)))
         _report(results, f"rotary+cache tokens={rows}", fused, rows * (2 * 5120 + 2 * 1024 + 2 * 1024) * 2, two)
 
 

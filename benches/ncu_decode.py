@@ -19,7 +19,7 @@ import math
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from candle_vllm.pyengine.ops import cuda, cuda_gguf
+from candle_vllm.pyengine.ops import cuda, cuda_gguf, cuda_paged
 from candle_vllm.pyengine.quant.isq import quantize
 
 DEV = torch.device("cuda")
@@ -46,7 +46,7 @@ def attention() -> None:
     q = torch.randn(1, hq, d, device=DEV).to(torch.bfloat16)
     for kw in ({}, {"heads_per_cta": 1, "partition_size": 512}):
         for _ in range(4):
-            cuda.paged_decode_attention(q, cache, table, lens, d**-0.5, grid, **kw)
+            cuda_paged.paged_decode_attention(q, cache, table, lens, d**-0.5, grid, **kw)
 
 
 def main() -> None:

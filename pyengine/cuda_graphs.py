@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from candle_vllm.pyengine.ops import cuda
+from candle_vllm.pyengine.ops import cuda, cuda_paged
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def unsupported_reason(model: nn.Module, kv_caches: list[torch.Tensor], device: 
     if num_heads is None:
         return f"{type(model).__name__} has no config.num_heads"
     probe = torch.empty(1, num_heads, cache.shape[-1], dtype=cache.dtype, device=device)
-    if not cuda.paged_decode_supported(probe, cache):
+    if not cuda_paged.paged_decode_supported(probe, cache):
         return (f"the paged decode kernel does not support this cache ({cache.dtype}, head_dim {cache.shape[-1]}, "
                 f"{num_heads} query / {cache.shape[3]} KV heads)")
     return None

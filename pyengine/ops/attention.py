@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from candle_vllm.pyengine.ops import cuda, native, sdpa_prefill
+from candle_vllm.pyengine.ops import cuda, cuda_paged, native, sdpa_prefill
 from candle_vllm.pyengine.ops.attention_cuda import cuda_prefill_step, sdpa_prefill_step
 from candle_vllm.pyengine.ops.attention_metadata import AttentionMetadata
 from candle_vllm.pyengine.ops.cuda_prefill import flash_prefill_supported
@@ -106,12 +106,12 @@ def attention(
     if paged:
         assert kv_cache is not None and meta.slot_mapping is not None and meta.block_tables is not None
         if on_cuda and k.dtype == v.dtype == kv_cache.dtype and not kv_cached:
-            cuda.reshape_and_cache(k, v, kv_cache, meta.slot_mapping)
+            cuda_paged.reshape_and_cache(k, v, kv_cache, meta.slot_mapping)
         elif not kv_cached:
             write_kv(k, v, kv_cache, meta.slot_mapping)
         if _native_paged_ready(q, kv_cache, meta):
             return _native_paged_attention(q, kv_cache, meta, scale, num_kv_heads, sliding_window, softcap)
-        cuda_decode = on_cuda and cuda.paged_decode_supported(q, kv_cache)
+        cuda_decode = on_cuda and cuda_paged.paged_decode_supported(q, kv_cache)
         if meta.max_decode_seq_len is not None:
             if not cuda_decode:
                 raise ValueError(
@@ -119,11 +119,11 @@ def attention(
                     "paged decode kernel (f16/bf16 cache, supported head geometry); build the metadata with "
                     "seq_lens_cpu instead"
                 )
-            return cuda.paged_decode_attention(
+            return cuda_paged.paged_decode_attention(
                 q, kv_cache, meta.block_tables, meta.seq_lens, scale, meta.max_decode_seq_len, sliding_window, softcap
             )
         if cuda_decode and meta.query_start_loc_cpu == list(range(t + 1)):  # a pure decode step
-            return cuda.paged_decode_attention(
+            return cuda_paged.paged_decode_attention(
                 q, kv_cache, meta.block_tables, meta.seq_lens, scale, max(meta.seq_lens_cpu or [1]), sliding_window,
                 softcap,
             )

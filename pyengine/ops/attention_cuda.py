@@ -7,7 +7,7 @@ import itertools
 
 import torch
 
-from candle_vllm.pyengine.ops import cuda, sdpa_prefill
+from candle_vllm.pyengine.ops import cuda_paged, sdpa_prefill
 from candle_vllm.pyengine.ops.attention_metadata import AttentionMetadata
 from candle_vllm.pyengine.ops.cuda_prefill import flash_prefill
 
@@ -52,7 +52,7 @@ def _decode_rows_cuda(
     qsl = meta.query_start_loc_cpu
     tok = meta.device_ints(f"decode_tok{rows}", lambda: [qsl[s] for s in rows])
     idx = meta.device_ints(f"decode_seq{rows}", lambda: rows)
-    out[tok] = cuda.paged_decode_attention(
+    out[tok] = cuda_paged.paged_decode_attention(
         q[tok], kv_cache, meta.block_tables[idx], meta.seq_lens[idx], scale, max(meta.seq_lens_cpu[s] for s in rows),
         sliding_window, softcap,
     )

@@ -8,7 +8,7 @@ import pytest
 import torch
 from _cuda_helpers import REL_TOL, poison_allocator, rel_error
 
-from candle_vllm.pyengine.ops import cuda
+from candle_vllm.pyengine.ops import cuda, cuda_paged
 from candle_vllm.pyengine.ops.rotary import apply_rotary_and_cache, rope_cos_sin_cache
 
 pytestmark = pytest.mark.cuda
@@ -64,7 +64,7 @@ def test_paged_decode_matches_reference(dtype: torch.dtype, d: int, hq: int, hk:
     lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
     scale = d**-0.5
     poison_allocator(DEV, 1 << 22)
-    got = cuda.paged_decode_attention(q, cache, table_t, lens_t, scale, max_seq_len=max(seq_lens))
+    got = cuda_paged.paged_decode_attention(q, cache, table_t, lens_t, scale, max_seq_len=max(seq_lens))
     assert rel_error(got, _reference(q, cache, tables, seq_lens, scale)) < REL_TOL[dtype]
 
 
@@ -75,7 +75,7 @@ def test_split_kv_partitions_and_graph_sized_grid(partition_size: int, max_seq_l
     seq_lens = [5, 64, 65, 700, 2000]
     q, cache, table_t, tables = _paged_case(seq_lens, 32, 8, 128, 32, torch.bfloat16, seed=partition_size)
     lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
-    got = cuda.paged_decode_attention(
+    got = cuda_paged.paged_decode_attention(
         q, cache, table_t, lens_t, 0.1, max_seq_len=max_seq_len or max(seq_lens), partition_size=partition_size
     )
     assert rel_error(got, _reference(q, cache, tables, seq_lens, 0.1)) < REL_TOL[torch.bfloat16]
@@ -86,7 +86,7 @@ def test_block_size_not_a_power_of_two() -> None:
     seq_lens = [7, 48, 49, 1000]
     q, cache, table_t, tables = _paged_case(seq_lens, 32, 8, 128, 48, torch.bfloat16, seed=48)
     lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
-    got = cuda.paged_decode_attention(q, cache, table_t, lens_t, 0.1, max_seq_len=1024, partition_size=128)
+    got = cuda_paged.paged_decode_attention(q, cache, table_t, lens_t, 0.1, max_seq_len=1024, partition_size=128)
     assert rel_error(got, _reference(q, cache, tables, seq_lens, 0.1)) < REL_TOL[torch.bfloat16]
 
 
@@ -96,7 +96,7 @@ def test_sliding_window_and_softcap(partition_size: int) -> None:
     seq_lens = [3, 200, 900]
     q, cache, table_t, tables = _paged_case(seq_lens, 16, 4, 128, 16, torch.float16, seed=7)
     lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
-    got = cuda.paged_decode_attention(
+    got = cuda_paged.paged_decode_attention(
         q, cache, table_t, lens_t, 0.08, max_seq_len=1024, sliding_window=100, softcap=30.0, partition_size=partition_size
     )
     want = _reference(q, cache, tables, seq_lens, 0.08, window=100, softcap=30.0)
@@ -110,7 +110,7 @@ def test_kv_heads_not_a_multiple_of_the_cta_heads(d: int) -> None:
     q, cache, table_t, tables = _paged_case(seq_lens, 24, 12, d, 32, torch.bfloat16, seed=d)
     lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
     poison_allocator(DEV, 1 << 22)
-    got = cuda.paged_decode_attention(q, cache, table_t, lens_t, d**-0.5, max_seq_len=1024, partition_size=64)
+    got = cuda_paged.paged_decode_attention(q, cache, table_t, lens_t, d**-0.5, max_seq_len=1024, partition_size=64)
     assert rel_error(got, _reference(q, cache, tables, seq_lens, d**-0.5)) < REL_TOL[torch.bfloat16]
 
 
@@ -124,11 +124,11 @@ def test_graph_replay_with_other_lengths_and_automatic_split() -> None:
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        cuda.paged_decode_attention(q, cache, table_t, lens_t, 0.09, max_seq_len=max_len)  # warm-up outside capture
+        cuda_paged.paged_decode_attention(q, cache, table_t, lens_t, 0.09, max_seq_len=max_len)  # warm-up outside capture
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = cuda.paged_decode_attention(q, cache, table_t, lens_t, 0.09, max_seq_len=max_len)
+        out = cuda_paged.paged_decode_attention(q, cache, table_t, lens_t, 0.09, max_seq_len=max_len)
     for lens in ([5, 5], [max_len, 3000], [1, 2999], [17000, 64]):
         lens_t.copy_(torch.tensor(lens, dtype=torch.int32))
         graph.replay()
@@ -142,11 +142,11 @@ def test_partition_rule_covers_the_grid() -> None:
     for b, hk, d, max_len in [(1, 8, 128, 4096), (1, 8, 128, 32768), (64, 8, 128, 1024), (7, 2, 64, 100), (3, 16, 256, 9)]:
         q = torch.empty(b, 4 * hk, d, dtype=torch.bfloat16, device=DEV)
         cache = torch.empty(2, 1, 16, hk, d, dtype=torch.bfloat16, device=DEV)
-        plan = cuda.auto_decode_plan(q, cache, max_len)
+        plan = cuda_paged.auto_decode_plan(q, cache, max_len)
         assert plan.partition_size % 16 == 0 and plan.partition_size > 0
         assert math.ceil(max_len / plan.partition_size) * plan.partition_size >= max_len
         assert 1 <= plan.heads_per_cta <= min(hk, 1024 // d)
-        out = cuda.paged_decode_attention(
+        out = cuda_paged.paged_decode_attention(
             q.normal_(), cache.normal_(), torch.zeros(b, 1, dtype=torch.int32, device=DEV),
             torch.ones(b, dtype=torch.int32, device=DEV), 0.1, max_len,
         )
@@ -168,7 +168,7 @@ def test_reshape_and_cache_writes_slots_and_skips_padding(dtype: torch.dtype) ->
     keep = slots >= 0
     flat[0][slots[keep]] = k[keep]
     flat[1][slots[keep]] = v[keep]
-    cuda.reshape_and_cache(k, v, cache, slots)
+    cuda_paged.reshape_and_cache(k, v, cache, slots)
     assert torch.equal(cache, want)
 
 
@@ -191,7 +191,7 @@ def test_every_heads_per_cta_and_reduce_form(
     q, cache, table_t, tables = _paged_case(_BOUNDARY_LENS, hq, hk, d, block_size, torch.bfloat16, seed=d + hq)
     lens_t = torch.tensor(_BOUNDARY_LENS, dtype=torch.int32, device=DEV)
     poison_allocator(DEV, 1 << 22)
-    got = cuda.paged_decode_attention(
+    got = cuda_paged.paged_decode_attention(
         q, cache, table_t, lens_t, d**-0.5, max_seq_len=1024, partition_size=64, heads_per_cta=heads_per_cta,
         fused_reduce=fused_reduce,
     )
@@ -205,7 +205,7 @@ def test_fused_reduce_rearms_its_counters() -> None:
     q, cache, table_t, tables = _paged_case(seq_lens, 32, 8, 128, 16, torch.bfloat16, seed=5)
     for lens in (seq_lens, seq_lens, [33, 1, 300]):  # each within the blocks its sequence owns
         lens_t = torch.tensor(lens, dtype=torch.int32, device=DEV)
-        got = cuda.paged_decode_attention(
+        got = cuda_paged.paged_decode_attention(
             q, cache, table_t, lens_t, 0.1, max_seq_len=512, partition_size=128, heads_per_cta=2, fused_reduce=True
         )
         assert rel_error(got, _reference(q, cache, tables, lens, 0.1)) < REL_TOL[torch.bfloat16], lens
@@ -215,7 +215,7 @@ def test_heads_per_cta_out_of_range_is_refused() -> None:
     q, cache, table_t, _ = _paged_case([5], 8, 8, 256, 16, torch.bfloat16, seed=1)
     lens_t = torch.tensor([5], dtype=torch.int32, device=DEV)
     with pytest.raises(ValueError, match=r"heads_per_cta must be 1 \.\. 4"):
-        cuda.paged_decode_attention(q, cache, table_t, lens_t, 0.1, max_seq_len=16, heads_per_cta=8)
+        cuda_paged.paged_decode_attention(q, cache, table_t, lens_t, 0.1, max_seq_len=16, heads_per_cta=8)
 
 
 @pytest.mark.parametrize("writer", ["rope_cache", "reshape_and_cache"])
@@ -248,8 +248,8 @@ def test_decode_after_the_newest_token_write_in_a_graph(writer: str, heads_per_c
         if writer == "rope_cache":
             assert apply_rotary_and_cache(q, k, v, positions, cos_sin, True, cache, slots)
         else:
-            cuda.reshape_and_cache(k, v, cache, slots)
-        return cuda.paged_decode_attention(
+            cuda_paged.reshape_and_cache(k, v, cache, slots)
+        return cuda_paged.paged_decode_attention(
             q, cache, table_t, lens_t, d**-0.5, max_len, partition_size=64, heads_per_cta=heads_per_cta,
             fused_reduce=fused_reduce,
         )
