@@ -23,7 +23,6 @@ import glob
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -240,30 +239,9 @@ class LtGemm:
 
 def graph_us(fn: Callable[[int], None], calls: int, reps: int) -> float:
     """Median microseconds per fn(i), from replays of one CUDA graph of `calls` calls (no launch gaps)."""
-    import torch
+    from bench_kernels import graph_seconds  # a sibling script: imports torch and the native module
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(3):  # loads lazily-loaded kernels before capture
-            fn(i)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    del graph
-    return statistics.median(times)
+    return 1e6 * graph_seconds(fn, calls, reps)
 
 
 def lt_call(gemm: LtGemm, cand: Candidate, x: Any, weights: list[Any], y: Any, ws: Any) -> Callable[[int], None]:
