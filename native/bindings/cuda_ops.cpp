@@ -19,11 +19,12 @@ static Registrar registrar([](py::module_& m) {
   m.def(
       "cuda_skinny_gemm",
       [](uintptr_t y, uintptr_t x, uintptr_t w, uintptr_t partials, uintptr_t counters, int64_t M, int64_t N,
-         int64_t K, int splits, int warps, int dtype, uintptr_t stream) {
+         int64_t K, int splits, int warps, bool silu_mul, int dtype, uintptr_t stream) {
         cuda::skinny_gemm(as_ptr<void>(y), as_ptr<const void>(x), as_ptr<const void>(w), as_ptr<float>(partials),
-                          as_ptr<int>(counters), M, N, K, splits, warps, to_dtype(dtype), stream);
+                          as_ptr<int>(counters), M, N, K, splits, warps, silu_mul, to_dtype(dtype), stream);
       },
-      "y[M,N] = x[M,K] @ W[N,K]^T for M <= 16 (decode), optional serial split-K, 4 or 8 warps per CTA");
+      "y[M,N] = x[M,K] @ W[N,K]^T for M <= 16 (decode), optional serial split-K, 4 or 8 warps per CTA; with "
+      "silu_mul W is an 8-row-interleaved gate/up projection and y[M,N/2] = silu(gate) * up");
   m.attr("cuda_skinny_max_m") = cuda::kSkinnyMaxM;
   m.attr("cuda_skinny_chunk_k") = cuda::kSkinnyChunkK;
   m.def(
@@ -71,6 +72,12 @@ static Registrar registrar([](py::module_& m) {
         cuda::silu_and_mul(as_ptr<void>(out), as_ptr<const void>(x), tokens, d, to_dtype(dtype), stream);
       },
       "out = silu(x[:, :d]) * x[:, d:]");
+  m.def(
+      "cuda_silu_and_mul_interleaved",
+      [](uintptr_t out, uintptr_t x, int64_t tokens, int64_t d, int dtype, uintptr_t stream) {
+        cuda::silu_and_mul_interleaved(as_ptr<void>(out), as_ptr<const void>(x), tokens, d, to_dtype(dtype), stream);
+      },
+      "cuda_silu_and_mul over gate/up features interleaved in groups of 8");
   m.def(
       "cuda_rotary_embedding",
       [](uintptr_t q, uintptr_t k, uintptr_t positions, uintptr_t cos_sin, int64_t tokens, int64_t q_heads,

@@ -1,5 +1,7 @@
 // SiLU-and-mul (SwiGLU) over the fused gate/up projection: one read of each input, one write, f32 maths. The _q8
-// variant also writes the output's int8 codes for the dp4a GGUF GEMV of the down projection (q8_activation.cuh).
+// variant also writes the output's int8 codes for the dp4a GGUF GEMV of the down projection (q8_activation.cuh);
+// the interleaved variant reads a projection whose gate and up features alternate in groups of 8 (the layout the
+// skinny GEMM's fused SiLU epilogue needs its weight in, seen by the prefill path).
 #include "cuda/activation.h"
 #include "cuda/common.cuh"
 #include "cuda/q8_activation.cuh"
@@ -7,7 +9,7 @@
 namespace candle_vllm::cuda {
 namespace {
 
-template <typename T, int V, bool kQ8>
+template <typename T, int V, bool kQ8, bool kInter = false>
 __global__ void silu_and_mul_kernel(T* __restrict__ out, const T* x, int8_t* __restrict__ xq,
                                     gguf::XBlock* __restrict__ xb, int d) {  // x: not the read-only path (PDL)
   using Vt = Vec<T, V>;
@@ -24,11 +26,11 @@ __global__ void silu_and_mul_kernel(T* __restrict__ out, const T* x, int8_t* __r
     const bool live = i < nvec;
     Vt r;
     if (live) {
-      const Vt a = gate[i], b = up[i];
+      // Interleaved (V == 8): output vector i = gate vector 2i, up vector 2i + 1 of the row.
+      const Vt a = kInter ? gate[2 * i] : gate[i], b = kInter ? gate[2 * i + 1] : up[i];
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const float g = to_f32(a.v[j]);
-        r.v[j] = from_f32<T>(g / (1.f + __expf(-g)) * to_f32(b.v[j]));
+        r.v[j] = from_f32<T>(silu_mul(to_f32(a.v[j]), to_f32(b.v[j])));
       }
       o[i] = r;
     }
@@ -36,9 +38,9 @@ __global__ void silu_and_mul_kernel(T* __restrict__ out, const T* x, int8_t* __r
   }
 }
 
-void launch(void* out, const void* x, int8_t* xq, void* xb, int64_t tokens, int64_t d, DType dtype,
-            std::uintptr_t stream) {
-  const char* what = xq ? "silu_and_mul_q8" : "silu_and_mul";
+void launch(void* out, const void* x, int8_t* xq, void* xb, int64_t tokens, int64_t d, bool interleaved,
+            DType dtype, std::uintptr_t stream) {
+  const char* what = xq ? "silu_and_mul_q8" : interleaved ? "silu_and_mul_interleaved" : "silu_and_mul";
   if (tokens == 0 || d == 0) return;
   if (tokens > 65535) throw std::invalid_argument(std::string(what) + ": at most 65535 tokens per call");
   dispatch_float<true>(dtype, what, [&](auto tag) {
@@ -52,6 +54,14 @@ void launch(void* out, const void* x, int8_t* xq, void* xb, int64_t tokens, int6
                  static_cast<int>(d));
     };
     const bool vec = d % kVec == 0 && aligned16(out, x);
+    if (interleaved) {
+      if constexpr (kVec == 8) {
+        if (!vec) throw std::invalid_argument(std::string(what) + ": needs d % 8 == 0 and 16-byte aligned x, out");
+        go(silu_and_mul_kernel<T, kVec, false, true>, d / kVec);
+        return;
+      }
+      throw std::invalid_argument(std::string(what) + ": f16/bf16 only");
+    }
     if (xq != nullptr) {
       if constexpr (sizeof(T) == 2) {
         if (!vec || d % 32 != 0 || !aligned16(xq) || reinterpret_cast<std::uintptr_t>(xb) % 8 != 0)
@@ -70,12 +80,17 @@ void launch(void* out, const void* x, int8_t* xq, void* xb, int64_t tokens, int6
 }  // namespace
 
 void silu_and_mul(void* out, const void* x, int64_t tokens, int64_t d, DType dtype, std::uintptr_t stream) {
-  launch(out, x, nullptr, nullptr, tokens, d, dtype, stream);
+  launch(out, x, nullptr, nullptr, tokens, d, false, dtype, stream);
+}
+
+void silu_and_mul_interleaved(void* out, const void* x, int64_t tokens, int64_t d, DType dtype,
+                              std::uintptr_t stream) {
+  launch(out, x, nullptr, nullptr, tokens, d, true, dtype, stream);
 }
 
 void silu_and_mul_q8(void* out, int8_t* xq, void* xb, const void* x, int64_t tokens, int64_t d, DType dtype,
                      std::uintptr_t stream) {
-  launch(out, x, xq, xb, tokens, d, dtype, stream);
+  launch(out, x, xq, xb, tokens, d, false, dtype, stream);
 }
 
 }  // namespace candle_vllm::cuda

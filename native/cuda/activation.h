@@ -9,6 +9,11 @@ namespace candle_vllm::cuda {
 // out[t, :d] = silu(x[t, :d]) * x[t, d:2d]; x [tokens, 2d] and out [tokens, d] contiguous; f32, f16 or bf16.
 void silu_and_mul(void* out, const void* x, int64_t tokens, int64_t d, DType dtype, std::uintptr_t stream);
 
+// silu_and_mul over x whose gate and up features alternate in groups of 8 (x[t, 16j .. 16j+7] = gate 8j .. 8j+7,
+// x[t, 16j+8 .. 16j+15] = up 8j .. 8j+7): f16/bf16, d % 8 == 0, x and out 16-byte aligned.
+void silu_and_mul_interleaved(void* out, const void* x, int64_t tokens, int64_t d, DType dtype,
+                              std::uintptr_t stream);
+
 // silu_and_mul that also writes out's int8 codes for the dp4a GGUF GEMV: xq [tokens, d] int8 and xb one 8-byte
 // block per 32 values (native/cuda/q8_activation.cuh), the same bytes that GEMV's own quantizer writes for out.
 // f16/bf16, d % 32 == 0, x, out and xq 16-byte aligned, xb 8-byte aligned.

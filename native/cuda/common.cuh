@@ -102,6 +102,10 @@ __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { retu
 template <typename T>
 __device__ __forceinline__ float round_to(float v) { return to_f32(from_f32<T>(v)); }
 
+// SwiGLU's product for one feature, in f32 from the T-rounded gate and up values: shared by silu_and_mul and the
+// skinny GEMM's fused epilogue so both round identically (both files are built with the same flags).
+__device__ __forceinline__ float silu_mul(float gate, float up) { return gate / (1.f + __expf(-gate)) * up; }
+
 // N elements of T moved as one aligned access (16 bytes for 8 halves or 4 floats).
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Vec {

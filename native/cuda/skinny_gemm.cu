@@ -8,6 +8,8 @@
 // tokens. The 4 or 8 warps of a CTA interleave over the chunks of the CTA's K range and are reduced through
 // shared memory; with split-K (small N, too few tiles to fill the GPU) the last CTA of a tile adds the f32
 // partials of the others (serial split-K, no second launch).
+#include <type_traits>
+
 #include "cuda/common.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/skinny_gemm.h"
@@ -74,7 +76,7 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const Chunk<NT>& 
   }
 }
 
-template <typename T, int NT, int kWarps>
+template <typename T, int NT, int kWarps, bool kSiluMul>
 __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(T* __restrict__ y, const T* __restrict__ x,
                                                                   const T* __restrict__ w, float* __restrict__ partials,
                                                                   int* __restrict__ counters, int M, int N, int K,
@@ -127,12 +129,13 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(T* __restrict_
     for (int i = 0; i < 4; ++i) red[warp][n * 4 + i][lane] = acc[n][i];
   __syncthreads();
 
-  // Accumulator layout: c0,c1 = (row g, tokens 2t, 2t+1), c2,c3 = (row g+8, same tokens).
-  // With 8 warps and one token group, half the threads have no output element (idx past NT * 4): their
-  // coordinates are pushed past N so every store below skips them.
+  // Accumulator layout: c0,c1 = (row g, tokens 2t, 2t+1), c2,c3 = (row g+8, same tokens). Each thread sums
+  // kPer of the tile's (row, token) elements over the warps; with 8 warps and one token group, half the threads
+  // have none (valid false).
   constexpr int kPer = (NT * 4 * 32 + kWarps * 32 - 1) / (kWarps * 32);
   float sums[kPer];
-  int feats[kPer], toks[kPer];
+  int rows[kPer], toks[kPer];
+  bool valid[kPer];
 #pragma unroll
   for (int r = 0; r < kPer; ++r) {
     const int e = threadIdx.x + r * kWarps * 32;
@@ -141,40 +144,64 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(T* __restrict_
 #pragma unroll
     for (int v = 0; v < kWarps; ++v) s += red[v][idx][l];
     sums[r] = s;
-    feats[r] = e >> 5 < NT * 4 ? tile * 16 + (l >> 2) + (i >= 2 ? 8 : 0) : N;
+    rows[r] = (l >> 2) + (i >= 2 ? 8 : 0);
     toks[r] = n * 8 + (l & 3) * 2 + (i & 1);
+    valid[r] = e >> 5 < NT * 4 && tile * 16 + rows[r] < N && toks[r] < M;
   }
-  if (splits == 1) {
+  // The tile's final sums, [token][row], so the output stage can pair rows (gate r with up r + 8).
+  __shared__ float tile_sums[NT * 8][17];
+  if (splits > 1) {
 #pragma unroll
     for (int r = 0; r < kPer; ++r)
-      if (feats[r] < N && toks[r] < M) y[static_cast<size_t>(toks[r]) * N + feats[r]] = from_f32<T>(sums[r]);
-    return;
+      if (valid[r]) partials[(static_cast<size_t>(split) * M + toks[r]) * N + tile * 16 + rows[r]] = sums[r];
+    __threadfence();
+    __syncthreads();
+    __shared__ bool is_last;
+    if (threadIdx.x == 0) is_last = atomicAdd(&counters[tile], 1) == splits - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+#pragma unroll
+    for (int r = 0; r < kPer; ++r) {
+      if (!valid[r]) continue;
+      float s = 0.f;
+      for (int p = 0; p < splits; ++p)
+        s += __ldcg(&partials[(static_cast<size_t>(p) * M + toks[r]) * N + tile * 16 + rows[r]]);
+      sums[r] = s;
+    }
+    if (threadIdx.x == 0) counters[tile] = 0;
   }
 #pragma unroll
   for (int r = 0; r < kPer; ++r)
-    if (feats[r] < N && toks[r] < M) partials[(static_cast<size_t>(split) * M + toks[r]) * N + feats[r]] = sums[r];
-  __threadfence();
+    if (valid[r]) tile_sums[toks[r]][rows[r]] = sums[r];
   __syncthreads();
-  __shared__ bool is_last;
-  if (threadIdx.x == 0) is_last = atomicAdd(&counters[tile], 1) == splits - 1;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-#pragma unroll
-  for (int r = 0; r < kPer; ++r) {
-    if (feats[r] >= N || toks[r] >= M) continue;
-    float s = 0.f;
-    for (int p = 0; p < splits; ++p) s += __ldcg(&partials[(static_cast<size_t>(p) * M + toks[r]) * N + feats[r]]);
-    y[static_cast<size_t>(toks[r]) * N + feats[r]] = from_f32<T>(s);
+  if constexpr (!kSiluMul) {
+    for (int e = threadIdx.x; e < NT * 8 * 16; e += kWarps * 32) {
+      const int tok = e >> 4, row = e & 15, feat = tile * 16 + row;
+      if (tok < M && feat < N) y[static_cast<size_t>(tok) * N + feat] = from_f32<T>(tile_sums[tok][row]);
+    }
+  } else {
+    // Rows 0-7 of the tile are gate features tile*8 .. +7 and rows 8-15 the up features of the same indices
+    // (the weight's rows interleaved in groups of 8): y[tok, f] = silu(gate) * up, each rounded to T first,
+    // exactly as the projection followed by silu_and_mul computes it.
+    const int half = N / 2;
+    for (int e = threadIdx.x; e < NT * 8 * 8; e += kWarps * 32) {
+      const int tok = e >> 3, f = e & 7, feat = tile * 8 + f;
+      if (tok < M && feat < half) {
+        const float g = round_to<T>(tile_sums[tok][f]), u = round_to<T>(tile_sums[tok][f + 8]);
+        y[static_cast<size_t>(tok) * half + feat] = from_f32<T>(silu_mul(g, u));
+      }
+    }
   }
-  if (threadIdx.x == 0) counters[tile] = 0;
 }
 
 }  // namespace
 
 void skinny_gemm(void* y, const void* x, const void* w, float* partials, int* counters, int64_t M, int64_t N,
-                 int64_t K, int splits, int warps, DType dtype, std::uintptr_t stream) {
+                 int64_t K, int splits, int warps, bool silu_mul, DType dtype, std::uintptr_t stream) {
   if (M < 1 || M > kSkinnyMaxM) throw std::invalid_argument("skinny_gemm: M must be in 1..16");
+  if (silu_mul && N % 16 != 0)
+    throw std::invalid_argument("skinny_gemm: the SiLU-and-mul epilogue needs N (gate + up rows) a multiple of 16");
   if (K % 8 != 0) throw std::invalid_argument("skinny_gemm: K must be a multiple of 8");
   if (N < 1 || splits < 1) throw std::invalid_argument("skinny_gemm: N and splits must be >= 1");
   if (warps != 4 && warps != 8) throw std::invalid_argument("skinny_gemm: warps must be 4 or 8");
@@ -191,8 +218,17 @@ void skinny_gemm(void* y, const void* x, const void* w, float* partials, int* co
                  static_cast<const T*>(x), static_cast<const T*>(w), partials, counters, static_cast<int>(M),
                  static_cast<int>(N), static_cast<int>(K), chunks_per_split);
     };
-    if (M <= 8) warps == 4 ? launch(skinny_gemm_kernel<T, 1, 4>) : launch(skinny_gemm_kernel<T, 1, 8>);
-    else warps == 4 ? launch(skinny_gemm_kernel<T, 2, 4>) : launch(skinny_gemm_kernel<T, 2, 8>);
+    auto by_warps = [&](auto nt, auto silu) {
+      constexpr int kNt = decltype(nt)::value;
+      constexpr bool kSilu = decltype(silu)::value;
+      warps == 4 ? launch(skinny_gemm_kernel<T, kNt, 4, kSilu>) : launch(skinny_gemm_kernel<T, kNt, 8, kSilu>);
+    };
+    auto by_tokens = [&](auto silu) {
+      if (M <= 8) by_warps(std::integral_constant<int, 1>{}, silu);
+      else by_warps(std::integral_constant<int, 2>{}, silu);
+    };
+    if (silu_mul) by_tokens(std::true_type{});
+    else by_tokens(std::false_type{});
   });
 }
 

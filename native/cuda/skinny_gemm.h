@@ -15,7 +15,10 @@ constexpr int kSkinnyChunkK = 128;
 // counters (int32, ceil(N/16), all zero before the call; left zero after it) elect the CTA that adds them up.
 // `warps` (4 or 8) is the CTA size: the warps of a tile's CTA interleave over its K chunks, so 8 keep twice the
 // weight bytes in flight per tile where there are too few tiles for several CTAs per SM.
+// silu_mul: W holds a gate/up projection with its rows interleaved in groups of 8 (gate 8j..8j+7, then up
+// 8j..8j+7; N % 16 == 0) and y [M, N / 2] receives silu(gate) * up, each product rounded as the projection
+// followed by silu_and_mul would round it.
 void skinny_gemm(void* y, const void* x, const void* w, float* partials, int* counters, int64_t M, int64_t N,
-                 int64_t K, int splits, int warps, DType dtype, std::uintptr_t stream);
+                 int64_t K, int splits, int warps, bool silu_mul, DType dtype, std::uintptr_t stream);
 
 }  // namespace candle_vllm::cuda

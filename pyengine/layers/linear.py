@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from candle_vllm.pyengine.layers.embedding import VocabEmbedding
+from candle_vllm.pyengine.ops.activation import silu_and_mul
 from candle_vllm.pyengine.ops.q8_activation import Q8Activation
 from candle_vllm.pyengine.quant import WeightData, build_linear_methods
 
@@ -15,8 +16,9 @@ from candle_vllm.pyengine.quant import WeightData, build_linear_methods
 class Linear(nn.Module):
     """``y = x @ W.T (+ b)`` where W is the row-concatenation of ``len(output_sizes)`` shards.
 
-    Fusing q/k/v (or gate/up) into one layer makes one matmul out of several. Shards are collected with
-    :meth:`load_shard` and turned into :class:`LinearMethod` s (dense or quantized) by :meth:`finalize`.
+    Fusing q/k/v (or gate/up) into one layer makes one matmul out of several; ``gated`` marks a [gate, up] pair
+    whose consumer is :meth:`forward_swiglu`. Shards are collected with :meth:`load_shard` and turned into
+    :class:`LinearMethod` s (dense or quantized) by :meth:`finalize`.
     """
 
     def __init__(
@@ -26,8 +28,10 @@ class Linear(nn.Module):
         bias: bool,
         dtype: torch.dtype,
         device: torch.device,
+        gated: bool = False,
     ) -> None:
         super().__init__()
+        self.gated = gated
         self.in_features = in_features
         self.output_sizes = list(output_sizes)
         self.dtype, self.device = dtype, device
@@ -51,7 +55,7 @@ class Linear(nn.Module):
         if len(self._pending) == len(self.output_sizes):
             shards = [self._pending[i] for i in range(len(self.output_sizes))]
             self._pending.clear()
-            self.methods = nn.ModuleList(build_linear_methods(shards, self.dtype, self.device))
+            self.methods = nn.ModuleList(build_linear_methods(shards, self.dtype, self.device, self.gated))
 
     def load_bias(self, shard: int, bias: torch.Tensor) -> None:
         if self.bias is None or bias.shape != (self.output_sizes[shard],):
@@ -78,4 +82,13 @@ class Linear(nn.Module):
         methods = self.methods
         y = methods[0](x) if len(methods) == 1 else torch.cat([m(x) for m in methods], dim=-1)
         return y + self.bias if self.bias is not None else y
+
+    def forward_swiglu(self, x: torch.Tensor | Q8Activation, *, q8: bool = False) -> torch.Tensor | Q8Activation:
+        """``silu_and_mul(self(x))`` for a gate/up layer (``gated``), in one kernel where the weight method has one
+        (dense f16/bf16 on CUDA); ``q8`` asks the separate SiLU for int8 codes (the next linear takes them)."""
+        if self.bias is None and len(self.methods) == 1 and isinstance(x, torch.Tensor):
+            y = self.methods[0].forward_swiglu(x)
+            if y is not None:
+                return y
+        return silu_and_mul(self(x), q8=q8)
 

@@ -16,7 +16,6 @@ from torch import nn
 from candle_vllm.pyengine.config import ModelConfig
 from candle_vllm.pyengine.layers import Attention, Linear, RMSNorm, RotaryEmbedding, VocabEmbedding
 from candle_vllm.pyengine.ops import native
-from candle_vllm.pyengine.ops.activation import silu_and_mul
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 from candle_vllm.pyengine.ops.cpu_decoder import CpuDecoderStack
 from candle_vllm.pyengine.ops.q8_activation import Q8Activation, dense
@@ -106,13 +105,13 @@ class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         i = cfg.intermediate_size
-        self.gate_up_proj = Linear(cfg.hidden_size, [i, i], False, dtype, device)
+        self.gate_up_proj = Linear(cfg.hidden_size, [i, i], False, dtype, device, gated=True)
         self.down_proj = Linear(i, [cfg.hidden_size], False, dtype, device)
 
     def forward(self, x: torch.Tensor | Q8Activation) -> torch.Tensor:
         """x may carry int8 codes for gate_up_proj; the SiLU writes them for down_proj where it takes them."""
-        h = self.gate_up_proj(x)
-        return self.down_proj(silu_and_mul(h, q8=self.down_proj.accepts_q8(h.shape[0])))
+        a = self.gate_up_proj.forward_swiglu(x, q8=self.down_proj.accepts_q8(dense(x).shape[0]))
+        return self.down_proj(a)
 
 
 class LlamaDecoderLayer(nn.Module):

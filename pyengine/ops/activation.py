@@ -21,3 +21,30 @@ def silu_and_mul(x: torch.Tensor, *, q8: bool = False) -> torch.Tensor | Q8Activ
         return out
     d = x.shape[-1] // 2
     return F.silu(x[..., :d]) * x[..., d:]
+
+
+def interleave_gate_up(weight: torch.Tensor) -> torch.Tensor:
+    """A fused gate/up weight [2I, K] (gate rows, then up rows) with its rows regrouped as gate 8j..8j+7, up
+    8j..8j+7 for j = 0 .. I/8 - 1 (I % 8 == 0): one 16-row tile of the skinny GEMM then holds both factors of 8
+    features, so its epilogue can apply the SiLU (``cuda.skinny_gemm(..., silu_mul=True)``)."""
+    rows, k = weight.shape
+    if rows % 16:
+        raise ValueError(f"interleave_gate_up: needs 2I rows with I % 8 == 0, got {rows}")
+    return weight.view(2, rows // 16, 8, k).transpose(0, 1).reshape(rows, k).contiguous()
+
+
+def silu_and_mul_interleaved(x: torch.Tensor) -> torch.Tensor:
+    """:func:`silu_and_mul` of the output of an :func:`interleave_gate_up` weight: x [..., 2I] holds gate and up
+    features alternating in groups of 8 -> silu(gate) * up [..., I]."""
+    if x.device.type == "cuda" and (out := cuda.silu_and_mul_interleaved(x)) is not None:
+        return out
+    pairs = x.view(*x.shape[:-1], x.shape[-1] // 16, 2, 8)
+    d = x.shape[-1] // 2
+    gate, up = pairs[..., 0, :].reshape(*x.shape[:-1], d), pairs[..., 1, :].reshape(*x.shape[:-1], d)
+    return F.silu(gate) * up
+
+
+def deinterleave_gate_up(y: torch.Tensor) -> torch.Tensor:
+    """The standard [gate, up] layout of the output of an :func:`interleave_gate_up` weight."""
+    pairs = y.view(*y.shape[:-1], y.shape[-1] // 16, 2, 8)
+    return torch.cat([pairs[..., 0, :].flatten(-2), pairs[..., 1, :].flatten(-2)], dim=-1)

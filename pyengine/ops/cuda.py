@@ -93,12 +93,19 @@ def skinny_gemm_warps(m: int, n: int, sms: int) -> int:
 
 
 def skinny_gemm(
-    x: torch.Tensor, weight: torch.Tensor, splits: int | None = None, warps: int | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    splits: int | None = None,
+    warps: int | None = None,
+    silu_mul: bool = False,
 ) -> torch.Tensor:
     """y [M, N] = x [M, K] @ weight [N, K].T for decode-sized M (<= 16), reading the weight once at HBM speed.
 
     ``splits`` and ``warps`` (4 or 8) override the split-K and CTA-size heuristics (benchmarks sweep both); the
-    result does not depend on either beyond f32 summation order.
+    result does not depend on either beyond f32 summation order. ``silu_mul``: weight is a gate/up projection
+    interleaved in groups of 8 rows (``ops.activation.interleave_gate_up``, N % 16 == 0) and the result is
+    y [M, N / 2] = silu(gate) * up, rounded as the projection followed by ``silu_and_mul`` rounds it (the SiLU
+    costs no launch of its own).
     """
     if warps not in (None, 4, 8):
         raise ValueError(f"skinny_gemm: warps must be 4 or 8, got {warps}")
@@ -109,12 +116,14 @@ def skinny_gemm(
         )
     m, k = x.shape
     n = weight.shape[0]
+    if silu_mul and n % 16:
+        raise ValueError(f"skinny_gemm: silu_mul needs an interleaved gate/up weight of 16k rows, got {n}")
     dev = _device_index(x.device)
     if warps is None:
         warps = skinny_gemm_warps(m, n, sm_count(dev))
     if splits is None:
         splits = skinny_gemm_splits(n, k, sm_count(dev), warps)
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    y = torch.empty(m, n // 2 if silu_mul else n, dtype=x.dtype, device=x.device)
     partials_ptr = counters_ptr = 0
     if splits > 1:
         if math.ceil(n / 16) > _COUNTER_SLOTS:
@@ -123,7 +132,7 @@ def skinny_gemm(
         partials = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
         partials_ptr, counters_ptr = partials.data_ptr(), counters.data_ptr()
     native.module().cuda_skinny_gemm(
-        y.data_ptr(), x.data_ptr(), weight.data_ptr(), partials_ptr, counters_ptr, m, n, k, splits, warps,
+        y.data_ptr(), x.data_ptr(), weight.data_ptr(), partials_ptr, counters_ptr, m, n, k, splits, warps, silu_mul,
         native.dtype_code(x), native.stream(x.device),
     )
     return y
@@ -150,6 +159,23 @@ def silu_and_mul(x: torch.Tensor, *, q8: bool = False) -> torch.Tensor | Q8Activ
         )
         return act
     native.module().cuda_silu_and_mul(
+        out.data_ptr(), x.data_ptr(), tokens, d, native.dtype_code(x), native.stream(x.device)
+    )
+    return out
+
+
+def silu_and_mul_interleaved(x: torch.Tensor) -> torch.Tensor | None:
+    """:func:`silu_and_mul` of a projection whose gate and up features alternate in groups of 8
+    (``ops.activation.interleave_gate_up``), or None when x is not a contiguous, 16-byte aligned f16/bf16 CUDA
+    tensor with d % 8 == 0."""
+    if not (available(x.device) and x.dtype in HALF_DTYPES and x.is_contiguous() and x.shape[-1] % 16 == 0):
+        return None
+    d = x.shape[-1] // 2
+    tokens = x.numel() // max(1, x.shape[-1])
+    out = torch.empty(*x.shape[:-1], d, dtype=x.dtype, device=x.device)
+    if tokens > 65535 or not _aligned(x, out):
+        return None
+    native.module().cuda_silu_and_mul_interleaved(
         out.data_ptr(), x.data_ptr(), tokens, d, native.dtype_code(x), native.stream(x.device)
     )
     return out

@@ -34,14 +34,22 @@ class LinearMethod(nn.Module, ABC):
         with int8 codes written by their producer) and uses its codes; then the producer may be asked for them."""
         return False
 
+    def forward_swiglu(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``silu(gate) * up`` of a fused gate/up weight in one kernel where this method has one (the SiLU then
+        costs no launch of its own); None when it has none, and the caller applies ``silu_and_mul`` to
+        :meth:`forward`'s output."""
+        return None
+
 
 def build_linear_methods(
-    shards: Sequence[WeightData], dtype: torch.dtype, device: torch.device
+    shards: Sequence[WeightData], dtype: torch.dtype, device: torch.device, gated: bool = False
 ) -> list[LinearMethod]:
     """Methods for a layer whose weight is the row-concatenation of ``shards`` (e.g. q, k, v).
 
     Consecutive shards in the same format are merged into one matrix so the layer runs one matmul per
-    format run; GGUF files may store q/k and v in different quant types, which then stay separate.
+    format run; GGUF files may store q/k and v in different quant types, which then stay separate. ``gated``
+    (the shards are a gate and an up projection): a dense f16/bf16 pair on CUDA is stored interleaved so its
+    decode GEMM applies the SiLU itself (``UnquantizedLinear.forward_swiglu``).
     """
     from candle_vllm.pyengine.quant.gguf import GGUFLinear, GGUFWeight
     from candle_vllm.pyengine.quant.unquantized import UnquantizedLinear
@@ -55,8 +63,10 @@ def build_linear_methods(
         if isinstance(run[0], GGUFWeight):
             methods.append(GGUFLinear.merged([w for w in run if isinstance(w, GGUFWeight)], device))
         else:
-            methods.append(UnquantizedLinear(torch.cat([w.to(device, dtype) for w in run]) if len(run) > 1
-                                             else run[0].to(device, dtype)))
+            weight = torch.cat([w.to(device, dtype) for w in run]) if len(run) > 1 else run[0].to(device, dtype)
+            interleave = (gated and len(run) == len(shards) == 2 and device.type == "cuda"
+                          and dtype in (torch.float16, torch.bfloat16) and weight.shape[0] % 16 == 0)
+            methods.append(UnquantizedLinear(weight, gate_up_interleaved=interleave))
         run.clear()
 
     for w in shards:
