@@ -106,6 +106,13 @@ __device__ __forceinline__ float round_to(float v) { return to_f32(from_f32<T>(v
 // skinny GEMM's fused epilogue so both round identically (both files are built with the same flags).
 __device__ __forceinline__ float silu_mul(float gate, float up) { return gate / (1.f + __expf(-gate)) * up; }
 
+// RoPE on one pair (x1, x2) with cos c and sin s: (x1 c - x2 s, x2 c + x1 s). The products and the fused
+// add are spelled out so every kernel that rotates (rotary.cu, the skinny GEMM's RoPE epilogue) rounds alike,
+// whatever contraction the compiler would pick for the plain expression.
+__device__ __forceinline__ float2 rope_pair(float x1, float x2, float c, float s) {
+  return make_float2(__fmaf_rn(x1, c, -__fmul_rn(x2, s)), __fmaf_rn(x2, c, __fmul_rn(x1, s)));
+}
+
 // N elements of T moved as one aligned access (16 bytes for 8 halves or 4 floats).
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Vec {

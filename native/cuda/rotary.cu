@@ -21,10 +21,9 @@ __device__ __forceinline__ void rotate_heads(T* base, int heads, int head_dim, i
     const int h = e / half, i = e % half;
     T* head = base + static_cast<size_t>(h) * head_dim;
     const int i1 = is_neox ? i : 2 * i, i2 = is_neox ? i + half : 2 * i + 1;
-    const float c = round_to<T>(cs[i]), s = round_to<T>(cs[half + i]);
-    const float x1 = to_f32(head[i1]), x2 = to_f32(head[i2]);
-    head[i1] = from_f32<T>(x1 * c - x2 * s);
-    head[i2] = from_f32<T>(x2 * c + x1 * s);
+    const float2 r = rope_pair(to_f32(head[i1]), to_f32(head[i2]), round_to<T>(cs[i]), round_to<T>(cs[half + i]));
+    head[i1] = from_f32<T>(r.x);
+    head[i2] = from_f32<T>(r.y);
   }
 }
 
@@ -113,9 +112,9 @@ __global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T
 #pragma unroll
   for (int p = 0; p < V; ++p) {
     const int i1 = NEOX ? p : 2 * p, i2 = NEOX ? V + p : 2 * p + 1;
-    const float x1 = x[i1], x2 = x[i2];
-    x[i1] = x1 * c[p] - x2 * s[p];
-    x[i2] = x2 * c[p] + x1 * s[p];
+    const float2 r = rope_pair(x[i1], x[i2], c[p], s[p]);
+    x[i1] = r.x;
+    x[i2] = r.y;
   }
 #pragma unroll
   for (int i = 0; i < V; ++i) v1.v[i] = from_f32<T>(x[i]), v2.v[i] = from_f32<T>(x[V + i]);

@@ -76,11 +76,38 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const Chunk<NT>& 
   }
 }
 
-template <typename T, int NT, int kWarps, bool kSiluMul>
+enum Epilogue { kStore, kSiluMul, kRopeCache };
+
+// The RoPE + cache epilogue for one element of a tile's final sums ([token][row] in shared memory).
+template <typename T, int NT>
+__device__ __forceinline__ void rope_cache_store(T* y, const float (&sums)[NT * 8][17], const SkinnyRopeCache& a,
+                                                 int tile, int tok, int row, int N) {
+  const int feat = tile * 16 + row, d = a.head_dim;
+  const int64_t slot = a.slots[tok];
+  if (feat >= a.rot_rows) {  // a v feature: stored as it is
+    const T v = from_f32<T>(sums[tok][row]);
+    y[static_cast<size_t>(tok) * N + feat] = v;
+    const int vf = feat - a.rot_rows;
+    if (slot >= 0) static_cast<T*>(a.value_cache)[(slot * a.kv_heads + vf / d) * d + vf % d] = v;
+    return;
+  }
+  // Rows 0-7 of the tile are channels 8j..8j+7 of a head's first half, rows 8-15 their partners half+8j..
+  const int half = d / 2, head0 = feat - feat % d, r = row & 7, ch = (feat % d) / 16 * 8 + r;
+  const float* cs = a.cos_sin + a.positions[tok] * d;
+  const float2 rot = rope_pair(round_to<T>(sums[tok][r]), round_to<T>(sums[tok][r + 8]), round_to<T>(cs[ch]),
+                               round_to<T>(cs[half + ch]));
+  const int channel = row < 8 ? ch : half + ch;
+  const T v = from_f32<T>(row < 8 ? rot.x : rot.y);
+  y[static_cast<size_t>(tok) * N + head0 + channel] = v;
+  if (feat >= a.q_rows && slot >= 0)
+    static_cast<T*>(a.key_cache)[(slot * a.kv_heads + (head0 - a.q_rows) / d) * d + channel] = v;
+}
+
+template <typename T, int NT, int kWarps, int kEpi>
 __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(T* __restrict__ y, const T* __restrict__ x,
                                                                   const T* __restrict__ w, float* __restrict__ partials,
                                                                   int* __restrict__ counters, int M, int N, int K,
-                                                                  int chunks_per_split) {
+                                                                  int chunks_per_split, const SkinnyRopeCache rope) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
@@ -175,10 +202,15 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(T* __restrict_
   for (int r = 0; r < kPer; ++r)
     if (valid[r]) tile_sums[toks[r]][rows[r]] = sums[r];
   __syncthreads();
-  if constexpr (!kSiluMul) {
+  if constexpr (kEpi == kStore) {
     for (int e = threadIdx.x; e < NT * 8 * 16; e += kWarps * 32) {
       const int tok = e >> 4, row = e & 15, feat = tile * 16 + row;
       if (tok < M && feat < N) y[static_cast<size_t>(tok) * N + feat] = from_f32<T>(tile_sums[tok][row]);
+    }
+  } else if constexpr (kEpi == kRopeCache) {
+    for (int e = threadIdx.x; e < NT * 8 * 16; e += kWarps * 32) {
+      const int tok = e >> 4, row = e & 15;
+      if (tok < M && tile * 16 + row < N) rope_cache_store<T, NT>(y, tile_sums, rope, tile, tok, row, N);
     }
   } else {
     // Rows 0-7 of the tile are gate features tile*8 .. +7 and rows 8-15 the up features of the same indices
@@ -195,13 +227,10 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(T* __restrict_
   }
 }
 
-}  // namespace
-
-void skinny_gemm(void* y, const void* x, const void* w, float* partials, int* counters, int64_t M, int64_t N,
-                 int64_t K, int splits, int warps, bool silu_mul, DType dtype, std::uintptr_t stream) {
+void launch_skinny(void* y, const void* x, const void* w, float* partials, int* counters, int64_t M, int64_t N,
+                   int64_t K, int splits, int warps, Epilogue epi, const SkinnyRopeCache& rope, DType dtype,
+                   std::uintptr_t stream) {
   if (M < 1 || M > kSkinnyMaxM) throw std::invalid_argument("skinny_gemm: M must be in 1..16");
-  if (silu_mul && N % 16 != 0)
-    throw std::invalid_argument("skinny_gemm: the SiLU-and-mul epilogue needs N (gate + up rows) a multiple of 16");
   if (K % 8 != 0) throw std::invalid_argument("skinny_gemm: K must be a multiple of 8");
   if (N < 1 || splits < 1) throw std::invalid_argument("skinny_gemm: N and splits must be >= 1");
   if (warps != 4 && warps != 8) throw std::invalid_argument("skinny_gemm: warps must be 4 or 8");
@@ -216,20 +245,45 @@ void skinny_gemm(void* y, const void* x, const void* w, float* partials, int* co
     auto launch = [&](auto kernel) {
       launch_pdl("skinny_gemm", kernel, grid, dim3(warps * 32), 0, as_stream(stream), static_cast<T*>(y),
                  static_cast<const T*>(x), static_cast<const T*>(w), partials, counters, static_cast<int>(M),
-                 static_cast<int>(N), static_cast<int>(K), chunks_per_split);
+                 static_cast<int>(N), static_cast<int>(K), chunks_per_split, rope);
     };
-    auto by_warps = [&](auto nt, auto silu) {
-      constexpr int kNt = decltype(nt)::value;
-      constexpr bool kSilu = decltype(silu)::value;
-      warps == 4 ? launch(skinny_gemm_kernel<T, kNt, 4, kSilu>) : launch(skinny_gemm_kernel<T, kNt, 8, kSilu>);
+    auto by_warps = [&](auto nt, auto ep) {
+      constexpr int kNt = decltype(nt)::value, kEp = decltype(ep)::value;
+      warps == 4 ? launch(skinny_gemm_kernel<T, kNt, 4, kEp>) : launch(skinny_gemm_kernel<T, kNt, 8, kEp>);
     };
-    auto by_tokens = [&](auto silu) {
-      if (M <= 8) by_warps(std::integral_constant<int, 1>{}, silu);
-      else by_warps(std::integral_constant<int, 2>{}, silu);
+    auto by_tokens = [&](auto ep) {
+      if (M <= 8) by_warps(std::integral_constant<int, 1>{}, ep);
+      else by_warps(std::integral_constant<int, 2>{}, ep);
     };
-    if (silu_mul) by_tokens(std::true_type{});
-    else by_tokens(std::false_type{});
+    if (epi == kSiluMul) by_tokens(std::integral_constant<int, kSiluMul>{});
+    else if (epi == kRopeCache) by_tokens(std::integral_constant<int, kRopeCache>{});
+    else by_tokens(std::integral_constant<int, kStore>{});
   });
+}
+
+}  // namespace
+
+void skinny_gemm(void* y, const void* x, const void* w, float* partials, int* counters, int64_t M, int64_t N,
+                 int64_t K, int splits, int warps, bool silu_mul, DType dtype, std::uintptr_t stream) {
+  if (silu_mul && N % 16 != 0)
+    throw std::invalid_argument("skinny_gemm: the SiLU-and-mul epilogue needs N (gate + up rows) a multiple of 16");
+  launch_skinny(y, x, w, partials, counters, M, N, K, splits, warps, silu_mul ? kSiluMul : kStore, SkinnyRopeCache{},
+                dtype, stream);
+}
+
+void skinny_gemm_rope_cache(void* y, const void* x, const void* w, float* partials, int* counters, int64_t M,
+                            int64_t N, int64_t K, int splits, int warps, const SkinnyRopeCache& rope, DType dtype,
+                            std::uintptr_t stream) {
+  const int d = rope.head_dim;
+  if (d < 16 || d % 16 != 0 || rope.q_rows % d != 0 || rope.rot_rows % d != 0 || rope.q_rows >= rope.rot_rows ||
+      rope.rot_rows >= N || (N - rope.rot_rows) != rope.rot_rows - rope.q_rows ||
+      (rope.rot_rows - rope.q_rows) / d != rope.kv_heads)
+    throw std::invalid_argument(
+        "skinny_gemm_rope_cache: needs head_dim % 16 == 0 and N = q_rows + 2 * kv_heads * head_dim with whole heads");
+  if (rope.positions == nullptr || rope.cos_sin == nullptr || rope.slots == nullptr || rope.key_cache == nullptr ||
+      rope.value_cache == nullptr)
+    throw std::invalid_argument("skinny_gemm_rope_cache: positions, cos_sin, slots and both caches are required");
+  launch_skinny(y, x, w, partials, counters, M, N, K, splits, warps, kRopeCache, rope, dtype, stream);
 }
 
 }  // namespace candle_vllm::cuda

@@ -21,4 +21,23 @@ constexpr int kSkinnyChunkK = 128;
 void skinny_gemm(void* y, const void* x, const void* w, float* partials, int* counters, int64_t M, int64_t N,
                  int64_t K, int splits, int warps, bool silu_mul, DType dtype, std::uintptr_t stream);
 
+// What the RoPE + cache epilogue needs besides the GEMM's operands. W is a fused q/k/v projection whose first
+// rot_rows rows (q then k heads, head_dim rows each) have each head's two halves interleaved in groups of 8
+// (channels 8j..8j+7, then half+8j..half+8j+7), so a 16-row tile holds both members of 8 rotation pairs.
+struct SkinnyRopeCache {
+  const int64_t* positions;  // [M] token positions
+  const float* cos_sin;      // [max_pos, head_dim] f32: cos then sin of each position (neox pairs)
+  void* key_cache;           // flat [slots, kv_heads, head_dim] in the GEMM's dtype
+  void* value_cache;
+  const int64_t* slots;      // [M] cache slot per token; < 0: not stored
+  int q_rows, rot_rows, head_dim, kv_heads;
+};
+
+// skinny_gemm whose epilogue rotates q and k (neox RoPE, cos/sin rounded to T as rotary_embedding does) and
+// stores k and v at the tokens' cache slots: y [M, N] is left exactly as the projection (de-interleaved to the
+// standard head layout) followed by rotary_embedding_cache would leave it, and so is the cache.
+void skinny_gemm_rope_cache(void* y, const void* x, const void* w, float* partials, int* counters, int64_t M,
+                            int64_t N, int64_t K, int splits, int warps, const SkinnyRopeCache& rope, DType dtype,
+                            std::uintptr_t stream);
+
 }  // namespace candle_vllm::cuda

@@ -17,7 +17,8 @@ class Linear(nn.Module):
     """``y = x @ W.T (+ b)`` where W is the row-concatenation of ``len(output_sizes)`` shards.
 
     Fusing q/k/v (or gate/up) into one layer makes one matmul out of several; ``gated`` marks a [gate, up] pair
-    whose consumer is :meth:`forward_swiglu`. Shards are collected with :meth:`load_shard` and turned into
+    whose consumer is :meth:`forward_swiglu`, ``rope_head_dim`` a [q, k, v] triple rotated by neox RoPE over whole
+    heads of that size (whose consumer tries :meth:`forward_rope_cache` first). Shards are collected with :meth:`load_shard` and turned into
     :class:`LinearMethod` s (dense or quantized) by :meth:`finalize`.
     """
 
@@ -29,9 +30,10 @@ class Linear(nn.Module):
         dtype: torch.dtype,
         device: torch.device,
         gated: bool = False,
+        rope_head_dim: int = 0,
     ) -> None:
         super().__init__()
-        self.gated = gated
+        self.gated, self.rope_head_dim = gated, rope_head_dim
         self.in_features = in_features
         self.output_sizes = list(output_sizes)
         self.dtype, self.device = dtype, device
@@ -55,7 +57,9 @@ class Linear(nn.Module):
         if len(self._pending) == len(self.output_sizes):
             shards = [self._pending[i] for i in range(len(self.output_sizes))]
             self._pending.clear()
-            self.methods = nn.ModuleList(build_linear_methods(shards, self.dtype, self.device, self.gated))
+            self.methods = nn.ModuleList(build_linear_methods(
+                shards, self.dtype, self.device, self.gated, self.rope_head_dim
+            ))
 
     def load_bias(self, shard: int, bias: torch.Tensor) -> None:
         if self.bias is None or bias.shape != (self.output_sizes[shard],):
@@ -92,3 +96,18 @@ class Linear(nn.Module):
                 return y
         return silu_and_mul(self(x), q8=q8)
 
+
+    def forward_rope_cache(
+        self,
+        x: torch.Tensor | Q8Activation,
+        kv_heads: int,
+        positions: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """``self(x)`` with q/k rotated (neox, whole heads) and k/v stored at ``slot_mapping`` in one kernel, where
+        the weight method has one (dense f16/bf16 on CUDA, decode batches); None, having done nothing, elsewhere."""
+        if self.bias is not None or len(self.methods) != 1 or not isinstance(x, torch.Tensor):
+            return None
+        return self.methods[0].forward_rope_cache(x, kv_heads, positions, cos_sin_cache, kv_cache, slot_mapping)

@@ -69,8 +69,12 @@ class LlamaAttention(nn.Module):
         super().__init__()
         h, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.sizes = [h * d, hk * d, hk * d]
-        self.head_dim = d
-        self.qkv_proj = Linear(cfg.hidden_size, self.sizes, cfg.attention_bias, dtype, device)
+        self.head_dim, self.kv_heads = d, hk
+        # The decode GEMM can rotate and cache in its epilogue when RoPE is neox over whole heads and nothing
+        # (q/k norm, bias) sits between the projection and the rotation.
+        fusable = rotary.is_neox and rotary.cos_sin_cache.shape[-1] == d and not cfg.qk_norm and not cfg.attention_bias
+        self.qkv_proj = Linear(cfg.hidden_size, self.sizes, cfg.attention_bias, dtype, device,
+                               rope_head_dim=d if fusable else 0)
         self.o_proj = Linear(h * d, [cfg.hidden_size], False, dtype, device)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
@@ -88,15 +92,21 @@ class LlamaAttention(nn.Module):
         """[T, H] -> [T, H], or [len(rows), H] for only ``rows`` (every token's K/V still reach the cache).
         x may carry int8 codes for qkv_proj (``qkv_proj.accepts_q8``)."""
         t, d = dense(x).shape[0], self.head_dim
-        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        can_cache = kv_cache is not None and meta.slot_mapping is not None
+        qkv = self.qkv_proj.forward_rope_cache(
+            x, self.kv_heads, positions, self.rotary.cos_sin_cache, kv_cache, meta.slot_mapping
+        ) if can_cache else None
+        cached = qkv is not None  # rotated and cached by the projection's own kernel
+        q, k, v = (qkv if cached else self.qkv_proj(x)).split(self.sizes, dim=-1)
         q, k, v = q.reshape(t, -1, d), k.reshape(t, -1, d), v.reshape(t, -1, d)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        cached = kv_cache is not None and meta.slot_mapping is not None and apply_rotary_and_cache(
-            q, k, v, positions, self.rotary.cos_sin_cache, self.rotary.is_neox, kv_cache, meta.slot_mapping
-        )
         if not cached:
-            q, k = self.rotary(positions, q, k)
+            if self.q_norm is not None and self.k_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            cached = can_cache and apply_rotary_and_cache(
+                q, k, v, positions, self.rotary.cos_sin_cache, self.rotary.is_neox, kv_cache, meta.slot_mapping
+            )
+            if not cached:
+                q, k = self.rotary(positions, q, k)
         out = self.attn(q, k, v, kv_cache, meta, kv_cached=cached)
         return self.o_proj(out if rows is None else out[rows])
 

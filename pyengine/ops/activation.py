@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from candle_vllm.pyengine.ops import cuda
 from candle_vllm.pyengine.ops.q8_activation import Q8Activation
+from candle_vllm.pyengine.ops.row_pairs import deinterleave_halves, interleave_halves
 
 
 def silu_and_mul(x: torch.Tensor, *, q8: bool = False) -> torch.Tensor | Q8Activation:
@@ -27,10 +28,7 @@ def interleave_gate_up(weight: torch.Tensor) -> torch.Tensor:
     """A fused gate/up weight [2I, K] (gate rows, then up rows) with its rows regrouped as gate 8j..8j+7, up
     8j..8j+7 for j = 0 .. I/8 - 1 (I % 8 == 0): one 16-row tile of the skinny GEMM then holds both factors of 8
     features, so its epilogue can apply the SiLU (``cuda.skinny_gemm(..., silu_mul=True)``)."""
-    rows, k = weight.shape
-    if rows % 16:
-        raise ValueError(f"interleave_gate_up: needs 2I rows with I % 8 == 0, got {rows}")
-    return weight.view(2, rows // 16, 8, k).transpose(0, 1).reshape(rows, k).contiguous()
+    return interleave_halves(weight, weight.shape[0])
 
 
 def silu_and_mul_interleaved(x: torch.Tensor) -> torch.Tensor:
@@ -46,5 +44,4 @@ def silu_and_mul_interleaved(x: torch.Tensor) -> torch.Tensor:
 
 def deinterleave_gate_up(y: torch.Tensor) -> torch.Tensor:
     """The standard [gate, up] layout of the output of an :func:`interleave_gate_up` weight."""
-    pairs = y.view(*y.shape[:-1], y.shape[-1] // 16, 2, 8)
-    return torch.cat([pairs[..., 0, :].flatten(-2), pairs[..., 1, :].flatten(-2)], dim=-1)
+    return deinterleave_halves(y, y.shape[-1])

@@ -92,6 +92,34 @@ def skinny_gemm_warps(m: int, n: int, sms: int) -> int:
     return 8 if m <= 8 and math.ceil(n / 16) <= 2 * sms else 4
 
 
+def _skinny_launch_args(
+    x: torch.Tensor, weight: torch.Tensor, splits: int | None, warps: int | None
+) -> tuple[int, int, int, int, int, torch.Tensor | None, int]:
+    """Checks a skinny GEMM's operands and picks its CTA size and split-K: (M, N, K, splits, warps, the f32
+    partials buffer or None, the counters pointer or 0). The caller holds the buffer until the launch is queued."""
+    if warps not in (None, 4, 8):
+        raise ValueError(f"skinny_gemm: warps must be 4 or 8, got {warps}")
+    if not skinny_gemm_supported(x, weight):
+        raise ValueError(
+            "skinny_gemm needs x [M<=16, K] and weight [N, K] contiguous f16/bf16 CUDA tensors of one dtype, "
+            f"16-byte aligned, K % 8 == 0; got x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} {weight.dtype}"
+        )
+    m, k = x.shape
+    n = weight.shape[0]
+    dev = _device_index(x.device)
+    if warps is None:
+        warps = skinny_gemm_warps(m, n, sm_count(dev))
+    if splits is None:
+        splits = skinny_gemm_splits(n, k, sm_count(dev), warps)
+    partials, counters_ptr = None, 0
+    if splits > 1:
+        if math.ceil(n / 16) > _COUNTER_SLOTS:
+            raise ValueError(f"skinny_gemm: split-K supports N up to {_COUNTER_SLOTS * 16}; use splits=1")
+        partials = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
+        counters_ptr = _split_counters(dev).data_ptr()
+    return m, n, k, splits, warps, partials, counters_ptr
+
+
 def skinny_gemm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -107,33 +135,67 @@ def skinny_gemm(
     y [M, N / 2] = silu(gate) * up, rounded as the projection followed by ``silu_and_mul`` rounds it (the SiLU
     costs no launch of its own).
     """
-    if warps not in (None, 4, 8):
-        raise ValueError(f"skinny_gemm: warps must be 4 or 8, got {warps}")
-    if not skinny_gemm_supported(x, weight):
-        raise ValueError(
-            "skinny_gemm needs x [M<=16, K] and weight [N, K] contiguous f16/bf16 CUDA tensors of one dtype, "
-            f"16-byte aligned, K % 8 == 0; got x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} {weight.dtype}"
-        )
-    m, k = x.shape
-    n = weight.shape[0]
-    if silu_mul and n % 16:
-        raise ValueError(f"skinny_gemm: silu_mul needs an interleaved gate/up weight of 16k rows, got {n}")
-    dev = _device_index(x.device)
-    if warps is None:
-        warps = skinny_gemm_warps(m, n, sm_count(dev))
-    if splits is None:
-        splits = skinny_gemm_splits(n, k, sm_count(dev), warps)
+    if silu_mul and weight.shape[0] % 16:
+        raise ValueError(f"skinny_gemm: silu_mul needs an interleaved gate/up weight of 16k rows, got {weight.shape[0]}")
+    m, n, k, splits, warps, partials, counters_ptr = _skinny_launch_args(x, weight, splits, warps)
+    partials_ptr = 0 if partials is None else partials.data_ptr()
     y = torch.empty(m, n // 2 if silu_mul else n, dtype=x.dtype, device=x.device)
-    partials_ptr = counters_ptr = 0
-    if splits > 1:
-        if math.ceil(n / 16) > _COUNTER_SLOTS:
-            raise ValueError(f"skinny_gemm: split-K supports N up to {_COUNTER_SLOTS * 16}; use splits=1")
-        counters = _split_counters(dev)
-        partials = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
-        partials_ptr, counters_ptr = partials.data_ptr(), counters.data_ptr()
     native.module().cuda_skinny_gemm(
         y.data_ptr(), x.data_ptr(), weight.data_ptr(), partials_ptr, counters_ptr, m, n, k, splits, warps, silu_mul,
         native.dtype_code(x), native.stream(x.device),
+    )
+    return y
+
+
+def skinny_gemm_rope_cache(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    head_dim: int,
+    kv_heads: int,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    splits: int | None = None,
+    warps: int | None = None,
+) -> torch.Tensor | None:
+    """The fused q/k/v projection of a decode batch with neox RoPE and the k/v cache store in the GEMM's
+    epilogue: one launch instead of the projection plus ``rotary_embedding_cache_``.
+
+    ``weight`` [q_rows + 2 * kv_heads * head_dim, K] has each q and k head's halves interleaved in groups of 8
+    rows (``ops.activation.interleave_halves(w, head_dim)`` on the q/k rows), so a 16-row tile holds both members
+    of 8 rotation pairs. Returns y [M, N] in the standard layout, q and k rotated (exactly as the projection then
+    ``rotary_embedding_cache_`` leave them), with k and v stored at ``slot_mapping`` in ``kv_cache`` [2, blocks,
+    block_size, kv_heads, head_dim]; None (nothing done) where the kernel does not apply."""
+    d = head_dim
+    rot_rows = weight.shape[0] - kv_heads * d
+    if not (
+        skinny_gemm_supported(x, weight)
+        and d % 16 == 0
+        and rot_rows > kv_heads * d
+        and (rot_rows - kv_heads * d) % d == 0
+        and kv_cache.dtype == x.dtype
+        and kv_cache.is_contiguous()
+        and kv_cache.dim() == 5
+        and tuple(kv_cache.shape[3:]) == (kv_heads, d)
+        and cos_sin_cache.dtype == torch.float32
+        and cos_sin_cache.is_contiguous()
+        and cos_sin_cache.shape[-1] == d
+        and positions.dtype == slot_mapping.dtype == torch.int64
+        and positions.is_contiguous()
+        and slot_mapping.is_contiguous()
+        and positions.numel() == slot_mapping.numel() == x.shape[0]
+        and all(t.device == x.device for t in (kv_cache, cos_sin_cache, positions, slot_mapping))
+    ):
+        return None
+    m, n, k, splits, warps, partials, counters_ptr = _skinny_launch_args(x, weight, splits, warps)
+    partials_ptr = 0 if partials is None else partials.data_ptr()
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    kp, vp = _cache_halves(kv_cache)
+    native.module().cuda_skinny_gemm_rope_cache(
+        y.data_ptr(), x.data_ptr(), weight.data_ptr(), partials_ptr, counters_ptr, m, n, k, splits, warps,
+        positions.data_ptr(), cos_sin_cache.data_ptr(), kp, vp, slot_mapping.data_ptr(), rot_rows - kv_heads * d,
+        rot_rows, d, kv_heads, native.dtype_code(x), native.stream(x.device),
     )
     return y
 

@@ -40,16 +40,35 @@ class LinearMethod(nn.Module, ABC):
         :meth:`forward`'s output."""
         return None
 
+    def forward_rope_cache(
+        self,
+        x: torch.Tensor,
+        kv_heads: int,
+        positions: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """A q/k/v projection with neox RoPE applied to q/k and k/v stored into the paged ``kv_cache`` in the
+        GEMM itself, or None where this method has no such kernel (the caller then projects, rotates and stores)."""
+        return None
+
 
 def build_linear_methods(
-    shards: Sequence[WeightData], dtype: torch.dtype, device: torch.device, gated: bool = False
+    shards: Sequence[WeightData],
+    dtype: torch.dtype,
+    device: torch.device,
+    gated: bool = False,
+    rope_head_dim: int = 0,
 ) -> list[LinearMethod]:
     """Methods for a layer whose weight is the row-concatenation of ``shards`` (e.g. q, k, v).
 
     Consecutive shards in the same format are merged into one matrix so the layer runs one matmul per
     format run; GGUF files may store q/k and v in different quant types, which then stay separate. ``gated``
     (the shards are a gate and an up projection): a dense f16/bf16 pair on CUDA is stored interleaved so its
-    decode GEMM applies the SiLU itself (``UnquantizedLinear.forward_swiglu``).
+    decode GEMM applies the SiLU itself (``UnquantizedLinear.forward_swiglu``). ``rope_head_dim`` (the shards are
+    q, k and v, rotated by neox RoPE over whole heads of that size): a dense f16/bf16 q/k/v on CUDA is stored
+    with each q/k head's halves interleaved so its decode GEMM rotates and caches (``forward_rope_cache``).
     """
     from candle_vllm.pyengine.quant.gguf import GGUFLinear, GGUFWeight
     from candle_vllm.pyengine.quant.unquantized import UnquantizedLinear
@@ -64,9 +83,12 @@ def build_linear_methods(
             methods.append(GGUFLinear.merged([w for w in run if isinstance(w, GGUFWeight)], device))
         else:
             weight = torch.cat([w.to(device, dtype) for w in run]) if len(run) > 1 else run[0].to(device, dtype)
-            interleave = (gated and len(run) == len(shards) == 2 and device.type == "cuda"
-                          and dtype in (torch.float16, torch.bfloat16) and weight.shape[0] % 16 == 0)
-            methods.append(UnquantizedLinear(weight, gate_up_interleaved=interleave))
+            whole = device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and len(run) == len(shards)
+            interleave = whole and gated and len(run) == 2 and weight.shape[0] % 16 == 0
+            rope = whole and len(run) == 3 and rope_head_dim > 0 and rope_head_dim % 16 == 0
+            rope_rows = run[0].shape[0] + run[1].shape[0] if rope else 0
+            methods.append(UnquantizedLinear(weight, gate_up_interleaved=interleave, rope_rows=rope_rows,
+                                             head_dim=rope_head_dim if rope else 0))
         run.clear()
 
     for w in shards:

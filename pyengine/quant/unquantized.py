@@ -13,6 +13,7 @@ from candle_vllm.pyengine.ops.activation import (
     interleave_gate_up,
     silu_and_mul_interleaved,
 )
+from candle_vllm.pyengine.ops.row_pairs import interleave_halves
 from candle_vllm.pyengine.quant.base import LinearMethod
 
 
@@ -22,12 +23,28 @@ class UnquantizedLinear(LinearMethod):
     ``gate_up_interleaved``: the weight is a fused [gate; up] projection, stored with its rows interleaved in
     groups of 8 (``ops.activation.interleave_gate_up``) so :meth:`forward_swiglu`'s decode GEMM applies the SiLU
     in its epilogue; :meth:`forward` still returns the [gate, up] layout.
+
+    ``rope_rows`` / ``head_dim``: the weight is a fused q/k/v projection whose first ``rope_rows`` rows (the q and
+    k heads) are stored with each head's halves interleaved in groups of 8 (``ops.row_pairs.interleave_halves``)
+    so :meth:`forward_rope_cache`'s decode GEMM applies neox RoPE and stores k/v in its epilogue; :meth:`forward`
+    still returns the standard layout.
     """
 
-    def __init__(self, weight: torch.Tensor, gate_up_interleaved: bool = False) -> None:
+    def __init__(
+        self, weight: torch.Tensor, gate_up_interleaved: bool = False, rope_rows: int = 0, head_dim: int = 0
+    ) -> None:
         super().__init__()
         self.gate_up_interleaved = gate_up_interleaved
-        self.weight = nn.Parameter(interleave_gate_up(weight) if gate_up_interleaved else weight, requires_grad=False)
+        self.rope_rows, self.head_dim = rope_rows, head_dim
+        if gate_up_interleaved:
+            weight = interleave_gate_up(weight)
+        elif rope_rows:
+            weight = torch.cat([interleave_halves(weight[:rope_rows], head_dim), weight[rope_rows:]])
+            # Output column of each standard feature: one gather restores the layout for non-decode batches.
+            standard = torch.arange(weight.shape[0], device=weight.device)
+            stored = torch.cat([interleave_halves(standard[:rope_rows, None], head_dim)[:, 0], standard[rope_rows:]])
+            self.register_buffer("_columns", torch.argsort(stored), persistent=False)
+        self.weight = nn.Parameter(weight, requires_grad=False)
         self.out_features, self.in_features = weight.shape
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -37,7 +54,26 @@ class UnquantizedLinear(LinearMethod):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self._matmul(x)
+        if self.rope_rows:
+            return y.index_select(-1, self._columns)
         return deinterleave_gate_up(y) if self.gate_up_interleaved else y
+
+    def forward_rope_cache(
+        self,
+        x: torch.Tensor,
+        kv_heads: int,
+        positions: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """The projection with q/k rotated and k/v stored at ``slot_mapping`` (``cuda.skinny_gemm_rope_cache``),
+        for a decode batch of a weight stored with interleaved halves; None (nothing done) elsewhere."""
+        if not self.rope_rows or x.device.type != "cuda":
+            return None
+        return cuda.skinny_gemm_rope_cache(
+            x, self.weight, self.head_dim, kv_heads, positions, cos_sin_cache, kv_cache, slot_mapping
+        )
 
     def forward_swiglu(self, x: torch.Tensor) -> torch.Tensor | None:
         """silu(gate) * up: decode batches take the skinny GEMM with the SiLU in its epilogue, larger ones the

@@ -1,0 +1,101 @@
+"""The skinny GEMM's RoPE + cache epilogue against the two launches it replaces: the projection (same kernel,
+plain weight) followed by ``rotary_embedding_cache_``. Both round the projection to the activations' dtype
+before rotating and use one rotation formula, so q, k, v and the cache must agree bit for bit; the rotation
+itself is checked against a float64 reference in test_cuda_layers.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _cuda_helpers import poison_allocator
+
+from candle_vllm.pyengine.ops import cuda
+from candle_vllm.pyengine.ops.row_pairs import interleave_halves
+from candle_vllm.pyengine.quant.unquantized import UnquantizedLinear
+
+pytestmark = pytest.mark.cuda
+DEV = torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def _needs_cuda_kernels() -> None:
+    if not cuda.available(DEV):
+        pytest.fail("candle_vllm._native was built without CUDA kernels")
+
+
+def _problem(m: int, hq: int, hk: int, d: int, k: int, dtype: torch.dtype, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    n = (hq + 2 * hk) * d
+    blocks, block_size, max_pos = 7, 16, 9000
+    inv = 1.0 / (500000 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float64), inv)
+    slots = torch.randperm(blocks * block_size, generator=g, device=DEV)[:m]
+    if m > 2:
+        slots[m // 2] = -1  # a padded row: not stored
+    return {
+        "x": torch.randn(m, k, generator=g, device=DEV).to(dtype),
+        "w": (torch.randn(n, k, generator=g, device=DEV) / k**0.5).to(dtype),
+        "table": torch.cat([freqs.cos(), freqs.sin()], -1).float().to(DEV),
+        "pos": torch.randint(0, max_pos, (m,), generator=g, device=DEV),
+        "slots": slots,
+        "cache": torch.randn(2, blocks, block_size, hk, d, generator=g, device=DEV).to(dtype),
+    }
+
+
+def _unfused(p: dict[str, torch.Tensor], hq: int, hk: int, d: int, splits: int | None, warps: int | None):
+    y = cuda.skinny_gemm(p["x"], p["w"], splits=splits, warps=warps)
+    t = y.shape[0]
+    q = y[:, : hq * d].view(t, hq, d)
+    k = y[:, hq * d : (hq + hk) * d].view(t, hk, d)
+    v = y[:, (hq + hk) * d :].view(t, hk, d)
+    cache = p["cache"].clone()
+    cuda.rotary_embedding_cache_(q, k, v, p["pos"], p["table"], True, cache, p["slots"])
+    return y, cache
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
+@pytest.mark.parametrize("hq,hk,d,k", [(32, 8, 128, 4096), (7, 1, 64, 320), (4, 4, 256, 520)])
+@pytest.mark.parametrize("splits,warps", [(None, None), (1, 4), (3, 8)])
+def test_fused_epilogue_equals_gemm_then_rotary_cache(
+    dtype: torch.dtype, m: int, hq: int, hk: int, d: int, k: int, splits: int | None, warps: int | None
+) -> None:
+    p = _problem(m, hq, hk, d, k, dtype, seed=m * 31 + d + hq)
+    want_y, want_cache = _unfused(p, hq, hk, d, splits, warps)
+    cache = p["cache"].clone()
+    rot_rows = (hq + hk) * d
+    w = torch.cat([interleave_halves(p["w"][:rot_rows], d), p["w"][rot_rows:]])
+    poison_allocator(DEV, m * w.shape[0] * 4)
+    got = cuda.skinny_gemm_rope_cache(p["x"], w, d, hk, p["pos"], p["table"], cache, p["slots"], splits, warps)
+    assert got is not None
+    assert torch.equal(got, want_y), "q/k/v differ from the projection followed by rotary_embedding_cache_"
+    assert torch.equal(cache, want_cache), "the cache differs (k, v, or a slot that should be untouched)"
+
+
+def test_dense_method_stores_halves_interleaved_and_keeps_its_output() -> None:
+    hq, hk, d, k = 6, 2, 128, 256
+    p = _problem(4, hq, hk, d, k, torch.bfloat16, seed=5)
+    rot_rows = (hq + hk) * d
+    plain, fused = UnquantizedLinear(p["w"].clone()), UnquantizedLinear(p["w"].clone(), rope_rows=rot_rows, head_dim=d)
+    assert not torch.equal(fused.weight, plain.weight)
+    for rows in (4, 40):  # the skinny GEMM and the cuBLAS path both return the standard layout
+        x = torch.randn(rows, k, device=DEV, dtype=torch.bfloat16)
+        assert torch.equal(fused(x), plain(x))
+    want_y, want_cache = _unfused(p, hq, hk, d, None, None)
+    cache = p["cache"].clone()
+    got = fused.forward_rope_cache(p["x"], hk, p["pos"], p["table"], cache, p["slots"])
+    assert got is not None and torch.equal(got, want_y) and torch.equal(cache, want_cache)
+    assert plain.forward_rope_cache(p["x"], hk, p["pos"], p["table"], cache, p["slots"]) is None
+    big = torch.randn(17, k, device=DEV, dtype=torch.bfloat16)  # above the skinny GEMM's 16 rows
+    slots17, pos17 = torch.arange(17, device=DEV), torch.arange(17, device=DEV)
+    assert fused.forward_rope_cache(big, hk, pos17, p["table"], cache, slots17) is None
+
+
+def test_fused_epilogue_refuses_what_it_cannot_do() -> None:
+    hq, hk, d, k = 4, 2, 64, 128
+    p = _problem(2, hq, hk, d, k, torch.bfloat16, seed=9)
+    partial_table = p["table"][:, : d // 2].contiguous()  # partial rotary
+    assert cuda.skinny_gemm_rope_cache(p["x"], p["w"], d, hk, p["pos"], partial_table, p["cache"], p["slots"]) is None
+    f16_cache = p["cache"].half()
+    assert cuda.skinny_gemm_rope_cache(p["x"], p["w"], d, hk, p["pos"], p["table"], f16_cache, p["slots"]) is None
+    assert cuda.skinny_gemm_rope_cache(p["x"], p["w"], 72, hk, p["pos"], p["table"], p["cache"], p["slots"]) is None
