@@ -61,9 +61,11 @@ struct RotaryArgs {
   int q_heads, k_heads, head_dim, rotary_dim;
 };
 
-template <typename T, bool NEOX, bool CACHE>
+template <typename T, int STYLE, bool CACHE>
 __global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T> a) {
   constexpr int V = kVec<T>;
+  constexpr bool NEOX = STYLE != kRopeGptj, PAIRED = STYLE == kRopeNeoxPaired;
+  static_assert(!PAIRED || V == 8, "the paired layout's groups of 8 are one 16-byte vector of f16/bf16");
   pdl_launch_dependents();
   const int half = a.rotary_dim / 2, groups = half / V;
   const int heads = a.q_heads + a.k_heads * (CACHE ? 2 : 1);
@@ -75,8 +77,9 @@ __global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T
   const int gi = static_cast<int>(e % groups);
   const int h = static_cast<int>((e / groups) % heads);
   const int64_t tok = e / (static_cast<int64_t>(groups) * heads);
-  // Offsets of the thread's two vectors within a head.
+  // Offsets of the thread's two vectors within a head (as stored: the paired layout holds them side by side).
   const int o1 = NEOX ? gi * V : 2 * gi * V, o2 = NEOX ? half + gi * V : 2 * gi * V + V;
+  const int r1 = PAIRED ? 2 * gi * V : o1, r2 = PAIRED ? 2 * gi * V + V : o2;
   const int64_t slot = CACHE ? a.slots[tok] : -1;
   if (CACHE && h >= a.q_heads + a.k_heads) {  // a v head: copied into the cache
     pdl_wait();
@@ -103,8 +106,8 @@ __global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T
   }
   // Positions, slots and the cos/sin table are inputs of the step, not outputs of the kernel before.
   pdl_wait();
-  Vec16<T> v1 = *reinterpret_cast<const Vec16<T>*>(head + o1);
-  Vec16<T> v2 = *reinterpret_cast<const Vec16<T>*>(head + o2);
+  Vec16<T> v1 = *reinterpret_cast<const Vec16<T>*>(head + r1);
+  Vec16<T> v2 = *reinterpret_cast<const Vec16<T>*>(head + r2);
   // Pair p: neox (v1[p], v2[p]); gptj channels 2p, 2p+1 of the concatenation v1 v2.
   float x[2 * V];
 #pragma unroll
@@ -118,6 +121,9 @@ __global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T
   }
 #pragma unroll
   for (int i = 0; i < V; ++i) v1.v[i] = from_f32<T>(x[i]), v2.v[i] = from_f32<T>(x[V + i]);
+  // Paired heads are rewritten in place in the standard layout: the head's `groups` lanes (consecutive, aligned
+  // within the warp; no lane of a rotating head returned early) have all read it before any of them writes.
+  if constexpr (PAIRED) __syncwarp(((1u << groups) - 1) << ((threadIdx.x & 31) - gi));
   *reinterpret_cast<Vec16<T>*>(head + o1) = v1;
   *reinterpret_cast<Vec16<T>*>(head + o2) = v2;
   if (CACHE && is_k && slot >= 0) {
@@ -128,13 +134,15 @@ __global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T
 }
 
 template <typename T, bool CACHE>
-void launch_vec(const RotaryArgs<T>& a, bool is_neox, std::uintptr_t stream) {
+void launch_vec(const RotaryArgs<T>& a, int style, std::uintptr_t stream) {
   const int64_t heads = a.q_heads + a.k_heads * (CACHE ? 2 : 1);
   const int64_t threads = a.tokens * heads * (a.rotary_dim / 2 / kVec<T>);
   const auto blocks = static_cast<unsigned>((threads + kThreads - 1) / kThreads);
   const char* what = CACHE ? "rotary_embedding_cache" : "rotary_embedding";
-  if (is_neox) launch_pdl(what, rotary_vec_kernel<T, true, CACHE>, dim3(blocks), dim3(kThreads), 0, as_stream(stream), a);
-  else launch_pdl(what, rotary_vec_kernel<T, false, CACHE>, dim3(blocks), dim3(kThreads), 0, as_stream(stream), a);
+  auto launch = [&](auto kernel) { launch_pdl(what, kernel, dim3(blocks), dim3(kThreads), 0, as_stream(stream), a); };
+  if (style == kRopeGptj) launch(rotary_vec_kernel<T, kRopeGptj, CACHE>);
+  else if (style == kRopeNeox) launch(rotary_vec_kernel<T, kRopeNeox, CACHE>);
+  else if constexpr (kVec<T> == 8) launch(rotary_vec_kernel<T, kRopeNeoxPaired, CACHE>);
 }
 
 // Whether every row a vectorised thread touches starts on a 16-byte boundary.
@@ -147,13 +155,24 @@ bool vectorizable(int64_t elem, int64_t head_dim, int64_t rotary_dim, std::initi
   return ok;
 }
 
+void check_style(const char* what, int style, int64_t head_dim, int64_t rotary_dim, DType dtype) {
+  if (style != kRopeGptj && style != kRopeNeox && style != kRopeNeoxPaired)
+    throw std::invalid_argument(std::string(what) + ": unknown RoPE style " + std::to_string(style));
+  const int64_t groups = head_dim / 16;  // lanes per head in the paired kernel: a power of two within a warp
+  if (style == kRopeNeoxPaired &&
+      (dtype == DType::F32 || rotary_dim != head_dim || head_dim % 16 != 0 || groups > 16 || (groups & (groups - 1))))
+    throw std::invalid_argument(std::string(what) +
+                                ": the paired layout needs f16/bf16, whole-head rotary and head_dim 16/32/64/128/256");
+}
+
 }  // namespace
 
 void rotary_embedding(void* q, void* k, const int64_t* positions, const float* cos_sin, int64_t tokens,
                       int64_t q_heads, int64_t k_heads, int64_t head_dim, int64_t rotary_dim, int64_t q_stride,
-                      int64_t k_stride, bool is_neox, DType dtype, std::uintptr_t stream) {
+                      int64_t k_stride, int style, DType dtype, std::uintptr_t stream) {
   if (rotary_dim % 2 != 0 || rotary_dim > head_dim)
     throw std::invalid_argument("rotary_embedding: rotary_dim must be even and <= head_dim");
+  check_style("rotary_embedding", style, head_dim, rotary_dim, dtype);
   if (tokens == 0) return;
   dispatch_float<true>(dtype, "rotary_embedding", [&](auto tag) {
     using T = decltype(tag);
@@ -161,22 +180,25 @@ void rotary_embedding(void* q, void* k, const int64_t* positions, const float* c
       const RotaryArgs<T> a{static_cast<T*>(q), static_cast<T*>(k), nullptr, positions, cos_sin, nullptr, nullptr,
                             nullptr, tokens, q_stride, k_stride, 0, static_cast<int>(q_heads),
                             static_cast<int>(k_heads), static_cast<int>(head_dim), static_cast<int>(rotary_dim)};
-      launch_vec<T, false>(a, is_neox, stream);
+      launch_vec<T, false>(a, style, stream);
       return;
     }
+    if (style == kRopeNeoxPaired)
+      throw std::invalid_argument("rotary_embedding: the paired layout needs 16-byte aligned rows of whole vectors");
     const int64_t pairs = std::max(q_heads, k_heads) * rotary_dim / 2;
     const int threads = static_cast<int>(std::min<int64_t>(512, ((pairs + 31) / 32) * 32));
     launch_pdl("rotary_embedding", rotary_kernel<T>, dim3(static_cast<unsigned>(tokens)), dim3(threads), 0,
                as_stream(stream), static_cast<T*>(q), static_cast<T*>(k), positions, cos_sin, static_cast<int>(q_heads),
                static_cast<int>(k_heads), static_cast<int>(head_dim), static_cast<int>(rotary_dim), q_stride, k_stride,
-               is_neox);
+               style == kRopeNeox);
   });
 }
 
 void rotary_embedding_cache(void* q, void* k, const void* v, const int64_t* positions, const float* cos_sin,
                             void* key_cache, void* value_cache, const int64_t* slots, int64_t tokens, int64_t q_heads,
                             int64_t k_heads, int64_t head_dim, int64_t q_stride, int64_t k_stride, int64_t v_stride,
-                            bool is_neox, DType dtype, std::uintptr_t stream) {
+                            int style, DType dtype, std::uintptr_t stream) {
+  check_style("rotary_embedding_cache", style, head_dim, head_dim, dtype);
   if (tokens == 0) return;
   dispatch_float<true>(dtype, "rotary_embedding_cache", [&](auto tag) {
     using T = decltype(tag);
@@ -188,7 +210,7 @@ void rotary_embedding_cache(void* q, void* k, const void* v, const int64_t* posi
                           static_cast<T*>(key_cache), static_cast<T*>(value_cache), slots, tokens, q_stride,
                           k_stride, v_stride, static_cast<int>(q_heads), static_cast<int>(k_heads),
                           static_cast<int>(head_dim), static_cast<int>(head_dim)};
-    launch_vec<T, true>(a, is_neox, stream);
+    launch_vec<T, true>(a, style, stream);
   });
 }
 

@@ -97,6 +97,11 @@ class Linear(nn.Module):
         return silu_and_mul(self(x), q8=q8)
 
 
+    @property
+    def rope_paired(self) -> bool:
+        """Whether :meth:`forward`'s q/k heads come with interleaved halves (``LinearMethod.rope_paired``)."""
+        return len(self.methods) == 1 and self.methods[0].rope_paired
+
     def forward_rope_cache(
         self,
         x: torch.Tensor | Q8Activation,

@@ -31,6 +31,7 @@ class RotaryEmbedding(nn.Module):
         self.is_neox = is_neox
 
     def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, paired: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return apply_rotary(q, k, positions, self.cos_sin_cache, self.is_neox)
+        """``paired``: q/k heads with interleaved halves (``ops.rotary.apply_rotary``)."""
+        return apply_rotary(q, k, positions, self.cos_sin_cache, self.is_neox, paired)

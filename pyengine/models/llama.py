@@ -18,6 +18,7 @@ from candle_vllm.pyengine.layers import Attention, Linear, RMSNorm, RotaryEmbedd
 from candle_vllm.pyengine.ops import native
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 from candle_vllm.pyengine.ops.cpu_decoder import CpuDecoderStack
+from candle_vllm.pyengine.ops.cuda import rope_paired_head_dim_ok
 from candle_vllm.pyengine.ops.q8_activation import Q8Activation, dense
 from candle_vllm.pyengine.ops.rotary import apply_rotary_and_cache
 from candle_vllm.pyengine.quant import GGUFLinear, WeightData
@@ -72,7 +73,8 @@ class LlamaAttention(nn.Module):
         self.head_dim, self.kv_heads = d, hk
         # The decode GEMM can rotate and cache in its epilogue when RoPE is neox over whole heads and nothing
         # (q/k norm, bias) sits between the projection and the rotation.
-        fusable = rotary.is_neox and rotary.cos_sin_cache.shape[-1] == d and not cfg.qk_norm and not cfg.attention_bias
+        fusable = (rotary.is_neox and rotary.cos_sin_cache.shape[-1] == d and rope_paired_head_dim_ok(d)
+                   and not cfg.qk_norm and not cfg.attention_bias)
         self.qkv_proj = Linear(cfg.hidden_size, self.sizes, cfg.attention_bias, dtype, device,
                                rope_head_dim=d if fusable else 0)
         self.o_proj = Linear(h * d, [cfg.hidden_size], False, dtype, device)
@@ -102,11 +104,13 @@ class LlamaAttention(nn.Module):
         if not cached:
             if self.q_norm is not None and self.k_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
+            paired = self.qkv_proj.rope_paired  # q/k heads as the weight stores them: halves interleaved
             cached = can_cache and apply_rotary_and_cache(
-                q, k, v, positions, self.rotary.cos_sin_cache, self.rotary.is_neox, kv_cache, meta.slot_mapping
+                q, k, v, positions, self.rotary.cos_sin_cache, self.rotary.is_neox, kv_cache, meta.slot_mapping,
+                paired,
             )
             if not cached:
-                q, k = self.rotary(positions, q, k)
+                q, k = self.rotary(positions, q, k, paired)
         out = self.attn(q, k, v, kv_cache, meta, kv_cached=cached)
         return self.o_proj(out if rows is None else out[rows])
 

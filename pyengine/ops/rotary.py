@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from candle_vllm.pyengine.ops import cuda
+from candle_vllm.pyengine.ops.row_pairs import deinterleave_halves
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # The fused RoPE + cache-write launch saves a launch where launches dominate (decode: H200, Llama-3-8B heads,
@@ -113,17 +114,26 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool
 
 
 def apply_rotary(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool = True
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+    paired: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [T, Hq, D] and k [T, Hk, D] by their token positions [T]; returns new tensors.
 
     Only the first ``rotary_dim`` (the cache's width) channels of each head rotate (partial rotary).
     cos/sin are cast to the activations' dtype before use, as transformers does. On CUDA the native kernel
     rotates q and k in place (they are usually views into the fused qkv output) and returns them.
+    ``paired``: the heads come with their halves interleaved in groups of 8 (a q/k/v weight stored for the
+    decode GEMM's RoPE epilogue, ``ops.row_pairs``); the result is in the standard layout either way.
     """
-    if q.device.type == "cuda" and cuda.rotary_supported(q, k, positions, cos_sin_cache):
-        cuda.rotary_embedding_(q, k, positions, cos_sin_cache, is_neox)
+    if q.device.type == "cuda" and cuda.rotary_supported(q, k, positions, cos_sin_cache, paired):
+        cuda.rotary_embedding_(q, k, positions, cos_sin_cache, is_neox, paired)
         return q, k
+    if paired:
+        q, k = deinterleave_halves(q, q.shape[-1]), deinterleave_halves(k, k.shape[-1])
     rotary_dim = cos_sin_cache.shape[-1]
     cos, sin = cos_sin_cache[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
     out = []
@@ -145,15 +155,16 @@ def apply_rotary_and_cache(
     is_neox: bool,
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    paired: bool = False,
 ) -> bool:
     """Rotate q and k in place and store the rotated k and v into the paged ``kv_cache`` at ``slot_mapping`` in
     one CUDA launch, saving the attention's separate cache write (the caller then tells it the cache is written).
     Returns False, having done nothing, where that kernel does not apply (CPU, partial rotary, unaligned views,
     more than ``FUSED_CACHE_MAX_TOKENS`` tokens); the caller then runs :func:`apply_rotary` and the attention's
-    own cache write."""
+    own cache write. ``paired`` as in :func:`apply_rotary`."""
     if q.shape[0] > FUSED_CACHE_MAX_TOKENS or q.device.type != "cuda" or not cuda.rotary_cache_supported(
-        q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping
+        q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping, paired
     ):
         return False
-    cuda.rotary_embedding_cache_(q, k, v, positions, cos_sin_cache, is_neox, kv_cache, slot_mapping)
+    cuda.rotary_embedding_cache_(q, k, v, positions, cos_sin_cache, is_neox, kv_cache, slot_mapping, paired)
     return True

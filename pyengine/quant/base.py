@@ -40,6 +40,12 @@ class LinearMethod(nn.Module, ABC):
         :meth:`forward`'s output."""
         return None
 
+    @property
+    def rope_paired(self) -> bool:
+        """Whether :meth:`forward` returns the q/k heads of a q/k/v projection with their halves interleaved in
+        groups of 8 (``ops.row_pairs``), to be rotated with ``paired=True`` (``ops.rotary.apply_rotary``)."""
+        return False
+
     def forward_rope_cache(
         self,
         x: torch.Tensor,
@@ -85,7 +91,7 @@ def build_linear_methods(
             weight = torch.cat([w.to(device, dtype) for w in run]) if len(run) > 1 else run[0].to(device, dtype)
             whole = device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and len(run) == len(shards)
             interleave = whole and gated and len(run) == 2 and weight.shape[0] % 16 == 0
-            rope = whole and len(run) == 3 and rope_head_dim > 0 and rope_head_dim % 16 == 0
+            rope = whole and len(run) == 3 and rope_head_dim > 0
             rope_rows = run[0].shape[0] + run[1].shape[0] if rope else 0
             methods.append(UnquantizedLinear(weight, gate_up_interleaved=interleave, rope_rows=rope_rows,
                                              head_dim=rope_head_dim if rope else 0))

@@ -27,7 +27,8 @@ class UnquantizedLinear(LinearMethod):
     ``rope_rows`` / ``head_dim``: the weight is a fused q/k/v projection whose first ``rope_rows`` rows (the q and
     k heads) are stored with each head's halves interleaved in groups of 8 (``ops.row_pairs.interleave_halves``)
     so :meth:`forward_rope_cache`'s decode GEMM applies neox RoPE and stores k/v in its epilogue; :meth:`forward`
-    still returns the standard layout.
+    returns the q/k heads in that paired layout (``rope_paired``), which the RoPE kernels read and leave in the
+    standard one (a gather back would cost more than the rotation).
     """
 
     def __init__(
@@ -40,10 +41,6 @@ class UnquantizedLinear(LinearMethod):
             weight = interleave_gate_up(weight)
         elif rope_rows:
             weight = torch.cat([interleave_halves(weight[:rope_rows], head_dim), weight[rope_rows:]])
-            # Output column of each standard feature: one gather restores the layout for non-decode batches.
-            standard = torch.arange(weight.shape[0], device=weight.device)
-            stored = torch.cat([interleave_halves(standard[:rope_rows, None], head_dim)[:, 0], standard[rope_rows:]])
-            self.register_buffer("_columns", torch.argsort(stored), persistent=False)
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.out_features, self.in_features = weight.shape
 
@@ -54,9 +51,11 @@ class UnquantizedLinear(LinearMethod):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self._matmul(x)
-        if self.rope_rows:
-            return y.index_select(-1, self._columns)
         return deinterleave_gate_up(y) if self.gate_up_interleaved else y
+
+    @property
+    def rope_paired(self) -> bool:
+        return self.rope_rows > 0
 
     def forward_rope_cache(
         self,

@@ -10,7 +10,7 @@ import torch
 from _cuda_helpers import poison_allocator
 
 from candle_vllm.pyengine.ops import cuda
-from candle_vllm.pyengine.ops.row_pairs import interleave_halves
+from candle_vllm.pyengine.ops.row_pairs import deinterleave_halves, interleave_halves
 from candle_vllm.pyengine.quant.unquantized import UnquantizedLinear
 
 pytestmark = pytest.mark.cuda
@@ -77,10 +77,12 @@ def test_dense_method_stores_halves_interleaved_and_keeps_its_output() -> None:
     p = _problem(4, hq, hk, d, k, torch.bfloat16, seed=5)
     rot_rows = (hq + hk) * d
     plain, fused = UnquantizedLinear(p["w"].clone()), UnquantizedLinear(p["w"].clone(), rope_rows=rot_rows, head_dim=d)
-    assert not torch.equal(fused.weight, plain.weight)
-    for rows in (4, 40):  # the skinny GEMM and the cuBLAS path both return the standard layout
+    assert not torch.equal(fused.weight, plain.weight) and fused.rope_paired
+    for rows in (4, 40):  # the skinny GEMM and cuBLAS: q/k heads in the paired layout, v as it is
         x = torch.randn(rows, k, device=DEV, dtype=torch.bfloat16)
-        assert torch.equal(fused(x), plain(x))
+        got, want = fused(x), plain(x)
+        heads = deinterleave_halves(got[:, :rot_rows].reshape(rows, hq + hk, d), d).reshape(rows, rot_rows)
+        assert torch.equal(heads, want[:, :rot_rows]) and torch.equal(got[:, rot_rows:], want[:, rot_rows:])
     want_y, want_cache = _unfused(p, hq, hk, d, None, None)
     cache = p["cache"].clone()
     got = fused.forward_rope_cache(p["x"], hk, p["pos"], p["table"], cache, p["slots"])
@@ -99,3 +101,47 @@ def test_fused_epilogue_refuses_what_it_cannot_do() -> None:
     f16_cache = p["cache"].half()
     assert cuda.skinny_gemm_rope_cache(p["x"], p["w"], d, hk, p["pos"], p["table"], f16_cache, p["slots"]) is None
     assert cuda.skinny_gemm_rope_cache(p["x"], p["w"], 72, hk, p["pos"], p["table"], p["cache"], p["slots"]) is None
+
+
+def _paired(y: torch.Tensor, rot_rows: int, d: int) -> torch.Tensor:
+    """y [T, N] with the first rot_rows features' heads stored as interleaved halves."""
+    t = y.shape[0]
+    heads = interleave_halves(y[:, :rot_rows].reshape(-1, d).T.contiguous(), d).T.reshape(t, rot_rows)
+    return torch.cat([heads, y[:, rot_rows:]], dim=1).contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("tokens", [1, 37, 300])
+@pytest.mark.parametrize("with_cache", [False, True])
+def test_paired_rotary_kernels_equal_the_standard_ones(dtype: torch.dtype, d: int, tokens: int, with_cache: bool) -> None:
+    """The prefill/large-batch path of a paired q/k/v weight: the RoPE kernels read the interleaved halves and
+    leave q/k (and the cache) exactly as the standard kernels leave the standard layout."""
+    hq, hk = 5, 3
+    p = _problem(min(tokens, 16), hq, hk, d, 64, dtype, seed=d + tokens)
+    g = torch.Generator(device=DEV).manual_seed(tokens)
+    n, rot_rows = (hq + 2 * hk) * d, (hq + hk) * d
+    y = torch.randn(tokens, n, generator=g, device=DEV).to(dtype)
+    pos = torch.randint(0, p["table"].shape[0], (tokens,), generator=g, device=DEV)
+    slots = torch.randperm(tokens * 2, generator=g, device=DEV)[:tokens]
+    cache = torch.randn(2, tokens * 2, 1, hk, d, generator=g, device=DEV).to(dtype)
+    runs = []
+    for layout, paired in ((y.clone(), False), (_paired(y, rot_rows, d), True)):
+        q = layout[:, : hq * d].view(tokens, hq, d)
+        k = layout[:, hq * d : rot_rows].view(tokens, hk, d)
+        v = layout[:, rot_rows:].view(tokens, hk, d)
+        c = cache.clone()
+        if with_cache:
+            cuda.rotary_embedding_cache_(q, k, v, pos, p["table"], True, c, slots, paired=paired)
+        else:
+            cuda.rotary_embedding_(q, k, pos, p["table"], True, paired=paired)
+        runs.append((layout, c))
+    assert torch.equal(runs[1][0], runs[0][0]), "paired q/k were not left rotated in the standard layout"
+    assert torch.equal(runs[1][1], runs[0][1])
+
+
+def test_paired_rotary_refuses_what_it_cannot_do() -> None:
+    q, k = torch.randn(3, 2, 96, device=DEV).bfloat16(), torch.randn(3, 1, 96, device=DEV).bfloat16()
+    table, pos = torch.randn(10, 96, device=DEV), torch.arange(3, device=DEV)
+    assert cuda.rotary_supported(q, k, pos, table) and not cuda.rotary_supported(q, k, pos, table, paired=True)
+    assert not cuda.rope_paired_head_dim_ok(96) and cuda.rope_paired_head_dim_ok(128)

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from candle_vllm.pyengine.ops.rotary import apply_rotary, rope_cos_sin_cache, rope_inv_freq
 from candle_vllm.pyengine.ops.row_pairs import deinterleave_halves, interleave_halves
 from candle_vllm.pyengine.quant.base import build_linear_methods
 from candle_vllm.pyengine.quant.unquantized import UnquantizedLinear
@@ -39,17 +40,35 @@ def test_interleaving_needs_whole_tiles_per_block() -> None:
         interleave_halves(torch.zeros(40, 4), 32)
 
 
-def test_dense_qkv_method_returns_the_standard_layout() -> None:
+def test_dense_qkv_method_returns_the_paired_layout() -> None:
     hq, hk, d, k = 3, 1, 32, 24
     w = _ints((hq + 2 * hk) * d, k, seed=3)
     rot = (hq + hk) * d
     fused, plain = UnquantizedLinear(w.clone(), rope_rows=rot, head_dim=d), UnquantizedLinear(w.clone())
+    assert fused.rope_paired and not plain.rope_paired
     assert torch.equal(fused.weight[rot:], w[rot:]) and not torch.equal(fused.weight[:rot], w[:rot])
     x = _ints(5, k, seed=4)
-    assert torch.equal(fused(x), plain(x))
+    got, want = fused(x), plain(x)
+    assert torch.equal(got[:, rot:], want[:, rot:])  # v as it is
+    assert torch.equal(deinterleave_halves(got[:, :rot].reshape(5, hq + hk, d), d).reshape(5, rot), want[:, :rot])
     pos, slots = torch.arange(5), torch.arange(5)
     cache = torch.zeros(2, 1, 16, hk, d)
     assert fused.forward_rope_cache(x, hk, pos, torch.ones(10, d), cache, slots) is None  # no kernel on CPU
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotating_paired_heads_equals_rotating_standard_ones(dtype: torch.dtype) -> None:
+    """The torch path of apply_rotary(paired=True) against the standard layout rotated as usual."""
+    t, hq, hk, d = 6, 4, 2, 64
+    g = torch.Generator().manual_seed(11)
+    q, k = torch.randn(t, hq, d, generator=g).to(dtype), torch.randn(t, hk, d, generator=g).to(dtype)
+    inv_freq, factor = rope_inv_freq(d, 10000.0)
+    table = rope_cos_sin_cache(inv_freq, factor, 100, torch.device("cpu"))
+    pos = torch.randint(0, 100, (t,), generator=g)
+    want_q, want_k = apply_rotary(q.clone(), k.clone(), pos, table, True)
+    as_stored = [interleave_halves(x.reshape(-1, d).T.contiguous(), d).T.reshape(x.shape) for x in (q, k)]
+    got_q, got_k = apply_rotary(as_stored[0], as_stored[1], pos, table, True, paired=True)
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
 
 
 def test_only_a_whole_half_precision_cuda_qkv_is_interleaved() -> None:
