@@ -2,6 +2,7 @@
 
     python benches/bench_quant_cuda.py                 # every type, the 8B shapes, M = 1 (and M = 8 for some)
     python benches/bench_quant_cuda.py --types q4k q8_0 --m 1 4 8 --kernels dp4a --json out.json
+    python benches/bench_quant_cuda.py --sweep-rows    # dp4a at M = 1: every (rows per CTA, pipelined) launch
 
 Both GEMV kernels are timed where a type has them: "dp4a" (x rounded to int8 per 32 values, its own small
 launch included in the time) and "mma" (f16/bf16 x on tensor cores).
@@ -10,6 +11,10 @@ Each figure is the median over graph replays of one launch per weight copy, the 
 the 50 MB L2 so every launch streams its weight from HBM. GB/s counts the quantized bytes read once (x and y are
 negligible); the fraction is of the 4.26 TB/s copy ceiling. The bf16 skinny GEMM on the same shape is the dense
 baseline (2 bytes per weight).
+
+--sweep-rows times the dp4a GEMV at one token for every launch choice (weight rows per CTA 1/2/4/8, plain or
+pipelined loop; all give the same bits) on the four 8B shapes, marks the default launch, prints the best per
+(type, shape) and what the best choices would save per Llama-3-8B decode step (32 layers of the four shapes).
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ TYPES = {"q4_0": QT.Q4_0, "q4_1": QT.Q4_1, "q5_0": QT.Q5_0, "q5_1": QT.Q5_1, "q8
 SCALE_FIELDS = {QT.Q4_0: (0,), QT.Q4_1: (0, 2), QT.Q5_0: (0,), QT.Q5_1: (0, 2), QT.Q8_0: (0,), QT.Q2_K: (80, 82),
                 QT.Q3_K: (108,), QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,)}
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+SWEEP_TYPES = ["q4k", "q4_0", "q8_0", "q6k"]
+ROW_CHOICES = (1, 2, 4, 8)
+LAYERS_8B = 32
 LM_HEAD = (128256, 4096)
 DEV = torch.device("cuda")
 
@@ -74,9 +82,63 @@ def copies_for(nbytes: int) -> int:
 def bench_gemv(qtype: QT, n: int, k: int, m: int, kernel: cuda_gguf.GemvKernel, gen: torch.Generator) -> dict[str, float]:
     w = [random_blocks(qtype, n, k, gen) for _ in range(copies_for(n * k // 2))]
     x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
-    sec = time_per_launch([lambda d=d: cuda_gguf.gemv(x, d, qtype, n, k, kernel=kernel) for d in w])
+    return gemv_figures(w, x, qtype, n, k, kernel=kernel)
+
+
+def gemv_figures(w: list[torch.Tensor], x: torch.Tensor, qtype: QT, n: int, k: int, **launch: object) -> dict[str, float]:
+    """us / GB/s / fraction of one GEMV over the weight copies ``w`` (keyword arguments go to cuda_gguf.gemv)."""
+    sec = time_per_launch([lambda d=d: cuda_gguf.gemv(x, d, qtype, n, k, **launch) for d in w])
     nbytes = w[0].numel()
     return {"us": sec * 1e6, "gb_s": nbytes / sec / 1e9, "fraction": nbytes / sec / CEILING_BYTES_PER_S}
+
+
+def sweep_rows(names: list[str], gen: torch.Generator) -> list[dict[str, object]]:
+    """Every one-token dp4a launch choice per type and 8B shape, on the same weight copies."""
+    rows: list[dict[str, object]] = []
+    print(f"{'type':6s} {'shape':>12s} {'rows':>4s} {'pipe':>5s} {'us':>9s} {'GB/s':>7s} {'%':>6s}")
+    for name in names:
+        qtype = TYPES[name]
+        if not cuda_gguf.dp4a_supported(qtype):
+            print(f"{name}: no dp4a kernel, skipped")
+            continue
+        for n, k in SHAPES:
+            w = [random_blocks(qtype, n, k, gen) for _ in range(copies_for(n * k // 2))]
+            x = torch.randn(1, k, device=DEV, dtype=torch.bfloat16, generator=gen)
+            default = cuda_gguf.gemv_rows(qtype, 1, n, k)
+            for r in ROW_CHOICES:
+                for pipelined in (False, True):
+                    fig = gemv_figures(w, x, qtype, n, k, kernel="dp4a", rows=r, pipelined=pipelined)
+                    row = {"type": name, "n": n, "k": k, "rows": r, "pipelined": pipelined,
+                           "default": r == default and not pipelined, **fig}
+                    rows.append(row)
+                    print(f"{name:6s} {n:>6d}x{k:<5d} {r:>4d} {pipelined!s:>5s} {fig['us']:9.2f} {fig['gb_s']:7.0f}"
+                          f" {100 * fig['fraction']:5.1f}%{'  default' if row['default'] else ''}", flush=True)
+            del w
+    print_sweep_summary(rows)
+    return rows
+
+
+def print_sweep_summary(rows: list[dict[str, object]]) -> None:
+    """Best launch per (type, shape) against the default, and the 8B decode step's GEMV time both ways."""
+    print("\nbest per (type, shape):")
+    step: dict[str, list[float]] = {}
+    for name in dict.fromkeys(str(r["type"]) for r in rows):
+        for n, k in SHAPES:
+            cands = [r for r in rows if r["type"] == name and (r["n"], r["k"]) == (n, k)]
+            if not cands:
+                continue
+            best = min(cands, key=lambda r: float(r["us"]))
+            default = next(r for r in cands if r["default"])
+            b_us, d_us = float(best["us"]), float(default["us"])
+            print(f"{name:6s} {n:>6d}x{k:<5d} best rows={best['rows']} pipelined={best['pipelined']}: {b_us:8.2f} us"
+                  f" ({100 * float(best['fraction']):5.1f} %), default rows={default['rows']}: {d_us:8.2f} us"
+                  f" ({100 * float(default['fraction']):5.1f} %), x{d_us / b_us:.3f}")
+            totals = step.setdefault(name, [0.0, 0.0])
+            totals[0] += LAYERS_8B * d_us
+            totals[1] += LAYERS_8B * b_us
+    for name, (d_total, b_total) in step.items():
+        print(f"{name:6s} 8B decode step GEMVs ({LAYERS_8B} layers, 4 shapes): default {d_total / 1e3:.3f} ms, "
+              f"best per shape {b_total / 1e3:.3f} ms (saves {(d_total - b_total) / 1e3:.3f} ms)")
 
 
 def bench_dense(n: int, k: int, m: int, gen: torch.Generator) -> dict[str, float]:
@@ -95,15 +157,24 @@ def bench_dequant(qtype: QT, n: int, k: int, gen: torch.Generator) -> dict[str, 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--types", nargs="+", default=list(TYPES), choices=list(TYPES))
+    ap.add_argument("--types", nargs="+", default=None, choices=list(TYPES),
+                    help=f"default: all ({' '.join(SWEEP_TYPES)} with --sweep-rows)")
     ap.add_argument("--m", nargs="+", type=int, default=[1], help="activation rows (1..8)")
     ap.add_argument("--m8-types", nargs="*", default=["q4k", "q8_0", "q4_0"], help="types also timed at M = 8")
     ap.add_argument("--kernels", nargs="+", default=["dp4a", "mma"], choices=["dp4a", "mma"])
     ap.add_argument("--no-dequant", action="store_true", help="skip the dequantize throughput rows")
     ap.add_argument("--no-dense", action="store_true", help="skip the bf16 skinny-GEMM baseline rows")
+    ap.add_argument("--sweep-rows", action="store_true",
+                    help="only the dp4a one-token launch choices (rows per CTA x pipelined) on the 8B shapes")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     gen = torch.Generator(DEV).manual_seed(0)
+    if args.sweep_rows:
+        swept = sweep_rows(args.types or SWEEP_TYPES, gen)
+        if args.json:
+            Path(args.json).write_text(json.dumps(swept, indent=1))
+        return
+    args.types = args.types or list(TYPES)
     rows: list[dict[str, object]] = []
 
     def emit(kind: str, name: str, shape: tuple[int, int], m: int, r: dict[str, float]) -> None:

@@ -5,11 +5,16 @@
 // kernels do) plus per-half code sums. gguf_gemv_q8_quantized skips it: the kernel before it (RMSNorm or
 // SiLU-and-mul) already wrote the codes. The GEMV itself streams W (a programmatic dependent launch: it fetches
 // its first weights while the producer of the codes runs):
-// a 128-thread CTA owns kRows weight rows and its threads walk the row's blocks together,
-// each taking one Part of a block (gguf_q8.cuh) for all kRows rows at once, so several independent weight loads
+// a 128-thread CTA owns R weight rows and its threads walk the row's blocks together,
+// each taking one Part of a block (gguf_q8.cuh) for all R rows at once, so several independent weight loads
 // are in flight per thread and each activation load serves every row. Products are integer dp4a sums scaled
 // per block in f32; threads reduce by warp shuffles and one shared-memory step. No shared-memory staging: the
 // int8 activations (K bytes per token) stay in L1 and are shared by all CTAs of an SM.
+//
+// One token (M = 1) takes R in {1, 2, 4, 8} as a launch choice (rows = 0: default_rows_at_m1) and optionally
+// a pipelined loop that issues the next slot's raw weight loads before the current slot's dot products. Every
+// choice gives the same bits: each output row is summed by the same threads over the same slots in the same
+// order, and reduced the same way.
 #include "cuda/common.cuh"
 #include "cuda/gguf.h"
 #include "cuda/gguf_q8.cuh"
@@ -19,12 +24,53 @@ namespace {
 
 using gguf::XBlock;
 constexpr int kThreads = 128;
-// CTAs per SM the register allocation must allow. One token with 2-row CTAs: 8 (at most 64 registers, no
-// spills), measured on the H200 (q6k 4096x4096 29.7 -> 37.0 % of bandwidth, 4096x14336 38.8 -> 44.9 %; q8_0
-// and q4_0 even). The 4-row CTAs of Q4_K/Q5_K spill at 64 registers and lost (q4k 28672x4096 24.8 -> 28.1 us),
-// so they keep the compiler's choice.
-template <class Q, int M>
-constexpr int kMinCtas = M == 1 && Q::kRowsAtM1 <= 2 ? 8 : 1;
+
+// The rows per CTA a one-token launch with rows = 0 uses: per type from a measured sweep (benches/RESULTS.md,
+// bench_quant_cuda.py --sweep-rows).
+template <class Q>
+int default_rows_at_m1(int /*N*/, int /*K*/) {
+  return Q::kRowsAtM1;
+}
+
+// CTAs per SM the register allocation must allow (__launch_bounds__ min blocks).
+// The types' default one-token CTAs keep their measured bounds: 2-row CTAs 8 (at most 64 registers, no spills;
+// H200: q6k 4096x4096 29.7 -> 37.0 % of bandwidth, 4096x14336 38.8 -> 44.9 %; q8_0 and q4_0 even); the 4-row
+// CTAs of Q4_K/Q5_K spill at 64 registers and lost (q4k 28672x4096 24.8 -> 28.1 us), so they keep the
+// compiler's choice. The other one-token choices aim at one wave for N = 4096 (4096 / R CTAs on 132 SMs: 16,
+// 16, 8, 4 CTAs per SM for R = 1, 2, 4, 8), lowered until ptxas -v (sm_90a) reports no spills; the pipelined
+// loop also keeps room for its two slots' words (else the compiler would sink the next slot's loads).
+// Several tokens keep the compiler's choice.
+struct OneTokenBounds {
+  int plain[4], pipelined[4];  // R = 1, 2, 4, 8
+};
+
+constexpr OneTokenBounds one_token_bounds(int type) {
+  switch (type) {
+    case gguf::Q4_0: return {{16, 16, 8, 4}, {12, 8, 5, 3}};
+    case gguf::Q4_1: return {{10, 16, 8, 4}, {12, 8, 6, 4}};
+    case gguf::Q5_0: return {{16, 16, 8, 4}, {10, 8, 4, 2}};
+    case gguf::Q5_1: return {{16, 16, 8, 4}, {12, 8, 5, 3}};
+    case gguf::Q8_0: return {{16, 16, 8, 4}, {12, 8, 5, 3}};
+    case gguf::Q4_K: return {{16, 10, 8, 4}, {10, 8, 4, 2}};
+    case gguf::Q5_K: return {{16, 10, 8, 4}, {8, 6, 3, 2}};
+    case gguf::Q6_K: return {{10, 16, 5, 3}, {6, 5, 3, 1}};
+    default: return {{1, 1, 1, 1}, {1, 1, 1, 1}};
+  }
+}
+
+template <int T>
+constexpr int type_code(const gguf::Q8Dot<T>*) {
+  return T;
+}
+
+template <class Q, int M, int R, bool kPipelined>
+constexpr int min_ctas() {
+  if (M != 1) return 1;
+  if (R == Q::kRowsAtM1 && !kPipelined) return R <= 2 ? 8 : 1;
+  const OneTokenBounds b = one_token_bounds(type_code(static_cast<const Q*>(nullptr)));
+  const int i = R == 1 ? 0 : R == 2 ? 1 : R == 4 ? 2 : 3;
+  return kPipelined ? b.pipelined[i] : b.plain[i];
+}
 
 // Eight threads per 32-element block, four elements each.
 template <typename T>
@@ -41,12 +87,11 @@ __global__ void __launch_bounds__(256) quantize_x_kernel(const T* x, int8_t* __r
   q8_store_vec(in, live, xq, xb, 4 * i);
 }
 
-template <class Q, int M, int R>
-__global__ void __launch_bounds__(kThreads, kMinCtas<Q, M>) gemv_q8_kernel(void* __restrict__ y, bool bf16,
-                                                           const int8_t* __restrict__ xq,
-                                                           const XBlock* __restrict__ xb,
-                                                           const uint8_t* __restrict__ w, int rows_m, int N, int K,
-                                                           int64_t row_bytes) {
+template <class Q, int M, int R, bool kPipelined>
+__global__ void __launch_bounds__(kThreads, (min_ctas<Q, M, R, kPipelined>()))
+    gemv_q8_kernel(void* __restrict__ y, bool bf16, const int8_t* __restrict__ xq, const XBlock* __restrict__ xb,
+                   const uint8_t* __restrict__ w, int rows_m, int N, int K, int64_t row_bytes) {
+  using Raw = typename Q::Raw;
   const int row0 = blockIdx.x * R;
   const int slots = K / Q::kBlockElems * Q::kParts;
   const uint8_t* wr[R];
@@ -58,26 +103,74 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<Q, M>) gemv_q8_kernel(void*
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
 
-  Q part[R];
-  auto load_parts = [&](int s) {
+  auto block = [&](int r, int s) { return wr[r] + static_cast<int64_t>(s / Q::kParts) * Q::kBlockBytes; };
+  auto fetch = [&](Raw (&raw)[R], int s) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) part[r].load(wr[r] + static_cast<int64_t>(s / Q::kParts) * Q::kBlockBytes, s % Q::kParts);
+    for (int r = 0; r < R; ++r) Q::fetch(raw[r], block(r, s), s % Q::kParts);
   };
-  // The first weights do not depend on the kernel before, which writes xq/xb (the quantizer, or the RMSNorm /
-  // SiLU that wrote them as it produced x): fetch them, then wait for its grid.
-  if (threadIdx.x < slots) load_parts(threadIdx.x);
-  pdl_wait();
-  for (int s = threadIdx.x; s < slots; s += kThreads) {
-    const int b = s / Q::kParts, p = s % Q::kParts;
-    if (s != threadIdx.x) load_parts(s);
+  auto load_x = [&](typename Q::X& xv, int m, int s) {
+    const int t = min(m, rows_m - 1);  // rows past M re-read the last one; their sums are dropped
+    const int b = s / Q::kParts;
+    Q::load_x(xv, xq + static_cast<int64_t>(t) * K + b * Q::kBlockElems,
+              xb + static_cast<int64_t>(t) * (K / 32) + b * (Q::kBlockElems / 32), s % Q::kParts);
+  };
+  auto dot = [&](const Q (&part)[R], int s) {
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-      const int t = min(m, rows_m - 1);  // rows past M re-read the last one; their sums are dropped
       typename Q::X xv;
-      Q::load_x(xv, xq + static_cast<int64_t>(t) * K + b * Q::kBlockElems,
-                xb + static_cast<int64_t>(t) * (K / 32) + b * (Q::kBlockElems / 32), p);
+      load_x(xv, m, s);
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[r][m] += part[r].dot(xv);
+    }
+  };
+  // Slot s from its fetched words, one row at a time (only one row's decoded part live).
+  auto consume = [&](const Raw (&raw)[R], int s) {
+    typename Q::X xv[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) load_x(xv[m], m, s);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      Q part;
+      part.decode(raw[r], block(r, s), s % Q::kParts);
+#pragma unroll
+      for (int m = 0; m < M; ++m) acc[r][m] += part.dot(xv[m]);
+    }
+  };
+
+  // The first weights do not depend on the kernel before, which writes xq/xb (the quantizer, or the RMSNorm /
+  // SiLU that wrote them as it produced x): fetch them, then wait for its grid.
+  if constexpr (kPipelined) {
+    // Two slots' loads in flight: the next slot's raw words are fetched before this slot is decoded and used.
+    Raw raw[R];
+    if (threadIdx.x < slots) fetch(raw, threadIdx.x);
+    pdl_wait();
+    for (int s = threadIdx.x; s < slots; s += kThreads) {
+      if (s + kThreads < slots) {
+        Raw next[R];
+        fetch(next, s + kThreads);
+        consume(raw, s);
+#pragma unroll
+        for (int r = 0; r < R; ++r) raw[r] = next[r];
+      } else {
+        consume(raw, s);
+      }
+    }
+  } else {
+    // Load -> use -> load: the decoded slot is what stays live across the loop (fewer registers than its words).
+    Q part[R];
+    auto load = [&](int s) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        Raw raw;
+        Q::fetch(raw, block(r, s), s % Q::kParts);
+        part[r].decode(raw, block(r, s), s % Q::kParts);
+      }
+    };
+    if (threadIdx.x < slots) load(threadIdx.x);
+    pdl_wait();
+    for (int s = threadIdx.x; s < slots; s += kThreads) {
+      if (s != threadIdx.x) load(s);
+      dot(part, s);
     }
   }
 
@@ -105,13 +198,28 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<Q, M>) gemv_q8_kernel(void*
   }
 }
 
-template <class Q, int M, int R>
+template <class Q, int M, int R, bool kPipelined>
 void launch_gemv(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int rows_m, int N, int K,
                  cudaStream_t stream) {
   const int64_t row_bytes = static_cast<int64_t>(K / Q::kBlockElems) * Q::kBlockBytes;
   // A programmatic dependent of the kernel that wrote xq/xb: the first weights stream while it runs.
-  launch_pdl("gguf_gemv_q8", gemv_q8_kernel<Q, M, R>, dim3(static_cast<unsigned>((N + R - 1) / R)), dim3(kThreads), 0,
-             stream, y, bf16, xq, xb, w, rows_m, N, K, row_bytes);
+  launch_pdl("gguf_gemv_q8", gemv_q8_kernel<Q, M, R, kPipelined>, dim3(static_cast<unsigned>((N + R - 1) / R)),
+             dim3(kThreads), 0, stream, y, bf16, xq, xb, w, rows_m, N, K, row_bytes);
+}
+
+// Rows per CTA for M tokens: the one-token choice (0: the default rule), 2 for two tokens, 4 from four tokens up
+// (each activation load then serves 4 rows); measured sweeps in benches/RESULTS.md.
+template <class Q>
+int rows_for(int m, int n, int k, int rows) {
+  if (m == 1) return rows != 0 ? rows : default_rows_at_m1<Q>(n, k);
+  return m == 2 ? 2 : 4;
+}
+
+template <class Q, int R>
+void launch_m1(bool pipelined, void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int N, int K,
+               cudaStream_t s) {
+  if (pipelined) launch_gemv<Q, 1, R, true>(y, bf16, xq, xb, w, 1, N, K, s);
+  else launch_gemv<Q, 1, R, false>(y, bf16, xq, xb, w, 1, N, K, s);
 }
 
 void check_gemv_args(const char* what, int64_t M, int64_t N, int64_t K, const void* w, const void* xq,
@@ -125,20 +233,38 @@ void check_gemv_args(const char* what, int64_t M, int64_t N, int64_t K, const vo
   if (dtype != DType::F16 && dtype != DType::BF16) throw std::invalid_argument(op + ": dtype must be f16 or bf16");
 }
 
+void check_launch_choice(const char* what, int64_t M, int rows, bool pipelined) {
+  const std::string op(what);
+  if (rows != 0 && rows != 1 && rows != 2 && rows != 4 && rows != 8)
+    throw std::invalid_argument(op + ": rows must be 0 (the default rule), 1, 2, 4 or 8, got " + std::to_string(rows));
+  if (M != 1 && (rows != 0 || pipelined))
+    throw std::invalid_argument(op + ": rows and pipelined are one-token choices (M = 1); pass rows=0, "
+                                     "pipelined=false for M = " + std::to_string(M));
+}
+
 // The GEMV on the codes in xq/xb, a programmatic dependent of the kernel before (which wrote them).
 void launch_q8(const char* what, void* y, const int8_t* xq, const XBlock* xb, const uint8_t* w, int64_t M, int64_t N,
-               int64_t K, int qtype, DType dtype, cudaStream_t s) {
+               int64_t K, int qtype, DType dtype, int rows, bool pipelined, cudaStream_t s) {
+  check_launch_choice(what, M, rows, pipelined);
   const bool bf16 = dtype == DType::BF16;
   const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
   const bool known = gguf::dispatch_q8(qtype, [&](auto tag) {
     using Q = decltype(tag);
     if (K % Q::kBlockElems != 0) throw std::invalid_argument(std::string(what) + ": K must be a whole number of blocks");
-    // Rows per CTA from a measured sweep (benches/RESULTS.md): per type at one token (Q::kRowsAtM1), 4 from
-    // four tokens up (each activation load then serves 4 rows).
-    if (m == 1) launch_gemv<Q, 1, Q::kRowsAtM1>(y, bf16, xq, xb, w, m, n, k, s);
-    else if (m == 2) launch_gemv<Q, 2, 2>(y, bf16, xq, xb, w, m, n, k, s);
-    else if (m <= 4) launch_gemv<Q, 4, 4>(y, bf16, xq, xb, w, m, n, k, s);
-    else launch_gemv<Q, 8, 4>(y, bf16, xq, xb, w, m, n, k, s);
+    if (m == 1) {
+      switch (rows_for<Q>(m, n, k, rows)) {
+        case 1: launch_m1<Q, 1>(pipelined, y, bf16, xq, xb, w, n, k, s); break;
+        case 2: launch_m1<Q, 2>(pipelined, y, bf16, xq, xb, w, n, k, s); break;
+        case 4: launch_m1<Q, 4>(pipelined, y, bf16, xq, xb, w, n, k, s); break;
+        default: launch_m1<Q, 8>(pipelined, y, bf16, xq, xb, w, n, k, s); break;
+      }
+    } else if (m == 2) {
+      launch_gemv<Q, 2, 2, false>(y, bf16, xq, xb, w, m, n, k, s);
+    } else if (m <= 4) {
+      launch_gemv<Q, 4, 4, false>(y, bf16, xq, xb, w, m, n, k, s);
+    } else {
+      launch_gemv<Q, 8, 4, false>(y, bf16, xq, xb, w, m, n, k, s);
+    }
   });
   if (!known)
     throw std::invalid_argument(std::string(what) + ": no int8-activation kernel for GGUF type " + std::to_string(qtype));
@@ -151,9 +277,20 @@ bool gguf_gemv_q8_supported(int qtype) {
   return gguf::dispatch_q8(qtype, [](auto) {});
 }
 
+int gguf_gemv_q8_rows(int qtype, int64_t M, int64_t N, int64_t K, int rows) {
+  check_launch_choice("gguf_gemv_q8_rows", M, rows, false);
+  int out = 0;
+  if (!gguf::dispatch_q8(qtype, [&](auto tag) {
+        out = rows_for<decltype(tag)>(static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), rows);
+      }))
+    throw std::invalid_argument("gguf_gemv_q8_rows: no int8-activation kernel for GGUF type " + std::to_string(qtype));
+  return out;
+}
+
 void gguf_gemv_q8(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
-                  int qtype, DType dtype, std::uintptr_t stream) {
+                  int qtype, DType dtype, std::uintptr_t stream, int rows, bool pipelined) {
   check_gemv_args("gguf_gemv_q8", M, N, K, w, xq, xb, dtype);
+  check_launch_choice("gguf_gemv_q8", M, rows, pipelined);
   if (!aligned16(x)) throw std::invalid_argument("gguf_gemv_q8: x must be 16-byte aligned");
   if (!gguf_gemv_q8_supported(qtype))
     throw std::invalid_argument("gguf_gemv_q8: no int8-activation kernel for GGUF type " + std::to_string(qtype));
@@ -166,14 +303,14 @@ void gguf_gemv_q8(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w
     launch_pdl("gguf_gemv_q8: quantize activations", quantize_x_kernel<T>, dim3(grid), dim3(256), 0, s,
                static_cast<const T*>(x), xq, xbp, blocks);
   });
-  launch_q8("gguf_gemv_q8", y, xq, xbp, w, M, N, K, qtype, dtype, s);
+  launch_q8("gguf_gemv_q8", y, xq, xbp, w, M, N, K, qtype, dtype, rows, pipelined, s);
 }
 
 void gguf_gemv_q8_quantized(void* y, const int8_t* xq, const void* xb, const uint8_t* w, int64_t M, int64_t N,
-                            int64_t K, int qtype, DType dtype, std::uintptr_t stream) {
+                            int64_t K, int qtype, DType dtype, std::uintptr_t stream, int rows, bool pipelined) {
   check_gemv_args("gguf_gemv_q8_quantized", M, N, K, w, xq, xb, dtype);
-  launch_q8("gguf_gemv_q8_quantized", y, xq, static_cast<const XBlock*>(xb), w, M, N, K, qtype, dtype,
-            as_stream(stream));
+  launch_q8("gguf_gemv_q8_quantized", y, xq, static_cast<const XBlock*>(xb), w, M, N, K, qtype, dtype, rows,
+            pipelined, as_stream(stream));
 }
 
 }  // namespace candle_vllm::cuda

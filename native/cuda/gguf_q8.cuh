@@ -7,6 +7,9 @@
 // A weight block is shared by kParts threads; each thread's Part loads its share of the block's bytes with the
 // widest loads the block's alignment allows, turns them into int8-lane words (4 codes per word) plus float
 // scales once, and its dot() is then used for every activation row. X<Q> holds the matching activation words.
+// Loading is two steps so the GEMV can keep the next slot's loads in flight while it uses the current one:
+// fetch() only issues the loads into a small Raw (the loaded words as they are), decode(raw, blk, p) turns
+// them into the Part's codes and scales.
 // Part p's elements, per type:
 //  - Q4_0/Q4_1/Q5_0/Q5_1 (kParts 1): the whole 32-element block.
 //  - Q8_0 (kParts 2): elements 16p..16p+15.
@@ -67,17 +70,30 @@ GGUF_HD V ld(const void* p) {
 #endif
 }
 
-// Bytes [p, p + 4N) of a 2-byte aligned p as N words, reading only the aligned words that hold them.
+GGUF_HD bool odd_half(const uint8_t* p) { return (reinterpret_cast<std::uintptr_t>(p) & 2) != 0; }
+
+// The aligned words holding bytes [p, p + 4N) of a 2-byte aligned p (N + 1 when p is not 4-byte aligned).
 template <int N>
-GGUF_HD void ld_words_a2(const uint8_t* p, uint32_t (&out)[N]) {
-  const bool odd = (reinterpret_cast<std::uintptr_t>(p) & 2) != 0;
-  const uint32_t* a = reinterpret_cast<const uint32_t*>(p - (odd ? 2 : 0));
+struct A2Words {
   uint32_t w[N + 1];
+  bool odd;  // p % 4 == 2: the bytes straddle w[0..N]
+};
+
+template <int N>
+GGUF_HD void fetch_a2(A2Words<N>& raw, const uint8_t* p) {
+  const bool odd = odd_half(p);
+  const uint32_t* a = reinterpret_cast<const uint32_t*>(p - (odd ? 2 : 0));
 #pragma unroll
-  for (int i = 0; i < N; ++i) w[i] = ld<uint32_t>(a + i);
-  w[N] = odd ? ld<uint32_t>(a + N) : 0u;
+  for (int i = 0; i < N; ++i) raw.w[i] = ld<uint32_t>(a + i);
+  raw.w[N] = odd ? ld<uint32_t>(a + N) : 0u;
+  raw.odd = odd;
+}
+
+// Bytes [p, p + 4N) as N words from the fetched aligned words.
+template <int N>
+GGUF_HD void words_a2(const A2Words<N>& raw, uint32_t (&out)[N]) {
 #pragma unroll
-  for (int i = 0; i < N; ++i) out[i] = odd ? mid16(w[i], w[i + 1]) : w[i];
+  for (int i = 0; i < N; ++i) out[i] = raw.odd ? mid16(raw.w[i], raw.w[i + 1]) : raw.w[i];
 }
 
 GGUF_HD float half_lo(uint32_t w) {
@@ -90,12 +106,9 @@ GGUF_HD float half_lo(uint32_t w) {
 }
 GGUF_HD float half_hi(uint32_t w) { return half_lo(w >> 16); }
 
-// The f16 at a 2-byte aligned p as f32.
-GGUF_HD float ld_f16_a2(const uint8_t* p) {
-  const bool odd = (reinterpret_cast<std::uintptr_t>(p) & 2) != 0;
-  const uint32_t w = ld<uint32_t>(p - (odd ? 2 : 0));
-  return odd ? half_hi(w) : half_lo(w);
-}
+// The aligned word holding the f16 at a 2-byte aligned p, and that f16 as f32.
+GGUF_HD uint32_t fetch_f16_a2(const uint8_t* p) { return ld<uint32_t>(p - (odd_half(p) ? 2 : 0)); }
+GGUF_HD float f16_a2(uint32_t w, const uint8_t* p) { return odd_half(p) ? half_hi(w) : half_lo(w); }
 
 // Bit 4 of byte j = bit j of the low 4 bits of n (the fifth bit of 4 adjacent 5-bit codes).
 GGUF_HD uint32_t bit4_of_bytes(uint32_t n) { return ((n & 0xF) * 0x00204081u & 0x01010101u) << 4; }
@@ -162,11 +175,19 @@ struct Block32X {
 template <>
 struct Q8Dot<Q4_0> : Block32X {
   static constexpr int kBlockElems = 32, kBlockBytes = 18, kParts = 1;
+  struct Raw {
+    A2Words<4> qs;
+    uint32_t d;
+  };
   uint32_t qs[4];
   float d;
-  GGUF_HD void load(const uint8_t* b, int) {
-    ld_words_a2(b + 2, qs);
-    d = ld_f16_a2(b);
+  GGUF_HD static void fetch(Raw& raw, const uint8_t* b, int) {
+    fetch_a2(raw.qs, b + 2);
+    raw.d = fetch_f16_a2(b);
+  }
+  GGUF_HD void decode(const Raw& raw, const uint8_t* b, int) {
+    words_a2(raw.qs, qs);
+    d = f16_a2(raw.d, b);
   }
   GGUF_HD float dot(const X& x) const {
     int lo, hi;
@@ -178,13 +199,20 @@ struct Q8Dot<Q4_0> : Block32X {
 template <>
 struct Q8Dot<Q4_1> : Block32X {
   static constexpr int kBlockElems = 32, kBlockBytes = 20, kParts = 1;
+  struct Raw {
+    uint32_t dm, qs[4];
+  };
   uint32_t qs[4];
   float d, m;
-  GGUF_HD void load(const uint8_t* b, int) {  // 4-byte aligned
-    const uint32_t dm = ld<uint32_t>(b);
+  GGUF_HD static void fetch(Raw& raw, const uint8_t* b, int) {  // 4-byte aligned
+    raw.dm = ld<uint32_t>(b);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) qs[k] = ld<uint32_t>(b + 4 + 4 * k);
-    d = half_lo(dm), m = half_hi(dm);
+    for (int k = 0; k < 4; ++k) raw.qs[k] = ld<uint32_t>(b + 4 + 4 * k);
+  }
+  GGUF_HD void decode(const Raw& raw, const uint8_t*, int) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) qs[k] = raw.qs[k];
+    d = half_lo(raw.dm), m = half_hi(raw.dm);
   }
   GGUF_HD float dot(const X& x) const {
     int lo, hi;
@@ -212,13 +240,23 @@ GGUF_HD int dot_codes(const uint32_t (&lo)[4], const uint32_t (&hi)[4], const XW
 template <>
 struct Q8Dot<Q5_0> : Block32X {
   static constexpr int kBlockElems = 32, kBlockBytes = 22, kParts = 1;
+  struct Raw {
+    A2Words<4> qs;
+    A2Words<1> qh;
+    uint32_t d;
+  };
   uint32_t lo[4], hi[4];
   float d;
-  GGUF_HD void load(const uint8_t* b, int) {
+  GGUF_HD static void fetch(Raw& raw, const uint8_t* b, int) {
+    fetch_a2(raw.qs, b + 6);
+    fetch_a2(raw.qh, b + 2);
+    raw.d = fetch_f16_a2(b);
+  }
+  GGUF_HD void decode(const Raw& raw, const uint8_t* b, int) {
     uint32_t qs[4], qh[1];
-    ld_words_a2(b + 6, qs);
-    ld_words_a2(b + 2, qh);
-    d = ld_f16_a2(b);
+    words_a2(raw.qs, qs);
+    words_a2(raw.qh, qh);
+    d = f16_a2(raw.d, b);
     add_fifth_bits(lo, hi, qs, qh[0]);
   }
   GGUF_HD float dot(const X& x) const {
@@ -230,13 +268,18 @@ struct Q8Dot<Q5_0> : Block32X {
 template <>
 struct Q8Dot<Q5_1> : Block32X {
   static constexpr int kBlockElems = 32, kBlockBytes = 24, kParts = 1;
+  struct Raw {
+    uint2 h, q0, q1;
+  };
   uint32_t lo[4], hi[4];
   float d, m;
-  GGUF_HD void load(const uint8_t* b, int) {  // 8-byte aligned
-    const uint2 h = ld<uint2>(b), q0 = ld<uint2>(b + 8), q1 = ld<uint2>(b + 16);
-    const uint32_t qs[4] = {q0.x, q0.y, q1.x, q1.y};
-    d = half_lo(h.x), m = half_hi(h.x);
-    add_fifth_bits(lo, hi, qs, h.y);
+  GGUF_HD static void fetch(Raw& raw, const uint8_t* b, int) {  // 8-byte aligned
+    raw.h = ld<uint2>(b), raw.q0 = ld<uint2>(b + 8), raw.q1 = ld<uint2>(b + 16);
+  }
+  GGUF_HD void decode(const Raw& raw, const uint8_t*, int) {
+    const uint32_t qs[4] = {raw.q0.x, raw.q0.y, raw.q1.x, raw.q1.y};
+    d = half_lo(raw.h.x), m = half_hi(raw.h.x);
+    add_fifth_bits(lo, hi, qs, raw.h.y);
   }
   GGUF_HD float dot(const X& x) const {
     const int s = dot_codes(lo, hi, x);
@@ -248,11 +291,19 @@ template <>
 struct Q8Dot<Q8_0> {
   static constexpr int kBlockElems = 32, kBlockBytes = 34, kParts = 2, kRowsAtM1 = 2;
   using X = XWords<1, 4>;
+  struct Raw {
+    A2Words<4> qs;
+    uint32_t d;
+  };
   uint32_t qs[4];
   float d;
-  GGUF_HD void load(const uint8_t* b, int p) {
-    ld_words_a2(b + 2 + 16 * p, qs);
-    d = ld_f16_a2(b);
+  GGUF_HD static void fetch(Raw& raw, const uint8_t* b, int p) {
+    fetch_a2(raw.qs, b + 2 + 16 * p);
+    raw.d = fetch_f16_a2(b);
+  }
+  GGUF_HD void decode(const Raw& raw, const uint8_t* b, int p) {
+    words_a2(raw.qs, qs);
+    d = f16_a2(raw.d, b);
   }
   GGUF_HD static void load_x(X& x, const int8_t* xq, const XBlock* xb, int p) { ld_x_piece(x, 0, xq, xb, 16 * p, p); }
   GGUF_HD float dot(const X& x) const {
@@ -265,17 +316,16 @@ struct Q8Dot<Q8_0> {
 
 // ---- 256-element types -------------------------------------------------------------------------------------
 
-// Q4_K/Q5_K scale and min of sub-block j from the 12 packed bytes as three words.
-GGUF_HD void k4_scale_min_words(uint32_t s0, uint32_t s1, uint32_t s2, int j, int& sc, int& m) {
-  if (j < 4) {
-    sc = (s0 >> (8 * j)) & 63;
-    m = (s1 >> (8 * j)) & 63;
-  } else {
-    const int k = 8 * (j - 4);
-    const uint32_t b = (s2 >> k) & 0xFF;
-    sc = static_cast<int>((b & 0xF) | (((s0 >> k) >> 6 & 3) << 4));
-    m = static_cast<int>((b >> 4) | (((s1 >> k) >> 6 & 3) << 4));
-  }
+// Q4_K/Q5_K 6-bit scales (sc) and mins (m) of sub-blocks 2g and 2g+1, in bytes 0 and 1, from the 12 packed
+// bytes as three words: sub-block j < 4 keeps its six bits in byte j of s0 (scale) and s1 (min); j >= 4 has
+// its low four bits in the nibbles of byte j - 4 of s2 and its top two in the top bits of byte j - 4 of s0/s1.
+// Both sub-blocks of a pair share their bytes' word half, so one 16-bit shift serves them (no branch on j).
+GGUF_HD void k4_scale_min_pair(uint32_t s0, uint32_t s1, uint32_t s2, int g, uint32_t& sc, uint32_t& m) {
+  const int sh = 16 * (g & 1);
+  const uint32_t a0 = s0 >> sh, a1 = s1 >> sh, c = s2 >> sh;
+  const bool low = g < 2;
+  sc = low ? a0 & 0x3F3Fu : (c & 0x0F0Fu) | ((a0 >> 2) & 0x3030u);
+  m = low ? a1 & 0x3F3Fu : ((c >> 4) & 0x0F0Fu) | ((a1 >> 2) & 0x3030u);
 }
 
 // Q4_K/Q5_K part: codes of sub-blocks 2g (lo) and 2g+1 (hi) for half h, w = (a * code - b) per sub-block.
@@ -284,14 +334,15 @@ struct K4Part {
   using X = XWords<2, 4>;
   uint32_t lo[4], hi[4];
   float a[2], b[2];
-  GGUF_HD void load_header(const uint8_t* blk, int g) {
-    const uint4 h = ld<uint4>(blk);
+  // h: the block's first 16 bytes (d, dmin, the packed scales).
+  GGUF_HD void decode_header(const uint4& h, int g) {
     const float d = half_lo(h.x), dmin = half_hi(h.x);
+    uint32_t sc, m;
+    k4_scale_min_pair(h.y, h.z, h.w, g, sc, m);
+#pragma unroll
     for (int i = 0; i < 2; ++i) {
-      int sc, m;
-      k4_scale_min_words(h.y, h.z, h.w, 2 * g + i, sc, m);
-      a[i] = d * static_cast<float>(sc);
-      b[i] = dmin * static_cast<float>(m);
+      a[i] = d * static_cast<float>((sc >> (8 * i)) & 0xFF);
+      b[i] = dmin * static_cast<float>((m >> (8 * i)) & 0xFF);
     }
   }
   GGUF_HD static void load_x(X& x, const int8_t* xq, const XBlock* xb, int p) {
@@ -311,29 +362,41 @@ struct K4Part {
 template <>
 struct Q8Dot<Q4_K> : K4Part {
   static constexpr int kBlockElems = 256, kBlockBytes = 144, kParts = 8;
-  GGUF_HD void load(const uint8_t* blk, int p) {  // 16-byte aligned
-    const int g = p >> 1, h = p & 1;
-    const uint4 q = ld<uint4>(blk + 16 + 32 * g + 16 * h);
-    const uint32_t qs[4] = {q.x, q.y, q.z, q.w};
+  struct Raw {
+    uint4 q, h;
+  };
+  GGUF_HD static void fetch(Raw& raw, const uint8_t* blk, int p) {  // 16-byte aligned
+    raw.q = ld<uint4>(blk + 16 + 16 * p);  // 32g + 16h
+    raw.h = ld<uint4>(blk);
+  }
+  GGUF_HD void decode(const Raw& raw, const uint8_t*, int p) {
+    const uint32_t qs[4] = {raw.q.x, raw.q.y, raw.q.z, raw.q.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) lo[k] = qs[k] & kNib, hi[k] = (qs[k] >> 4) & kNib;
-    load_header(blk, g);
+    decode_header(raw.h, p >> 1);
   }
 };
 
 template <>
 struct Q8Dot<Q5_K> : K4Part {
   static constexpr int kBlockElems = 256, kBlockBytes = 176, kParts = 8;
-  GGUF_HD void load(const uint8_t* blk, int p) {  // 16-byte aligned
-    const int g = p >> 1, h = p & 1;
-    const uint4 q = ld<uint4>(blk + 48 + 32 * g + 16 * h), e = ld<uint4>(blk + 16 + 16 * h);
-    const uint32_t qs[4] = {q.x, q.y, q.z, q.w}, qh[4] = {e.x, e.y, e.z, e.w};
+  struct Raw {
+    uint4 q, e, h;
+  };
+  GGUF_HD static void fetch(Raw& raw, const uint8_t* blk, int p) {  // 16-byte aligned
+    raw.q = ld<uint4>(blk + 48 + 16 * p);  // 32g + 16h
+    raw.e = ld<uint4>(blk + 16 + 16 * (p & 1));
+    raw.h = ld<uint4>(blk);
+  }
+  GGUF_HD void decode(const Raw& raw, const uint8_t*, int p) {
+    const int g = p >> 1;
+    const uint32_t qs[4] = {raw.q.x, raw.q.y, raw.q.z, raw.q.w}, qh[4] = {raw.e.x, raw.e.y, raw.e.z, raw.e.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       lo[k] = (qs[k] & kNib) | (((qh[k] >> (2 * g)) & 0x01010101u) << 4);
       hi[k] = ((qs[k] >> 4) & kNib) | (((qh[k] >> (2 * g + 1)) & 0x01010101u) << 4);
     }
-    load_header(blk, g);
+    decode_header(raw.h, g);
   }
 };
 
@@ -344,16 +407,28 @@ template <>
 struct Q8Dot<Q6_K> {
   static constexpr int kBlockElems = 256, kBlockBytes = 210, kParts = 8, kRowsAtM1 = 2;
   using X = XWords<4, 2>;
+  struct Raw {
+    A2Words<2> qa, qb, qh, sc;
+    uint32_t d;
+  };
   uint32_t c[4][2];  // quarter q (elements 128h + 32q + l0 ..), two words of 4 signed codes
   float a[4];
-  GGUF_HD void load(const uint8_t* blk, int p) {
-    const int h = p >> 2, l0 = 8 * (p & 3), is = (p & 3) >> 1;
+  GGUF_HD static void fetch(Raw& raw, const uint8_t* blk, int p) {
+    const int h = p >> 2, l0 = 8 * (p & 3);
+    fetch_a2(raw.qa, blk + 64 * h + l0);
+    fetch_a2(raw.qb, blk + 64 * h + 32 + l0);
+    fetch_a2(raw.qh, blk + 128 + 32 * h + l0);
+    fetch_a2(raw.sc, blk + 192 + 8 * h);
+    raw.d = fetch_f16_a2(blk + 208);
+  }
+  GGUF_HD void decode(const Raw& raw, const uint8_t* blk, int p) {
+    const int is = (p & 3) >> 1;
     uint32_t qa[2], qb[2], qh[2], sc[2];
-    ld_words_a2(blk + 64 * h + l0, qa);
-    ld_words_a2(blk + 64 * h + 32 + l0, qb);
-    ld_words_a2(blk + 128 + 32 * h + l0, qh);
-    ld_words_a2(blk + 192 + 8 * h, sc);
-    const float d = ld_f16_a2(blk + 208);
+    words_a2(raw.qa, qa);
+    words_a2(raw.qb, qb);
+    words_a2(raw.qh, qh);
+    words_a2(raw.sc, sc);
+    const float d = f16_a2(raw.d, blk + 208);
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       c[0][k] = minus32((qa[k] & kNib) | ((qh[k] << 4) & 0x30303030u));
