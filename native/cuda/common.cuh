@@ -79,27 +79,6 @@ inline void launch_pdl(const char* what, void (*kernel)(Params...), dim3 grid, d
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...), what);
 }
 
-// Starts pulling [ptr, ptr + bytes) into L2 and returns at once (Hopper bulk prefetch): thread 0 of every CTA
-// takes a share of 32 KB pieces. The batch-1 decode attention calls it for the o_proj weights that run next: it
-// is bound by one warp's dependent chain and leaves HBM mostly idle while it runs. No-op before sm_90 or with a
-// null ptr.
-__device__ __forceinline__ void prefetch_l2(const void* ptr, int64_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int64_t kPiece = 32 << 10;
-  if (ptr == nullptr || threadIdx.x != 0) return;
-  const auto start = reinterpret_cast<std::uintptr_t>(ptr);
-  const std::uintptr_t base = (start + 15) & ~std::uintptr_t{15};  // the instruction wants 16-byte alignment
-  bytes -= static_cast<int64_t>(base - start);
-  const int64_t ctas = static_cast<int64_t>(gridDim.x) * gridDim.y * gridDim.z;
-  const int64_t cta =
-      blockIdx.x + static_cast<int64_t>(gridDim.x) * (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
-  for (int64_t off = cta * kPiece; off < bytes; off += ctas * kPiece) {
-    const auto n = static_cast<uint32_t>(bytes - off < kPiece ? bytes - off : kPiece) & ~15u;
-    if (n != 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(base + off), "r"(n) : "memory");
-  }
-#endif
-}
-
 // True when every pointer allows 16-byte vector access.
 template <typename... P>
 inline bool aligned16(const P*... ptrs) {

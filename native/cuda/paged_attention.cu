@@ -94,9 +94,7 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
     T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
     const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_lens, float* __restrict__ part_out,
     float* __restrict__ part_ml, int* __restrict__ counters, int group, int q_heads, int kv_heads, int64_t q_stride,
-    int block_size, int block_shift, int max_blocks, int piece_cap, float qscale, float cap_log2, float inv_cap, int sliding_window,
-    const void* prefetch, int64_t prefetch_bytes) {
-  prefetch_l2(prefetch, prefetch_bytes);  // the next GEMM's weights: static, so before pdl_wait
+    int block_size, int block_shift, int max_blocks, int piece_cap, float qscale, float cap_log2, float inv_cap, int sliding_window) {
   constexpr int kHeadChunks = D / 8;      // 16-byte chunks of one kv head's row
   constexpr int kTokStep = 256 / D;       // tokens one pass of the CTA's copies covers
   constexpr int kKSteps = D / 16;         // k steps of Q K^T, and pairs of 8-wide column tiles of P V
@@ -434,7 +432,7 @@ void launch_decode(T* out, const T* q, const T* kc, const T* vc, const int32_t* 
                    float* part_out, float* part_ml, int32_t* counters, int64_t num_seqs, int64_t q_heads,
                    int64_t kv_heads, int64_t q_stride, int64_t block_size, int64_t max_blocks, int64_t partition_size,
                    int64_t parts, int64_t heads_per_cta, float scale, float softcap, int64_t window,
-                   const void* prefetch, int64_t prefetch_bytes, cudaStream_t stream) {
+                   cudaStream_t stream) {
   const int64_t group = q_heads / kv_heads;
   const int64_t warps = std::min<int64_t>(kv_heads, heads_per_cta);
   const int64_t head_groups = (kv_heads + warps - 1) / warps;
@@ -456,7 +454,7 @@ void launch_decode(T* out, const T* q, const T* kc, const T* vc, const int32_t* 
              stream, out, q, kc, vc, tables, lens, part_out, part_ml, parts > 1 ? counters : nullptr,
              static_cast<int>(group), static_cast<int>(q_heads), static_cast<int>(kv_heads), q_stride,
              static_cast<int>(block_size), shift, static_cast<int>(max_blocks), static_cast<int>(cap), qscale,
-             cap_log2, inv_cap, static_cast<int>(window), prefetch, prefetch_bytes);
+             cap_log2, inv_cap, static_cast<int>(window));
   if (parts > 1 && counters == nullptr) {
     launch_pdl("paged_attention_decode reduce", paged_decode_reduce_kernel<T, D>,
                dim3(static_cast<unsigned>(q_heads), static_cast<unsigned>(num_seqs)), dim3(kReduceThreads), 0, stream,
@@ -473,8 +471,8 @@ void paged_attention_decode(void* out, const void* q, const void* key_cache, con
                             float* partial_ml, int32_t* reduce_counters, int64_t num_seqs, int64_t q_heads,
                             int64_t kv_heads, int64_t head_dim, int64_t q_stride, int64_t block_size,
                             int64_t max_blocks, int64_t partition_size, int64_t num_partitions,
-                            int64_t heads_per_cta, float scale, float softcap, int64_t sliding_window,
-                            const void* prefetch, int64_t prefetch_bytes, DType dtype, std::uintptr_t stream) {
+                            int64_t heads_per_cta, float scale, float softcap, int64_t sliding_window, DType dtype,
+                            std::uintptr_t stream) {
   if (kv_heads < 1 || q_heads % kv_heads != 0 || q_heads / kv_heads > kAttnMaxGroup)
     throw std::invalid_argument("paged_attention_decode: q_heads must be a multiple of kv_heads, at most 16x");
   if (head_dim != 64 && head_dim != 128 && head_dim != 256)
@@ -493,7 +491,7 @@ void paged_attention_decode(void* out, const void* q, const void* key_cache, con
           static_cast<T*>(out), static_cast<const T*>(q), static_cast<const T*>(key_cache),
           static_cast<const T*>(value_cache), block_tables, seq_lens, partial_out, partial_ml, reduce_counters,
           num_seqs, q_heads, kv_heads, q_stride, block_size, max_blocks, partition_size, num_partitions,
-          heads_per_cta, scale, softcap, sliding_window, prefetch, prefetch_bytes, as_stream(stream));
+          heads_per_cta, scale, softcap, sliding_window, as_stream(stream));
     };
     if (head_dim == 64) run(std::integral_constant<int, 64>{});
     else if (head_dim == 128) run(std::integral_constant<int, 128>{});

@@ -25,16 +25,14 @@ constexpr int kAttnCtaRow = 1024;   // cache elements of one token a decode CTA 
 // heads_per_cta)], all zero, and the last CTA of each (sequence, head group) combines them and re-zeroes its
 // counter (so the buffer stays valid for the next call and graph replay). heads_per_cta (1 .. 1024 / head_dim)
 // kv heads per CTA, a warp each. Launched as a programmatic dependent (common.cuh: launch_pdl): only tokens
-// older than seq_len - 1 may be read before the previous kernel ends. prefetch/prefetch_bytes (null/0: none):
-// memory the CTAs start pulling into L2 as they begin (common.cuh prefetch_l2), the weights of the GEMM after
-// the attention.
+// older than seq_len - 1 may be read before the previous kernel ends.
 void paged_attention_decode(void* out, const void* q, const void* key_cache, const void* value_cache,
                             const int32_t* block_tables, const int32_t* seq_lens, float* partial_out,
                             float* partial_ml, int32_t* reduce_counters, int64_t num_seqs, int64_t q_heads,
                             int64_t kv_heads, int64_t head_dim, int64_t q_stride, int64_t block_size,
                             int64_t max_blocks, int64_t partition_size, int64_t num_partitions,
-                            int64_t heads_per_cta, float scale, float softcap, int64_t sliding_window,
-                            const void* prefetch, int64_t prefetch_bytes, DType dtype, std::uintptr_t stream);
+                            int64_t heads_per_cta, float scale, float softcap, int64_t sliding_window, DType dtype,
+                            std::uintptr_t stream);
 
 // key_cache/value_cache[slot_mapping[t]] = k[t], v[t]; k, v [tokens, kv_heads, head_dim] with token strides
 // k_stride / v_stride (heads contiguous); slots < 0 are skipped (padding tokens). A programmatic dependent

@@ -34,10 +34,8 @@ class Attention(nn.Module):
         kv_cache: torch.Tensor | None,
         meta: AttentionMetadata,
         kv_cached: bool = False,
-        prefetch: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hk, D] -> [T, Hq*D]; ``kv_cached``: k/v are already in the cache; ``prefetch``:
-        the next GEMM's weights, warmed in L2 by small decode batches (``ops.attention.attention``)."""
+        """q [T, Hq, D], k/v [T, Hk, D] -> [T, Hq*D]; ``kv_cached``: k/v are already in the cache."""
         out = attention(q, k, v, kv_cache, meta, self.scale, self.num_kv_heads, self.sliding_window, self.softcap,
-                        kv_cached, prefetch)
+                        kv_cached)
         return out.reshape(out.shape[0], -1)

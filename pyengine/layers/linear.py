@@ -98,11 +98,6 @@ class Linear(nn.Module):
 
 
     @property
-    def storage(self) -> torch.Tensor | None:
-        """The weight storage one call streams, when the layer is one method (for an L2 prefetch ahead of it)."""
-        return self.methods[0].storage if len(self.methods) == 1 else None
-
-    @property
     def rope_paired(self) -> bool:
         """Whether :meth:`forward`'s q/k heads come with interleaved halves (``LinearMethod.rope_paired``)."""
         return len(self.methods) == 1 and self.methods[0].rope_paired

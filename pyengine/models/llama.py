@@ -111,7 +111,7 @@ class LlamaAttention(nn.Module):
             )
             if not cached:
                 q, k = self.rotary(positions, q, k, paired)
-        out = self.attn(q, k, v, kv_cache, meta, kv_cached=cached, prefetch=self.o_proj.storage)
+        out = self.attn(q, k, v, kv_cache, meta, kv_cached=cached)
         return self.o_proj(out if rows is None else out[rows])
 
 

@@ -90,14 +90,12 @@ def attention(
     sliding_window: int | None = None,
     softcap: float | None = None,
     kv_cached: bool = False,
-    prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention for a flat batch: q [T, Hq*D or Hq, D], k/v [T, Hk, D] -> [T, Hq, D].
 
     With ``kv_cache`` and ``meta.slot_mapping`` the new K/V are written to the cache first (unless ``kv_cached``
     says a fused kernel already stored them) and queries read their whole context through
-    ``meta.block_tables``; otherwise each sequence attends within its new tokens. ``prefetch``: the weights of
-    the GEMM that runs next, which the CUDA decode kernel may pull into L2 while it runs.
+    ``meta.block_tables``; otherwise each sequence attends within its new tokens.
     """
     t, d = k.shape[0], k.shape[-1]
     if k.shape[1] != num_kv_heads:
@@ -122,13 +120,12 @@ def attention(
                     "seq_lens_cpu instead"
                 )
             return cuda_paged.paged_decode_attention(
-                q, kv_cache, meta.block_tables, meta.seq_lens, scale, meta.max_decode_seq_len, sliding_window, softcap,
-                prefetch=prefetch,
+                q, kv_cache, meta.block_tables, meta.seq_lens, scale, meta.max_decode_seq_len, sliding_window, softcap
             )
         if cuda_decode and meta.query_start_loc_cpu == list(range(t + 1)):  # a pure decode step
             return cuda_paged.paged_decode_attention(
                 q, kv_cache, meta.block_tables, meta.seq_lens, scale, max(meta.seq_lens_cpu or [1]), sliding_window,
-                softcap, prefetch=prefetch,
+                softcap,
             )
         if on_cuda and flash_prefill_supported(q, kv_cache):
             backend = sdpa_prefill.prefill_backend()

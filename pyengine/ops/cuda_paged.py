@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import NamedTuple
 
 import torch
@@ -195,12 +194,8 @@ def paged_decode_attention(
     partition_size: int | None = None,
     heads_per_cta: int | None = None,
     fused_reduce: bool | None = None,
-    prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token per sequence over the paged cache: q [B, Hq, D] -> out [B, Hq, D].
-
-    ``prefetch`` (the next GEMM's weights) is pulled into L2 while the kernel runs, as far as
-    :func:`attention_prefetch_bytes` allows for this batch.
 
     ``max_seq_len`` (host int, >= every seq_lens entry) fixes the split-KV grid, so a CUDA graph captured with
     the model's maximum length serves every shorter context (the kernel cuts each sequence's actual span into
@@ -239,23 +234,7 @@ def paged_decode_attention(
     native.module().cuda_paged_attention_decode(
         out.data_ptr(), q.data_ptr(), kp, vp, block_tables.data_ptr(), seq_lens.data_ptr(), po_ptr, pml_ptr,
         counters.data_ptr() if fused else 0, b, hq, hk, d, q.stride(0), block_size, block_tables.shape[1],
-        partition_size, parts, heads_per_cta, scale, softcap or 0.0, sliding_window or 0,
-        0 if prefetch is None else prefetch.data_ptr(), attention_prefetch_bytes(b, prefetch), native.dtype_code(q),
+        partition_size, parts, heads_per_cta, scale, softcap or 0.0, sliding_window or 0, native.dtype_code(q),
         native.stream(q.device),
     )
     return out
-
-
-PREFETCH_ENV = "CANDLE_VLLM_ATTN_PREFETCH_MB"
-PREFETCH_MAX_SEQS = 4
-
-
-def attention_prefetch_bytes(num_seqs: int, weights: torch.Tensor | None) -> int:
-    """Bytes of the next GEMM's weights the decode attention pulls into L2. Small batches only: there one warp's
-    dependent chain bounds the attention and HBM idles (batch 1 at 4k reads its 16 MB of K/V at ~40 % of
-    bandwidth); from a few sequences up it streams K/V at full bandwidth and a prefetch would only compete.
-    ``CANDLE_VLLM_ATTN_PREFETCH_MB`` caps it (0 turns it off)."""
-    if weights is None or num_seqs > PREFETCH_MAX_SEQS:
-        return 0
-    cap = float(os.environ.get(PREFETCH_ENV, "64")) * 2**20
-    return int(min(weights.numel() * weights.element_size(), cap)) // 16 * 16

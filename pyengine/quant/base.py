@@ -41,11 +41,6 @@ class LinearMethod(nn.Module, ABC):
         return None
 
     @property
-    def storage(self) -> torch.Tensor | None:
-        """The tensor this method streams from memory on each call (what a kernel before it may warm in L2)."""
-        return None
-
-    @property
     def rope_paired(self) -> bool:
         """Whether :meth:`forward` returns the q/k heads of a q/k/v projection with their halves interleaved in
         groups of 8 (``ops.row_pairs``), to be rotated with ``paired=True`` (``ops.rotary.apply_rotary``)."""

@@ -43,10 +43,6 @@ class GGUFLinear(LinearMethod):
         out = sum(w.shape[0] for w in weights)
         return cls(GGUFWeight(data, weights[0].qtype, (out, weights[0].shape[1])), device)
 
-    @property
-    def storage(self) -> torch.Tensor:
-        return self.data
-
     def accepts_q8(self, rows: int) -> bool:
         """True where the CUDA dp4a GEMV serves this weight for ``rows`` (<= GEMV_PASSES_MAX_ROWS) rows: it then
         reads the codes a norm/SiLU kernel wrote instead of quantizing the input itself. CANDLE_VLLM_Q8_FUSION=0

@@ -54,10 +54,6 @@ class UnquantizedLinear(LinearMethod):
         return deinterleave_gate_up(y) if self.gate_up_interleaved else y
 
     @property
-    def storage(self) -> torch.Tensor:
-        return self.weight
-
-    @property
     def rope_paired(self) -> bool:
         return self.rope_rows > 0
 
