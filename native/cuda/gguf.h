@@ -32,20 +32,19 @@ bool gguf_gemv_q8_supported(int qtype);
 // The same product with x first quantized to int8 per 32-element block (scale amax / 127, written to the
 // caller's scratch: xq [M * K] int8, xb [M * K / 32] blocks of kGgufXBlockBytes), then dp4a dot products
 // against the weight codes. K a multiple of 32; x, xq, w 16-byte aligned, xb 8-byte aligned; y f16/bf16 as x.
-// One token (M = 1) may pick the rows per CTA (rows 1, 2, 4 or 8; 0: the default rule) and the pipelined loop
-// (the next slot's weight loads issued before the current slot's products); every choice gives the same bits.
-// Several tokens take rows = 0, pipelined = false.
+// One token (M = 1) may pick the weight rows per CTA (2, 4 or 8; 0: the default rule, gguf_gemv_q8_rows); every
+// choice gives the same bits. Several tokens take rows = 0.
 void gguf_gemv_q8(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
-                  int qtype, DType dtype, std::uintptr_t stream, int rows = 0, bool pipelined = false);
+                  int qtype, DType dtype, std::uintptr_t stream, int rows = 0);
 
 // gguf_gemv_q8 on activations already quantized by the kernel before (RMSNorm or SiLU-and-mul with codes, see
 // native/cuda/q8_activation.cuh): no quantizer launch, the GEMV waits on that kernel directly. xq/xb as above;
 // dtype is y's.
 void gguf_gemv_q8_quantized(void* y, const int8_t* xq, const void* xb, const uint8_t* w, int64_t M, int64_t N,
-                            int64_t K, int qtype, DType dtype, std::uintptr_t stream, int rows = 0,
-                            bool pipelined = false);
+                            int64_t K, int qtype, DType dtype, std::uintptr_t stream, int rows = 0);
 
-// The rows per CTA gguf_gemv_q8 launches with for this call (rows = 0 resolved by the default rule).
-int gguf_gemv_q8_rows(int qtype, int64_t M, int64_t N, int64_t K, int rows);
+// The rows per CTA gguf_gemv_q8 launches with for M tokens and N weight rows on the current device (rows = 0
+// resolved by the default rule: per type, and for Q4_K/Q5_K by wave efficiency over the device's SMs).
+int gguf_gemv_q8_rows(int qtype, int64_t M, int64_t N, int rows);
 
 }  // namespace candle_vllm::cuda

@@ -11,10 +11,11 @@
 // per block in f32; threads reduce by warp shuffles and one shared-memory step. No shared-memory staging: the
 // int8 activations (K bytes per token) stay in L1 and are shared by all CTAs of an SM.
 //
-// One token (M = 1) takes R in {1, 2, 4, 8} as a launch choice (rows = 0: default_rows_at_m1) and optionally
-// a pipelined loop that issues the next slot's raw weight loads before the current slot's dot products. Every
-// choice gives the same bits: each output row is summed by the same threads over the same slots in the same
-// order, and reduced the same way.
+// One token (M = 1) takes R in {2, 4, 8} as a launch choice (rows = 0: default_rows_at_m1). Every choice gives
+// the same bits: each output row is summed by the same threads over the same slots in the same order, and
+// reduced the same way.
+#include <atomic>
+
 #include "cuda/common.cuh"
 #include "cuda/gguf.h"
 #include "cuda/gguf_q8.cuh"
@@ -25,36 +26,22 @@ namespace {
 using gguf::XBlock;
 constexpr int kThreads = 128;
 
-// The rows per CTA a one-token launch with rows = 0 uses: per type from a measured sweep (benches/RESULTS.md,
-// bench_quant_cuda.py --sweep-rows).
-template <class Q>
-int default_rows_at_m1(int /*N*/, int /*K*/) {
-  return Q::kRowsAtM1;
-}
-
-// CTAs per SM the register allocation must allow (__launch_bounds__ min blocks).
-// The types' default one-token CTAs keep their measured bounds: 2-row CTAs 8 (at most 64 registers, no spills;
-// H200: q6k 4096x4096 29.7 -> 37.0 % of bandwidth, 4096x14336 38.8 -> 44.9 %; q8_0 and q4_0 even); the 4-row
-// CTAs of Q4_K/Q5_K spill at 64 registers and lost (q4k 28672x4096 24.8 -> 28.1 us), so they keep the
-// compiler's choice. The other one-token choices aim at one wave for N = 4096 (4096 / R CTAs on 132 SMs: 16,
-// 16, 8, 4 CTAs per SM for R = 1, 2, 4, 8), lowered until ptxas -v (sm_90a) reports no spills; the pipelined
-// loop also keeps room for its two slots' words (else the compiler would sink the next slot's loads).
-// Several tokens keep the compiler's choice.
+// CTAs per SM the register allocation must allow (__launch_bounds__ min blocks) for one token, R = 2, 4, 8: the
+// bounds every measured launch ran with (H200 sweep, bench_quant_cuda.py --sweep-rows). 8 for 2-row CTAs (at
+// most 64 registers, no spills; q6k 4096x4096 29.7 -> 37.0 % of bandwidth, 4096x14336 38.8 -> 44.9 %); the
+// 4-row CTAs of Q4_K/Q5_K spill at 64 registers and lost (q4k 28672x4096 24.8 -> 28.1 us), so they keep the
+// compiler's choice (1: 80 / 84 registers, 6 / 5 CTAs per SM); the others aim at one wave for N = 4096 (4096 / R
+// CTAs on 132 SMs), lowered until ptxas -v (sm_90a) reports no spills. Several tokens keep the compiler's choice.
 struct OneTokenBounds {
-  int plain[4], pipelined[4];  // R = 1, 2, 4, 8
+  int r2, r4, r8;
 };
 
 constexpr OneTokenBounds one_token_bounds(int type) {
   switch (type) {
-    case gguf::Q4_0: return {{16, 16, 8, 4}, {12, 8, 5, 3}};
-    case gguf::Q4_1: return {{10, 16, 8, 4}, {12, 8, 6, 4}};
-    case gguf::Q5_0: return {{16, 16, 8, 4}, {10, 8, 4, 2}};
-    case gguf::Q5_1: return {{16, 16, 8, 4}, {12, 8, 5, 3}};
-    case gguf::Q8_0: return {{16, 16, 8, 4}, {12, 8, 5, 3}};
-    case gguf::Q4_K: return {{16, 10, 8, 4}, {10, 8, 4, 2}};
-    case gguf::Q5_K: return {{16, 10, 8, 4}, {8, 6, 3, 2}};
-    case gguf::Q6_K: return {{10, 16, 5, 3}, {6, 5, 3, 1}};
-    default: return {{1, 1, 1, 1}, {1, 1, 1, 1}};
+    case gguf::Q4_K:
+    case gguf::Q5_K: return {10, 1, 4};
+    case gguf::Q6_K: return {8, 5, 3};
+    default: return {8, 8, 4};  // the 32-element types
   }
 }
 
@@ -63,13 +50,16 @@ constexpr int type_code(const gguf::Q8Dot<T>*) {
   return T;
 }
 
-template <class Q, int M, int R, bool kPipelined>
+template <class Q>
+constexpr int type_of() {
+  return type_code(static_cast<const Q*>(nullptr));
+}
+
+template <class Q, int M, int R>
 constexpr int min_ctas() {
   if (M != 1) return 1;
-  if (R == Q::kRowsAtM1 && !kPipelined) return R <= 2 ? 8 : 1;
-  const OneTokenBounds b = one_token_bounds(type_code(static_cast<const Q*>(nullptr)));
-  const int i = R == 1 ? 0 : R == 2 ? 1 : R == 4 ? 2 : 3;
-  return kPipelined ? b.pipelined[i] : b.plain[i];
+  const OneTokenBounds b = one_token_bounds(type_of<Q>());
+  return R == 2 ? b.r2 : R == 4 ? b.r4 : b.r8;
 }
 
 // Eight threads per 32-element block, four elements each.
@@ -87,8 +77,8 @@ __global__ void __launch_bounds__(256) quantize_x_kernel(const T* x, int8_t* __r
   q8_store_vec(in, live, xq, xb, 4 * i);
 }
 
-template <class Q, int M, int R, bool kPipelined>
-__global__ void __launch_bounds__(kThreads, (min_ctas<Q, M, R, kPipelined>()))
+template <class Q, int M, int R>
+__global__ void __launch_bounds__(kThreads, (min_ctas<Q, M, R>()))
     gemv_q8_kernel(void* __restrict__ y, bool bf16, const int8_t* __restrict__ xq, const XBlock* __restrict__ xb,
                    const uint8_t* __restrict__ w, int rows_m, int N, int K, int64_t row_bytes) {
   using Raw = typename Q::Raw;
@@ -104,10 +94,6 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<Q, M, R, kPipelined>()))
     for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
 
   auto block = [&](int r, int s) { return wr[r] + static_cast<int64_t>(s / Q::kParts) * Q::kBlockBytes; };
-  auto fetch = [&](Raw (&raw)[R], int s) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) Q::fetch(raw[r], block(r, s), s % Q::kParts);
-  };
   auto load_x = [&](typename Q::X& xv, int m, int s) {
     const int t = min(m, rows_m - 1);  // rows past M re-read the last one; their sums are dropped
     const int b = s / Q::kParts;
@@ -123,55 +109,23 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<Q, M, R, kPipelined>()))
       for (int r = 0; r < R; ++r) acc[r][m] += part[r].dot(xv);
     }
   };
-  // Slot s from its fetched words, one row at a time (only one row's decoded part live).
-  auto consume = [&](const Raw (&raw)[R], int s) {
-    typename Q::X xv[M];
-#pragma unroll
-    for (int m = 0; m < M; ++m) load_x(xv[m], m, s);
+  // The first weights do not depend on the kernel before, which writes xq/xb (the quantizer, or the RMSNorm /
+  // SiLU that wrote them as it produced x): fetch them, then wait for its grid. Load -> use -> load: the decoded
+  // slot is what stays live across the loop (fewer registers than its words).
+  Q part[R];
+  auto load = [&](int s) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      Q part;
-      part.decode(raw[r], block(r, s), s % Q::kParts);
-#pragma unroll
-      for (int m = 0; m < M; ++m) acc[r][m] += part.dot(xv[m]);
+      Raw raw;
+      Q::fetch(raw, block(r, s), s % Q::kParts);
+      part[r].decode(raw, block(r, s), s % Q::kParts);
     }
   };
-
-  // The first weights do not depend on the kernel before, which writes xq/xb (the quantizer, or the RMSNorm /
-  // SiLU that wrote them as it produced x): fetch them, then wait for its grid.
-  if constexpr (kPipelined) {
-    // Two slots' loads in flight: the next slot's raw words are fetched before this slot is decoded and used.
-    Raw raw[R];
-    if (threadIdx.x < slots) fetch(raw, threadIdx.x);
-    pdl_wait();
-    for (int s = threadIdx.x; s < slots; s += kThreads) {
-      if (s + kThreads < slots) {
-        Raw next[R];
-        fetch(next, s + kThreads);
-        consume(raw, s);
-#pragma unroll
-        for (int r = 0; r < R; ++r) raw[r] = next[r];
-      } else {
-        consume(raw, s);
-      }
-    }
-  } else {
-    // Load -> use -> load: the decoded slot is what stays live across the loop (fewer registers than its words).
-    Q part[R];
-    auto load = [&](int s) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        Raw raw;
-        Q::fetch(raw, block(r, s), s % Q::kParts);
-        part[r].decode(raw, block(r, s), s % Q::kParts);
-      }
-    };
-    if (threadIdx.x < slots) load(threadIdx.x);
-    pdl_wait();
-    for (int s = threadIdx.x; s < slots; s += kThreads) {
-      if (s != threadIdx.x) load(s);
-      dot(part, s);
-    }
+  if (threadIdx.x < slots) load(threadIdx.x);
+  pdl_wait();
+  for (int s = threadIdx.x; s < slots; s += kThreads) {
+    if (s != threadIdx.x) load(s);
+    dot(part, s);
   }
 
   pdl_launch_dependents();  // the next kernel's prologue overlaps the reduction
@@ -198,28 +152,90 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<Q, M, R, kPipelined>()))
   }
 }
 
-template <class Q, int M, int R, bool kPipelined>
+template <class Q, int M, int R>
 void launch_gemv(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int rows_m, int N, int K,
                  cudaStream_t stream) {
   const int64_t row_bytes = static_cast<int64_t>(K / Q::kBlockElems) * Q::kBlockBytes;
   // A programmatic dependent of the kernel that wrote xq/xb: the first weights stream while it runs.
-  launch_pdl("gguf_gemv_q8", gemv_q8_kernel<Q, M, R, kPipelined>, dim3(static_cast<unsigned>((N + R - 1) / R)),
-             dim3(kThreads), 0, stream, y, bf16, xq, xb, w, rows_m, N, K, row_bytes);
+  launch_pdl("gguf_gemv_q8", gemv_q8_kernel<Q, M, R>, dim3(static_cast<unsigned>((N + R - 1) / R)), dim3(kThreads),
+             0, stream, y, bf16, xq, xb, w, rows_m, N, K, row_bytes);
+}
+
+constexpr int kMaxDevices = 64;
+
+// ask(device) for the current device, asked once per device and cached (0: not asked yet).
+template <class F>
+int per_device(std::atomic<int> (&cache)[kMaxDevices], const char* what, F&& ask) {
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), what);
+  if (dev >= kMaxDevices) throw std::runtime_error(std::string(what) + ": device index above 63");
+  int v = cache[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = ask(dev);
+    cache[dev].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+int sm_count() {
+  static std::atomic<int> cache[kMaxDevices];
+  return per_device(cache, "gguf_gemv_q8: SM count", [](int dev) {
+    int n = 0;
+    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "gguf_gemv_q8: SM count");
+    return n;
+  });
+}
+
+// CTAs of the one-token R-row kernel resident per SM (its registers under its launch bounds).
+template <class Q, int R>
+int ctas_per_sm() {
+  static std::atomic<int> cache[kMaxDevices];
+  return per_device(cache, "gguf_gemv_q8: residency", [](int) {
+    int n = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_q8_kernel<Q, 1, R>, kThreads, 0),
+               "gguf_gemv_q8: residency");
+    return n;
+  });
+}
+
+// The share of the occupied CTA slots doing work when `ctas` CTAs run `slots` at a time: (ctas / slots) / waves.
+double wave_efficiency(int64_t ctas, int64_t slots) {
+  const int64_t waves = (ctas + slots - 1) / slots;
+  return static_cast<double>(ctas) / static_cast<double>(slots * waves);
+}
+
+// Q4_K/Q5_K at one token: R in {4, 8} by wave efficiency over the SMs' CTA slots (SMs x CTAs per SM for R);
+// efficiencies within 5 % are a tie and the larger R wins (more weight loads in flight per thread). H200, 132 SMs:
+//   q4k (R = 4: 80 registers, 6 CTAs/SM, 792 slots; R = 8: 127, 4/SM, 528):
+//     N 6144: 1536 CTAs .970 vs 768 .727 -> 4 (measured 7.01 vs 7.51 us); N 4096 (K 4096 and 14336): .646 vs
+//     .970 -> 8 (5.78 vs 5.24, 14.42 vs 13.15 us); N 28672: .905 vs .970 -> 8 (23.95 vs 22.96 us).
+//   q5k (R = 4: 84 registers, 5/SM, 660 slots; R = 8 as q4k): N 6144: .776 vs .727 -> 4 (8.34 vs 8.26 us, even);
+//     N 4096: .776 vs .970 -> 8 (6.34 vs 5.66, 16.74 vs 14.97); N 28672: .987 vs .970, a tie -> 8 (29.60 vs 27.87).
+template <class Q>
+int rows_by_waves(int n) {
+  const int64_t sms = sm_count();
+  const double e4 = wave_efficiency((n + 3) / 4, sms * ctas_per_sm<Q, 4>());
+  const double e8 = wave_efficiency((n + 7) / 8, sms * ctas_per_sm<Q, 8>());
+  return e4 > 1.05 * e8 ? 4 : 8;
+}
+
+// The rows per CTA a one-token launch with rows = 0 uses. Measured on the H200 (bench_quant_cuda.py
+// --sweep-rows, four Llama-3-8B shapes): Q4_0 R = 4 beat R = 2 on all four (6.74 -> 6.37, 5.77 -> 4.70,
+// 21.83 -> 19.56, 12.41 -> 11.37 us); Q8_0 and Q6_K were best or within 2 % at R = 2. Q4_1, Q5_0, Q5_1 were not
+// swept and keep R = 2.
+template <class Q>
+int default_rows_at_m1(int n) {
+  constexpr int type = type_of<Q>();
+  if constexpr (type == gguf::Q4_K || type == gguf::Q5_K) return rows_by_waves<Q>(n);
+  else return type == gguf::Q4_0 ? 4 : 2;
 }
 
 // Rows per CTA for M tokens: the one-token choice (0: the default rule), 2 for two tokens, 4 from four tokens up
 // (each activation load then serves 4 rows); measured sweeps in benches/RESULTS.md.
 template <class Q>
-int rows_for(int m, int n, int k, int rows) {
-  if (m == 1) return rows != 0 ? rows : default_rows_at_m1<Q>(n, k);
+int rows_for(int m, int n, int rows) {
+  if (m == 1) return rows != 0 ? rows : default_rows_at_m1<Q>(n);
   return m == 2 ? 2 : 4;
-}
-
-template <class Q, int R>
-void launch_m1(bool pipelined, void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int N, int K,
-               cudaStream_t s) {
-  if (pipelined) launch_gemv<Q, 1, R, true>(y, bf16, xq, xb, w, 1, N, K, s);
-  else launch_gemv<Q, 1, R, false>(y, bf16, xq, xb, w, 1, N, K, s);
 }
 
 void check_gemv_args(const char* what, int64_t M, int64_t N, int64_t K, const void* w, const void* xq,
@@ -233,37 +249,35 @@ void check_gemv_args(const char* what, int64_t M, int64_t N, int64_t K, const vo
   if (dtype != DType::F16 && dtype != DType::BF16) throw std::invalid_argument(op + ": dtype must be f16 or bf16");
 }
 
-void check_launch_choice(const char* what, int64_t M, int rows, bool pipelined) {
+void check_launch_choice(const char* what, int64_t M, int rows) {
   const std::string op(what);
-  if (rows != 0 && rows != 1 && rows != 2 && rows != 4 && rows != 8)
-    throw std::invalid_argument(op + ": rows must be 0 (the default rule), 1, 2, 4 or 8, got " + std::to_string(rows));
-  if (M != 1 && (rows != 0 || pipelined))
-    throw std::invalid_argument(op + ": rows and pipelined are one-token choices (M = 1); pass rows=0, "
-                                     "pipelined=false for M = " + std::to_string(M));
+  if (rows != 0 && rows != 2 && rows != 4 && rows != 8)
+    throw std::invalid_argument(op + ": rows must be 0 (the default rule), 2, 4 or 8, got " + std::to_string(rows));
+  if (M != 1 && rows != 0)
+    throw std::invalid_argument(op + ": rows is a one-token choice (M = 1); pass rows=0 for M = " + std::to_string(M));
 }
 
 // The GEMV on the codes in xq/xb, a programmatic dependent of the kernel before (which wrote them).
 void launch_q8(const char* what, void* y, const int8_t* xq, const XBlock* xb, const uint8_t* w, int64_t M, int64_t N,
-               int64_t K, int qtype, DType dtype, int rows, bool pipelined, cudaStream_t s) {
-  check_launch_choice(what, M, rows, pipelined);
+               int64_t K, int qtype, DType dtype, int rows, cudaStream_t s) {
+  check_launch_choice(what, M, rows);
   const bool bf16 = dtype == DType::BF16;
   const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
   const bool known = gguf::dispatch_q8(qtype, [&](auto tag) {
     using Q = decltype(tag);
     if (K % Q::kBlockElems != 0) throw std::invalid_argument(std::string(what) + ": K must be a whole number of blocks");
     if (m == 1) {
-      switch (rows_for<Q>(m, n, k, rows)) {
-        case 1: launch_m1<Q, 1>(pipelined, y, bf16, xq, xb, w, n, k, s); break;
-        case 2: launch_m1<Q, 2>(pipelined, y, bf16, xq, xb, w, n, k, s); break;
-        case 4: launch_m1<Q, 4>(pipelined, y, bf16, xq, xb, w, n, k, s); break;
-        default: launch_m1<Q, 8>(pipelined, y, bf16, xq, xb, w, n, k, s); break;
+      switch (rows_for<Q>(m, n, rows)) {
+        case 2: launch_gemv<Q, 1, 2>(y, bf16, xq, xb, w, 1, n, k, s); break;
+        case 4: launch_gemv<Q, 1, 4>(y, bf16, xq, xb, w, 1, n, k, s); break;
+        default: launch_gemv<Q, 1, 8>(y, bf16, xq, xb, w, 1, n, k, s); break;
       }
     } else if (m == 2) {
-      launch_gemv<Q, 2, 2, false>(y, bf16, xq, xb, w, m, n, k, s);
+      launch_gemv<Q, 2, 2>(y, bf16, xq, xb, w, m, n, k, s);
     } else if (m <= 4) {
-      launch_gemv<Q, 4, 4, false>(y, bf16, xq, xb, w, m, n, k, s);
+      launch_gemv<Q, 4, 4>(y, bf16, xq, xb, w, m, n, k, s);
     } else {
-      launch_gemv<Q, 8, 4, false>(y, bf16, xq, xb, w, m, n, k, s);
+      launch_gemv<Q, 8, 4>(y, bf16, xq, xb, w, m, n, k, s);
     }
   });
   if (!known)
@@ -277,20 +291,21 @@ bool gguf_gemv_q8_supported(int qtype) {
   return gguf::dispatch_q8(qtype, [](auto) {});
 }
 
-int gguf_gemv_q8_rows(int qtype, int64_t M, int64_t N, int64_t K, int rows) {
-  check_launch_choice("gguf_gemv_q8_rows", M, rows, false);
+int gguf_gemv_q8_rows(int qtype, int64_t M, int64_t N, int rows) {
+  check_launch_choice("gguf_gemv_q8_rows", M, rows);
+  if (N < 1 || N > INT32_MAX) throw std::invalid_argument("gguf_gemv_q8_rows: bad N");
   int out = 0;
   if (!gguf::dispatch_q8(qtype, [&](auto tag) {
-        out = rows_for<decltype(tag)>(static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), rows);
+        out = rows_for<decltype(tag)>(static_cast<int>(M), static_cast<int>(N), rows);
       }))
     throw std::invalid_argument("gguf_gemv_q8_rows: no int8-activation kernel for GGUF type " + std::to_string(qtype));
   return out;
 }
 
 void gguf_gemv_q8(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
-                  int qtype, DType dtype, std::uintptr_t stream, int rows, bool pipelined) {
+                  int qtype, DType dtype, std::uintptr_t stream, int rows) {
   check_gemv_args("gguf_gemv_q8", M, N, K, w, xq, xb, dtype);
-  check_launch_choice("gguf_gemv_q8", M, rows, pipelined);
+  check_launch_choice("gguf_gemv_q8", M, rows);
   if (!aligned16(x)) throw std::invalid_argument("gguf_gemv_q8: x must be 16-byte aligned");
   if (!gguf_gemv_q8_supported(qtype))
     throw std::invalid_argument("gguf_gemv_q8: no int8-activation kernel for GGUF type " + std::to_string(qtype));
@@ -303,14 +318,14 @@ void gguf_gemv_q8(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w
     launch_pdl("gguf_gemv_q8: quantize activations", quantize_x_kernel<T>, dim3(grid), dim3(256), 0, s,
                static_cast<const T*>(x), xq, xbp, blocks);
   });
-  launch_q8("gguf_gemv_q8", y, xq, xbp, w, M, N, K, qtype, dtype, rows, pipelined, s);
+  launch_q8("gguf_gemv_q8", y, xq, xbp, w, M, N, K, qtype, dtype, rows, s);
 }
 
 void gguf_gemv_q8_quantized(void* y, const int8_t* xq, const void* xb, const uint8_t* w, int64_t M, int64_t N,
-                            int64_t K, int qtype, DType dtype, std::uintptr_t stream, int rows, bool pipelined) {
+                            int64_t K, int qtype, DType dtype, std::uintptr_t stream, int rows) {
   check_gemv_args("gguf_gemv_q8_quantized", M, N, K, w, xq, xb, dtype);
   launch_q8("gguf_gemv_q8_quantized", y, xq, static_cast<const XBlock*>(xb), w, M, N, K, qtype, dtype, rows,
-            pipelined, as_stream(stream));
+            as_stream(stream));
 }
 
 }  // namespace candle_vllm::cuda

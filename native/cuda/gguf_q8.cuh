@@ -7,9 +7,8 @@
 // A weight block is shared by kParts threads; each thread's Part loads its share of the block's bytes with the
 // widest loads the block's alignment allows, turns them into int8-lane words (4 codes per word) plus float
 // scales once, and its dot() is then used for every activation row. X<Q> holds the matching activation words.
-// Loading is two steps so the GEMV can keep the next slot's loads in flight while it uses the current one:
-// fetch() only issues the loads into a small Raw (the loaded words as they are), decode(raw, blk, p) turns
-// them into the Part's codes and scales.
+// Loading is two steps: fetch() only issues the loads into a small Raw (the loaded words as they are),
+// decode(raw, blk, p) turns them into the Part's codes and scales.
 // Part p's elements, per type:
 //  - Q4_0/Q4_1/Q5_0/Q5_1 (kParts 1): the whole 32-element block.
 //  - Q8_0 (kParts 2): elements 16p..16p+15.
@@ -164,7 +163,6 @@ struct Q8Dot;
 
 // Shared by the 32-element types: X is the block's two 16-element halves.
 struct Block32X {
-  static constexpr int kRowsAtM1 = 2;  // weight rows per CTA for one token (measured, gguf_gemv_q8.cu)
   using X = XWords<2, 4>;
   GGUF_HD static void load_x(X& x, const int8_t* xq, const XBlock* xb, int) {
     ld_x_piece(x, 0, xq, xb, 0, 0);
@@ -289,7 +287,7 @@ struct Q8Dot<Q5_1> : Block32X {
 
 template <>
 struct Q8Dot<Q8_0> {
-  static constexpr int kBlockElems = 32, kBlockBytes = 34, kParts = 2, kRowsAtM1 = 2;
+  static constexpr int kBlockElems = 32, kBlockBytes = 34, kParts = 2;
   using X = XWords<1, 4>;
   struct Raw {
     A2Words<4> qs;
@@ -330,7 +328,6 @@ GGUF_HD void k4_scale_min_pair(uint32_t s0, uint32_t s1, uint32_t s2, int g, uin
 
 // Q4_K/Q5_K part: codes of sub-blocks 2g (lo) and 2g+1 (hi) for half h, w = (a * code - b) per sub-block.
 struct K4Part {
-  static constexpr int kRowsAtM1 = 4;
   using X = XWords<2, 4>;
   uint32_t lo[4], hi[4];
   float a[2], b[2];
@@ -405,7 +402,7 @@ GGUF_HD uint32_t minus32(uint32_t c) { return (c + 0x60606060u) ^ 0x80808080u; }
 
 template <>
 struct Q8Dot<Q6_K> {
-  static constexpr int kBlockElems = 256, kBlockBytes = 210, kParts = 8, kRowsAtM1 = 2;
+  static constexpr int kBlockElems = 256, kBlockBytes = 210, kParts = 8;
   using X = XWords<4, 2>;
   struct Raw {
     A2Words<2> qa, qb, qh, sc;

@@ -1,11 +1,11 @@
-"""The dp4a GGUF GEMV's one-token launch choices (weight rows per CTA, pipelined loop) give the default's bits.
+"""The dp4a GGUF GEMV's one-token launch choices (weight rows per CTA) give the default's bits, and the default
+rule picks what the H200 sweep measured fastest.
 
-Every choice only changes which CTA owns a row and when each thread issues its weight loads: each output row is
-still summed by the same threads over the same blocks in the same order and reduced the same way, so the result
-must be bit-identical to the default launch (rows=0, plain loop), which itself is held to the float64 oracle
-bound of test_cuda_gguf (the `gguf` package's dequantizer). Shapes: odd N (a partial last CTA for every R > 1),
-K = 14336 (3.5 or 7 slots per thread: the pipelined loop's steady state and its last, unpaired slot) and
-K = 768 (fewer slots than threads: idle threads, no second slot).
+Every choice only changes which CTA owns a row: each output row is still summed by the same threads over the same
+blocks in the same order and reduced the same way, so the result must be bit-identical to the default launch
+(rows=0), which itself is held to the float64 oracle bound of test_cuda_gguf (the `gguf` package's dequantizer).
+Shapes: odd N (a partial last CTA for every R), K = 14336 (several slots per thread) and K = 768 (fewer slots
+than threads: idle threads).
 """
 
 from __future__ import annotations
@@ -16,13 +16,23 @@ from gguf import GGMLQuantizationType as QT
 from test_cuda_gguf import assert_dp4a_within, oracle, random_blocks
 
 from candle_vllm.pyengine.ops import cuda_gguf, native
-from candle_vllm.pyengine.ops.cuda import available
+from candle_vllm.pyengine.ops.cuda import available, sm_count
 from candle_vllm.pyengine.ops.q8_activation import BLOCK, Q8Activation
 
 pytestmark = pytest.mark.cuda
 DEV = torch.device("cuda")
 DP4A_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K]
-CHOICES = [(rows, pipelined) for rows in (0, 1, 2, 4, 8) for pipelined in (False, True)]
+ROWS = (0, 2, 4, 8)
+# The H200 sweep (132 SMs, bench_quant_cuda.py --sweep-rows) at one token on the Llama-3-8B output sizes
+# N = 6144, 4096, 28672 (K 4096) and 4096 (K 14336): the faster of R = 4 and R = 8 where they differ by more than
+# 2 % (q4k 7.01 / 7.51, 5.78 / 5.24, 23.95 / 22.96, 14.42 / 13.15 us; q5k 6.34 / 5.66, 29.60 / 27.87,
+# 16.74 / 14.97 us); None where they were even (q5k N 6144: 8.34 / 8.26 us).
+H200_SMS = 132
+H200_SHAPES_N = (6144, 4096, 28672, 4096)
+H200_FASTER = {QT.Q4_K: (4, 8, 8, 8), QT.Q5_K: (None, 8, 8, 8)}
+# Measured per type (Q4_0: R = 4 beat 2 on all four shapes; Q8_0, Q6_K: R = 2 best or within 2 %); the unswept
+# types keep R = 2.
+FIXED_ROWS = {QT.Q4_0: 4, QT.Q8_0: 2, QT.Q6_K: 2, QT.Q4_1: 2, QT.Q5_0: 2, QT.Q5_1: 2}
 
 
 @pytest.fixture(autouse=True)
@@ -40,9 +50,9 @@ def test_every_launch_choice_equals_the_default(qtype: QT, k: int) -> None:
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(k + int(qtype))).to(torch.bfloat16)
     want = cuda_gguf.gemv(x.to(DEV), data, qtype, n, k, kernel="dp4a")
     assert_dp4a_within(want, x, oracle(raw, qtype, n, k).double())
-    for rows, pipelined in CHOICES:
-        got = cuda_gguf.gemv(x.to(DEV), data, qtype, n, k, kernel="dp4a", rows=rows, pipelined=pipelined)
-        assert torch.equal(got, want), f"{qtype.name} K={k} rows={rows} pipelined={pipelined}: bits differ"
+    for rows in ROWS:
+        got = cuda_gguf.gemv(x.to(DEV), data, qtype, n, k, kernel="dp4a", rows=rows)
+        assert torch.equal(got, want), f"{qtype.name} K={k} rows={rows}: bits differ"
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -60,29 +70,41 @@ def test_choices_on_quantized_activations(dtype: torch.dtype) -> None:
                           int(qtype), native.dtype_code(x), native.stream(DEV))
     assert_dp4a_within(want, x.cpu(), oracle(raw, qtype, n, k).double())
     q8 = Q8Activation(x, xq, xb)
-    for rows, pipelined in CHOICES:
-        got = cuda_gguf.gemv(q8, data, qtype, n, k, rows=rows, pipelined=pipelined)
-        assert torch.equal(got, want), f"rows={rows} pipelined={pipelined}: bits differ"
+    for rows in ROWS:
+        got = cuda_gguf.gemv(q8, data, qtype, n, k, rows=rows)
+        assert torch.equal(got, want), f"rows={rows}: bits differ"
 
 
 def test_unsupported_choices_are_refused() -> None:
     qtype, n, k = QT.Q8_0, 64, 256
     data = torch.from_numpy(random_blocks(qtype, n, k, seed=1)).to(DEV)
     x = torch.randn(2, k, device=DEV, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="one-token choices"):
+    with pytest.raises(ValueError, match="one-token choice"):
         cuda_gguf.gemv(x, data, qtype, n, k, rows=4)
-    with pytest.raises(ValueError, match="one-token choices"):
-        cuda_gguf.gemv(x, data, qtype, n, k, pipelined=True)
-    with pytest.raises(ValueError, match="rows must be"):
-        cuda_gguf.gemv(x[:1], data, qtype, n, k, rows=3)
-    with pytest.raises(ValueError, match="mma kernel takes neither"):
+    for rows in (1, 3, 16):
+        with pytest.raises(ValueError, match="rows must be"):
+            cuda_gguf.gemv(x[:1], data, qtype, n, k, rows=rows)
+    with pytest.raises(ValueError, match="mma kernel does not take it"):
         cuda_gguf.gemv(x[:1], data, qtype, n, k, kernel="mma", rows=2)
 
 
 def test_gemv_rows_reports_the_launch() -> None:
-    """An explicit choice is what launches; the default rule picks one of the compiled choices; several tokens
-    keep their fixed tiles (2 rows for two tokens, 4 from three up)."""
+    """An explicit choice is what launches; several tokens keep their fixed tiles (2 rows for two tokens, 4 from
+    three up); one token takes the measured per-type rows, and R = 4 or 8 for Q4_K/Q5_K."""
     for qtype in DP4A_TYPES:
-        assert cuda_gguf.gemv_rows(qtype, 1, 4096, 4096, rows=8) == 8
-        assert cuda_gguf.gemv_rows(qtype, 1, 4096, 14336) in (1, 2, 4, 8)
-        assert [cuda_gguf.gemv_rows(qtype, m, 4096, 4096) for m in (2, 3, 8)] == [2, 4, 4]
+        assert cuda_gguf.gemv_rows(qtype, 1, 4096, rows=8) == 8
+        assert [cuda_gguf.gemv_rows(qtype, m, 4096) for m in (2, 3, 8)] == [2, 4, 4]
+        for n in (1, 333, *H200_SHAPES_N, 128256):
+            want = FIXED_ROWS.get(qtype)
+            got = cuda_gguf.gemv_rows(qtype, 1, n)
+            assert got == want if want is not None else got in (4, 8), f"{qtype.name} N={n}: {got}"
+
+
+def test_wave_rule_picks_the_h200_sweeps_faster_launch() -> None:
+    """Q4_K/Q5_K choose R by wave efficiency over the SMs; on the H200 that must give the sweep's faster launch."""
+    if sm_count(torch.cuda.current_device()) != H200_SMS:
+        pytest.skip(f"the sweep was measured on the H200 ({H200_SMS} SMs)")
+    for qtype, faster in H200_FASTER.items():
+        for n, want in zip(H200_SHAPES_N, faster, strict=True):
+            got = cuda_gguf.gemv_rows(qtype, 1, n)
+            assert want is None or got == want, f"{qtype.name} N={n}: rule {got}, sweep {want}"
