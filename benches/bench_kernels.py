@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from candle_vllm.pyengine.ops import cuda, cuda_paged, cuda_wide, norm
+from candle_vllm.pyengine.ops import cuda, cuda_paged, norm
 
 DEV = torch.device("cuda")
 BF16 = torch.bfloat16
@@ -112,35 +112,6 @@ def gemm_rows(peak: float, results: list[dict], ms: tuple[int, ...] = GEMM_MS) -
                                         splits=splits, us=t * 1e6, pct=100 * n * k * 2 / t / peak))
             auto = cuda.skinny_gemm_splits(n, k, cuda.sm_count(0))
             print(f"{name} {n}x{k} M={m} (auto s{auto}): " + "  ".join(cells))
-
-
-def wide_rows(peak: float, results: list[dict]) -> None:
-    """The wgmma GEMM for 17..64 rows against cuBLAS on the 8B shapes: its automatic split-K and a sweep."""
-    shapes = [("qkv", 6144, 4096), ("o_proj", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336),
-              ("lm_head", 128256, 4096)]
-    print(f"\n== wide GEMM bf16, wgmma (copy ceiling {peak / 1e9:.0f} GB/s; cells s<splits>:us) ==")
-    for name, n, k in shapes:
-        copies = copies_for(n * k * 2)
-        ws = [torch.randn(n, k, device=DEV).to(BF16) for _ in range(copies)]
-        for m in (32, 64):
-            x = torch.randn(m, k, device=DEV).to(BF16)
-            want = x.double() @ ws[0].double().T
-            err = ((cuda_wide.wide_gemm(x, ws[0]).double() - want).norm() / want.norm()).item()
-            nbytes = n * k * 2
-            auto = cuda_wide.wide_gemm_splits(n, k, cuda.sm_count(0))
-            ours = graph_seconds(lambda i: cuda_wide.wide_gemm(x, ws[i % copies]))
-            blas = graph_seconds(lambda i: F.linear(x, ws[i % copies]))
-            cells = []
-            for splits in (1, 2, 3, 4, 6, 8):
-                t = graph_seconds(lambda i, s=splits: cuda_wide.wide_gemm(x, ws[i % copies], splits=s))
-                cells.append(f"s{splits}:{t * 1e6:.1f}")
-                results.append(dict(kernel="wide_gemm_sweep", shape=f"{name} {n}x{k}", m=m, splits=splits,
-                                    us=t * 1e6, pct=100 * nbytes / t / peak))
-            results.append(dict(kernel="wide_gemm", shape=f"{name} {n}x{k}", m=m, splits=auto, us=ours * 1e6,
-                                cublas_us=blas * 1e6, rel_err=err))
-            print(f"{name} {n}x{k} M={m}: auto s{auto} {ours * 1e6:.1f} us ({100 * nbytes / ours / peak:.0f} %), "
-                  f"cuBLAS {blas * 1e6:.1f} us ({100 * nbytes / blas / peak:.0f} %), x{blas / ours:.2f}, err {err:.1e} | "
-                  + " ".join(cells))
 
 
 def attention_rows(peak: float, results: list[dict]) -> None:
@@ -414,7 +385,7 @@ def _report(results: list[dict], case: str, ours: float, nbytes: int, ref: float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", help="write all rows to this file")
-    parser.add_argument("--only", help="comma-separated sections: elementwise, rotary, attention, gemm, prefill, wide")
+    parser.add_argument("--only", help="comma-separated sections: elementwise, rotary, attention, gemm, prefill")
     parser.add_argument("--gemm-m", default=",".join(map(str, GEMM_MS)), help="skinny GEMM row counts to time")
     args = parser.parse_args()
     only = set(args.only.split(",")) if args.only else None
@@ -426,7 +397,7 @@ def main() -> None:
           f"copy bandwidth {peak / 1e9:.0f} GB/s (read + write)")
     results: list[dict] = [dict(kernel="copy", gbps=peak / 1e9, device=props.name)]
     sections = {"elementwise": elementwise_rows, "rotary": rotary_rows, "attention": attention_rows,
-                "gemm": lambda p, r: gemm_rows(p, r, ms), "prefill": prefill_rows, "wide": wide_rows}
+                "gemm": lambda p, r: gemm_rows(p, r, ms), "prefill": prefill_rows}
     if only and not only <= sections.keys():
         parser.error(f"unknown sections {sorted(only - sections.keys())}; choose from {sorted(sections)}")
     for name, section in sections.items():

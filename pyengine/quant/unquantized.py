@@ -1,6 +1,5 @@
 """Dense weights (safetensors, or F32/F16/BF16 GGUF tensors) multiplied with ``F.linear``, or on CUDA with
-the native decode GEMMs that read the weight once: the skinny kernel up to 16 rows, the wgmma kernel up to 64
-(Hopper), both f16/bf16."""
+the skinny GEMM kernel for decode-sized batches (M <= 16 rows, f16/bf16), which reads the weight once."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from candle_vllm.pyengine.ops import cuda, cuda_wide
+from candle_vllm.pyengine.ops import cuda
 from candle_vllm.pyengine.ops.activation import (
     deinterleave_gate_up,
     interleave_gate_up,
@@ -45,23 +44,9 @@ class UnquantizedLinear(LinearMethod):
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.out_features, self.in_features = weight.shape
 
-    def _decode_kernel(self, x: torch.Tensor) -> str | None:
-        """Which native GEMM takes this batch: the skinny one up to 16 rows, the wgmma one up to 64 (Hopper), else
-        none (cuBLAS through torch)."""
-        if x.device.type != "cuda":
-            return None
-        if cuda.skinny_gemm_supported(x, self.weight):
-            return "skinny"
-        if cuda_wide.wide_gemm_enabled() and cuda_wide.wide_gemm_supported(x, self.weight):
-            return "wide"
-        return None
-
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        kernel = self._decode_kernel(x)
-        if kernel == "skinny":
+        if x.device.type == "cuda" and cuda.skinny_gemm_supported(x, self.weight):
             return cuda.skinny_gemm(x, self.weight)
-        if kernel == "wide":
-            return cuda_wide.wide_gemm(x, self.weight)
         return F.linear(x, self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -94,9 +79,6 @@ class UnquantizedLinear(LinearMethod):
         GEMM then the interleaved SiLU kernel; None for a weight that is not an interleaved gate/up pair."""
         if not self.gate_up_interleaved:
             return None
-        kernel = self._decode_kernel(x)
-        if kernel == "skinny":
+        if x.device.type == "cuda" and cuda.skinny_gemm_supported(x, self.weight):
             return cuda.skinny_gemm(x, self.weight, silu_mul=True)
-        if kernel == "wide":
-            return cuda_wide.wide_gemm(x, self.weight, silu_mul=True)
         return silu_and_mul_interleaved(F.linear(x, self.weight))
