@@ -2,7 +2,7 @@
 
     python benches/bench_quant_cuda.py                 # every type, the 8B shapes, M = 1 (and M = 8 for some)
     python benches/bench_quant_cuda.py --types q4k q8_0 --m 1 4 8 --kernels dp4a --json out.json
-    python benches/bench_quant_cuda.py --sweep-rows    # dp4a at M = 1: every rows-per-CTA / staged launch
+    python benches/bench_quant_cuda.py --sweep-rows    # dp4a at M = 1: every rows-per-CTA launch
 
 Both GEMV kernels are timed where a type has them: "dp4a" (x rounded to int8 per 32 values, its own small
 launch included in the time) and "mma" (f16/bf16 x on tensor cores).
@@ -12,9 +12,8 @@ the 50 MB L2 so every launch streams its weight from HBM. GB/s counts the quanti
 negligible); the fraction is of the 4.26 TB/s copy ceiling. The bf16 skinny GEMM on the same shape is the dense
 baseline (2 bytes per weight).
 
---sweep-rows times the dp4a GEMV at one token for every launch choice (weight rows per CTA 2/4/8, and for
-q4k/q5k on sm_90+ the shared-memory staged kernel with 2 or 4 stages; all give the same bits) on the four 8B
-shapes, marks the default launch (and the staged default), prints the best per (type, shape) and what the best
+--sweep-rows times the dp4a GEMV at one token for every launch choice (weight rows per CTA 2/4/8; all give the
+same bits) on the four 8B shapes, marks the default launch, prints the best per (type, shape) and what the best
 choices would save per Llama-3-8B decode step (32 layers of the four shapes).
 """
 
@@ -40,8 +39,6 @@ SCALE_FIELDS = {QT.Q4_0: (0,), QT.Q4_1: (0, 2), QT.Q5_0: (0,), QT.Q5_1: (0, 2), 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 SWEEP_TYPES = ["q4k", "q5k", "q4_0", "q8_0", "q6k"]
 ROW_CHOICES = (2, 4, 8)
-STAGED_SWEEP = {"q4k", "q5k"}
-STAGE_CHOICES = (2, 4)
 LAYERS_8B = 32
 LM_HEAD = (128256, 4096)
 DEV = torch.device("cuda")
@@ -95,18 +92,10 @@ def gemv_figures(w: list[torch.Tensor], x: torch.Tensor, qtype: QT, n: int, k: i
     return {"us": sec * 1e6, "gb_s": nbytes / sec / 1e9, "fraction": nbytes / sec / CEILING_BYTES_PER_S}
 
 
-def launch_choices(name: str) -> list[dict[str, object]]:
-    """The one-token dp4a launches swept for a type: rows per CTA, then the staged ones where it has them."""
-    plain: list[dict[str, object]] = [{"rows": r} for r in ROW_CHOICES]
-    if name not in STAGED_SWEEP or torch.cuda.get_device_capability(DEV)[0] < 9:
-        return plain
-    return plain + [{"rows": r, "staged": True, "stages": s} for r in ROW_CHOICES for s in STAGE_CHOICES]
-
-
 def sweep_rows(names: list[str], gen: torch.Generator) -> list[dict[str, object]]:
     """Every one-token dp4a launch choice per type and 8B shape, on the same weight copies."""
     rows: list[dict[str, object]] = []
-    print(f"{'type':6s} {'shape':>12s} {'rows':>4s} {'stages':>6s} {'us':>9s} {'GB/s':>7s} {'%':>6s}")
+    print(f"{'type':6s} {'shape':>12s} {'rows':>4s} {'us':>9s} {'GB/s':>7s} {'%':>6s}")
     for name in names:
         qtype = TYPES[name]
         if not cuda_gguf.dp4a_supported(qtype):
@@ -115,18 +104,13 @@ def sweep_rows(names: list[str], gen: torch.Generator) -> list[dict[str, object]
         for n, k in SHAPES:
             w = [random_blocks(qtype, n, k, gen) for _ in range(copies_for(n * k // 2))]
             x = torch.randn(1, k, device=DEV, dtype=torch.bfloat16, generator=gen)
-            defaults = {cuda_gguf.gemv_launch(qtype, 1, n, k): "default"}
-            if name in STAGED_SWEEP and len(launch_choices(name)) > len(ROW_CHOICES):
-                defaults[cuda_gguf.gemv_launch(qtype, 1, n, k, staged=True)] = "staged default"
-            for launch in launch_choices(name):
-                fig = gemv_figures(w, x, qtype, n, k, kernel="dp4a", **launch)
-                stages = int(launch.get("stages", 0))
-                mark = defaults.get((int(launch["rows"]), stages), "")
-                row = {"type": name, "n": n, "k": k, "rows": launch["rows"], "stages": stages,
-                       "default": mark == "default", "mark": mark, **fig}
+            default = cuda_gguf.gemv_rows(qtype, 1, n)
+            for r in ROW_CHOICES:
+                fig = gemv_figures(w, x, qtype, n, k, kernel="dp4a", rows=r)
+                row = {"type": name, "n": n, "k": k, "rows": r, "default": r == default, **fig}
                 rows.append(row)
-                print(f"{name:6s} {n:>6d}x{k:<5d} {launch['rows']:>4d} {stages or '-':>6} {fig['us']:9.2f}"
-                      f" {fig['gb_s']:7.0f} {100 * fig['fraction']:5.1f}%  {mark}", flush=True)
+                print(f"{name:6s} {n:>6d}x{k:<5d} {r:>4d} {fig['us']:9.2f} {fig['gb_s']:7.0f}"
+                      f" {100 * fig['fraction']:5.1f}%{'  default' if row['default'] else ''}", flush=True)
             del w
     print_sweep_summary(rows)
     return rows
@@ -144,11 +128,9 @@ def print_sweep_summary(rows: list[dict[str, object]]) -> None:
             best = min(cands, key=lambda r: float(r["us"]))
             default = next(r for r in cands if r["default"])
             b_us, d_us = float(best["us"]), float(default["us"])
-            staged = next((r for r in cands if r["mark"] == "staged default"), None)
-            staged_note = f", staged default rows={staged['rows']}: {float(staged['us']):8.2f} us" if staged else ""
-            print(f"{name:6s} {n:>6d}x{k:<5d} best rows={best['rows']} stages={best['stages']}: {b_us:8.2f} us"
+            print(f"{name:6s} {n:>6d}x{k:<5d} best rows={best['rows']}: {b_us:8.2f} us"
                   f" ({100 * float(best['fraction']):5.1f} %), default rows={default['rows']}: {d_us:8.2f} us"
-                  f" ({100 * float(default['fraction']):5.1f} %), x{d_us / b_us:.3f}{staged_note}")
+                  f" ({100 * float(default['fraction']):5.1f} %), x{d_us / b_us:.3f}")
             totals = step.setdefault(name, [0.0, 0.0])
             totals[0] += LAYERS_8B * d_us
             totals[1] += LAYERS_8B * b_us
@@ -181,7 +163,7 @@ def main() -> None:
     ap.add_argument("--no-dequant", action="store_true", help="skip the dequantize throughput rows")
     ap.add_argument("--no-dense", action="store_true", help="skip the bf16 skinny-GEMM baseline rows")
     ap.add_argument("--sweep-rows", action="store_true",
-                    help="only the dp4a one-token launch choices (rows per CTA, staged) on the 8B shapes")
+                    help="only the dp4a one-token launch choices (rows per CTA) on the 8B shapes")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     gen = torch.Generator(DEV).manual_seed(0)

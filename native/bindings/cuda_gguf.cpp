@@ -34,31 +34,27 @@ static Registrar registrar([](py::module_& m) {
   m.def(
       "cuda_gguf_gemv_q8",
       [](uintptr_t y, uintptr_t x, uintptr_t xq, uintptr_t xb, uintptr_t w, int64_t M, int64_t N, int64_t K,
-         int qtype, int dtype, uintptr_t stream, int rows, bool staged, int stages) {
+         int qtype, int dtype, uintptr_t stream, int rows) {
         cuda::gguf_gemv_q8(as_ptr<void>(y), as_ptr<const void>(x), as_ptr<int8_t>(xq), as_ptr<void>(xb),
-                           as_ptr<const uint8_t>(w), M, N, K, qtype, to_dtype(dtype), stream, rows, staged, stages);
+                           as_ptr<const uint8_t>(w), M, N, K, qtype, to_dtype(dtype), stream, rows);
       },
       py::arg("y"), py::arg("x"), py::arg("xq"), py::arg("xb"), py::arg("w"), py::arg("M"), py::arg("N"), py::arg("K"),
-      py::arg("qtype"), py::arg("dtype"), py::arg("stream"), py::arg("rows") = 0, py::arg("staged") = false,
-      py::arg("stages") = 0,
+      py::arg("qtype"), py::arg("dtype"), py::arg("stream"), py::arg("rows") = 0,
       "y[M,N] = x[M,K] @ W[N,K]^T for M <= 8: x quantized to int8 blocks into scratch xq/xb, then dp4a; one token "
-      "may pick rows per CTA (2/4/8, 0 = default rule) and, for Q4_K/Q5_K on sm_90+, the shared-memory staged "
-      "kernel with 2 or 4 stages (0 = 2); same bits");
+      "may pick rows per CTA (2/4/8, 0 = default rule; same bits)");
   m.def(
       "cuda_gguf_gemv_q8_quantized",
       [](uintptr_t y, uintptr_t xq, uintptr_t xb, uintptr_t w, int64_t M, int64_t N, int64_t K, int qtype, int dtype,
-         uintptr_t stream, int rows, bool staged, int stages) {
+         uintptr_t stream, int rows) {
         cuda::gguf_gemv_q8_quantized(as_ptr<void>(y), as_ptr<const int8_t>(xq), as_ptr<const void>(xb),
-                                     as_ptr<const uint8_t>(w), M, N, K, qtype, to_dtype(dtype), stream, rows, staged,
-                                     stages);
+                                     as_ptr<const uint8_t>(w), M, N, K, qtype, to_dtype(dtype), stream, rows);
       },
       py::arg("y"), py::arg("xq"), py::arg("xb"), py::arg("w"), py::arg("M"), py::arg("N"), py::arg("K"),
-      py::arg("qtype"), py::arg("dtype"), py::arg("stream"), py::arg("rows") = 0, py::arg("staged") = false,
-      py::arg("stages") = 0,
+      py::arg("qtype"), py::arg("dtype"), py::arg("stream"), py::arg("rows") = 0,
       "cuda_gguf_gemv_q8 on activations a norm/SiLU kernel already quantized into xq/xb (no quantizer launch)");
-  m.def("cuda_gguf_gemv_q8_launch", &cuda::gguf_gemv_q8_launch, py::arg("qtype"), py::arg("M"), py::arg("N"),
-        py::arg("K"), py::arg("rows") = 0, py::arg("staged") = false, py::arg("stages") = 0,
-        "(rows per CTA, stages) cuda_gguf_gemv_q8 launches with for M tokens and an N x K weight on the current "
-        "device (zeros resolved by the default rules; stages 0 when not staged)");
+  m.def("cuda_gguf_gemv_q8_rows", &cuda::gguf_gemv_q8_rows, py::arg("qtype"), py::arg("M"), py::arg("N"),
+        py::arg("rows") = 0,
+        "rows per CTA cuda_gguf_gemv_q8 launches with for M tokens and N weight rows on the current device (rows = 0 "
+        "resolved by the default rule)");
 });
 #endif  // CANDLE_VLLM_WITH_CUDA

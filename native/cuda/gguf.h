@@ -2,7 +2,6 @@
 // (declared in plain C++ for the bindings; kernels in gguf_dequant.cu and gguf_gemv.cu).
 #pragma once
 #include <cstdint>
-#include <utility>
 
 #include "bindings/tensor_arg.h"
 
@@ -33,24 +32,19 @@ bool gguf_gemv_q8_supported(int qtype);
 // The same product with x first quantized to int8 per 32-element block (scale amax / 127, written to the
 // caller's scratch: xq [M * K] int8, xb [M * K / 32] blocks of kGgufXBlockBytes), then dp4a dot products
 // against the weight codes. K a multiple of 32; x, xq, w 16-byte aligned, xb 8-byte aligned; y f16/bf16 as x.
-// One token (M = 1) may pick the weight rows per CTA (2, 4 or 8; 0: the default rule, gguf_gemv_q8_launch) and,
-// for Q4_K/Q5_K on sm_90+, the staged kernel (weight rows copied into shared memory in K-chunks by the bulk copy
-// engine, `stages` chunks in flight: 2 or 4, 0 = 2); every choice gives the same bits. Several tokens take
-// rows = 0, staged = false.
+// One token (M = 1) may pick the weight rows per CTA (2, 4 or 8; 0: the default rule, gguf_gemv_q8_rows); every
+// choice gives the same bits. Several tokens take rows = 0.
 void gguf_gemv_q8(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
-                  int qtype, DType dtype, std::uintptr_t stream, int rows = 0, bool staged = false, int stages = 0);
+                  int qtype, DType dtype, std::uintptr_t stream, int rows = 0);
 
 // gguf_gemv_q8 on activations already quantized by the kernel before (RMSNorm or SiLU-and-mul with codes, see
 // native/cuda/q8_activation.cuh): no quantizer launch, the GEMV waits on that kernel directly. xq/xb as above;
 // dtype is y's.
 void gguf_gemv_q8_quantized(void* y, const int8_t* xq, const void* xb, const uint8_t* w, int64_t M, int64_t N,
-                            int64_t K, int qtype, DType dtype, std::uintptr_t stream, int rows = 0,
-                            bool staged = false, int stages = 0);
+                            int64_t K, int qtype, DType dtype, std::uintptr_t stream, int rows = 0);
 
-// (rows per CTA, stages) gguf_gemv_q8 launches with for M tokens and an N x K weight on the current device, the
-// zeros resolved by the default rules (rows per type, for Q4_K/Q5_K by wave efficiency over the device's SMs);
-// stages is 0 for the unstaged kernel.
-std::pair<int, int> gguf_gemv_q8_launch(int qtype, int64_t M, int64_t N, int64_t K, int rows = 0,
-                                        bool staged = false, int stages = 0);
+// The rows per CTA gguf_gemv_q8 launches with for M tokens and N weight rows on the current device (rows = 0
+// resolved by the default rule: per type, and for Q4_K/Q5_K by wave efficiency over the device's SMs).
+int gguf_gemv_q8_rows(int qtype, int64_t M, int64_t N, int rows);
 
 }  // namespace candle_vllm::cuda

@@ -8,22 +8,23 @@
 // a 128-thread CTA owns R weight rows and its threads walk the row's blocks together,
 // each taking one Part of a block (gguf_q8.cuh) for all R rows at once, so several independent weight loads
 // are in flight per thread and each activation load serves every row. Products are integer dp4a sums scaled
-// per block in f32; threads reduce by warp shuffles and one shared-memory step. No shared-memory staging of the
-// weights here (gguf_gemv_staged.cu is the staged variant); the int8 activations (K bytes per token) stay in L1
-// and are shared by all CTAs of an SM.
+// per block in f32; threads reduce by warp shuffles and one shared-memory step. No shared-memory staging: the
+// int8 activations (K bytes per token) stay in L1 and are shared by all CTAs of an SM.
 //
-// One token (M = 1) takes R in {2, 4, 8} as a launch choice (rows = 0: default_rows_at_m1), and for Q4_K/Q5_K
-// the staged kernel (gguf_gemv_staged.cu: weights through shared memory by bulk copies). Every choice gives the
-// same bits: each output row is summed by the same threads over the same slots in the same order, and reduced
-// the same way (gguf_gemv_q8.cuh).
+// One token (M = 1) takes R in {2, 4, 8} as a launch choice (rows = 0: default_rows_at_m1). Every choice gives
+// the same bits: each output row is summed by the same threads over the same slots in the same order, and
+// reduced the same way.
+#include <atomic>
+
+#include "cuda/common.cuh"
 #include "cuda/gguf.h"
-#include "cuda/gguf_gemv_q8.cuh"
+#include "cuda/gguf_q8.cuh"
 
 namespace candle_vllm::cuda {
 namespace {
 
 using gguf::XBlock;
-using q8gemv::kThreads;
+constexpr int kThreads = 128;
 
 // CTAs per SM the register allocation must allow (__launch_bounds__ min blocks) for one token, R = 2, 4, 8: the
 // bounds every measured launch ran with (H200 sweep, bench_quant_cuda.py --sweep-rows). 8 for 2-row CTAs (at
@@ -128,7 +129,27 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<Q, M, R>()))
   }
 
   pdl_launch_dependents();  // the next kernel's prologue overlaps the reduction
-  q8gemv::reduce_store<R, M>(acc, y, bf16, row0, N, rows_m);
+  __shared__ float red[kThreads / 32][R * M];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float v = warp_sum(acc[r][m]);
+      if (lane == 0) red[warp][r * M + m] = v;
+    }
+  __syncthreads();
+  if (threadIdx.x < R * M) {
+    const int r = threadIdx.x / M, m = threadIdx.x % M, row = row0 + r;
+    float v = 0.f;
+#pragma unroll
+    for (int i = 0; i < kThreads / 32; ++i) v += red[i][threadIdx.x];
+    if (row < N && m < rows_m) {
+      const int64_t at = static_cast<int64_t>(m) * N + row;
+      if (bf16) static_cast<__nv_bfloat16*>(y)[at] = __float2bfloat16_rn(v);
+      else static_cast<__half*>(y)[at] = __float2half_rn(v);
+    }
+  }
 }
 
 template <class Q, int M, int R>
@@ -140,16 +161,51 @@ void launch_gemv(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const u
              0, stream, y, bf16, xq, xb, w, rows_m, N, K, row_bytes);
 }
 
+constexpr int kMaxDevices = 64;
+
+// ask(device) for the current device, asked once per device and cached (0: not asked yet).
+template <class F>
+int per_device(std::atomic<int> (&cache)[kMaxDevices], const char* what, F&& ask) {
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), what);
+  if (dev >= kMaxDevices) throw std::runtime_error(std::string(what) + ": device index above 63");
+  int v = cache[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = ask(dev);
+    cache[dev].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+int sm_count() {
+  static std::atomic<int> cache[kMaxDevices];
+  return per_device(cache, "gguf_gemv_q8: SM count", [](int dev) {
+    int n = 0;
+    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "gguf_gemv_q8: SM count");
+    return n;
+  });
+}
+
 // CTAs of the one-token R-row kernel resident per SM (its registers under its launch bounds).
 template <class Q, int R>
 int ctas_per_sm() {
-  static std::atomic<int> cache[q8gemv::kMaxDevices];
-  return q8gemv::per_device(cache, "gguf_gemv_q8: residency",
-                            [](int) { return q8gemv::residency(gemv_q8_kernel<Q, 1, R>, 0); });
+  static std::atomic<int> cache[kMaxDevices];
+  return per_device(cache, "gguf_gemv_q8: residency", [](int) {
+    int n = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_q8_kernel<Q, 1, R>, kThreads, 0),
+               "gguf_gemv_q8: residency");
+    return n;
+  });
 }
 
-// Q4_K/Q5_K at one token: R in {4, 8} by wave efficiency over the SMs' CTA slots (SMs x CTAs per SM for R,
-// q8gemv::rows_by_waves); efficiencies within 5 % are a tie and the larger R wins. H200, 132 SMs:
+// The share of the occupied CTA slots doing work when `ctas` CTAs run `slots` at a time: (ctas / slots) / waves.
+double wave_efficiency(int64_t ctas, int64_t slots) {
+  const int64_t waves = (ctas + slots - 1) / slots;
+  return static_cast<double>(ctas) / static_cast<double>(slots * waves);
+}
+
+// Q4_K/Q5_K at one token: R in {4, 8} by wave efficiency over the SMs' CTA slots (SMs x CTAs per SM for R);
+// efficiencies within 5 % are a tie and the larger R wins (more weight loads in flight per thread). H200, 132 SMs:
 //   q4k (R = 4: 80 registers, 6 CTAs/SM, 792 slots; R = 8: 127, 4/SM, 528):
 //     N 6144: 1536 CTAs .970 vs 768 .727 -> 4 (measured 7.01 vs 7.51 us); N 4096 (K 4096 and 14336): .646 vs
 //     .970 -> 8 (5.78 vs 5.24, 14.42 vs 13.15 us); N 28672: .905 vs .970 -> 8 (23.95 vs 22.96 us).
@@ -157,7 +213,10 @@ int ctas_per_sm() {
 //     N 4096: .776 vs .970 -> 8 (6.34 vs 5.66, 16.74 vs 14.97); N 28672: .987 vs .970, a tie -> 8 (29.60 vs 27.87).
 template <class Q>
 int rows_by_waves(int n) {
-  return q8gemv::rows_by_waves(n, {{4, ctas_per_sm<Q, 4>()}, {8, ctas_per_sm<Q, 8>()}});
+  const int64_t sms = sm_count();
+  const double e4 = wave_efficiency((n + 3) / 4, sms * ctas_per_sm<Q, 4>());
+  const double e8 = wave_efficiency((n + 7) / 8, sms * ctas_per_sm<Q, 8>());
+  return e4 > 1.05 * e8 ? 4 : 8;
 }
 
 // The rows per CTA a one-token launch with rows = 0 uses. Measured on the H200 (bench_quant_cuda.py
@@ -190,28 +249,20 @@ void check_gemv_args(const char* what, int64_t M, int64_t N, int64_t K, const vo
   if (dtype != DType::F16 && dtype != DType::BF16) throw std::invalid_argument(op + ": dtype must be f16 or bf16");
 }
 
-void check_launch_choice(const char* what, int64_t M, int rows, bool staged, int stages) {
+void check_launch_choice(const char* what, int64_t M, int rows) {
   const std::string op(what);
   if (rows != 0 && rows != 2 && rows != 4 && rows != 8)
     throw std::invalid_argument(op + ": rows must be 0 (the default rule), 2, 4 or 8, got " + std::to_string(rows));
-  if (M != 1 && (rows != 0 || staged))
-    throw std::invalid_argument(op + ": rows and staged are one-token choices (M = 1); pass rows=0, staged=false "
-                                     "for M = " + std::to_string(M));
-  if (stages != 0 && !staged)
-    throw std::invalid_argument(op + ": stages is a choice of the staged launch; pass staged=true or stages=0");
+  if (M != 1 && rows != 0)
+    throw std::invalid_argument(op + ": rows is a one-token choice (M = 1); pass rows=0 for M = " + std::to_string(M));
 }
 
 // The GEMV on the codes in xq/xb, a programmatic dependent of the kernel before (which wrote them).
 void launch_q8(const char* what, void* y, const int8_t* xq, const XBlock* xb, const uint8_t* w, int64_t M, int64_t N,
-               int64_t K, int qtype, DType dtype, int rows, bool staged, int stages, cudaStream_t s) {
-  check_launch_choice(what, M, rows, staged, stages);
+               int64_t K, int qtype, DType dtype, int rows, cudaStream_t s) {
+  check_launch_choice(what, M, rows);
   const bool bf16 = dtype == DType::BF16;
   const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
-  if (staged) {
-    q8gemv::launch_staged(qtype, y, bf16, xq, xb, w, n, k, rows, stages, s);
-    check_launch(what);
-    return;
-  }
   const bool known = gguf::dispatch_q8(qtype, [&](auto tag) {
     using Q = decltype(tag);
     if (K % Q::kBlockElems != 0) throw std::invalid_argument(std::string(what) + ": K must be a whole number of blocks");
@@ -240,25 +291,21 @@ bool gguf_gemv_q8_supported(int qtype) {
   return gguf::dispatch_q8(qtype, [](auto) {});
 }
 
-std::pair<int, int> gguf_gemv_q8_launch(int qtype, int64_t M, int64_t N, int64_t K, int rows, bool staged,
-                                        int stages) {
-  check_launch_choice("gguf_gemv_q8_launch", M, rows, staged, stages);
-  if (N < 1 || N > INT32_MAX || K < 1 || K > INT32_MAX / 8)
-    throw std::invalid_argument("gguf_gemv_q8_launch: bad N or K");
-  const int n = static_cast<int>(N), k = static_cast<int>(K);
-  if (staged) return q8gemv::staged_shape(qtype, n, k, rows, stages);
+int gguf_gemv_q8_rows(int qtype, int64_t M, int64_t N, int rows) {
+  check_launch_choice("gguf_gemv_q8_rows", M, rows);
+  if (N < 1 || N > INT32_MAX) throw std::invalid_argument("gguf_gemv_q8_rows: bad N");
   int out = 0;
-  if (!gguf::dispatch_q8(qtype, [&](auto tag) { out = rows_for<decltype(tag)>(static_cast<int>(M), n, rows); }))
-    throw std::invalid_argument("gguf_gemv_q8_launch: no int8-activation kernel for GGUF type " +
-                                std::to_string(qtype));
-  return {out, 0};
+  if (!gguf::dispatch_q8(qtype, [&](auto tag) {
+        out = rows_for<decltype(tag)>(static_cast<int>(M), static_cast<int>(N), rows);
+      }))
+    throw std::invalid_argument("gguf_gemv_q8_rows: no int8-activation kernel for GGUF type " + std::to_string(qtype));
+  return out;
 }
 
 void gguf_gemv_q8(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
-                  int qtype, DType dtype, std::uintptr_t stream, int rows, bool staged, int stages) {
+                  int qtype, DType dtype, std::uintptr_t stream, int rows) {
   check_gemv_args("gguf_gemv_q8", M, N, K, w, xq, xb, dtype);
-  check_launch_choice("gguf_gemv_q8", M, rows, staged, stages);
-  if (staged) q8gemv::staged_shape(qtype, static_cast<int>(N), static_cast<int>(K), rows, stages);  // refuse early
+  check_launch_choice("gguf_gemv_q8", M, rows);
   if (!aligned16(x)) throw std::invalid_argument("gguf_gemv_q8: x must be 16-byte aligned");
   if (!gguf_gemv_q8_supported(qtype))
     throw std::invalid_argument("gguf_gemv_q8: no int8-activation kernel for GGUF type " + std::to_string(qtype));
@@ -271,15 +318,14 @@ void gguf_gemv_q8(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w
     launch_pdl("gguf_gemv_q8: quantize activations", quantize_x_kernel<T>, dim3(grid), dim3(256), 0, s,
                static_cast<const T*>(x), xq, xbp, blocks);
   });
-  launch_q8("gguf_gemv_q8", y, xq, xbp, w, M, N, K, qtype, dtype, rows, staged, stages, s);
+  launch_q8("gguf_gemv_q8", y, xq, xbp, w, M, N, K, qtype, dtype, rows, s);
 }
 
 void gguf_gemv_q8_quantized(void* y, const int8_t* xq, const void* xb, const uint8_t* w, int64_t M, int64_t N,
-                            int64_t K, int qtype, DType dtype, std::uintptr_t stream, int rows, bool staged,
-                            int stages) {
+                            int64_t K, int qtype, DType dtype, std::uintptr_t stream, int rows) {
   check_gemv_args("gguf_gemv_q8_quantized", M, N, K, w, xq, xb, dtype);
-  launch_q8("gguf_gemv_q8_quantized", y, xq, static_cast<const XBlock*>(xb), w, M, N, K, qtype, dtype, rows, staged,
-            stages, as_stream(stream));
+  launch_q8("gguf_gemv_q8_quantized", y, xq, static_cast<const XBlock*>(xb), w, M, N, K, qtype, dtype, rows,
+            as_stream(stream));
 }
 
 }  // namespace candle_vllm::cuda

@@ -69,21 +69,6 @@ GGUF_HD V ld(const void* p) {
 #endif
 }
 
-// Where a fetch() reads a block's words: the weights in global memory (the read-only path), or a copy of them in
-// shared memory (the staged GEMV).
-struct FromGlobal {
-  template <typename V>
-  GGUF_HD static V load(const void* p) {
-    return ld<V>(p);
-  }
-};
-struct FromShared {
-  template <typename V>
-  GGUF_HD static V load(const void* p) {
-    return *static_cast<const V*>(p);
-  }
-};
-
 GGUF_HD bool odd_half(const uint8_t* p) { return (reinterpret_cast<std::uintptr_t>(p) & 2) != 0; }
 
 // The aligned words holding bytes [p, p + 4N) of a 2-byte aligned p (N + 1 when p is not 4-byte aligned).
@@ -377,10 +362,9 @@ struct Q8Dot<Q4_K> : K4Part {
   struct Raw {
     uint4 q, h;
   };
-  template <class From = FromGlobal>
   GGUF_HD static void fetch(Raw& raw, const uint8_t* blk, int p) {  // 16-byte aligned
-    raw.q = From::template load<uint4>(blk + 16 + 16 * p);  // 32g + 16h
-    raw.h = From::template load<uint4>(blk);
+    raw.q = ld<uint4>(blk + 16 + 16 * p);  // 32g + 16h
+    raw.h = ld<uint4>(blk);
   }
   GGUF_HD void decode(const Raw& raw, const uint8_t*, int p) {
     const uint32_t qs[4] = {raw.q.x, raw.q.y, raw.q.z, raw.q.w};
@@ -396,11 +380,10 @@ struct Q8Dot<Q5_K> : K4Part {
   struct Raw {
     uint4 q, e, h;
   };
-  template <class From = FromGlobal>
   GGUF_HD static void fetch(Raw& raw, const uint8_t* blk, int p) {  // 16-byte aligned
-    raw.q = From::template load<uint4>(blk + 48 + 16 * p);  // 32g + 16h
-    raw.e = From::template load<uint4>(blk + 16 + 16 * (p & 1));
-    raw.h = From::template load<uint4>(blk);
+    raw.q = ld<uint4>(blk + 48 + 16 * p);  // 32g + 16h
+    raw.e = ld<uint4>(blk + 16 + 16 * (p & 1));
+    raw.h = ld<uint4>(blk);
   }
   GGUF_HD void decode(const Raw& raw, const uint8_t*, int p) {
     const int g = p >> 1;

@@ -63,7 +63,7 @@ def dp4a_supported(qtype: QT) -> bool:
 
 def gemv(
     x: torch.Tensor | Q8Activation, data: torch.Tensor, qtype: QT, out_features: int, in_features: int,
-    kernel: GemvKernel = "auto", rows: int = 0, staged: bool = False, stages: int = 0,
+    kernel: GemvKernel = "auto", rows: int = 0,
 ) -> torch.Tensor:
     """y [M, N] = x [M, K] @ W.T for decode-sized M (<= 8), W read once straight from its GGUF blocks.
 
@@ -73,11 +73,8 @@ def gemv(
     dp4a when the type has it. A :class:`Q8Activation` x brings its codes (written by the kernel that produced
     it): dp4a then skips its quantizer launch, with the same result; mma uses its dense ``x``.
 
-    ``rows``, ``staged`` and ``stages`` tune dp4a at one token (M = 1) and exist so benchmarks can compare
-    launches: the weight rows per CTA (2, 4 or 8; 0 = the kernel's default rule, see :func:`gemv_launch`), and for
-    Q4_K/Q5_K on sm_90+ the staged kernel, which copies the CTA's weight rows into shared memory with the bulk copy
-    engine, ``stages`` K-chunks in flight (2 or 4; 0 = 2), to keep more bytes in flight than registers allow.
-    Every choice gives the same bits.
+    ``rows`` tunes dp4a at one token (M = 1) and exists so benchmarks can compare launches: the weight rows per
+    CTA (2, 4 or 8; 0 = the kernel's default rule, see :func:`gemv_rows`). Every choice gives the same bits.
     """
     q8 = x if isinstance(x, Q8Activation) else None
     x = q8.x if q8 is not None else x
@@ -92,8 +89,8 @@ def gemv(
     use_dp4a = dp4a_supported(qtype) if kernel == "auto" else kernel == "dp4a"
     if use_dp4a and not dp4a_supported(qtype):
         raise ValueError(f"the dp4a gguf gemv has no {QT(qtype).name} kernel; use kernel='mma' or 'auto'")
-    if not use_dp4a and (rows or staged or stages):
-        raise ValueError("gguf gemv: rows, staged and stages tune the dp4a kernel; the mma kernel takes none of them")
+    if not use_dp4a and rows:
+        raise ValueError("gguf gemv: rows tunes the dp4a kernel; the mma kernel does not take it")
     m, mod = x.shape[0], native.module()
     y = torch.empty(m, out_features, dtype=x.dtype, device=x.device)
     stream = native.stream(x.device)
@@ -107,7 +104,7 @@ def gemv(
         _check_codes(q8, m, in_features, mod.cuda_gguf_xblock_bytes)
         mod.cuda_gguf_gemv_q8_quantized(
             y.data_ptr(), q8.xq.data_ptr(), q8.xb.data_ptr(), data.data_ptr(), m, out_features, in_features,
-            int(qtype), native.dtype_code(x), stream, rows, staged, stages,
+            int(qtype), native.dtype_code(x), stream, rows,
         )
         return y
     if x.data_ptr() % 16:
@@ -116,20 +113,16 @@ def gemv(
     xb = torch.empty(m * in_features // BLOCK * mod.cuda_gguf_xblock_bytes, dtype=torch.uint8, device=x.device)
     mod.cuda_gguf_gemv_q8(
         y.data_ptr(), x.data_ptr(), xq.data_ptr(), xb.data_ptr(), data.data_ptr(), m, out_features, in_features,
-        int(qtype), native.dtype_code(x), stream, rows, staged, stages,
+        int(qtype), native.dtype_code(x), stream, rows,
     )
     return y
 
 
-def gemv_launch(
-    qtype: QT, m: int, out_features: int, in_features: int, rows: int = 0, staged: bool = False, stages: int = 0
-) -> tuple[int, int]:
-    """(weight rows per CTA, stages) the dp4a GEMV launches with for ``m`` tokens and an [out_features,
-    in_features] weight on the current CUDA device, the zeros resolved by the kernel's default rules (rows per
-    type, and for Q4_K/Q5_K by wave efficiency over the device's SMs; stages 0 when not staged), so benchmarks
-    and tests can tell which launch is the default."""
-    r, s = native.module().cuda_gguf_gemv_q8_launch(int(qtype), m, out_features, in_features, rows, staged, stages)
-    return int(r), int(s)
+def gemv_rows(qtype: QT, m: int, out_features: int, rows: int = 0) -> int:
+    """The weight rows per CTA the dp4a GEMV launches with for ``m`` tokens and ``out_features`` weight rows on the
+    current CUDA device (``rows = 0`` resolved by the kernel's default rule: per type, and for Q4_K/Q5_K by wave
+    efficiency over the device's SMs), so benchmarks and tests can tell which launch is the default."""
+    return native.module().cuda_gguf_gemv_q8_rows(int(qtype), m, out_features, rows)
 
 
 def _check_codes(q8: Q8Activation, m: int, k: int, xblock_bytes: int) -> None:

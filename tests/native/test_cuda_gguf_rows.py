@@ -55,14 +55,13 @@ def test_every_launch_choice_equals_the_default(qtype: QT, k: int) -> None:
         assert torch.equal(got, want), f"{qtype.name} K={k} rows={rows}: bits differ"
 
 
-def codes_and_default(
-    qtype: QT, n: int, k: int, dtype: torch.dtype, seed: int
-) -> tuple[Q8Activation, torch.Tensor, torch.Tensor]:
-    """x's int8 codes as a producer kernel leaves them (written by the default launch's quantizer), that launch's
-    y (checked against the float64 oracle bound) and the weight: for tests of the path without a quantizer."""
-    raw = random_blocks(qtype, n, k, seed=seed)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_choices_on_quantized_activations(dtype: torch.dtype) -> None:
+    """The path that takes codes a producer kernel wrote (no quantizer launch) honours the choices too."""
+    qtype, n, k = QT.Q4_K, 517, 4096
+    raw = random_blocks(qtype, n, k, seed=3)
     data = torch.from_numpy(raw).to(DEV)
-    x = torch.randn(1, k, generator=torch.Generator().manual_seed(seed)).to(dtype).to(DEV)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(3)).to(dtype).to(DEV)
     mod = native.module()
     xq = torch.empty(1, k, dtype=torch.int8, device=DEV)
     xb = torch.empty(1, k // BLOCK * mod.cuda_gguf_xblock_bytes, dtype=torch.uint8, device=DEV)
@@ -70,14 +69,7 @@ def codes_and_default(
     mod.cuda_gguf_gemv_q8(want.data_ptr(), x.data_ptr(), xq.data_ptr(), xb.data_ptr(), data.data_ptr(), 1, n, k,
                           int(qtype), native.dtype_code(x), native.stream(DEV))
     assert_dp4a_within(want, x.cpu(), oracle(raw, qtype, n, k).double())
-    return Q8Activation(x, xq, xb), want, data
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_choices_on_quantized_activations(dtype: torch.dtype) -> None:
-    """The path that takes codes a producer kernel wrote (no quantizer launch) honours the choices too."""
-    qtype, n, k = QT.Q4_K, 517, 4096
-    q8, want, data = codes_and_default(qtype, n, k, dtype, seed=3)
+    q8 = Q8Activation(x, xq, xb)
     for rows in ROWS:
         got = cuda_gguf.gemv(q8, data, qtype, n, k, rows=rows)
         assert torch.equal(got, want), f"rows={rows}: bits differ"
@@ -87,24 +79,24 @@ def test_unsupported_choices_are_refused() -> None:
     qtype, n, k = QT.Q8_0, 64, 256
     data = torch.from_numpy(random_blocks(qtype, n, k, seed=1)).to(DEV)
     x = torch.randn(2, k, device=DEV, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="one-token choices"):
+    with pytest.raises(ValueError, match="one-token choice"):
         cuda_gguf.gemv(x, data, qtype, n, k, rows=4)
     for rows in (1, 3, 16):
         with pytest.raises(ValueError, match="rows must be"):
             cuda_gguf.gemv(x[:1], data, qtype, n, k, rows=rows)
-    with pytest.raises(ValueError, match="mma kernel takes none"):
+    with pytest.raises(ValueError, match="mma kernel does not take it"):
         cuda_gguf.gemv(x[:1], data, qtype, n, k, kernel="mma", rows=2)
 
 
-def test_gemv_launch_reports_the_rows() -> None:
+def test_gemv_rows_reports_the_launch() -> None:
     """An explicit choice is what launches; several tokens keep their fixed tiles (2 rows for two tokens, 4 from
     three up); one token takes the measured per-type rows, and R = 4 or 8 for Q4_K/Q5_K."""
     for qtype in DP4A_TYPES:
-        assert cuda_gguf.gemv_launch(qtype, 1, 4096, 4096, rows=8) == (8, 0)
-        assert [cuda_gguf.gemv_launch(qtype, m, 4096, 4096)[0] for m in (2, 3, 8)] == [2, 4, 4]
+        assert cuda_gguf.gemv_rows(qtype, 1, 4096, rows=8) == 8
+        assert [cuda_gguf.gemv_rows(qtype, m, 4096) for m in (2, 3, 8)] == [2, 4, 4]
         for n in (1, 333, *H200_SHAPES_N, 128256):
             want = FIXED_ROWS.get(qtype)
-            got = cuda_gguf.gemv_launch(qtype, 1, n, 4096)[0]
+            got = cuda_gguf.gemv_rows(qtype, 1, n)
             assert got == want if want is not None else got in (4, 8), f"{qtype.name} N={n}: {got}"
 
 
@@ -114,5 +106,5 @@ def test_wave_rule_picks_the_h200_sweeps_faster_launch() -> None:
         pytest.skip(f"the sweep was measured on the H200 ({H200_SMS} SMs)")
     for qtype, faster in H200_FASTER.items():
         for n, want in zip(H200_SHAPES_N, faster, strict=True):
-            got = cuda_gguf.gemv_launch(qtype, 1, n, 4096)[0]
+            got = cuda_gguf.gemv_rows(qtype, 1, n)
             assert want is None or got == want, f"{qtype.name} N={n}: rule {got}, sweep {want}"
