@@ -128,8 +128,37 @@ def profile_decode(llm: LLM, rng: random.Random, vocab: int, context: int, steps
         llm.generate(prompt, SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True))
         torch.cuda.synchronize()
     averages = prof.key_averages()
-    return (gpu_idle_report(prof) + "\n" + averages.table(sort_by="self_cuda_time_total", row_limit=rows) + "\n"
+    return (gpu_idle_report(prof) + "\n" + decode_idle_report(prof) + "\n"
+            + averages.table(sort_by="self_cuda_time_total", row_limit=rows) + "\n"
             + averages.table(sort_by="self_cpu_time_total", row_limit=rows))
+
+
+def decode_idle_report(prof: Any) -> str:
+    """GPU idle time of the decode steps alone: each step ends with the greedy argmax's last kernel
+    (``keys_to_indices``), so the window runs from the first one (the prefill's sampling) to the last; idle splits
+    into the gaps right after it (between steps: host work the next step waits for) and the gaps inside steps."""
+    kernels = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0),
+        key=lambda e: e.time_range.start,
+    )
+    ends = [i for i, e in enumerate(kernels) if "keys_to_indices" in e.name]
+    if len(ends) < 3:
+        return "decode window: fewer than two decode steps ending in the greedy argmax"
+    window = kernels[ends[0]: ends[-1] + 1]
+    between = inside = 0.0
+    end = window[0].time_range.end
+    for prev, cur in itertools.pairwise(window):
+        end = max(end, prev.time_range.end)
+        if cur.time_range.start > end:
+            gap = cur.time_range.start - end
+            if "keys_to_indices" in prev.name:
+                between += gap
+            else:
+                inside += gap
+    steps = len(ends) - 1
+    span = window[-1].time_range.end - window[0].time_range.end
+    return (f"decode window: {steps} steps, {span / steps:.1f} us per step; idle per step {between / steps:.1f} us "
+            f"between steps, {inside / steps:.1f} us inside steps")
 
 
 def profile_ttft(llm: LLM, rng: random.Random, vocab: int, context: int, rows: int) -> str:
