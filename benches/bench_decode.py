@@ -146,6 +146,7 @@ def decode_idle_report(prof: Any) -> str:
         return "decode window: fewer than two decode steps ending in the greedy argmax"
     window = kernels[ends[0]: ends[-1] + 1]
     between = inside = 0.0
+    pairs: dict[tuple[str, str], float] = {}
     end = window[0].time_range.end
     for prev, cur in itertools.pairwise(window):
         end = max(end, prev.time_range.end)
@@ -155,10 +156,20 @@ def decode_idle_report(prof: Any) -> str:
                 between += gap
             else:
                 inside += gap
+                key = (_short(prev.name), _short(cur.name))
+                pairs[key] = pairs.get(key, 0.0) + gap
     steps = len(ends) - 1
     span = window[-1].time_range.end - window[0].time_range.end
-    return (f"decode window: {steps} steps, {span / steps:.1f} us per step; idle per step {between / steps:.1f} us "
-            f"between steps, {inside / steps:.1f} us inside steps")
+    lines = [f"decode window: {steps} steps, {span / steps:.1f} us per step; idle per step {between / steps:.1f} us "
+             f"between steps, {inside / steps:.1f} us inside steps; inside, by kernel pair (us per step):"]
+    lines += [f"  {t / steps:7.1f}  {a} -> {b}" for (a, b), t in sorted(pairs.items(), key=lambda kv: -kv[1])[:8]]
+    return "\n".join(lines)
+
+
+def _short(kernel: str) -> str:
+    """A kernel's name without its namespace, template arguments and parameters."""
+    name = kernel.replace("(anonymous namespace)::", "").removeprefix("void ").split("(")[0].split("<")[0]
+    return name.rsplit("::", 1)[-1][:40]
 
 
 def profile_ttft(llm: LLM, rng: random.Random, vocab: int, context: int, rows: int) -> str:
