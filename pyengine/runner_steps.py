@@ -28,11 +28,13 @@ class StepResult:
 @dataclass(slots=True)
 class PipelineStats:
     """Counters that show whether steps really overlap: ``overlapped`` launches found the previous step still
-    on the device; ``serialized`` launches had to read pending steps back first (a fallback)."""
+    on the device; ``serialized`` launches had to read pending steps back first (a fallback); ``fed_as_sampled``
+    launches took the previous step's sampled ids as their inputs as they are (no copy or gather in between)."""
 
     launched: int = 0
     overlapped: int = 0
     serialized: int = 0
+    fed_as_sampled: int = 0
 
 
 @dataclass(slots=True, eq=False)

@@ -85,6 +85,18 @@ def test_greedy_batch_overlaps_every_step_and_matches_serial(llm: LLM, monkeypat
     assert serialized == 0 and overlapped == launched - 1
 
 
+def test_steady_decode_feeds_the_sampled_ids_as_they_are(llm: LLM) -> None:
+    """Once the batch stops changing, each step's inputs are the previous step's sampled ids in the same rows:
+    the runner hands that device tensor over without host copies or gathers, and the tokens match serial."""
+    rng = random.Random(7)
+    prompts = random_prompts(rng, 3)
+    params = [SamplingParams(temperature=0, max_tokens=30, ignore_eos=True) for _ in prompts]
+    want = serial_generate(llm.engine, prompts, params)
+    before = llm.engine.runner.stats.fed_as_sampled
+    assert pipelined_generate(llm, prompts, params) == want
+    assert llm.engine.runner.stats.fed_as_sampled - before >= 25
+
+
 def test_seeded_sampling_and_n_match_serial(llm: LLM) -> None:
     rng = random.Random(2)
     prompts = random_prompts(rng, 10)
