@@ -10,6 +10,7 @@ from torch import nn
 from candle_vllm.pyengine.layers.embedding import VocabEmbedding
 from candle_vllm.pyengine.ops.activation import silu_and_mul
 from candle_vllm.pyengine.ops.q8_activation import Q8Activation
+from candle_vllm.pyengine.ops.rotary import RopeCacheTarget
 from candle_vllm.pyengine.quant import WeightData, build_linear_methods
 
 
@@ -102,17 +103,9 @@ class Linear(nn.Module):
         """Whether :meth:`forward`'s q/k heads come with interleaved halves (``LinearMethod.rope_paired``)."""
         return len(self.methods) == 1 and self.methods[0].rope_paired
 
-    def forward_rope_cache(
-        self,
-        x: torch.Tensor | Q8Activation,
-        kv_heads: int,
-        positions: torch.Tensor,
-        cos_sin_cache: torch.Tensor,
-        kv_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> torch.Tensor | None:
-        """``self(x)`` with q/k rotated (neox, whole heads) and k/v stored at ``slot_mapping`` in one kernel, where
+    def forward_rope_cache(self, x: torch.Tensor | Q8Activation, target: RopeCacheTarget) -> torch.Tensor | None:
+        """``self(x)`` with q/k rotated (neox, whole heads) and k/v stored in ``target``'s cache in one kernel, where
         the weight method has one (dense f16/bf16 on CUDA, decode batches); None, having done nothing, elsewhere."""
         if self.bias is not None or len(self.methods) != 1 or not isinstance(x, torch.Tensor):
             return None
-        return self.methods[0].forward_rope_cache(x, kv_heads, positions, cos_sin_cache, kv_cache, slot_mapping)
+        return self.methods[0].forward_rope_cache(x, target)

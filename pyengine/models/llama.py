@@ -20,7 +20,7 @@ from candle_vllm.pyengine.ops.attention import AttentionMetadata
 from candle_vllm.pyengine.ops.cpu_decoder import CpuDecoderStack
 from candle_vllm.pyengine.ops.cuda import rope_paired_head_dim_ok
 from candle_vllm.pyengine.ops.q8_activation import Q8Activation, dense
-from candle_vllm.pyengine.ops.rotary import apply_rotary_and_cache
+from candle_vllm.pyengine.ops.rotary import RopeCacheTarget, apply_rotary_and_cache
 from candle_vllm.pyengine.quant import GGUFLinear, WeightData
 
 # llama.cpp tensor names (after ``blk.N.``) -> HF names (after ``model.layers.N.``).
@@ -95,9 +95,9 @@ class LlamaAttention(nn.Module):
         x may carry int8 codes for qkv_proj (``qkv_proj.accepts_q8``)."""
         t, d = dense(x).shape[0], self.head_dim
         can_cache = kv_cache is not None and meta.slot_mapping is not None
-        qkv = self.qkv_proj.forward_rope_cache(
-            x, self.kv_heads, positions, self.rotary.cos_sin_cache, kv_cache, meta.slot_mapping
-        ) if can_cache else None
+        qkv = self.qkv_proj.forward_rope_cache(x, RopeCacheTarget(
+            self.kv_heads, positions, self.rotary.cos_sin_cache, kv_cache, meta.slot_mapping
+        )) if can_cache else None
         cached = qkv is not None  # rotated and cached by the projection's own kernel
         q, k, v = (qkv if cached else self.qkv_proj(x)).split(self.sizes, dim=-1)
         q, k, v = q.reshape(t, -1, d), k.reshape(t, -1, d), v.reshape(t, -1, d)

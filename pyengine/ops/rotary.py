@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -111,6 +111,17 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
+
+
+class RopeCacheTarget(NamedTuple):
+    """Where a decode step's RoPE and K/V store go, for a projection that does both in its own kernel
+    (``Linear.forward_rope_cache``): the cos/sin table, the positions, the layer's paged cache and its slots."""
+
+    kv_heads: int
+    positions: torch.Tensor
+    cos_sin_cache: torch.Tensor
+    kv_cache: torch.Tensor
+    slot_mapping: torch.Tensor
 
 
 def apply_rotary(

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
+    from candle_vllm.pyengine.ops.rotary import RopeCacheTarget
     from candle_vllm.pyengine.quant.gguf import GGUFWeight
 
 # A weight as it arrives from a checkpoint: a dense tensor, or quantized blocks with their format.
@@ -46,17 +47,10 @@ class LinearMethod(nn.Module, ABC):
         groups of 8 (``ops.row_pairs``), to be rotated with ``paired=True`` (``ops.rotary.apply_rotary``)."""
         return False
 
-    def forward_rope_cache(
-        self,
-        x: torch.Tensor,
-        kv_heads: int,
-        positions: torch.Tensor,
-        cos_sin_cache: torch.Tensor,
-        kv_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> torch.Tensor | None:
-        """A q/k/v projection with neox RoPE applied to q/k and k/v stored into the paged ``kv_cache`` in the
-        GEMM itself, or None where this method has no such kernel (the caller then projects, rotates and stores)."""
+    def forward_rope_cache(self, x: torch.Tensor, target: RopeCacheTarget) -> torch.Tensor | None:
+        """A q/k/v projection with neox RoPE applied to q/k and k/v stored into the paged cache of ``target`` in
+        the GEMM itself, or None where this method has no such kernel (the caller then projects, rotates and
+        stores)."""
         return None
 
 

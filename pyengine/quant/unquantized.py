@@ -13,6 +13,7 @@ from candle_vllm.pyengine.ops.activation import (
     interleave_gate_up,
     silu_and_mul_interleaved,
 )
+from candle_vllm.pyengine.ops.rotary import RopeCacheTarget
 from candle_vllm.pyengine.ops.row_pairs import interleave_halves
 from candle_vllm.pyengine.quant.base import LinearMethod
 
@@ -57,22 +58,12 @@ class UnquantizedLinear(LinearMethod):
     def rope_paired(self) -> bool:
         return self.rope_rows > 0
 
-    def forward_rope_cache(
-        self,
-        x: torch.Tensor,
-        kv_heads: int,
-        positions: torch.Tensor,
-        cos_sin_cache: torch.Tensor,
-        kv_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> torch.Tensor | None:
-        """The projection with q/k rotated and k/v stored at ``slot_mapping`` (``cuda.skinny_gemm_rope_cache``),
-        for a decode batch of a weight stored with interleaved halves; None (nothing done) elsewhere."""
+    def forward_rope_cache(self, x: torch.Tensor, target: RopeCacheTarget) -> torch.Tensor | None:
+        """The projection with q/k rotated and k/v stored at their slots (``cuda.skinny_gemm_rope_cache``), for a
+        decode batch of a weight stored with interleaved halves; None (nothing done) elsewhere."""
         if not self.rope_rows or x.device.type != "cuda":
             return None
-        return cuda.skinny_gemm_rope_cache(
-            x, self.weight, self.head_dim, kv_heads, positions, cos_sin_cache, kv_cache, slot_mapping
-        )
+        return cuda.skinny_gemm_rope_cache(x, self.weight, self.head_dim, *target)
 
     def forward_swiglu(self, x: torch.Tensor) -> torch.Tensor | None:
         """silu(gate) * up: decode batches take the skinny GEMM with the SiLU in its epilogue, larger ones the

@@ -10,6 +10,7 @@ import torch
 from _cuda_helpers import poison_allocator
 
 from candle_vllm.pyengine.ops import cuda
+from candle_vllm.pyengine.ops.rotary import RopeCacheTarget
 from candle_vllm.pyengine.ops.row_pairs import deinterleave_halves, interleave_halves
 from candle_vllm.pyengine.quant.unquantized import UnquantizedLinear
 
@@ -85,12 +86,13 @@ def test_dense_method_stores_halves_interleaved_and_keeps_its_output() -> None:
         assert torch.equal(heads, want[:, :rot_rows]) and torch.equal(got[:, rot_rows:], want[:, rot_rows:])
     want_y, want_cache = _unfused(p, hq, hk, d, None, None)
     cache = p["cache"].clone()
-    got = fused.forward_rope_cache(p["x"], hk, p["pos"], p["table"], cache, p["slots"])
+    target = RopeCacheTarget(hk, p["pos"], p["table"], cache, p["slots"])
+    got = fused.forward_rope_cache(p["x"], target)
     assert got is not None and torch.equal(got, want_y) and torch.equal(cache, want_cache)
-    assert plain.forward_rope_cache(p["x"], hk, p["pos"], p["table"], cache, p["slots"]) is None
+    assert plain.forward_rope_cache(p["x"], target) is None
     big = torch.randn(17, k, device=DEV, dtype=torch.bfloat16)  # above the skinny GEMM's 16 rows
     slots17, pos17 = torch.arange(17, device=DEV), torch.arange(17, device=DEV)
-    assert fused.forward_rope_cache(big, hk, pos17, p["table"], cache, slots17) is None
+    assert fused.forward_rope_cache(big, RopeCacheTarget(hk, pos17, p["table"], cache, slots17)) is None
 
 
 def test_fused_epilogue_refuses_what_it_cannot_do() -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from candle_vllm.pyengine.ops.rotary import apply_rotary, rope_cos_sin_cache, rope_inv_freq
+from candle_vllm.pyengine.ops.rotary import RopeCacheTarget, apply_rotary, rope_cos_sin_cache, rope_inv_freq
 from candle_vllm.pyengine.ops.row_pairs import deinterleave_halves, interleave_halves
 from candle_vllm.pyengine.quant.base import build_linear_methods
 from candle_vllm.pyengine.quant.unquantized import UnquantizedLinear
@@ -53,7 +53,8 @@ def test_dense_qkv_method_returns_the_paired_layout() -> None:
     assert torch.equal(deinterleave_halves(got[:, :rot].reshape(5, hq + hk, d), d).reshape(5, rot), want[:, :rot])
     pos, slots = torch.arange(5), torch.arange(5)
     cache = torch.zeros(2, 1, 16, hk, d)
-    assert fused.forward_rope_cache(x, hk, pos, torch.ones(10, d), cache, slots) is None  # no kernel on CPU
+    target = RopeCacheTarget(hk, pos, torch.ones(10, d), cache, slots)
+    assert fused.forward_rope_cache(x, target) is None  # no kernel on CPU
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
