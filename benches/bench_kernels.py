@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from candle_vllm.pyengine.ops import cuda, cuda_paged, norm
+from candle_vllm.pyengine.ops import cuda, cuda_paged, cuda_rotary, norm
 
 DEV = torch.device("cuda")
 BF16 = torch.bfloat16
@@ -369,10 +369,10 @@ def rotary_rows(peak: float, results: list[dict]) -> None:
         pos = torch.randint(0, 8192, (rows,), device=DEV)
         cache = torch.randn(2, 4096, 16, 8, 128, device=DEV).to(BF16)
         slots = torch.randperm(4096 * 16, device=DEV)[:rows]
-        ours = graph_seconds(lambda i: cuda.rotary_embedding_(q, k, pos, table, True))
+        ours = graph_seconds(lambda i: cuda_rotary.rotary_embedding_(q, k, pos, table, True))
         _report(results, f"rotary tokens={rows}", ours, 2 * rows * 5120 * 2 + rows * 128 * 4, float("nan"))
-        fused = graph_seconds(lambda i: cuda.rotary_embedding_cache_(q, k, v, pos, table, True, cache, slots))
-        two = graph_seconds(lambda i: (cuda.rotary_embedding_(q, k, pos, table, True),
+        fused = graph_seconds(lambda i: cuda_rotary.rotary_embedding_cache_(q, k, v, pos, table, True, cache, slots))
+        two = graph_seconds(lambda i: (cuda_rotary.rotary_embedding_(q, k, pos, table, True),
                                        cuda_paged.reshape_and_cache(k, v, cache, slots)))
         _report(results, f"rotary+cache tokens={rows}", fused, rows * (2 * 5120 + 2 * 1024 + 2 * 1024) * 2, two)
 

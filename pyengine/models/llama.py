@@ -18,7 +18,7 @@ from candle_vllm.pyengine.layers import Attention, Linear, RMSNorm, RotaryEmbedd
 from candle_vllm.pyengine.ops import native
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 from candle_vllm.pyengine.ops.cpu_decoder import CpuDecoderStack
-from candle_vllm.pyengine.ops.cuda import rope_paired_head_dim_ok
+from candle_vllm.pyengine.ops.cuda_rotary import rope_paired_head_dim_ok
 from candle_vllm.pyengine.ops.q8_activation import Q8Activation, dense
 from candle_vllm.pyengine.ops.rotary import RopeCacheTarget, apply_rotary_and_cache
 from candle_vllm.pyengine.quant import GGUFLinear, WeightData

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from candle_vllm.pyengine.ops import cuda
+from candle_vllm.pyengine.ops import cuda_rotary
 from candle_vllm.pyengine.ops.row_pairs import deinterleave_halves
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -140,8 +140,8 @@ def apply_rotary(
     ``paired``: the heads come with their halves interleaved in groups of 8 (a q/k/v weight stored for the
     decode GEMM's RoPE epilogue, ``ops.row_pairs``); the result is in the standard layout either way.
     """
-    if q.device.type == "cuda" and cuda.rotary_supported(q, k, positions, cos_sin_cache, paired):
-        cuda.rotary_embedding_(q, k, positions, cos_sin_cache, is_neox, paired)
+    if q.device.type == "cuda" and cuda_rotary.rotary_supported(q, k, positions, cos_sin_cache, paired):
+        cuda_rotary.rotary_embedding_(q, k, positions, cos_sin_cache, is_neox, paired)
         return q, k
     if paired:
         q, k = deinterleave_halves(q, q.shape[-1]), deinterleave_halves(k, k.shape[-1])
@@ -173,9 +173,9 @@ def apply_rotary_and_cache(
     Returns False, having done nothing, where that kernel does not apply (CPU, partial rotary, unaligned views,
     more than ``FUSED_CACHE_MAX_TOKENS`` tokens); the caller then runs :func:`apply_rotary` and the attention's
     own cache write. ``paired`` as in :func:`apply_rotary`."""
-    if q.shape[0] > FUSED_CACHE_MAX_TOKENS or q.device.type != "cuda" or not cuda.rotary_cache_supported(
+    if q.shape[0] > FUSED_CACHE_MAX_TOKENS or q.device.type != "cuda" or not cuda_rotary.rotary_cache_supported(
         q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping, paired
     ):
         return False
-    cuda.rotary_embedding_cache_(q, k, v, positions, cos_sin_cache, is_neox, kv_cache, slot_mapping, paired)
+    cuda_rotary.rotary_embedding_cache_(q, k, v, positions, cos_sin_cache, is_neox, kv_cache, slot_mapping, paired)
     return True

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from _cuda_helpers import REL_TOL, poison_allocator, rel_error
 
-from candle_vllm.pyengine.ops import cuda, norm
+from candle_vllm.pyengine.ops import cuda, cuda_rotary, norm
 
 pytestmark = pytest.mark.cuda
 DEV = torch.device("cuda")
@@ -93,7 +93,7 @@ def test_rotary_in_place_on_qkv_views(dtype: torch.dtype, neox: bool, head_dim: 
     table = torch.cat([freqs.cos(), freqs.sin()], -1).float().to(DEV)
     pos = torch.randint(0, max_pos, (tokens,), generator=g, device=DEV)
     want_q, want_k = _rope_reference(q, pos, table, neox), _rope_reference(k, pos, table, neox)
-    cuda.rotary_embedding_(q, k, pos, table, neox)
+    cuda_rotary.rotary_embedding_(q, k, pos, table, neox)
     assert rel_error(q, want_q) < REL_TOL[dtype]
     assert rel_error(k, want_k) < REL_TOL[dtype]
     assert torch.equal(qkv[:, (hq + hk) * head_dim :], v_before), "rotary wrote outside q and k"
@@ -123,8 +123,8 @@ def test_rotary_with_cache_write(dtype: torch.dtype, neox: bool, head_dim: int, 
     keep = slots >= 0
     want_cache[0, slots[keep]] = want_k[keep].to(dtype)
     want_cache[1, slots[keep]] = v[keep]
-    assert cuda.rotary_cache_supported(q, k, v, pos, table, cache, slots)
-    cuda.rotary_embedding_cache_(q, k, v, pos, table, neox, cache, slots)
+    assert cuda_rotary.rotary_cache_supported(q, k, v, pos, table, cache, slots)
+    cuda_rotary.rotary_embedding_cache_(q, k, v, pos, table, neox, cache, slots)
     assert rel_error(q, want_q) < REL_TOL[dtype]
     assert rel_error(k, want_k) < REL_TOL[dtype]
     flat = cache.view(2, -1, hk, head_dim)
@@ -142,6 +142,6 @@ def test_rotary_with_cache_refuses_partial_rotary() -> None:
     cache = torch.zeros(2, 4, 16, 2, 64, device=DEV, dtype=torch.bfloat16)
     slots = torch.arange(3, device=DEV)
     pos = torch.arange(3, device=DEV)
-    assert not cuda.rotary_cache_supported(q, k, v, pos, table, cache, slots)
+    assert not cuda_rotary.rotary_cache_supported(q, k, v, pos, table, cache, slots)
     with pytest.raises(ValueError, match="unsupported"):
-        cuda.rotary_embedding_cache_(q, k, v, pos, table, True, cache, slots)
+        cuda_rotary.rotary_embedding_cache_(q, k, v, pos, table, True, cache, slots)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from _cuda_helpers import poison_allocator
 
-from candle_vllm.pyengine.ops import cuda
+from candle_vllm.pyengine.ops import cuda, cuda_rotary
 from candle_vllm.pyengine.ops.rotary import RopeCacheTarget
 from candle_vllm.pyengine.ops.row_pairs import deinterleave_halves, interleave_halves
 from candle_vllm.pyengine.quant.unquantized import UnquantizedLinear
@@ -50,7 +50,7 @@ def _unfused(p: dict[str, torch.Tensor], hq: int, hk: int, d: int, splits: int |
     k = y[:, hq * d : (hq + hk) * d].view(t, hk, d)
     v = y[:, (hq + hk) * d :].view(t, hk, d)
     cache = p["cache"].clone()
-    cuda.rotary_embedding_cache_(q, k, v, p["pos"], p["table"], True, cache, p["slots"])
+    cuda_rotary.rotary_embedding_cache_(q, k, v, p["pos"], p["table"], True, cache, p["slots"])
     return y, cache
 
 
@@ -134,9 +134,9 @@ def test_paired_rotary_kernels_equal_the_standard_ones(dtype: torch.dtype, d: in
         v = layout[:, rot_rows:].view(tokens, hk, d)
         c = cache.clone()
         if with_cache:
-            cuda.rotary_embedding_cache_(q, k, v, pos, p["table"], True, c, slots, paired=paired)
+            cuda_rotary.rotary_embedding_cache_(q, k, v, pos, p["table"], True, c, slots, paired=paired)
         else:
-            cuda.rotary_embedding_(q, k, pos, p["table"], True, paired=paired)
+            cuda_rotary.rotary_embedding_(q, k, pos, p["table"], True, paired=paired)
         runs.append((layout, c))
     assert torch.equal(runs[1][0], runs[0][0]), "paired q/k were not left rotated in the standard layout"
     assert torch.equal(runs[1][1], runs[0][1])
@@ -145,5 +145,5 @@ def test_paired_rotary_kernels_equal_the_standard_ones(dtype: torch.dtype, d: in
 def test_paired_rotary_refuses_what_it_cannot_do() -> None:
     q, k = torch.randn(3, 2, 96, device=DEV).bfloat16(), torch.randn(3, 1, 96, device=DEV).bfloat16()
     table, pos = torch.randn(10, 96, device=DEV), torch.arange(3, device=DEV)
-    assert cuda.rotary_supported(q, k, pos, table) and not cuda.rotary_supported(q, k, pos, table, paired=True)
-    assert not cuda.rope_paired_head_dim_ok(96) and cuda.rope_paired_head_dim_ok(128)
+    assert cuda_rotary.rotary_supported(q, k, pos, table) and not cuda_rotary.rotary_supported(q, k, pos, table, paired=True)
+    assert not cuda_rotary.rope_paired_head_dim_ok(96) and cuda_rotary.rope_paired_head_dim_ok(128)
