@@ -18,7 +18,6 @@ Llama-3-8B bf16): 3.65 ms at a 4k context. TTFT's roofline is the prefill's FLOP
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import random
 import shutil
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from decode_profile import profile_decode, profile_ttft
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from candle_vllm import LLM, SamplingParams
@@ -115,98 +115,6 @@ def decode_rate(llm: LLM, prompts: list[dict[str, list[int]]], out_len: int) -> 
 
 def step_roofline_ms(w_bytes: int, kv_token_bytes: int, batch: int, context: int) -> float:
     return 1e3 * (w_bytes + batch * context * kv_token_bytes) / CEILING_BYTES_PER_S
-
-
-def profile_decode(llm: LLM, rng: random.Random, vocab: int, context: int, steps: int, rows: int, batch: int = 1) -> str:
-    """torch-profiler tables of a decode of ``batch`` sequences at ``context``: where the step time goes (CPU and
-    GPU)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    prompt = random_prompts(rng, batch, context, vocab)
-    llm.generate(prompt, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))  # prefill now
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        llm.generate(prompt, SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True))
-        torch.cuda.synchronize()
-    averages = prof.key_averages()
-    return (gpu_idle_report(prof) + "\n" + decode_idle_report(prof) + "\n"
-            + averages.table(sort_by="self_cuda_time_total", row_limit=rows) + "\n"
-            + averages.table(sort_by="self_cpu_time_total", row_limit=rows))
-
-
-def decode_idle_report(prof: Any) -> str:
-    """GPU idle time of the decode steps alone: each step ends with the greedy argmax's last kernel
-    (``keys_to_indices``), so the window runs from the first one (the prefill's sampling) to the last; idle splits
-    into the gaps right after it (between steps: host work the next step waits for) and the gaps inside steps."""
-    kernels = sorted(
-        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0),
-        key=lambda e: e.time_range.start,
-    )
-    ends = [i for i, e in enumerate(kernels) if "keys_to_indices" in e.name]
-    if len(ends) < 3:
-        return "decode window: fewer than two decode steps ending in the greedy argmax"
-    window = kernels[ends[0]: ends[-1] + 1]
-    between = inside = 0.0
-    pairs: dict[tuple[str, str], float] = {}
-    end = window[0].time_range.end
-    for prev, cur in itertools.pairwise(window):
-        end = max(end, prev.time_range.end)
-        if cur.time_range.start > end:
-            gap = cur.time_range.start - end
-            if "keys_to_indices" in prev.name:
-                between += gap
-            else:
-                inside += gap
-                key = (_short(prev.name), _short(cur.name))
-                pairs[key] = pairs.get(key, 0.0) + gap
-    steps = len(ends) - 1
-    span = window[-1].time_range.end - window[0].time_range.end
-    lines = [f"decode window: {steps} steps, {span / steps:.1f} us per step; idle per step {between / steps:.1f} us "
-             f"between steps, {inside / steps:.1f} us inside steps; inside, by kernel pair (us per step):"]
-    lines += [f"  {t / steps:7.1f}  {a} -> {b}" for (a, b), t in sorted(pairs.items(), key=lambda kv: -kv[1])[:8]]
-    return "\n".join(lines)
-
-
-def _short(kernel: str) -> str:
-    """A kernel's name without its namespace, template arguments and parameters."""
-    name = kernel.replace("(anonymous namespace)::", "").removeprefix("void ").split("(")[0].split("<")[0]
-    return name.rsplit("::", 1)[-1][:40]
-
-
-def profile_ttft(llm: LLM, rng: random.Random, vocab: int, context: int, rows: int) -> str:
-    """torch-profiler tables of one prefill of ``context`` fresh tokens (the TTFT step): GPU time per kernel,
-    then host time per op, so the share of each kernel and of host gaps in the TTFT is visible."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        llm.generate(random_prompts(rng, 1, context, vocab), SamplingParams(max_tokens=1))
-        torch.cuda.synchronize()
-    averages = prof.key_averages()
-    gpu_us = sum(e.self_device_time_total for e in averages)
-    return (f"GPU kernel time in the profiled TTFT: {gpu_us / 1e3:.2f} ms\n" + gpu_idle_report(prof) + "\n"
-            + averages.table(sort_by="self_cuda_time_total", row_limit=rows) + "\n"
-            + averages.table(sort_by="self_cpu_time_total", row_limit=rows))
-
-
-def gpu_idle_report(prof: Any, top: int = 8) -> str:
-    """Where the GPU waited inside a profile: the span from the first to the last kernel, the idle time between
-    kernels, and the longest gaps with the kernels on either side (host work the GPU waits for shows up here)."""
-    kernels = sorted(
-        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0),
-        key=lambda e: e.time_range.start,
-    )
-    if not kernels:
-        return "no GPU kernels in the profile"
-    gaps = []
-    end = kernels[0].time_range.end
-    for prev, cur in itertools.pairwise(kernels):
-        end = max(end, prev.time_range.end)
-        if cur.time_range.start > end:
-            gaps.append((cur.time_range.start - end, prev.name[:40], cur.name[:40]))
-    span = kernels[-1].time_range.end - kernels[0].time_range.start
-    lines = [f"GPU span {span / 1e3:.2f} ms, idle between kernels {sum(g[0] for g in gaps) / 1e3:.2f} ms "
-             f"({len(gaps)} gaps); longest:"]
-    lines += [f"  {g:9.1f} us  after {a}  before {b}" for g, a, b in sorted(gaps, reverse=True)[:top]]
-    return "\n".join(lines)
 
 
 def main() -> None:
@@ -297,14 +205,14 @@ def main() -> None:
           + ", ".join(f"{name} {n} launches" for name, n in sdpa_prefill.ROUTES.items()), flush=True)
 
     if args.profile_ttft:
-        res["ttft_profile"] = profile_ttft(llm, rng, vocab, args.context, 30)
+        res["ttft_profile"] = profile_ttft(llm, random_prompts(rng, 1, args.context, vocab)[0], 30)
         print(res["ttft_profile"], flush=True)
     if args.profile_steps:
-        res["profile"] = profile_decode(llm, rng, vocab, args.context, args.profile_steps, 25)
+        res["profile"] = profile_decode(llm, random_prompts(rng, 1, args.context, vocab), args.profile_steps, 25)
         print(res["profile"], flush=True)
         if args.profile_batch:
-            res["batch_profile"] = profile_decode(llm, rng, vocab, args.batch_context, args.profile_steps, 25,
-                                                  args.batch)
+            res["batch_profile"] = profile_decode(
+                llm, random_prompts(rng, args.batch, args.batch_context, vocab), args.profile_steps, 25)
             print(res["batch_profile"], flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
