@@ -117,9 +117,10 @@ def gemm_rows(peak: float, results: list[dict], ms: tuple[int, ...] = GEMM_MS) -
 def attention_rows(peak: float, results: list[dict]) -> None:
     """Llama-3-8B heads (32 q / 8 kv, D=128) at the CUDA default block size 64 and the earlier rows' 16, batch 1
     with the grid a CUDA graph captures (max_seq_len 8192 while the context is 4096). Each case: the automatic
-    plan (heads per CTA, partition, reduce form) and a sweep of heads per CTA x partition size, each cell with
-    the reduce kernel and, up to 16 pieces, the fused last-CTA reduce ("kernel/fused" us), so the plan's rule
-    (ops/cuda_paged.py decode_plan, _FUSED_REDUCE_MAX_PARTS) can be set from one run."""
+    plan (heads per CTA, partition, warps per head, reduce form) and a sweep of heads per CTA x warps per kv
+    head ("h2s4": 2 heads, 4 warps each) x partition size, each cell with the reduce kernel and, up to 16 pieces,
+    the fused last-CTA reduce ("kernel/fused" us), so the plan's rule (ops/cuda_paged.py decode_plan,
+    _FUSED_REDUCE_MAX_PARTS) can be set from one run."""
     hq, hk, d = 32, 8, 128
     print("\n== paged decode attention bf16 (Llama-3-8B heads 32/8, D=128) ==")
     cases = [(1, 4096, 64, 4096), (1, 4096, 64, 8192), (1, 32768, 64, 32768), (64, 1024, 64, 1024),
@@ -143,25 +144,29 @@ def attention_rows(peak: float, results: list[dict]) -> None:
         auto_parts = math.ceil(max_len / plan.partition_size)
         auto_us = timed()
         sweep: dict[str, float] = {}
-        print(f"B={b} ctx={ctx} bs={bs} grid={max_len}: auto heads/CTA {plan.heads_per_cta} partition "
-              f"{plan.partition_size} ({auto_parts} pieces, {'fused' if cuda_paged.decode_fused_reduce(auto_parts) else 'kernel'}"
+        print(f"B={b} ctx={ctx} bs={bs} grid={max_len}: auto heads/CTA {plan.heads_per_cta} x {plan.splits} warps, "
+              f"partition {plan.partition_size} ({auto_parts} pieces, {'fused' if cuda_paged.decode_fused_reduce(auto_parts) else 'kernel'}"
               f" reduce) {auto_us:.1f} us, {kv_bytes / auto_us / 1e3:.0f} GB/s, {100 * kv_bytes / auto_us / 1e-6 / peak:.0f}%")
-        print(f"{'  heads per CTA':<18}" + "".join(f"{f'p{p}':>14}" for p in sizes if p <= max_len))
-        for heads in (8, 4, 2, 1):
+        print(f"{'  heads x warps':<18}" + "".join(f"{f'p{p}':>14}" for p in sizes if p <= max_len))
+        for heads, splits in ((8, 1), (4, 1), (4, 2), (2, 1), (2, 2), (2, 4), (1, 1), (1, 2), (1, 4), (1, 8)):
             cells = []
             for size in sizes:
                 if size > max_len:
                     continue
+                if size < 16 * splits:  # less than one stage
+                    cells.append("-")
+                    continue
                 parts = math.ceil(max_len / size)
-                us = timed(partition_size=size, heads_per_cta=heads, fused_reduce=False)
-                sweep[f"h{heads}/p{size}"] = us
+                kw = dict(partition_size=size, heads_per_cta=heads, splits=splits)
+                us = timed(**kw, fused_reduce=False)
+                sweep[f"h{heads}s{splits}/p{size}"] = us
                 cell = f"{us:.1f}"
                 if 1 < parts <= 16:
-                    fused = timed(partition_size=size, heads_per_cta=heads, fused_reduce=True)
-                    sweep[f"h{heads}/p{size}/fused"] = fused
+                    fused = timed(**kw, fused_reduce=True)
+                    sweep[f"h{heads}s{splits}/p{size}/fused"] = fused
                     cell += f"/{fused:.1f}"
                 cells.append(cell)
-            print(f"{'  ' + str(heads):<18}" + "".join(f"{c:>14}" for c in cells))
+            print(f"{f'  h{heads}s{splits}':<18}" + "".join(f"{c:>14}" for c in cells))
         best = min(sweep, key=sweep.__getitem__)
         sdpa_us = float("nan")
         if b == 1 and bs == 64 and max_len == ctx:

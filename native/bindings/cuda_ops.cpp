@@ -120,15 +120,15 @@ static Registrar registrar([](py::module_& m) {
       [](uintptr_t out, uintptr_t q, uintptr_t key_cache, uintptr_t value_cache, uintptr_t block_tables,
          uintptr_t seq_lens, uintptr_t partial_out, uintptr_t partial_ml, uintptr_t reduce_counters, int64_t num_seqs,
          int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t q_stride, int64_t block_size,
-         int64_t max_blocks, int64_t partition_size, int64_t num_partitions, int64_t heads_per_cta, float scale,
-         float softcap, int64_t sliding_window, int dtype, uintptr_t stream) {
+         int64_t max_blocks, int64_t partition_size, int64_t num_partitions, int64_t heads_per_cta, int64_t splits,
+         float scale, float softcap, int64_t sliding_window, int dtype, uintptr_t stream) {
         cuda::paged_attention_decode(as_ptr<void>(out), as_ptr<const void>(q), as_ptr<const void>(key_cache),
                                      as_ptr<const void>(value_cache), as_ptr<const int32_t>(block_tables),
                                      as_ptr<const int32_t>(seq_lens), as_ptr<float>(partial_out),
                                      as_ptr<float>(partial_ml), as_ptr<int32_t>(reduce_counters), num_seqs, q_heads,
                                      kv_heads, head_dim, q_stride, block_size, max_blocks, partition_size,
-                                     num_partitions, heads_per_cta, scale, softcap, sliding_window, to_dtype(dtype),
-                                     stream);
+                                     num_partitions, heads_per_cta, splits, scale, softcap, sliding_window,
+                                     to_dtype(dtype), stream);
       },
       "one-token-per-sequence attention over a paged KV cache (split-KV when num_partitions > 1; reduce_counters "
       "0: a second reduce kernel, else the last CTA of each head group reduces)");

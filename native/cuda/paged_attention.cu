@@ -1,14 +1,18 @@
 // Paged decode attention (split-KV, GQA on tensor cores, flash-decoding) and the KV-cache write.
 //
-// Grid (kv-head group, sequence, piece). A CTA covers heads_per_cta kv heads, at most kAttnCtaRow / head_dim
-// (all 8 of a Llama-3-8B layer: each token's cache row streamed as one contiguous run of 2 KB), a warp per kv
-// head; small batches take fewer heads per CTA, so more, smaller CTAs fill the GPU, several per SM. K/V tiles of kTile tokens go global -> shared through a kStages-deep cp.async pipeline (zero-filled past
-// the piece), 16-byte chunks XOR-swizzled by token so the ldmatrix reads are free of bank conflicts. Each warp
-// holds its kv head's query heads as the 16 rows of an mma.m16n8k16 A operand (padded with zero rows), takes
-// scores Q K^T and the update P V on the tensor cores, and keeps an online softmax per row in registers
-// (base-2 exponentials, the scale folded in before exp2).
+// Grid (kv-head group, sequence, piece). A CTA covers heads_per_cta kv heads (each token's cache row of those
+// heads streamed as one contiguous run: 2 KB for all 8 of a Llama-3-8B layer) with `splits` warps per kv head,
+// at most kAttnCtaRow / head_dim warps; small batches take fewer heads per CTA, so more, smaller CTAs fill the
+// GPU. K/V stages of splits x kTile tokens go global -> shared through a kStages-deep cp.async pipeline
+// (zero-filled past the piece), 16-byte chunks XOR-swizzled by token so the ldmatrix reads are free of bank
+// conflicts. Warp w of a kv head takes tile w of every stage: it holds the head's query heads as the 16 rows of
+// an mma.m16n8k16 A operand (padded with zero rows), takes scores Q K^T and the update P V on the tensor cores,
+// and keeps an online softmax per row in registers (base-2 exponentials, the scale folded in before exp2); at
+// the end the splits merge through shared memory. A warp's chain of dependent instructions per tile, not the
+// bytes in flight, bounds a small-batch CTA (Nsight Compute), so splitting a head's tiles over warps shortens
+// the critical path without more split-KV pieces to reduce.
 // Pieces are cut per sequence at run time: the attended span [first, len) is divided into gridDim.z equal
-// pieces (whole tiles), so a grid sized for the longest context a CUDA graph serves keeps every CTA busy at
+// pieces (whole stages), so a grid sized for the longest context a CUDA graph serves keeps every CTA busy at
 // shorter ones. With one piece the CTA writes the normalised output; otherwise each writes (unnormalised out,
 // max, sum), combined either by a reduce kernel (launched as a programmatic dependent so its launch overlaps
 // the main kernel's tail) or, with reduce counters, by the last CTA of each (sequence, head group) to finish.
@@ -36,12 +40,10 @@ constexpr float kLog2e = 1.4426950408889634f;
 // The value a running max is subtracted from: 0 while nothing was seen, so exp2(-inf - base) stays 0, not NaN.
 __device__ __forceinline__ float exp_base(float m) { return m == -INFINITY ? 0.f : m; }
 
-__device__ __forceinline__ int round_tile(int n) { return (n + kTile - 1) / kTile * kTile; }
-
-// Tokens per piece for a sequence attending to `span` tokens: an equal share of the pieces, whole tiles,
-// at most `cap` (the launcher's partition size rounded up to a tile).
-__device__ __forceinline__ int piece_len(int span, int parts, int cap) {
-  return max(kTile, min(round_tile((span + parts - 1) / parts), cap));
+// Tokens per piece for a sequence attending to `span` tokens: an equal share of the pieces, whole stages of
+// `unit` tokens, at most `cap` (the launcher's partition size rounded up to a stage).
+__device__ __forceinline__ int piece_len(int span, int parts, int cap, int unit) {
+  return max(unit, min(((span + parts - 1) / parts + unit - 1) / unit * unit, cap));
 }
 
 __device__ __forceinline__ int block_of(int j, int block_size, int block_shift) {
@@ -57,35 +59,64 @@ __device__ __forceinline__ void store2(T* p, float a, float b) {
   *reinterpret_cast<uint32_t*>(p) = pack2<T>(a, b);
 }
 
-// The fused form of the split-KV reduce, run by the last CTA of a (sequence, head group): `heads` query heads
-// from head0, `used` pieces each. A thread per (head, float4 column); the partials were written by other CTAs
-// of this grid, so they are read through L2 (ld.cg), never from a possibly stale L1 line.
+// The running combination of split-KV pieces for one float4 column of one query head: the largest maximum so
+// far (base-2 units, as the decode kernel keeps them), the denominator and the column sum relative to it.
+struct PieceState {
+  float m, den;
+  float4 acc;
+};
+
+// Folds state o into st, rescaling both by 2^(their max - the new max).
+__device__ __forceinline__ void merge_state(PieceState& st, const PieceState& o) {
+  const float m = fmaxf(st.m, o.m), base = exp_base(m);
+  const float a = exp2f(st.m - base), b = exp2f(o.m - base);
+  st.m = m;
+  st.den = st.den * a + o.den * b;
+  st.acc = make_float4(st.acc.x * a + o.acc.x * b, st.acc.y * a + o.acc.y * b, st.acc.z * a + o.acc.z * b,
+                       st.acc.w * a + o.acc.w * b);
+}
+
+// Combines the first `used` pieces of `heads` query heads from head0 and writes their normalised rows. A thread
+// per (head, float4 column) and piece row r folds pieces r, r + rows, ... (its loads do not depend on the state,
+// so they go out together: one round of loads instead of a max pass, a sum pass and a row pass); the rows of a
+// column then merge through `states` (blockDim.x entries of shared memory). Every thread of the CTA calls it.
+// The partials may come from other CTAs of the calling grid: read through L2 (ld.cg), never a stale L1 line.
 template <typename T, int D>
 __device__ void reduce_pieces(T* __restrict__ out, const float* __restrict__ part_out,
                               const float* __restrict__ part_ml, size_t head0, int heads, size_t ml_l, int parts,
-                              int used) {
+                              int used, PieceState* states) {
   constexpr int kCols = D / 4;
-  for (int item = threadIdx.x; item < heads * kCols; item += blockDim.x) {
+  const int items = heads * kCols;
+  const int rows = max(1, min(used, static_cast<int>(blockDim.x) / items));
+  const int per_round = blockDim.x / rows;
+  const int r = threadIdx.x / per_round, slot = threadIdx.x % per_round;
+  for (int base = 0; base < items; base += per_round) {
+    const int item = base + slot;
+    const bool live = item < items && r < rows;
     const size_t head = head0 + item / kCols;
     const int col = item % kCols;
-    const float* ms = part_ml + head * parts;
-    const float* ls = part_ml + (ml_l + head) * parts;
-    float m = -INFINITY;
-    for (int p = 0; p < used; ++p) m = fmaxf(m, __ldcg(ms + p));
-    const float base = exp_base(m);
-    float den = 0.f;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    PieceState st{-INFINITY, 0.f, make_float4(0.f, 0.f, 0.f, 0.f)};
+    if (live) {
+      const float* ms = part_ml + head * parts;
+      const float* ls = part_ml + (ml_l + head) * parts;
 #pragma unroll 4
-    for (int p = 0; p < used; ++p) {
-      const float w = exp2f(__ldcg(ms + p) - base);
-      den += w * __ldcg(ls + p);
-      const float4 x = __ldcg(reinterpret_cast<const float4*>(part_out + (head * parts + p) * D) + col);
-      acc.x += w * x.x; acc.y += w * x.y; acc.z += w * x.z; acc.w += w * x.w;
+      for (int p = r; p < used; p += rows)
+        merge_state(st, {__ldcg(ms + p), __ldcg(ls + p),
+                         __ldcg(reinterpret_cast<const float4*>(part_out + (head * parts + p) * D) + col)});
     }
-    const float inv = den > 0.f ? 1.f / den : 0.f;
-    T* o = out + head * D + col * 4;
-    store2<T>(o, acc.x * inv, acc.y * inv);
-    store2<T>(o + 2, acc.z * inv, acc.w * inv);
+    if (rows > 1) {
+      states[threadIdx.x] = st;
+      __syncthreads();
+      if (r == 0 && live)
+        for (int i = 1; i < rows; ++i) merge_state(st, states[i * per_round + slot]);
+      __syncthreads();
+    }
+    if (r == 0 && live) {
+      const float inv = st.den > 0.f ? 1.f / st.den : 0.f;
+      T* o = out + head * D + col * 4;
+      store2<T>(o, st.acc.x * inv, st.acc.y * inv);
+      store2<T>(o + 2, st.acc.z * inv, st.acc.w * inv);
+    }
   }
 }
 
@@ -94,34 +125,37 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
     T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
     const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_lens, float* __restrict__ part_out,
     float* __restrict__ part_ml, int* __restrict__ counters, int group, int q_heads, int kv_heads, int64_t q_stride,
-    int block_size, int block_shift, int max_blocks, int piece_cap, float qscale, float cap_log2, float inv_cap, int sliding_window) {
+    int block_size, int block_shift, int max_blocks, int piece_cap, int splits, float qscale, float cap_log2,
+    float inv_cap, int sliding_window) {
   constexpr int kHeadChunks = D / 8;      // 16-byte chunks of one kv head's row
-  constexpr int kTokStep = 256 / D;       // tokens one pass of the CTA's copies covers
+  constexpr int kTokStep = 256 / D;       // tokens one pass of a kv head's worth of copying threads covers
   constexpr int kKSteps = D / 16;         // k steps of Q K^T, and pairs of 8-wide column tiles of P V
   extern __shared__ __align__(128) unsigned char smem[];
 
-  const int warps = blockDim.x >> 5;
+  const int heads = (blockDim.x >> 5) / splits;  // kv heads of the CTA; warp = split * heads + head
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int split = warp / heads;
   const int seq = blockIdx.y, part = blockIdx.z, parts = gridDim.z;
-  const int kvh0 = blockIdx.x * warps, kvh = kvh0 + warp;
+  const int kvh0 = blockIdx.x * heads, kvh = kvh0 + warp % heads;
   const bool active = kvh < kv_heads;
-  const int row_chunks = warps * kHeadChunks;  // chunks of one token in a tile
-  const int tile_bytes = kTile * row_chunks * 16;
-  int32_t* tbl = reinterpret_cast<int32_t*>(smem + kStages * 2 * tile_bytes);
+  const int row_chunks = heads * kHeadChunks;  // chunks of one token in a stage
+  const int unit = kTile * splits;             // tokens per stage: one tile per split
+  const int stage_bytes = unit * row_chunks * 16;
+  int32_t* tbl = reinterpret_cast<int32_t*>(smem + kStages * 2 * stage_bytes);
   const int gid = lane >> 2, tig = lane & 3;  // mma fragment row group / thread in group
   const int r0 = gid, r1 = gid + 8;           // this lane's query rows (heads of the group)
 
   const int ctx = seq_lens[seq];
   const int first = sliding_window > 0 ? max(0, ctx - sliding_window) : 0;
   const int span = ctx - first;
-  const int plen = piece_len(span, parts, piece_cap);
+  const int plen = piece_len(span, parts, piece_cap, unit);
   const int t0 = first + part * plen, t1 = min(t0 + plen, ctx);
   if (t1 <= t0) {  // past the context: the reduce reads only non-empty pieces
     pdl_wait();
     // An empty context: piece 0 writes zeros when no reduce kernel follows to do it.
     if (part == 0 && (parts == 1 || counters != nullptr)) {
       const size_t head0 = static_cast<size_t>(seq) * q_heads + static_cast<size_t>(kvh0) * group;
-      const int n = min(warps, kv_heads - kvh0) * group * D;
+      const int n = min(heads, kv_heads - kvh0) * group * D;
       for (int e = tid; e < n; e += blockDim.x) out[head0 * D + e] = from_f32<T>(0.f);
     }
     return;
@@ -133,18 +167,18 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
   for (int i = tid; i < nblk; i += blockDim.x) tbl[i] = table[i];
   __syncthreads();
 
-  // Copy roles: this thread moves chunk c of tokens ts, ts + kTokStep, ... of every tile.
-  const int c = tid % row_chunks, ts = tid / row_chunks;
+  // Copy roles: this thread moves chunk c of tokens ts, ts + kTokStep * splits, ... of every stage.
+  const int c = tid % row_chunks, ts = tid / row_chunks, tok_step = kTokStep * splits;
   const bool chunk_ok = kvh0 + c / kHeadChunks < kv_heads;
   const size_t row = static_cast<size_t>(kv_heads) * D;
   const size_t col = static_cast<size_t>(kvh0) * D + c * 8;
   const uint32_t sbase = smem_addr(smem);
-  auto load_tile = [&](int tile, int stage) {
-    const int j0 = t0 + tile * kTile;
-    const uint32_t ks = sbase + stage * 2 * tile_bytes, vs = ks + tile_bytes;
+  auto load_stage = [&](int step, int stage) {
+    const int j0 = t0 + step * unit;
+    const uint32_t ks = sbase + stage * 2 * stage_bytes, vs = ks + stage_bytes;
 #pragma unroll
     for (int i = 0; i < kTile / kTokStep; ++i) {
-      const int t = ts + i * kTokStep, j = j0 + t;
+      const int t = ts + i * tok_step, j = j0 + t;
       const bool ok = chunk_ok && j < t1;
       size_t src = 0;
       if (ok) {
@@ -158,14 +192,14 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
     }
   };
 
-  const int ntiles = (t1 - t0 + kTile - 1) / kTile;
-  // Leading tiles wholly before the newest token are final before the previous kernel ends: issue them now.
-  const int old_tiles = t1 < ctx ? ntiles : (ctx - 1 - t0) / kTile;
-  const int early = min(min(ntiles, kStages - 1), old_tiles);
+  const int nsteps = (t1 - t0 + unit - 1) / unit;
+  // Leading stages wholly before the newest token are final before the previous kernel ends: issue them now.
+  const int old_steps = t1 < ctx ? nsteps : (ctx - 1 - t0) / unit;
+  const int early = min(min(nsteps, kStages - 1), old_steps);
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s == early) pdl_wait();
-    if (s < ntiles) load_tile(s, s);
+    if (s < nsteps) load_stage(s, s);
     cp_async_commit();
   }
   if (early == kStages - 1) pdl_wait();
@@ -188,27 +222,30 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
   float o[2 * kKSteps][4];
 #pragma unroll
   for (int n = 0; n < 2 * kKSteps; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  // ldmatrix row addresses: K as x4 {tokens 0-7, 8-15} x {d, d+8}; V transposed as {d, d+8} x {tokens 0-7, 8-15}.
-  const int kt = ((lane >> 4) << 3) + (lane & 7), kcol = warp * kHeadChunks + ((lane >> 3) & 1);
-  const int vt = (((lane >> 3) & 1) << 3) + (lane & 7), vcol = warp * kHeadChunks + (lane >> 4);
+  // ldmatrix row addresses in this warp's tile (rows split * kTile ..; a multiple of 8 leaves the swizzle as is):
+  // K as x4 {tokens 0-7, 8-15} x {d, d+8}; V transposed as {d, d+8} x {tokens 0-7, 8-15}.
+  const int head_col = (warp % heads) * kHeadChunks;
+  const int kt = ((lane >> 4) << 3) + (lane & 7), kcol = head_col + ((lane >> 3) & 1);
+  const int vt = (((lane >> 3) & 1) << 3) + (lane & 7), vcol = head_col + (lane >> 4);
+  const int krow = split * kTile + kt, vrow = split * kTile + vt;
 
-  for (int i = 0; i < ntiles; ++i) {
+  for (int i = 0; i < nsteps; ++i) {
     cp_async_wait<kStages - 2>();
-    __syncthreads();  // tile i landed for every thread; the stage of tile i - 1 is free again
-    if (i + kStages - 1 < ntiles) load_tile(i + kStages - 1, (i + kStages - 1) % kStages);
+    __syncthreads();  // stage i landed for every thread; the stage of step i - 1 is free again
+    if (i + kStages - 1 < nsteps) load_stage(i + kStages - 1, (i + kStages - 1) % kStages);
     cp_async_commit();
     if (!active) continue;
-    const uint32_t ks = sbase + (i % kStages) * 2 * tile_bytes, vs = ks + tile_bytes;
+    const uint32_t ks = sbase + (i % kStages) * 2 * stage_bytes, vs = ks + stage_bytes;
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
     for (int k = 0; k < kKSteps; ++k) {
       uint32_t b[4];
-      ldmatrix_x4(b, ks + static_cast<uint32_t>(kt * row_chunks + ((kcol + 2 * k) ^ (kt & 7))) * 16);
+      ldmatrix_x4(b, ks + static_cast<uint32_t>(krow * row_chunks + ((kcol + 2 * k) ^ (kt & 7))) * 16);
       mma_16816<T>(s[0], qa[k], b[0], b[1]);
       mma_16816<T>(s[1], qa[k], b[2], b[3]);
     }
     // s[n][e]: row r0 (e < 2) or r1, token n * 8 + tig * 2 + (e & 1) of the tile.
-    const int jb = t0 + i * kTile + tig * 2;
+    const int jb = t0 + i * unit + split * kTile + tig * 2;
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
@@ -252,7 +289,7 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
 #pragma unroll
     for (int n = 0; n < kKSteps; ++n) {
       uint32_t b[4];
-      ldmatrix_x4_trans(b, vs + static_cast<uint32_t>(vt * row_chunks + ((vcol + 2 * n) ^ (vt & 7))) * 16);
+      ldmatrix_x4_trans(b, vs + static_cast<uint32_t>(vrow * row_chunks + ((vcol + 2 * n) ^ (vt & 7))) * 16);
       mma_16816<T>(o[2 * n], pa, b[0], b[1]);
       mma_16816<T>(o[2 * n + 1], pa, b[2], b[3]);
     }
@@ -266,8 +303,48 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
     l0 += __shfl_xor_sync(0xffffffffu, l0, x);
     l1 += __shfl_xor_sync(0xffffffffu, l1, x);
   }
+  if (splits > 1) {
+    // The other splits of a kv head hand their (max, sum, rows) to split 0 through the stage buffers, each
+    // lane's fragment values at its own lane slot (no layout change), and split 0 folds them into its own.
+    constexpr int kVals = 4 * 2 * kKSteps + 4;
+    float* xchg = reinterpret_cast<float*>(smem) + static_cast<size_t>(warp % heads) * (splits - 1) * kVals * 32;
+    __syncthreads();  // every warp is done reading the stages
+    if (split > 0) {
+      float* mine = xchg + (split - 1) * kVals * 32 + lane;
+#pragma unroll
+      for (int n = 0; n < 2 * kKSteps; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mine[(4 * n + e) * 32] = o[n][e];
+      mine[(kVals - 4) * 32] = m0;
+      mine[(kVals - 3) * 32] = m1;
+      mine[(kVals - 2) * 32] = l0;
+      mine[(kVals - 1) * 32] = l1;
+    }
+    __syncthreads();
+    if (split == 0) {
+      for (int w = 1; w < splits; ++w) {
+        const float* theirs = xchg + (w - 1) * kVals * 32 + lane;
+        const float tm0 = theirs[(kVals - 4) * 32], tm1 = theirs[(kVals - 3) * 32];
+        const float n0 = fmaxf(m0, tm0), n1 = fmaxf(m1, tm1);
+        const float base0 = exp_base(n0), base1 = exp_base(n1);
+        const float a0 = exp2f(m0 - base0), b0 = exp2f(tm0 - base0);
+        const float a1 = exp2f(m1 - base1), b1 = exp2f(tm1 - base1);
+        m0 = n0;
+        m1 = n1;
+        l0 = l0 * a0 + theirs[(kVals - 2) * 32] * b0;
+        l1 = l1 * a1 + theirs[(kVals - 1) * 32] * b1;
+#pragma unroll
+        for (int n = 0; n < 2 * kKSteps; ++n) {
+          o[n][0] = o[n][0] * a0 + theirs[(4 * n) * 32] * b0;
+          o[n][1] = o[n][1] * a0 + theirs[(4 * n + 1) * 32] * b0;
+          o[n][2] = o[n][2] * a1 + theirs[(4 * n + 2) * 32] * b1;
+          o[n][3] = o[n][3] * a1 + theirs[(4 * n + 3) * 32] * b1;
+        }
+      }
+    }
+  }
   const size_t h = static_cast<size_t>(seq) * q_heads + static_cast<size_t>(kvh) * group;  // warp's first head
-  const bool w0 = active && r0 < group, w1 = active && r1 < group;
+  const bool w0 = active && split == 0 && r0 < group, w1 = active && split == 0 && r1 < group;
   if (parts == 1) {
     const float inv0 = 1.f / l0, inv1 = 1.f / l1;
 #pragma unroll
@@ -311,69 +388,29 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
   if (!__syncthreads_or(last)) return;
   __threadfence();
   const size_t head0 = static_cast<size_t>(seq) * q_heads + static_cast<size_t>(kvh0) * group;
-  reduce_pieces<T, D>(out, part_out, part_ml, head0, min(warps, kv_heads - kvh0) * group, ml_l, parts, used);
+  // The stage buffers are free (every warp passed the last barrier after its final stage): the reduce's rows.
+  reduce_pieces<T, D>(out, part_out, part_ml, head0, min(heads, kv_heads - kvh0) * group, ml_l, parts, used,
+                      reinterpret_cast<PieceState*>(smem));
 }
 
 constexpr int kReduceThreads = 256;
 
-// Combines the pieces of one (sequence, query head) in one pass over memory: each thread owns a float4 column
-// and every kRows-th piece, and folds its pieces into a running (max, denominator, column sum), rescaling by
-// 2^(old max - new max) as a larger maximum arrives (the maxima are in base-2 units, as the decode kernel
-// keeps them); the kRows partial states of a column then merge through shared memory. One round of loads
-// (max, sum and partial row of each piece together) instead of a max pass, a sum pass and a row pass.
+// The split-KV reduce as a kernel of its own: a CTA per (query head, sequence), its threads over the head's
+// columns and pieces (reduce_pieces).
 template <typename T, int D>
 __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(
     T* __restrict__ out, const float* __restrict__ part_out, const float* __restrict__ part_ml,
-    const int32_t* __restrict__ seq_lens, int num_seqs, int q_heads, int parts, int piece_cap, int sliding_window) {
-  constexpr int kCols = D / 4;
-  constexpr int kRows = kReduceThreads / kCols;
-  struct State {
-    float m, den;
-    float4 acc;
-  };
-  __shared__ State states[kRows][kCols];
+    const int32_t* __restrict__ seq_lens, int num_seqs, int q_heads, int parts, int piece_cap, int unit,
+    int sliding_window) {
+  __shared__ PieceState states[kReduceThreads];
   const size_t head = static_cast<size_t>(blockIdx.y) * q_heads + blockIdx.x;
   const int ctx = seq_lens[blockIdx.y];  // an input of the decode kernel, not its output: read before the wait
   const int span = ctx - (sliding_window > 0 ? max(0, ctx - sliding_window) : 0);
-  const int plen = piece_len(span, parts, piece_cap);
+  const int plen = piece_len(span, parts, piece_cap, unit);
   const int used = min(parts, (span + plen - 1) / plen);
   pdl_launch_dependents();
   pdl_wait();
-  const float* ms = part_ml + head * parts;
-  const float* ls = part_ml + (static_cast<size_t>(num_seqs) * q_heads + head) * parts;
-  const int col = threadIdx.x % kCols, r = threadIdx.x / kCols;
-  State st{-INFINITY, 0.f, make_float4(0.f, 0.f, 0.f, 0.f)};
-#pragma unroll 4
-  for (int p = r; p < used; p += kRows) {
-    const float mp = __ldcg(ms + p), lp = __ldcg(ls + p);
-    const float4 x = __ldcg(reinterpret_cast<const float4*>(part_out + (head * parts + p) * D) + col);
-    const float m = fmaxf(st.m, mp), base = exp_base(m);
-    const float keep = exp2f(st.m - base), w = exp2f(mp - base);
-    st.m = m;
-    st.den = st.den * keep + w * lp;
-    st.acc = make_float4(st.acc.x * keep + w * x.x, st.acc.y * keep + w * x.y, st.acc.z * keep + w * x.z,
-                         st.acc.w * keep + w * x.w);
-  }
-  states[r][col] = st;
-  __syncthreads();
-  if (r != 0) return;
-  float m = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) m = fmaxf(m, states[i][col].m);
-  const float base = exp_base(m);
-  float den = 0.f;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    const State& o = states[i][col];
-    const float w = exp2f(o.m - base);
-    den += w * o.den;
-    acc.x += w * o.acc.x; acc.y += w * o.acc.y; acc.z += w * o.acc.z; acc.w += w * o.acc.w;
-  }
-  const float inv = den > 0.f ? 1.f / den : 0.f;
-  T* o = out + head * D + col * 4;
-  store2<T>(o, acc.x * inv, acc.y * inv);
-  store2<T>(o + 2, acc.z * inv, acc.w * inv);
+  reduce_pieces<T, D>(out, part_out, part_ml, head, 1, static_cast<size_t>(num_seqs) * q_heads, parts, used, states);
 }
 
 template <typename T, int V>
@@ -396,11 +433,12 @@ __global__ void reshape_and_cache_kernel(const T* k, const T* v, T* __restrict__
   }
 }
 
-// Dynamic shared memory a decode CTA needs: kStages K/V tiles plus its piece's block-table slice.
-inline size_t decode_smem_bytes(int64_t warps, int64_t head_dim, int64_t elem_bytes, int64_t piece_cap,
-                                int64_t block_size) {
+// Dynamic shared memory a decode CTA needs: kStages K/V stages (a tile per split of each kv head) plus its
+// piece's block-table slice. The splits' final exchange and the fused reduce reuse the stages.
+inline size_t decode_smem_bytes(int64_t heads, int64_t splits, int64_t head_dim, int64_t elem_bytes,
+                                int64_t piece_cap, int64_t block_size) {
   const int64_t table = (piece_cap + block_size - 1) / block_size + 1;
-  return static_cast<size_t>(kStages * 2 * kTile * warps * head_dim * elem_bytes + table * 4);
+  return static_cast<size_t>(kStages * 2 * kTile * splits * heads * head_dim * elem_bytes + table * 4);
 }
 
 // Raises the decode kernel's dynamic shared-memory limit to the device's opt-in maximum and asks for the
@@ -431,12 +469,13 @@ template <typename T, int D>
 void launch_decode(T* out, const T* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens,
                    float* part_out, float* part_ml, int32_t* counters, int64_t num_seqs, int64_t q_heads,
                    int64_t kv_heads, int64_t q_stride, int64_t block_size, int64_t max_blocks, int64_t partition_size,
-                   int64_t parts, int64_t heads_per_cta, float scale, float softcap, int64_t window,
+                   int64_t parts, int64_t heads_per_cta, int64_t splits, float scale, float softcap, int64_t window,
                    cudaStream_t stream) {
   const int64_t group = q_heads / kv_heads;
-  const int64_t warps = std::min<int64_t>(kv_heads, heads_per_cta);
-  const int64_t head_groups = (kv_heads + warps - 1) / warps;
-  const int64_t cap = (partition_size + kTile - 1) / kTile * kTile;
+  const int64_t heads = std::min<int64_t>(kv_heads, heads_per_cta);
+  const int64_t head_groups = (kv_heads + heads - 1) / heads;
+  const int64_t unit = kTile * splits;
+  const int64_t cap = (partition_size + unit - 1) / unit * unit;
   int shift = -1;  // block_size as a shift when it is a power of two
   if ((block_size & (block_size - 1)) == 0)
     for (shift = 0; (int64_t{1} << shift) < block_size; ++shift) {}
@@ -444,23 +483,23 @@ void launch_decode(T* out, const T* q, const T* kc, const T* vc, const int32_t* 
   const float qscale = softcap > 0.f ? scale : scale * kLog2e;
   const float cap_log2 = softcap > 0.f ? softcap * kLog2e : 0.f;
   const float inv_cap = softcap > 0.f ? 1.f / softcap : 0.f;
-  const size_t smem = decode_smem_bytes(warps, D, sizeof(T), cap, block_size);
+  const size_t smem = decode_smem_bytes(heads, splits, D, sizeof(T), cap, block_size);
   if (smem > static_cast<size_t>(decode_smem_optin<T, D>()))
     throw std::invalid_argument("paged_attention_decode: heads_per_cta x head_dim, partition_size / block_size too "
                                 "large (the CTA's K/V stages and block-table slice do not fit shared memory); use "
                                 "fewer heads per CTA or a smaller partition_size");
   const dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(num_seqs), static_cast<unsigned>(parts));
-  launch_pdl("paged_attention_decode", paged_decode_kernel<T, D>, grid, dim3(static_cast<unsigned>(warps * 32)), smem,
-             stream, out, q, kc, vc, tables, lens, part_out, part_ml, parts > 1 ? counters : nullptr,
-             static_cast<int>(group), static_cast<int>(q_heads), static_cast<int>(kv_heads), q_stride,
-             static_cast<int>(block_size), shift, static_cast<int>(max_blocks), static_cast<int>(cap), qscale,
-             cap_log2, inv_cap, static_cast<int>(window));
+  launch_pdl("paged_attention_decode", paged_decode_kernel<T, D>, grid,
+             dim3(static_cast<unsigned>(heads * splits * 32)), smem, stream, out, q, kc, vc, tables, lens, part_out,
+             part_ml, parts > 1 ? counters : nullptr, static_cast<int>(group), static_cast<int>(q_heads),
+             static_cast<int>(kv_heads), q_stride, static_cast<int>(block_size), shift, static_cast<int>(max_blocks),
+             static_cast<int>(cap), static_cast<int>(splits), qscale, cap_log2, inv_cap, static_cast<int>(window));
   if (parts > 1 && counters == nullptr) {
     launch_pdl("paged_attention_decode reduce", paged_decode_reduce_kernel<T, D>,
                dim3(static_cast<unsigned>(q_heads), static_cast<unsigned>(num_seqs)), dim3(kReduceThreads), 0, stream,
                out, static_cast<const float*>(part_out), static_cast<const float*>(part_ml), lens,
                static_cast<int>(num_seqs), static_cast<int>(q_heads), static_cast<int>(parts), static_cast<int>(cap),
-               static_cast<int>(window));
+               static_cast<int>(unit), static_cast<int>(window));
   }
 }
 
@@ -471,14 +510,15 @@ void paged_attention_decode(void* out, const void* q, const void* key_cache, con
                             float* partial_ml, int32_t* reduce_counters, int64_t num_seqs, int64_t q_heads,
                             int64_t kv_heads, int64_t head_dim, int64_t q_stride, int64_t block_size,
                             int64_t max_blocks, int64_t partition_size, int64_t num_partitions,
-                            int64_t heads_per_cta, float scale, float softcap, int64_t sliding_window, DType dtype,
-                            std::uintptr_t stream) {
+                            int64_t heads_per_cta, int64_t splits, float scale, float softcap, int64_t sliding_window,
+                            DType dtype, std::uintptr_t stream) {
   if (kv_heads < 1 || q_heads % kv_heads != 0 || q_heads / kv_heads > kAttnMaxGroup)
     throw std::invalid_argument("paged_attention_decode: q_heads must be a multiple of kv_heads, at most 16x");
   if (head_dim != 64 && head_dim != 128 && head_dim != 256)
     throw std::invalid_argument("paged_attention_decode: head_dim must be 64, 128 or 256");
-  if (heads_per_cta < 1 || heads_per_cta > kAttnCtaRow / head_dim)
-    throw std::invalid_argument("paged_attention_decode: heads_per_cta must be 1 .. 1024 / head_dim");
+  if (heads_per_cta < 1 || splits < 1 || std::min(heads_per_cta, kv_heads) * splits > kAttnCtaRow / head_dim)
+    throw std::invalid_argument("paged_attention_decode: heads_per_cta x splits (warps per CTA) must be 1 .. "
+                                "1024 / head_dim");
   if (block_size < 1) throw std::invalid_argument("paged_attention_decode: block_size must be positive");
   if (partition_size < 1 || num_partitions < 1) throw std::invalid_argument("paged_attention_decode: bad partitioning");
   if (num_partitions > 1 && (partial_out == nullptr || partial_ml == nullptr))
@@ -491,7 +531,7 @@ void paged_attention_decode(void* out, const void* q, const void* key_cache, con
           static_cast<T*>(out), static_cast<const T*>(q), static_cast<const T*>(key_cache),
           static_cast<const T*>(value_cache), block_tables, seq_lens, partial_out, partial_ml, reduce_counters,
           num_seqs, q_heads, kv_heads, q_stride, block_size, max_blocks, partition_size, num_partitions,
-          heads_per_cta, scale, softcap, sliding_window, as_stream(stream));
+          heads_per_cta, splits, scale, softcap, sliding_window, as_stream(stream));
     };
     if (head_dim == 64) run(std::integral_constant<int, 64>{});
     else if (head_dim == 128) run(std::integral_constant<int, 128>{});

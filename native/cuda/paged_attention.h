@@ -15,24 +15,25 @@ constexpr int kAttnCtaRow = 1024;   // cache elements of one token a decode CTA 
 // contiguous) attends to seq_lens[s] cached tokens through block_tables [num_seqs, max_blocks] (int32).
 // out [num_seqs, q_heads, head_dim] contiguous, same dtype as q and the cache (f16/bf16); head_dim 64/128/256.
 // softcap <= 0 disables logit soft-capping; sliding_window <= 0 disables the window. With num_partitions > 1
-// each sequence's attended span is cut at run time into num_partitions equal pieces of whole 16-token tiles
-// (split-KV), each at most partition_size rounded up to a tile: partial_out f32 [num_seqs, q_heads,
+// each sequence's attended span is cut at run time into num_partitions equal pieces of whole stages
+// (split-KV), each at most partition_size rounded up to a stage: partial_out f32 [num_seqs, q_heads,
 // num_partitions, head_dim] and partial_ml f32 [2, num_seqs, q_heads, num_partitions] hold the pieces until
 // the reduce kernel (launched here too) combines them. num_partitions * partition_size must cover the longest
 // context; the grid depends only on num_partitions, so a CUDA graph captured for the longest context serves
 // every shorter one with all its CTAs busy. Any block_size works; powers of two take the shift path.
 // reduce_counters null: a second kernel combines the pieces; else int32 [num_seqs * ceil(kv_heads /
 // heads_per_cta)], all zero, and the last CTA of each (sequence, head group) combines them and re-zeroes its
-// counter (so the buffer stays valid for the next call and graph replay). heads_per_cta (1 .. 1024 / head_dim)
-// kv heads per CTA, a warp each. Launched as a programmatic dependent (common.cuh: launch_pdl): only tokens
+// counter (so the buffer stays valid for the next call and graph replay). heads_per_cta kv heads per CTA, each
+// with `splits` warps that share its tiles (at most 1024 / head_dim warps per CTA); pieces are whole stages of
+// 16 * splits tokens. Launched as a programmatic dependent (common.cuh: launch_pdl): only tokens
 // older than seq_len - 1 may be read before the previous kernel ends.
 void paged_attention_decode(void* out, const void* q, const void* key_cache, const void* value_cache,
                             const int32_t* block_tables, const int32_t* seq_lens, float* partial_out,
                             float* partial_ml, int32_t* reduce_counters, int64_t num_seqs, int64_t q_heads,
                             int64_t kv_heads, int64_t head_dim, int64_t q_stride, int64_t block_size,
                             int64_t max_blocks, int64_t partition_size, int64_t num_partitions,
-                            int64_t heads_per_cta, float scale, float softcap, int64_t sliding_window, DType dtype,
-                            std::uintptr_t stream);
+                            int64_t heads_per_cta, int64_t splits, float scale, float softcap,
+                            int64_t sliding_window, DType dtype, std::uintptr_t stream);
 
 // key_cache/value_cache[slot_mapping[t]] = k[t], v[t]; k, v [tokens, kv_heads, head_dim] with token strides
 // k_stride / v_stride (heads contiguous); slots < 0 are skipped (padding tokens). A programmatic dependent

@@ -25,7 +25,7 @@ from candle_vllm.pyengine.ops.cuda import (
 
 _ATTN_TILE = 16  # tokens per K/V tile of the decode attention kernel (pieces are whole tiles)
 _ATTN_STAGES = 3  # K/V tiles a decode CTA holds in shared memory
-_ATTN_REGS = {64: 128, 128: 168, 256: 256}  # registers per decode thread (-Xptxas -v, sm_90a; allocated in 8s)
+_ATTN_REGS = {64: 112, 128: 184, 256: 256}  # registers per decode thread (-Xptxas -v, sm_90a; allocated in 8s)
 _ATTN_COUNTER_SLOTS = 1 << 16  # (sequence, head group) counters of the fused split-KV reduce
 
 
@@ -65,11 +65,12 @@ def decode_head_groups(kv_heads: int, head_dim: int, heads_per_cta: int | None =
 
 
 class DecodePlan(NamedTuple):
-    """Launch shape of :func:`paged_decode_attention` for one batch bucket: kv heads per CTA and tokens per
-    split-KV piece at the grid's maximum."""
+    """Launch shape of :func:`paged_decode_attention` for one batch bucket: kv heads per CTA, tokens per split-KV
+    piece at the grid's maximum, and warps per kv head sharing its tiles."""
 
     heads_per_cta: int
     partition_size: int
+    splits: int = 1
 
 
 def decode_fused_reduce(parts: int) -> bool:
@@ -81,6 +82,13 @@ def decode_fused_reduce(parts: int) -> bool:
 # piece's partial rows of its heads with few threads, cheap only for a few pieces (measure with
 # ``bench_kernels.py --only attention``, "fused" column).
 _FUSED_REDUCE_MAX_PARTS = 4
+# Where the model picks whole-row CTAs (large batches, long single contexts), CTAs of whole / 4 kv heads with 2
+# warps per head and half the pieces measured faster at kernel level (`bench_kernels.py --only attention`, H200,
+# 2026-11-30, session 6 call 3; Llama-3-8B heads, us): batch 64 at 1k 66.1 -> 64.0, batch 16 at 4k 67.6 -> 64.4,
+# batch 4 at 4k 21.6 -> 20.7, batch 1 at 32k 40.5 -> 37.5. More warps per head did not pay end to end at batch 1
+# (4k, a CUDA graph with PDL: 4 warps 230 tok/s, 8 warps 210-213 vs 230 without): a CTA launched early holds its
+# stages and registers while the GEMM before it runs.
+_SPLIT_HEAD_DIVISOR = 4
 # A smaller-CTA plan must beat the whole-row plan's modelled cost by this factor: the whole-row CTA streams each
 # token's cache row as one contiguous run and is the measured best for batch 64 at 1k and batch 16 at 4k.
 _SMALL_CTA_MARGIN = 0.9
@@ -116,7 +124,8 @@ def decode_plan(
     machine and command: batch 1 at 4k in a 4096 grid 64 pieces 11.2 us vs the old pick of 43 pieces 12.8 us;
     at 32k 128 pieces 40.0 us vs 64 pieces 44.6 us; the other cases keep their plans). Fewer heads per CTA are
     taken only where the model gains ``_SMALL_CTA_MARGIN`` (they
-    keep the whole-row plan at batch 64 / 1k and batch 16 / 4k). The kernel divides each sequence's actual span
+    keep the whole-row plan at batch 64 / 1k and batch 16 / 4k), which then splits each kv head over two warps
+    (``_SPLIT_HEAD_DIVISOR``). The kernel divides each sequence's actual span
     into the same number of pieces, so shorter contexts in a graph-sized grid keep every CTA busy.
     """
     row_heads = native.module().cuda_attn_cta_row // head_dim
@@ -138,8 +147,13 @@ def decode_plan(
     smaller = [h for h in best if best[h][0] < _SMALL_CTA_MARGIN * best[whole][0]]
     heads = min(smaller, key=lambda h: (best[h][0], -h)) if smaller else whole
     parts = best[heads][1]
-    size = math.ceil(math.ceil(max_seq_len / parts) / _ATTN_TILE) * _ATTN_TILE
-    return DecodePlan(heads, size)
+    splits = 1
+    if heads == whole and whole >= _SPLIT_HEAD_DIVISOR:
+        # Whole-row plans become quarter-row CTAs with 2 warps per kv head and half the pieces.
+        heads, splits, parts = whole // _SPLIT_HEAD_DIVISOR, 2, math.ceil(parts / 2)
+    unit = _ATTN_TILE * splits
+    size = math.ceil(math.ceil(max_seq_len / parts) / unit) * unit
+    return DecodePlan(heads, size, splits)
 
 
 @functools.cache
@@ -194,14 +208,16 @@ def paged_decode_attention(
     partition_size: int | None = None,
     heads_per_cta: int | None = None,
     fused_reduce: bool | None = None,
+    splits: int | None = None,
 ) -> torch.Tensor:
     """One query token per sequence over the paged cache: q [B, Hq, D] -> out [B, Hq, D].
 
     ``max_seq_len`` (host int, >= every seq_lens entry) fixes the split-KV grid, so a CUDA graph captured with
     the model's maximum length serves every shorter context (the kernel cuts each sequence's actual span into
-    that grid's pieces). ``partition_size``, ``heads_per_cta`` (kv heads per CTA, 1 .. 1024 // D) and
-    ``fused_reduce`` (the last CTA of a head group combines the pieces instead of a second kernel) override
-    :func:`decode_plan` and :func:`decode_fused_reduce` one by one (benchmarks and tests use them). block_tables int32 [B, max_blocks],
+    that grid's pieces). ``partition_size``, ``heads_per_cta`` (kv heads per CTA), ``splits`` (warps per kv head,
+    each taking every splits-th tile; heads x splits at most 1024 // D) and ``fused_reduce`` (the last CTA of a
+    head group combines the pieces instead of a second kernel) override :func:`decode_plan` and
+    :func:`decode_fused_reduce` one by one (benchmarks and tests use them). block_tables int32 [B, max_blocks],
     seq_lens int32 [B]. The first call on a device must not be inside CUDA-graph capture.
     """
     if not paged_decode_supported(q, kv_cache):
@@ -214,11 +230,13 @@ def paged_decode_attention(
     block_tables, seq_lens = block_tables.contiguous(), seq_lens.contiguous()
     b, hq, d = q.shape
     _, _, block_size, hk, _ = kv_cache.shape
-    if heads_per_cta is not None and not 1 <= heads_per_cta <= native.module().cuda_attn_cta_row // d:
-        raise ValueError(f"paged_decode_attention: heads_per_cta must be 1 .. {native.module().cuda_attn_cta_row // d}")
     plan = auto_decode_plan(q, kv_cache, max_seq_len)
     partition_size = partition_size or plan.partition_size
     heads_per_cta = heads_per_cta or plan.heads_per_cta
+    splits = splits or plan.splits
+    most = native.module().cuda_attn_cta_row // d
+    if not (heads_per_cta >= 1 and splits >= 1 and heads_per_cta * splits <= most):
+        raise ValueError(f"paged_decode_attention: heads_per_cta x splits must be 1 .. {most} warps per CTA")
     parts = max(1, math.ceil(max_seq_len / partition_size))
     fused = decode_fused_reduce(parts) if fused_reduce is None else fused_reduce
     counters = _reduce_counters(_device_index(q.device))
@@ -234,7 +252,7 @@ def paged_decode_attention(
     native.module().cuda_paged_attention_decode(
         out.data_ptr(), q.data_ptr(), kp, vp, block_tables.data_ptr(), seq_lens.data_ptr(), po_ptr, pml_ptr,
         counters.data_ptr() if fused else 0, b, hq, hk, d, q.stride(0), block_size, block_tables.shape[1],
-        partition_size, parts, heads_per_cta, scale, softcap or 0.0, sliding_window or 0, native.dtype_code(q),
+        partition_size, parts, heads_per_cta, splits, scale, softcap or 0.0, sliding_window or 0, native.dtype_code(q),
         native.stream(q.device),
     )
     return out

@@ -137,8 +137,9 @@ def test_graph_replay_with_other_lengths_and_automatic_split() -> None:
 
 
 def test_partition_rule_covers_the_grid() -> None:
-    """The automatic piece length is whole 16-token tiles and, times the piece count, covers max_seq_len; the
-    heads per CTA are a valid launch setting whose K/V stages fit the device's shared memory."""
+    """The automatic piece length is whole stages (16-token tiles, one per warp of a kv head) and, times the piece
+    count, covers max_seq_len; heads per CTA x warps per head are a valid launch setting whose K/V stages fit
+    the device's shared memory."""
     for b, hk, d, max_len in [(1, 8, 128, 4096), (1, 8, 128, 32768), (64, 8, 128, 1024), (7, 2, 64, 100), (3, 16, 256, 9)]:
         q = torch.empty(b, 4 * hk, d, dtype=torch.bfloat16, device=DEV)
         cache = torch.empty(2, 1, 16, hk, d, dtype=torch.bfloat16, device=DEV)
@@ -146,6 +147,8 @@ def test_partition_rule_covers_the_grid() -> None:
         assert plan.partition_size % 16 == 0 and plan.partition_size > 0
         assert math.ceil(max_len / plan.partition_size) * plan.partition_size >= max_len
         assert 1 <= plan.heads_per_cta <= min(hk, 1024 // d)
+        assert plan.splits >= 1 and plan.heads_per_cta * plan.splits <= 1024 // d
+        assert plan.partition_size % (16 * plan.splits) == 0
         out = cuda_paged.paged_decode_attention(
             q.normal_(), cache.normal_(), torch.zeros(b, 1, dtype=torch.int32, device=DEV),
             torch.ones(b, dtype=torch.int32, device=DEV), 0.1, max_len,
@@ -181,19 +184,21 @@ _BOUNDARY_LENS = [1, 15, 16, 17, 63, 64, 65, 127, 129, 191, 192, 333, 1000]
 @pytest.mark.parametrize("hq,hk", [(32, 8), (64, 8), (8, 8)])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("heads_per_cta", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("splits", [1, 2, 8])
 def test_every_heads_per_cta_and_reduce_form(
-    heads_per_cta: int, d: int, hq: int, hk: int, block_size: int, fused_reduce: bool
+    heads_per_cta: int, splits: int, d: int, hq: int, hk: int, block_size: int, fused_reduce: bool
 ) -> None:
-    """Each CTA size (kv heads per CTA up to 1024 / D), GQA 4:1, 8:1 and 1:1, both split-KV reduce forms, with
-    contexts at tile and piece boundaries (16 pieces of 64 tokens for a 1024-token grid)."""
-    if heads_per_cta > 1024 // d:
-        pytest.skip("more kv heads than one CTA row holds at this head_dim")
+    """Each CTA size (kv heads per CTA x warps per kv head up to 1024 / D warps), GQA 4:1, 8:1 and 1:1, both
+    split-KV reduce forms, with contexts at tile, stage and piece boundaries (pieces of 64 tokens, or one stage
+    of 16 * splits, for a 1024-token grid)."""
+    if heads_per_cta * splits > 1024 // d:
+        pytest.skip("more warps than one CTA holds at this head_dim")
     q, cache, table_t, tables = _paged_case(_BOUNDARY_LENS, hq, hk, d, block_size, torch.bfloat16, seed=d + hq)
     lens_t = torch.tensor(_BOUNDARY_LENS, dtype=torch.int32, device=DEV)
     poison_allocator(DEV, 1 << 22)
     got = cuda_paged.paged_decode_attention(
         q, cache, table_t, lens_t, d**-0.5, max_seq_len=1024, partition_size=64, heads_per_cta=heads_per_cta,
-        fused_reduce=fused_reduce,
+        fused_reduce=fused_reduce, splits=splits,
     )
     assert rel_error(got, _reference(q, cache, tables, _BOUNDARY_LENS, d**-0.5)) < REL_TOL[torch.bfloat16]
 
@@ -214,13 +219,19 @@ def test_fused_reduce_rearms_its_counters() -> None:
 def test_heads_per_cta_out_of_range_is_refused() -> None:
     q, cache, table_t, _ = _paged_case([5], 8, 8, 256, 16, torch.bfloat16, seed=1)
     lens_t = torch.tensor([5], dtype=torch.int32, device=DEV)
-    with pytest.raises(ValueError, match=r"heads_per_cta must be 1 \.\. 4"):
+    with pytest.raises(ValueError, match=r"heads_per_cta x splits must be 1 \.\. 4"):
         cuda_paged.paged_decode_attention(q, cache, table_t, lens_t, 0.1, max_seq_len=16, heads_per_cta=8)
+    with pytest.raises(ValueError, match=r"heads_per_cta x splits must be 1 \.\. 4"):
+        cuda_paged.paged_decode_attention(q, cache, table_t, lens_t, 0.1, max_seq_len=16, heads_per_cta=2, splits=4)
 
 
 @pytest.mark.parametrize("writer", ["rope_cache", "reshape_and_cache"])
-@pytest.mark.parametrize("heads_per_cta,fused_reduce", [(8, False), (2, False), (2, True), (1, True)])
-def test_decode_after_the_newest_token_write_in_a_graph(writer: str, heads_per_cta: int, fused_reduce: bool) -> None:
+@pytest.mark.parametrize(
+    "heads_per_cta,fused_reduce,splits", [(8, False, 1), (2, False, 1), (2, True, 1), (1, True, 1), (1, False, 4), (2, True, 4)]
+)
+def test_decode_after_the_newest_token_write_in_a_graph(
+    writer: str, heads_per_cta: int, fused_reduce: bool, splits: int
+) -> None:
     """The decode step as the engine captures it: the fused RoPE + cache write (or reshape_and_cache) stores each
     sequence's newest K/V and rotates q, then the decode kernel, a programmatic dependent launch, runs right
     after it. Before each replay the newest slots hold large garbage and q is un-rotated, so a kernel that read
@@ -251,7 +262,7 @@ def test_decode_after_the_newest_token_write_in_a_graph(writer: str, heads_per_c
             cuda_paged.reshape_and_cache(k, v, cache, slots)
         return cuda_paged.paged_decode_attention(
             q, cache, table_t, lens_t, d**-0.5, max_len, partition_size=64, heads_per_cta=heads_per_cta,
-            fused_reduce=fused_reduce,
+            fused_reduce=fused_reduce, splits=splits,
         )
 
     side = torch.cuda.Stream()
