@@ -97,22 +97,24 @@ static Registrar registrar([](py::module_& m) {
       "cuda_rotary_embedding",
       [](uintptr_t q, uintptr_t k, uintptr_t positions, uintptr_t cos_sin, int64_t tokens, int64_t q_heads,
          int64_t k_heads, int64_t head_dim, int64_t rotary_dim, int64_t q_stride, int64_t k_stride, int style,
-         int dtype, uintptr_t stream) {
+         int pair_group, int dtype, uintptr_t stream) {
         cuda::rotary_embedding(as_ptr<void>(q), as_ptr<void>(k), as_ptr<const int64_t>(positions),
                                as_ptr<const float>(cos_sin), tokens, q_heads, k_heads, head_dim, rotary_dim, q_stride,
-                               k_stride, style, to_dtype(dtype), stream);
+                               k_stride, style, pair_group, to_dtype(dtype), stream);
       },
-      "RoPE in place on q and k (style: 0 gptj, 1 neox, 2 neox over halves interleaved in groups of 8)");
+      "RoPE in place on q and k (style: 0 gptj, 1 neox; pair_group 1 or 8: neox heads stored with their halves "
+      "interleaved in groups of that many channels, left in the standard layout)");
   m.def(
       "cuda_rotary_embedding_cache",
       [](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t positions, uintptr_t cos_sin, uintptr_t key_cache,
          uintptr_t value_cache, uintptr_t slots, int64_t tokens, int64_t q_heads, int64_t k_heads, int64_t head_dim,
-         int64_t q_stride, int64_t k_stride, int64_t v_stride, int style, int dtype, uintptr_t stream) {
+         int64_t q_stride, int64_t k_stride, int64_t v_stride, int style, int pair_group, int dtype,
+         uintptr_t stream) {
         cuda::rotary_embedding_cache(as_ptr<void>(q), as_ptr<void>(k), as_ptr<const void>(v),
                                      as_ptr<const int64_t>(positions), as_ptr<const float>(cos_sin),
                                      as_ptr<void>(key_cache), as_ptr<void>(value_cache), as_ptr<const int64_t>(slots),
                                      tokens, q_heads, k_heads, head_dim, q_stride, k_stride, v_stride, style,
-                                     to_dtype(dtype), stream);
+                                     pair_group, to_dtype(dtype), stream);
       },
       "RoPE in place on q and k (whole heads), rotated k and v stored into the paged cache at their slots");
   m.def(

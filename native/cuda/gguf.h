@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "bindings/tensor_arg.h"
+#include "cuda/skinny_gemm.h"
 
 namespace candle_vllm::cuda {
 
@@ -42,6 +43,21 @@ void gguf_gemv_q8(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w
 // dtype is y's.
 void gguf_gemv_q8_quantized(void* y, const int8_t* xq, const void* xb, const uint8_t* w, int64_t M, int64_t N,
                             int64_t K, int qtype, DType dtype, std::uintptr_t stream, int rows = 0);
+
+// What the RoPE + cache epilogue needs besides the GEMV's operands: the same fields as the skinny GEMM's epilogue
+// (positions, cos/sin table, the cache halves, slots, q_rows, rot_rows, head_dim, kv_heads), but the first rot_rows
+// rows of W hold each q/k head's halves interleaved in pair group 1 (channel i, then half + i: ops/row_pairs.py),
+// so a CTA's even number of consecutive rows holds whole rotation pairs.
+using GgufRopeCache = SkinnyRopeCache;
+
+// gguf_gemv_q8 (x non-null: quantized first into xq/xb) or gguf_gemv_q8_quantized (x null: xq/xb hold the codes)
+// whose epilogue rotates q and k (neox, cos/sin rounded to dtype as rotary_embedding does) and stores k and v at
+// the tokens' cache slots (< 0: not stored): y [M, N] in the standard head layout and the cache are left exactly as
+// the GEMV followed by rotary_embedding_cache (pair_group 1) would leave them. Any M <= 8; N = q_rows + 2 * kv_heads
+// * head_dim, head_dim even; the same rows choice as the plain GEMV.
+void gguf_gemv_q8_rope_cache(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N,
+                             int64_t K, int qtype, DType dtype, const GgufRopeCache& rope, std::uintptr_t stream,
+                             int rows = 0);
 
 // The rows per CTA gguf_gemv_q8 launches with for M tokens and N weight rows on the current device (rows = 0
 // resolved by the default rule: per type, and for Q4_K/Q5_K by wave efficiency over the device's SMs).

@@ -14,6 +14,12 @@
 // One token (M = 1) takes R in {2, 4, 8} as a launch choice (rows = 0: default_rows_at_m1). Every choice gives
 // the same bits: each output row is summed by the same threads over the same slots in the same order, and
 // reduced the same way.
+//
+// The RoPE + cache epilogue (gguf_gemv_q8_rope_cache) is the same kernel with another store: the q/k rows of a
+// fused q/k/v weight hold each head's halves interleaved in pairs (rows i and half + i of a head adjacent, pair
+// group 1 of ops/row_pairs.py), so with R even a CTA owns whole rotation pairs, and warp 0 (which holds the
+// R x M final sums, R * M <= 32) swaps partners with one shuffle, rotates them as the separate RoPE kernel would,
+// writes y in the standard head layout and stores k and v at the tokens' cache slots.
 #include <atomic>
 
 #include "cuda/common.cuh"
@@ -77,10 +83,39 @@ __global__ void __launch_bounds__(256) quantize_x_kernel(const T* x, int8_t* __r
   q8_store_vec(in, live, xq, xb, 4 * i);
 }
 
-template <class Q, int M, int R>
+// One output element of the RoPE + cache epilogue: row `row` (as stored) for token m, with v its final sum and
+// pv its partner row's (row ^ 1). Each sum is rounded to T first, as the GEMV's store followed by the RoPE kernel
+// would round it; cos/sin too (rotary.cu), and the rotation is the shared rope_pair.
+template <typename T>
+__device__ __forceinline__ void rope_cache_store(void* y, float v, float pv, const GgufRopeCache& a, int row, int m,
+                                                 int N) {
+  const int64_t slot = a.slots[m];
+  const int d = a.head_dim;
+  T out;
+  int feat = row;
+  if (row >= a.rot_rows) {  // a v feature: stored as it is
+    out = from_f32<T>(v);
+    const int vf = row - a.rot_rows;
+    if (slot >= 0) static_cast<T*>(a.value_cache)[(slot * a.kv_heads + vf / d) * d + vf % d] = out;
+  } else {
+    const int head0 = row - row % d, p = (row % d) >> 1, half = d >> 1;
+    const bool second = row & 1;
+    const float* cs = a.cos_sin + a.positions[m] * d;
+    const float2 r = rope_pair(round_to<T>(second ? pv : v), round_to<T>(second ? v : pv), round_to<T>(cs[p]),
+                               round_to<T>(cs[half + p]));
+    out = from_f32<T>(second ? r.y : r.x);
+    feat = head0 + (second ? half + p : p);
+    if (row >= a.q_rows && slot >= 0)
+      static_cast<T*>(a.key_cache)[(slot * a.kv_heads + (head0 - a.q_rows) / d) * d + feat - head0] = out;
+  }
+  static_cast<T*>(y)[static_cast<int64_t>(m) * N + feat] = out;
+}
+
+template <class Q, int M, int R, bool ROPE>
 __global__ void __launch_bounds__(kThreads, (min_ctas<Q, M, R>()))
     gemv_q8_kernel(void* __restrict__ y, bool bf16, const int8_t* __restrict__ xq, const XBlock* __restrict__ xb,
-                   const uint8_t* __restrict__ w, int rows_m, int N, int K, int64_t row_bytes) {
+                   const uint8_t* __restrict__ w, int rows_m, int N, int K, int64_t row_bytes,
+                   const GgufRopeCache rope) {
   using Raw = typename Q::Raw;
   const int row0 = blockIdx.x * R;
   const int slots = K / Q::kBlockElems * Q::kParts;
@@ -139,7 +174,20 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<Q, M, R>()))
       if (lane == 0) red[warp][r * M + m] = v;
     }
   __syncthreads();
-  if (threadIdx.x < R * M) {
+  if constexpr (ROPE) {
+    static_assert(R % 2 == 0 && R * M <= 32 && (M & (M - 1)) == 0, "warp 0 holds whole pairs of rows");
+    if (warp != 0) return;
+    float v = 0.f;
+    if (lane < R * M)
+#pragma unroll
+      for (int i = 0; i < kThreads / 32; ++i) v += red[i][lane];
+    const float pv = __shfl_xor_sync(0xffffffffu, v, M);  // lane (r ^ 1) * M + m: the partner row, same token
+    const int r = lane / M, m = lane % M, row = row0 + r;
+    if (lane < R * M && row < N && m < rows_m) {
+      if (bf16) rope_cache_store<__nv_bfloat16>(y, v, pv, rope, row, m, N);
+      else rope_cache_store<__half>(y, v, pv, rope, row, m, N);
+    }
+  } else if (threadIdx.x < R * M) {
     const int r = threadIdx.x / M, m = threadIdx.x % M, row = row0 + r;
     float v = 0.f;
 #pragma unroll
@@ -154,11 +202,16 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<Q, M, R>()))
 
 template <class Q, int M, int R>
 void launch_gemv(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int rows_m, int N, int K,
-                 cudaStream_t stream) {
+                 const GgufRopeCache* rope, cudaStream_t stream) {
   const int64_t row_bytes = static_cast<int64_t>(K / Q::kBlockElems) * Q::kBlockBytes;
+  const dim3 grid(static_cast<unsigned>((N + R - 1) / R));
   // A programmatic dependent of the kernel that wrote xq/xb: the first weights stream while it runs.
-  launch_pdl("gguf_gemv_q8", gemv_q8_kernel<Q, M, R>, dim3(static_cast<unsigned>((N + R - 1) / R)), dim3(kThreads),
-             0, stream, y, bf16, xq, xb, w, rows_m, N, K, row_bytes);
+  if (rope != nullptr)
+    launch_pdl("gguf_gemv_q8_rope_cache", gemv_q8_kernel<Q, M, R, true>, grid, dim3(kThreads), 0, stream, y, bf16,
+               xq, xb, w, rows_m, N, K, row_bytes, *rope);
+  else
+    launch_pdl("gguf_gemv_q8", gemv_q8_kernel<Q, M, R, false>, grid, dim3(kThreads), 0, stream, y, bf16, xq, xb, w,
+               rows_m, N, K, row_bytes, GgufRopeCache{});
 }
 
 constexpr int kMaxDevices = 64;
@@ -192,7 +245,7 @@ int ctas_per_sm() {
   static std::atomic<int> cache[kMaxDevices];
   return per_device(cache, "gguf_gemv_q8: residency", [](int) {
     int n = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_q8_kernel<Q, 1, R>, kThreads, 0),
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_q8_kernel<Q, 1, R, false>, kThreads, 0),
                "gguf_gemv_q8: residency");
     return n;
   });
@@ -257,9 +310,38 @@ void check_launch_choice(const char* what, int64_t M, int rows) {
     throw std::invalid_argument(op + ": rows is a one-token choice (M = 1); pass rows=0 for M = " + std::to_string(M));
 }
 
+// x's int8 codes and blocks into xq/xb (the GEMV's own quantizer launch), after the argument checks.
+void quantize_activations(const char* what, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M,
+                          int64_t N, int64_t K, int qtype, DType dtype, int rows, cudaStream_t s) {
+  check_gemv_args(what, M, N, K, w, xq, xb, dtype);
+  check_launch_choice(what, M, rows);
+  if (!aligned16(x)) throw std::invalid_argument(std::string(what) + ": x must be 16-byte aligned");
+  if (!gguf_gemv_q8_supported(qtype))
+    throw std::invalid_argument(std::string(what) + ": no int8-activation kernel for GGUF type " + std::to_string(qtype));
+  const int64_t blocks = M * K / 32;
+  dispatch_float<false>(dtype, what, [&](auto t) {
+    using T = decltype(t);
+    const unsigned grid = static_cast<unsigned>((blocks * 8 + 255) / 256);
+    launch_pdl("gguf_gemv_q8: quantize activations", quantize_x_kernel<T>, dim3(grid), dim3(256), 0, s,
+               static_cast<const T*>(x), xq, static_cast<XBlock*>(xb), blocks);
+  });
+}
+
+void check_rope(const GgufRopeCache& rope, int64_t N) {
+  const int64_t d = rope.head_dim;
+  if (d < 2 || d % 2 != 0 || rope.q_rows % d != 0 || rope.rot_rows % d != 0 || rope.q_rows >= rope.rot_rows ||
+      rope.rot_rows >= N || N - rope.rot_rows != rope.rot_rows - rope.q_rows ||
+      (rope.rot_rows - rope.q_rows) / d != rope.kv_heads)
+    throw std::invalid_argument(
+        "gguf_gemv_q8_rope_cache: needs an even head_dim and N = q_rows + 2 * kv_heads * head_dim with whole heads");
+  if (rope.positions == nullptr || rope.cos_sin == nullptr || rope.slots == nullptr || rope.key_cache == nullptr ||
+      rope.value_cache == nullptr)
+    throw std::invalid_argument("gguf_gemv_q8_rope_cache: positions, cos_sin, slots and both caches are required");
+}
+
 // The GEMV on the codes in xq/xb, a programmatic dependent of the kernel before (which wrote them).
 void launch_q8(const char* what, void* y, const int8_t* xq, const XBlock* xb, const uint8_t* w, int64_t M, int64_t N,
-               int64_t K, int qtype, DType dtype, int rows, cudaStream_t s) {
+               int64_t K, int qtype, DType dtype, int rows, const GgufRopeCache* rope, cudaStream_t s) {
   check_launch_choice(what, M, rows);
   const bool bf16 = dtype == DType::BF16;
   const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
@@ -268,16 +350,16 @@ void launch_q8(const char* what, void* y, const int8_t* xq, const XBlock* xb, co
     if (K % Q::kBlockElems != 0) throw std::invalid_argument(std::string(what) + ": K must be a whole number of blocks");
     if (m == 1) {
       switch (rows_for<Q>(m, n, rows)) {
-        case 2: launch_gemv<Q, 1, 2>(y, bf16, xq, xb, w, 1, n, k, s); break;
-        case 4: launch_gemv<Q, 1, 4>(y, bf16, xq, xb, w, 1, n, k, s); break;
-        default: launch_gemv<Q, 1, 8>(y, bf16, xq, xb, w, 1, n, k, s); break;
+        case 2: launch_gemv<Q, 1, 2>(y, bf16, xq, xb, w, 1, n, k, rope, s); break;
+        case 4: launch_gemv<Q, 1, 4>(y, bf16, xq, xb, w, 1, n, k, rope, s); break;
+        default: launch_gemv<Q, 1, 8>(y, bf16, xq, xb, w, 1, n, k, rope, s); break;
       }
     } else if (m == 2) {
-      launch_gemv<Q, 2, 2>(y, bf16, xq, xb, w, m, n, k, s);
+      launch_gemv<Q, 2, 2>(y, bf16, xq, xb, w, m, n, k, rope, s);
     } else if (m <= 4) {
-      launch_gemv<Q, 4, 4>(y, bf16, xq, xb, w, m, n, k, s);
+      launch_gemv<Q, 4, 4>(y, bf16, xq, xb, w, m, n, k, rope, s);
     } else {
-      launch_gemv<Q, 8, 4>(y, bf16, xq, xb, w, m, n, k, s);
+      launch_gemv<Q, 8, 4>(y, bf16, xq, xb, w, m, n, k, rope, s);
     }
   });
   if (!known)
@@ -304,28 +386,27 @@ int gguf_gemv_q8_rows(int qtype, int64_t M, int64_t N, int rows) {
 
 void gguf_gemv_q8(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
                   int qtype, DType dtype, std::uintptr_t stream, int rows) {
-  check_gemv_args("gguf_gemv_q8", M, N, K, w, xq, xb, dtype);
-  check_launch_choice("gguf_gemv_q8", M, rows);
-  if (!aligned16(x)) throw std::invalid_argument("gguf_gemv_q8: x must be 16-byte aligned");
-  if (!gguf_gemv_q8_supported(qtype))
-    throw std::invalid_argument("gguf_gemv_q8: no int8-activation kernel for GGUF type " + std::to_string(qtype));
   const cudaStream_t s = as_stream(stream);
-  const int64_t blocks = M * K / 32;
-  auto* xbp = static_cast<XBlock*>(xb);
-  dispatch_float<false>(dtype, "gguf_gemv_q8", [&](auto t) {
-    using T = decltype(t);
-    const unsigned grid = static_cast<unsigned>((blocks * 8 + 255) / 256);
-    launch_pdl("gguf_gemv_q8: quantize activations", quantize_x_kernel<T>, dim3(grid), dim3(256), 0, s,
-               static_cast<const T*>(x), xq, xbp, blocks);
-  });
-  launch_q8("gguf_gemv_q8", y, xq, xbp, w, M, N, K, qtype, dtype, rows, s);
+  quantize_activations("gguf_gemv_q8", x, xq, xb, w, M, N, K, qtype, dtype, rows, s);
+  launch_q8("gguf_gemv_q8", y, xq, static_cast<const XBlock*>(xb), w, M, N, K, qtype, dtype, rows, nullptr, s);
 }
 
 void gguf_gemv_q8_quantized(void* y, const int8_t* xq, const void* xb, const uint8_t* w, int64_t M, int64_t N,
                             int64_t K, int qtype, DType dtype, std::uintptr_t stream, int rows) {
   check_gemv_args("gguf_gemv_q8_quantized", M, N, K, w, xq, xb, dtype);
-  launch_q8("gguf_gemv_q8_quantized", y, xq, static_cast<const XBlock*>(xb), w, M, N, K, qtype, dtype, rows,
+  launch_q8("gguf_gemv_q8_quantized", y, xq, static_cast<const XBlock*>(xb), w, M, N, K, qtype, dtype, rows, nullptr,
             as_stream(stream));
+}
+
+void gguf_gemv_q8_rope_cache(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N,
+                             int64_t K, int qtype, DType dtype, const GgufRopeCache& rope, std::uintptr_t stream,
+                             int rows) {
+  const char* what = "gguf_gemv_q8_rope_cache";
+  check_rope(rope, N);
+  const cudaStream_t s = as_stream(stream);
+  if (x != nullptr) quantize_activations(what, x, xq, xb, w, M, N, K, qtype, dtype, rows, s);
+  else check_gemv_args(what, M, N, K, w, xq, xb, dtype);
+  launch_q8(what, y, xq, static_cast<const XBlock*>(xb), w, M, N, K, qtype, dtype, rows, &rope, s);
 }
 
 }  // namespace candle_vllm::cuda

@@ -61,11 +61,16 @@ struct RotaryArgs {
   int q_heads, k_heads, head_dim, rotary_dim;
 };
 
-template <typename T, int STYLE, bool CACHE>
+// GROUP 0: the standard layout of STYLE; GROUP 1 or 8 (neox only): the head's halves stored interleaved in
+// groups of GROUP channels (first-half channels GROUP*j.., then their partners half+GROUP*j..), read as they are
+// stored and written back in the standard layout.
+template <typename T, int STYLE, int GROUP, bool CACHE>
 __global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T> a) {
   constexpr int V = kVec<T>;
-  constexpr bool NEOX = STYLE != kRopeGptj, PAIRED = STYLE == kRopeNeoxPaired;
-  static_assert(!PAIRED || V == 8, "the paired layout's groups of 8 are one 16-byte vector of f16/bf16");
+  constexpr bool NEOX = STYLE != kRopeGptj, PAIRED = GROUP > 0;
+  constexpr int G = PAIRED ? GROUP : 1;
+  static_assert(!PAIRED || (NEOX && V == 8 && V % G == 0),
+                "a paired layout holds a thread's 8 pairs in one 16-byte vector pair of f16/bf16");
   pdl_launch_dependents();
   const int half = a.rotary_dim / 2, groups = half / V;
   const int heads = a.q_heads + a.k_heads * (CACHE ? 2 : 1);
@@ -108,19 +113,25 @@ __global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T
   pdl_wait();
   Vec16<T> v1 = *reinterpret_cast<const Vec16<T>*>(head + r1);
   Vec16<T> v2 = *reinterpret_cast<const Vec16<T>*>(head + r2);
-  // Pair p: neox (v1[p], v2[p]); gptj channels 2p, 2p+1 of the concatenation v1 v2.
+  // Pair p among the 2V values v1 v2: neox (p, V + p); gptj (2p, 2p + 1); paired, first-half channel p sits at
+  // (p / GROUP) * 2 GROUP + p % GROUP and its partner GROUP after it.
   float x[2 * V];
 #pragma unroll
   for (int i = 0; i < V; ++i) x[i] = to_f32(v1.v[i]), x[V + i] = to_f32(v2.v[i]);
+  auto first = [](int p) { return PAIRED ? p / G * 2 * G + p % G : NEOX ? p : 2 * p; };
+  auto second = [](int p) { return PAIRED ? p / G * 2 * G + p % G + G : NEOX ? V + p : 2 * p + 1; };
 #pragma unroll
   for (int p = 0; p < V; ++p) {
-    const int i1 = NEOX ? p : 2 * p, i2 = NEOX ? V + p : 2 * p + 1;
-    const float2 r = rope_pair(x[i1], x[i2], c[p], s[p]);
-    x[i1] = r.x;
-    x[i2] = r.y;
+    const float2 r = rope_pair(x[first(p)], x[second(p)], c[p], s[p]);
+    x[first(p)] = r.x;
+    x[second(p)] = r.y;
   }
+  // Standard layout out: neox and paired heads write first-half channels from v1 and their partners from v2.
 #pragma unroll
-  for (int i = 0; i < V; ++i) v1.v[i] = from_f32<T>(x[i]), v2.v[i] = from_f32<T>(x[V + i]);
+  for (int i = 0; i < V; ++i) {
+    v1.v[i] = from_f32<T>(x[PAIRED ? first(i) : i]);
+    v2.v[i] = from_f32<T>(x[PAIRED ? second(i) : V + i]);
+  }
   // Paired heads are rewritten in place in the standard layout: the head's `groups` lanes (consecutive, aligned
   // within the warp; no lane of a rotating head returned early) have all read it before any of them writes.
   if constexpr (PAIRED) __syncwarp(((1u << groups) - 1) << ((threadIdx.x & 31) - gi));
@@ -134,15 +145,19 @@ __global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T
 }
 
 template <typename T, bool CACHE>
-void launch_vec(const RotaryArgs<T>& a, int style, std::uintptr_t stream) {
+void launch_vec(const RotaryArgs<T>& a, int style, int pair_group, std::uintptr_t stream) {
   const int64_t heads = a.q_heads + a.k_heads * (CACHE ? 2 : 1);
   const int64_t threads = a.tokens * heads * (a.rotary_dim / 2 / kVec<T>);
   const auto blocks = static_cast<unsigned>((threads + kThreads - 1) / kThreads);
   const char* what = CACHE ? "rotary_embedding_cache" : "rotary_embedding";
   auto launch = [&](auto kernel) { launch_pdl(what, kernel, dim3(blocks), dim3(kThreads), 0, as_stream(stream), a); };
-  if (style == kRopeGptj) launch(rotary_vec_kernel<T, kRopeGptj, CACHE>);
-  else if (style == kRopeNeox) launch(rotary_vec_kernel<T, kRopeNeox, CACHE>);
-  else if constexpr (kVec<T> == 8) launch(rotary_vec_kernel<T, kRopeNeoxPaired, CACHE>);
+  if (pair_group == 0) {
+    if (style == kRopeGptj) launch(rotary_vec_kernel<T, kRopeGptj, 0, CACHE>);
+    else launch(rotary_vec_kernel<T, kRopeNeox, 0, CACHE>);
+  } else if constexpr (kVec<T> == 8) {
+    if (pair_group == 8) launch(rotary_vec_kernel<T, kRopeNeox, 8, CACHE>);
+    else launch(rotary_vec_kernel<T, kRopeNeox, 1, CACHE>);
+  }
 }
 
 // Whether every row a vectorised thread touches starts on a 16-byte boundary.
@@ -155,24 +170,27 @@ bool vectorizable(int64_t elem, int64_t head_dim, int64_t rotary_dim, std::initi
   return ok;
 }
 
-void check_style(const char* what, int style, int64_t head_dim, int64_t rotary_dim, DType dtype) {
-  if (style != kRopeGptj && style != kRopeNeox && style != kRopeNeoxPaired)
+void check_style(const char* what, int style, int pair_group, int64_t head_dim, int64_t rotary_dim, DType dtype) {
+  if (style != kRopeGptj && style != kRopeNeox)
     throw std::invalid_argument(std::string(what) + ": unknown RoPE style " + std::to_string(style));
+  if (pair_group != 0 && pair_group != 1 && pair_group != 8)
+    throw std::invalid_argument(std::string(what) + ": pair_group must be 0 (standard layout), 1 or 8, got " +
+                                std::to_string(pair_group));
   const int64_t groups = head_dim / 16;  // lanes per head in the paired kernel: a power of two within a warp
-  if (style == kRopeNeoxPaired &&
-      (dtype == DType::F32 || rotary_dim != head_dim || head_dim % 16 != 0 || groups > 16 || (groups & (groups - 1))))
-    throw std::invalid_argument(std::string(what) +
-                                ": the paired layout needs f16/bf16, whole-head rotary and head_dim 16/32/64/128/256");
+  if (pair_group != 0 && (style != kRopeNeox || dtype == DType::F32 || rotary_dim != head_dim || head_dim % 16 != 0 ||
+                          groups > 16 || (groups & (groups - 1))))
+    throw std::invalid_argument(std::string(what) + ": the paired layout needs neox, f16/bf16, whole-head rotary "
+                                "and head_dim 16/32/64/128/256");
 }
 
 }  // namespace
 
 void rotary_embedding(void* q, void* k, const int64_t* positions, const float* cos_sin, int64_t tokens,
                       int64_t q_heads, int64_t k_heads, int64_t head_dim, int64_t rotary_dim, int64_t q_stride,
-                      int64_t k_stride, int style, DType dtype, std::uintptr_t stream) {
+                      int64_t k_stride, int style, int pair_group, DType dtype, std::uintptr_t stream) {
   if (rotary_dim % 2 != 0 || rotary_dim > head_dim)
     throw std::invalid_argument("rotary_embedding: rotary_dim must be even and <= head_dim");
-  check_style("rotary_embedding", style, head_dim, rotary_dim, dtype);
+  check_style("rotary_embedding", style, pair_group, head_dim, rotary_dim, dtype);
   if (tokens == 0) return;
   dispatch_float<true>(dtype, "rotary_embedding", [&](auto tag) {
     using T = decltype(tag);
@@ -180,10 +198,10 @@ void rotary_embedding(void* q, void* k, const int64_t* positions, const float* c
       const RotaryArgs<T> a{static_cast<T*>(q), static_cast<T*>(k), nullptr, positions, cos_sin, nullptr, nullptr,
                             nullptr, tokens, q_stride, k_stride, 0, static_cast<int>(q_heads),
                             static_cast<int>(k_heads), static_cast<int>(head_dim), static_cast<int>(rotary_dim)};
-      launch_vec<T, false>(a, style, stream);
+      launch_vec<T, false>(a, style, pair_group, stream);
       return;
     }
-    if (style == kRopeNeoxPaired)
+    if (pair_group != 0)
       throw std::invalid_argument("rotary_embedding: the paired layout needs 16-byte aligned rows of whole vectors");
     const int64_t pairs = std::max(q_heads, k_heads) * rotary_dim / 2;
     const int threads = static_cast<int>(std::min<int64_t>(512, ((pairs + 31) / 32) * 32));
@@ -197,8 +215,8 @@ void rotary_embedding(void* q, void* k, const int64_t* positions, const float* c
 void rotary_embedding_cache(void* q, void* k, const void* v, const int64_t* positions, const float* cos_sin,
                             void* key_cache, void* value_cache, const int64_t* slots, int64_t tokens, int64_t q_heads,
                             int64_t k_heads, int64_t head_dim, int64_t q_stride, int64_t k_stride, int64_t v_stride,
-                            int style, DType dtype, std::uintptr_t stream) {
-  check_style("rotary_embedding_cache", style, head_dim, head_dim, dtype);
+                            int style, int pair_group, DType dtype, std::uintptr_t stream) {
+  check_style("rotary_embedding_cache", style, pair_group, head_dim, head_dim, dtype);
   if (tokens == 0) return;
   dispatch_float<true>(dtype, "rotary_embedding_cache", [&](auto tag) {
     using T = decltype(tag);
@@ -210,7 +228,7 @@ void rotary_embedding_cache(void* q, void* k, const void* v, const int64_t* posi
                           static_cast<T*>(key_cache), static_cast<T*>(value_cache), slots, tokens, q_stride,
                           k_stride, v_stride, static_cast<int>(q_heads), static_cast<int>(k_heads),
                           static_cast<int>(head_dim), static_cast<int>(head_dim)};
-    launch_vec<T, true>(a, style, stream);
+    launch_vec<T, true>(a, style, pair_group, stream);
   });
 }
 

@@ -99,13 +99,17 @@ class Linear(nn.Module):
 
 
     @property
-    def rope_paired(self) -> bool:
-        """Whether :meth:`forward`'s q/k heads come with interleaved halves (``LinearMethod.rope_paired``)."""
-        return len(self.methods) == 1 and self.methods[0].rope_paired
+    def rope_pair_group(self) -> int:
+        """0, or the group in which :meth:`forward`'s q/k heads come with interleaved halves
+        (``LinearMethod.rope_pair_group``)."""
+        return self.methods[0].rope_pair_group if len(self.methods) == 1 else 0
 
     def forward_rope_cache(self, x: torch.Tensor | Q8Activation, target: RopeCacheTarget) -> torch.Tensor | None:
         """``self(x)`` with q/k rotated (neox, whole heads) and k/v stored in ``target``'s cache in one kernel, where
-        the weight method has one (dense f16/bf16 on CUDA, decode batches); None, having done nothing, elsewhere."""
-        if self.bias is not None or len(self.methods) != 1 or not isinstance(x, torch.Tensor):
+        the weight method has one (dense f16/bf16 or GGUF with a dp4a GEMV on CUDA, decode batches); None, having
+        done nothing, elsewhere. x's int8 codes go along where the method takes them."""
+        if self.bias is not None or len(self.methods) != 1:
             return None
+        if isinstance(x, Q8Activation) and not self.accepts_q8(x.rows):
+            x = x.x
         return self.methods[0].forward_rope_cache(x, target)

@@ -31,7 +31,7 @@ class RotaryEmbedding(nn.Module):
         self.is_neox = is_neox
 
     def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, paired: bool = False
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, pair_group: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``paired``: q/k heads with interleaved halves (``ops.rotary.apply_rotary``)."""
-        return apply_rotary(q, k, positions, self.cos_sin_cache, self.is_neox, paired)
+        """``pair_group``: q/k heads with interleaved halves in groups of that size (``ops.rotary.apply_rotary``)."""
+        return apply_rotary(q, k, positions, self.cos_sin_cache, self.is_neox, pair_group)

@@ -104,13 +104,13 @@ class LlamaAttention(nn.Module):
         if not cached:
             if self.q_norm is not None and self.k_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
-            paired = self.qkv_proj.rope_paired  # q/k heads as the weight stores them: halves interleaved
+            group = self.qkv_proj.rope_pair_group  # q/k heads as the weight stores them: halves interleaved
             cached = can_cache and apply_rotary_and_cache(
                 q, k, v, positions, self.rotary.cos_sin_cache, self.rotary.is_neox, kv_cache, meta.slot_mapping,
-                paired,
+                group,
             )
             if not cached:
-                q, k = self.rotary(positions, q, k, paired)
+                q, k = self.rotary(positions, q, k, group)
         out = self.attn(q, k, v, kv_cache, meta, kv_cached=cached)
         return self.o_proj(out if rows is None else out[rows])
 

@@ -147,6 +147,34 @@ def skinny_gemm(
     return y
 
 
+def epilogue_target_ok(
+    x: torch.Tensor,
+    kv_heads: int,
+    head_dim: int,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> bool:
+    """Whether a decode GEMM's RoPE + cache epilogue can rotate x's [M, ...] projection with this table and store
+    into this cache: whole-head rotary from an f32 table, a contiguous cache [2, blocks, block_size, kv_heads,
+    head_dim] in x's dtype, int64 positions and slots, one per row, all on x's device."""
+    return (
+        kv_cache.dtype == x.dtype
+        and kv_cache.is_contiguous()
+        and kv_cache.dim() == 5
+        and tuple(kv_cache.shape[3:]) == (kv_heads, head_dim)
+        and cos_sin_cache.dtype == torch.float32
+        and cos_sin_cache.is_contiguous()
+        and cos_sin_cache.shape[-1] == head_dim
+        and positions.dtype == slot_mapping.dtype == torch.int64
+        and positions.is_contiguous()
+        and slot_mapping.is_contiguous()
+        and positions.numel() == slot_mapping.numel() == x.shape[0]
+        and all(t.device == x.device for t in (kv_cache, cos_sin_cache, positions, slot_mapping))
+    )
+
+
 def skinny_gemm_rope_cache(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -174,18 +202,7 @@ def skinny_gemm_rope_cache(
         and d % 16 == 0
         and rot_rows > kv_heads * d
         and (rot_rows - kv_heads * d) % d == 0
-        and kv_cache.dtype == x.dtype
-        and kv_cache.is_contiguous()
-        and kv_cache.dim() == 5
-        and tuple(kv_cache.shape[3:]) == (kv_heads, d)
-        and cos_sin_cache.dtype == torch.float32
-        and cos_sin_cache.is_contiguous()
-        and cos_sin_cache.shape[-1] == d
-        and positions.dtype == slot_mapping.dtype == torch.int64
-        and positions.is_contiguous()
-        and slot_mapping.is_contiguous()
-        and positions.numel() == slot_mapping.numel() == x.shape[0]
-        and all(t.device == x.device for t in (kv_cache, cos_sin_cache, positions, slot_mapping))
+        and epilogue_target_ok(x, kv_heads, d, positions, cos_sin_cache, kv_cache, slot_mapping)
     ):
         return None
     m, n, k, splits, warps, partials, counters_ptr = _skinny_launch_args(x, weight, splits, warps)

@@ -15,7 +15,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 
 from candle_vllm.pyengine.ops import native
-from candle_vllm.pyengine.ops.cuda import HALF_DTYPES, available
+from candle_vllm.pyengine.ops.cuda import HALF_DTYPES, _cache_halves, available, epilogue_target_ok
 from candle_vllm.pyengine.ops.q8_activation import BLOCK, Q8Activation
 
 
@@ -100,20 +100,83 @@ def gemv(
             native.dtype_code(x), stream,
         )
         return y
-    if q8 is not None:
-        _check_codes(q8, m, in_features, mod.cuda_gguf_xblock_bytes)
+    to_quantize, xq, xb = _codes(x, q8, in_features)
+    if to_quantize is None:
         mod.cuda_gguf_gemv_q8_quantized(
-            y.data_ptr(), q8.xq.data_ptr(), q8.xb.data_ptr(), data.data_ptr(), m, out_features, in_features,
+            y.data_ptr(), xq.data_ptr(), xb.data_ptr(), data.data_ptr(), m, out_features, in_features,
             int(qtype), native.dtype_code(x), stream, rows,
         )
-        return y
+    else:
+        mod.cuda_gguf_gemv_q8(
+            y.data_ptr(), to_quantize.data_ptr(), xq.data_ptr(), xb.data_ptr(), data.data_ptr(), m, out_features,
+            in_features, int(qtype), native.dtype_code(x), stream, rows,
+        )
+    return y
+
+
+def _codes(
+    x: torch.Tensor, q8: Q8Activation | None, in_features: int
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """The dp4a GEMV's int8 inputs: q8's codes (checked; nothing to quantize), or scratch for the GEMV's own
+    quantizer launch with the 16-byte aligned x it reads."""
+    m, xblock_bytes = x.shape[0], native.module().cuda_gguf_xblock_bytes
+    if q8 is not None:
+        _check_codes(q8, m, in_features, xblock_bytes)
+        return None, q8.xq, q8.xb
     if x.data_ptr() % 16:
         x = x.clone()  # the activation quantizer reads 16-byte aligned rows
     xq = torch.empty(m * in_features, dtype=torch.int8, device=x.device)
-    xb = torch.empty(m * in_features // BLOCK * mod.cuda_gguf_xblock_bytes, dtype=torch.uint8, device=x.device)
-    mod.cuda_gguf_gemv_q8(
-        y.data_ptr(), x.data_ptr(), xq.data_ptr(), xb.data_ptr(), data.data_ptr(), m, out_features, in_features,
-        int(qtype), native.dtype_code(x), stream, rows,
+    xb = torch.empty(m * in_features // BLOCK * xblock_bytes, dtype=torch.uint8, device=x.device)
+    return x, xq, xb
+
+
+def gemv_rope_cache(
+    x: torch.Tensor | Q8Activation,
+    data: torch.Tensor,
+    qtype: QT,
+    out_features: int,
+    in_features: int,
+    head_dim: int,
+    kv_heads: int,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    rows: int = 0,
+) -> torch.Tensor | None:
+    """The fused q/k/v projection of a decode batch (M <= 8) on the dp4a GEMV with neox RoPE and the k/v cache
+    store in its epilogue: one launch instead of the GEMV plus ``rotary_embedding_cache_``.
+
+    ``data`` holds W [q_rows + 2 * kv_heads * head_dim, K] with each q and k head's halves interleaved row by row
+    (``ops.row_pairs.interleave_halves(rows, head_dim, 1)`` on the q/k block rows), so the GEMV's CTAs, which own
+    an even number of consecutive rows, hold whole rotation pairs. Returns y [M, N] in the standard layout, q and
+    k rotated (bit for bit as the GEMV then ``rotary_embedding_cache_(..., pair_group=1)`` leave them), with k and
+    v stored at ``slot_mapping`` (negative: skipped) in ``kv_cache`` [2, blocks, block_size, kv_heads, head_dim];
+    None (nothing done) where the kernel does not apply. x's codes (a :class:`Q8Activation`) spare the quantizer
+    launch; ``rows`` as in :func:`gemv`."""
+    q8 = x if isinstance(x, Q8Activation) else None
+    x = q8.x if q8 is not None else x
+    d = head_dim
+    rot_rows = out_features - kv_heads * d
+    if not (
+        gemv_supported(x, data, qtype, out_features, in_features)
+        and dp4a_supported(qtype)
+        and d > 0
+        and d % 2 == 0
+        and rot_rows > kv_heads * d
+        and (rot_rows - kv_heads * d) % d == 0
+        and epilogue_target_ok(x, kv_heads, d, positions, cos_sin_cache, kv_cache, slot_mapping)
+    ):
+        return None
+    m = x.shape[0]
+    y = torch.empty(m, out_features, dtype=x.dtype, device=x.device)
+    to_quantize, xq, xb = _codes(x, q8, in_features)
+    kp, vp = _cache_halves(kv_cache)
+    native.module().cuda_gguf_gemv_q8_rope_cache(
+        y.data_ptr(), 0 if to_quantize is None else to_quantize.data_ptr(), xq.data_ptr(), xb.data_ptr(),
+        data.data_ptr(), m, out_features, in_features, int(qtype), native.dtype_code(x), positions.data_ptr(),
+        cos_sin_cache.data_ptr(), kp, vp, slot_mapping.data_ptr(),
+        rot_rows - kv_heads * d, rot_rows, d, kv_heads, native.stream(x.device), rows,
     )
     return y
 

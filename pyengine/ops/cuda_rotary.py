@@ -1,6 +1,6 @@
 """Checked wrappers around the RoPE CUDA kernels (native/cuda/rotary.cu): in place on q and k, and with the K/V
-cache store folded in; the heads may come in the paired layout of a q/k/v weight stored for the skinny GEMM's RoPE
-epilogue (``ops.row_pairs``)."""
+cache store folded in; the heads may come in the paired layout of a q/k/v weight stored for a decode GEMM's RoPE
+epilogue (``ops.row_pairs``: pair group 8 for the bf16 skinny GEMM, 1 for the GGUF GEMV)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 
 from candle_vllm.pyengine.ops import native
 from candle_vllm.pyengine.ops.cuda import HALF_DTYPES, _aligned, _cache_halves, _heads_view_ok, available
+from candle_vllm.pyengine.ops.row_pairs import PAIR_GROUPS
 
 
 def rope_paired_head_dim_ok(head_dim: int) -> bool:
@@ -24,16 +25,18 @@ def _paired_ok(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor) ->
             and q.stride(0) % 8 == 0 and k.stride(0) % 8 == 0 and _aligned(q, k, cos_sin_cache))
 
 
-def _rope_style(is_neox: bool, paired: bool) -> int:
-    """The kernels' RopeStyle code (native/cuda/rotary.h)."""
-    return 2 if paired else int(is_neox)
+def _rope_style(is_neox: bool, pair_group: int) -> int:
+    """The kernels' RopeStyle code (native/cuda/rotary.h); a paired layout is neox by construction."""
+    if pair_group and not is_neox:
+        raise ValueError("RoPE: interleaved halves (pair_group) are a neox layout; gptj heads have none")
+    return int(is_neox)
 
 
 def rotary_supported(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, paired: bool = False
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, pair_group: int = 0
 ) -> bool:
-    """True when :func:`rotary_embedding_` can rotate these tensors in place (``paired``: heads stored with
-    interleaved halves, see :func:`rope_paired_head_dim_ok`)."""
+    """True when :func:`rotary_embedding_` can rotate these tensors in place (``pair_group`` 1 or 8: heads stored
+    with their halves interleaved in groups of that many channels, see :func:`rope_paired_head_dim_ok`)."""
     return (
         available(q.device)
         and q.dtype in native.FLOAT_DTYPES
@@ -49,7 +52,7 @@ def rotary_supported(
         and cos_sin_cache.shape[-1] % 2 == 0
         and cos_sin_cache.shape[-1] <= q.shape[2]
         and all(t.device == q.device for t in (k, positions, cos_sin_cache))
-        and (not paired or _paired_ok(q, k, cos_sin_cache))
+        and (pair_group == 0 or (pair_group in PAIR_GROUPS and _paired_ok(q, k, cos_sin_cache)))
     )
 
 
@@ -59,16 +62,16 @@ def rotary_embedding_(
     positions: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     is_neox: bool,
-    paired: bool = False,
+    pair_group: int = 0,
 ) -> None:
-    """Rotate q [T, Hq, D] and k [T, Hk, D] in place (same maths as ``ops.rotary.apply_rotary``); ``paired``
-    heads (neox, halves interleaved in groups of 8) are left in the standard layout."""
-    if not rotary_supported(q, k, positions, cos_sin_cache, paired):
+    """Rotate q [T, Hq, D] and k [T, Hk, D] in place (same maths as ``ops.rotary.apply_rotary``); heads stored
+    with interleaved halves (neox, ``pair_group`` 1 or 8) are left in the standard layout."""
+    if not rotary_supported(q, k, positions, cos_sin_cache, pair_group):
         raise ValueError("rotary_embedding_: unsupported tensors (see rotary_supported)")
     native.module().cuda_rotary_embedding(
         q.data_ptr(), k.data_ptr(), positions.data_ptr(), cos_sin_cache.data_ptr(), q.shape[0], q.shape[1],
-        k.shape[1], q.shape[2], cos_sin_cache.shape[-1], q.stride(0), k.stride(0), _rope_style(is_neox, paired),
-        native.dtype_code(q), native.stream(q.device),
+        k.shape[1], q.shape[2], cos_sin_cache.shape[-1], q.stride(0), k.stride(0), _rope_style(is_neox, pair_group),
+        pair_group, native.dtype_code(q), native.stream(q.device),
     )
 
 
@@ -80,12 +83,12 @@ def rotary_cache_supported(
     cos_sin_cache: torch.Tensor,
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
-    paired: bool = False,
+    pair_group: int = 0,
 ) -> bool:
     """True when :func:`rotary_embedding_cache_` can rotate q/k and store k/v into ``kv_cache`` in one launch:
     whole heads rotate, k/v match the cache [2, blocks, block_size, Hk, D], and every row is made of 16-byte
     vectors (aligned pointers, token strides and D/2 in whole vectors)."""
-    if not rotary_supported(q, k, positions, cos_sin_cache, paired):
+    if not rotary_supported(q, k, positions, cos_sin_cache, pair_group):
         return False
     vec = 16 // q.element_size()
     d = q.shape[2]
@@ -117,15 +120,16 @@ def rotary_embedding_cache_(
     is_neox: bool,
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
-    paired: bool = False,
+    pair_group: int = 0,
 ) -> None:
     """:func:`rotary_embedding_` and :func:`reshape_and_cache` in one launch: q and k rotate in place, the rotated
     k and v are stored at ``slot_mapping`` (negative slots skipped). One launch fewer per layer and decode step."""
-    if not rotary_cache_supported(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping, paired):
+    if not rotary_cache_supported(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping, pair_group):
         raise ValueError("rotary_embedding_cache_: unsupported tensors (see rotary_cache_supported)")
     kp, vp = _cache_halves(kv_cache)
     native.module().cuda_rotary_embedding_cache(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), positions.data_ptr(), cos_sin_cache.data_ptr(), kp, vp,
         slot_mapping.data_ptr(), q.shape[0], q.shape[1], k.shape[1], q.shape[2], q.stride(0), k.stride(0),
-        v.stride(0), _rope_style(is_neox, paired), native.dtype_code(q), native.stream(q.device),
+        v.stride(0), _rope_style(is_neox, pair_group), pair_group, native.dtype_code(q), native.stream(q.device),
     )
+

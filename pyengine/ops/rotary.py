@@ -130,21 +130,25 @@ def apply_rotary(
     positions: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     is_neox: bool = True,
-    paired: bool = False,
+    pair_group: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [T, Hq, D] and k [T, Hk, D] by their token positions [T]; returns new tensors.
 
     Only the first ``rotary_dim`` (the cache's width) channels of each head rotate (partial rotary).
     cos/sin are cast to the activations' dtype before use, as transformers does. On CUDA the native kernel
     rotates q and k in place (they are usually views into the fused qkv output) and returns them.
-    ``paired``: the heads come with their halves interleaved in groups of 8 (a q/k/v weight stored for the
-    decode GEMM's RoPE epilogue, ``ops.row_pairs``); the result is in the standard layout either way.
+    ``pair_group`` (neox only; 0: the standard layout): the heads come with their halves interleaved in groups of
+    that many channels (a q/k/v weight stored for a decode GEMM's RoPE epilogue, ``ops.row_pairs``: 8 dense, 1
+    GGUF); the result is in the standard layout either way.
     """
-    if q.device.type == "cuda" and cuda_rotary.rotary_supported(q, k, positions, cos_sin_cache, paired):
-        cuda_rotary.rotary_embedding_(q, k, positions, cos_sin_cache, is_neox, paired)
+    if pair_group and not is_neox:
+        raise ValueError("apply_rotary: interleaved halves (pair_group) are a neox layout; gptj heads have none")
+    if q.device.type == "cuda" and cuda_rotary.rotary_supported(q, k, positions, cos_sin_cache, pair_group):
+        cuda_rotary.rotary_embedding_(q, k, positions, cos_sin_cache, is_neox, pair_group)
         return q, k
-    if paired:
-        q, k = deinterleave_halves(q, q.shape[-1]), deinterleave_halves(k, k.shape[-1])
+    if pair_group:
+        q = deinterleave_halves(q, q.shape[-1], pair_group)
+        k = deinterleave_halves(k, k.shape[-1], pair_group)
     rotary_dim = cos_sin_cache.shape[-1]
     cos, sin = cos_sin_cache[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
     out = []
@@ -166,16 +170,18 @@ def apply_rotary_and_cache(
     is_neox: bool,
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
-    paired: bool = False,
+    pair_group: int = 0,
 ) -> bool:
     """Rotate q and k in place and store the rotated k and v into the paged ``kv_cache`` at ``slot_mapping`` in
     one CUDA launch, saving the attention's separate cache write (the caller then tells it the cache is written).
     Returns False, having done nothing, where that kernel does not apply (CPU, partial rotary, unaligned views,
     more than ``FUSED_CACHE_MAX_TOKENS`` tokens); the caller then runs :func:`apply_rotary` and the attention's
-    own cache write. ``paired`` as in :func:`apply_rotary`."""
+    own cache write. ``pair_group`` as in :func:`apply_rotary`."""
     if q.shape[0] > FUSED_CACHE_MAX_TOKENS or q.device.type != "cuda" or not cuda_rotary.rotary_cache_supported(
-        q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping, paired
+        q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping, pair_group
     ):
         return False
-    cuda_rotary.rotary_embedding_cache_(q, k, v, positions, cos_sin_cache, is_neox, kv_cache, slot_mapping, paired)
+    cuda_rotary.rotary_embedding_cache_(
+        q, k, v, positions, cos_sin_cache, is_neox, kv_cache, slot_mapping, pair_group
+    )
     return True

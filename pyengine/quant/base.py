@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
+    from candle_vllm.pyengine.ops.q8_activation import Q8Activation
     from candle_vllm.pyengine.ops.rotary import RopeCacheTarget
     from candle_vllm.pyengine.quant.gguf import GGUFWeight
 
@@ -42,15 +43,16 @@ class LinearMethod(nn.Module, ABC):
         return None
 
     @property
-    def rope_paired(self) -> bool:
-        """Whether :meth:`forward` returns the q/k heads of a q/k/v projection with their halves interleaved in
-        groups of 8 (``ops.row_pairs``), to be rotated with ``paired=True`` (``ops.rotary.apply_rotary``)."""
-        return False
+    def rope_pair_group(self) -> int:
+        """0, or the group size (8 dense, 1 GGUF) in which :meth:`forward` returns the q/k heads of a q/k/v
+        projection with their halves interleaved (``ops.row_pairs``), to be rotated with that ``pair_group``
+        (``ops.rotary.apply_rotary``): the layout its :meth:`forward_rope_cache` kernel needs the weight in."""
+        return 0
 
-    def forward_rope_cache(self, x: torch.Tensor, target: RopeCacheTarget) -> torch.Tensor | None:
+    def forward_rope_cache(self, x: torch.Tensor | Q8Activation, target: RopeCacheTarget) -> torch.Tensor | None:
         """A q/k/v projection with neox RoPE applied to q/k and k/v stored into the paged cache of ``target`` in
         the GEMM itself, or None where this method has no such kernel (the caller then projects, rotates and
-        stores)."""
+        stores). x is a ``Q8Activation`` only where :meth:`accepts_q8` said so."""
         return None
 
 
@@ -67,10 +69,11 @@ def build_linear_methods(
     format run; GGUF files may store q/k and v in different quant types, which then stay separate. ``gated``
     (the shards are a gate and an up projection): a dense f16/bf16 pair on CUDA is stored interleaved so its
     decode GEMM applies the SiLU itself (``UnquantizedLinear.forward_swiglu``). ``rope_head_dim`` (the shards are
-    q, k and v, rotated by neox RoPE over whole heads of that size): a dense f16/bf16 q/k/v on CUDA is stored
-    with each q/k head's halves interleaved so its decode GEMM rotates and caches (``forward_rope_cache``).
+    q, k and v, rotated by neox RoPE over whole heads of that size): a dense f16/bf16 q/k/v on CUDA, or a GGUF one
+    of a type with the dp4a GEMV there, is stored with each q/k head's halves interleaved so its decode GEMM/GEMV
+    rotates and caches (``forward_rope_cache``).
     """
-    from candle_vllm.pyengine.quant.gguf import GGUFLinear, GGUFWeight
+    from candle_vllm.pyengine.quant.gguf import GGUFLinear, GGUFWeight, rope_epilogue_possible
     from candle_vllm.pyengine.quant.unquantized import UnquantizedLinear
 
     methods: list[LinearMethod] = []
@@ -79,13 +82,18 @@ def build_linear_methods(
     def flush() -> None:
         if not run:
             return
+        qkv = len(run) == len(shards) == 3 and rope_head_dim > 0  # the whole q/k/v in one format
         if isinstance(run[0], GGUFWeight):
-            methods.append(GGUFLinear.merged([w for w in run if isinstance(w, GGUFWeight)], device))
+            rope = qkv and rope_epilogue_possible(run[0].qtype, device, dtype)
+            methods.append(GGUFLinear.merged(
+                [w for w in run if isinstance(w, GGUFWeight)], device,
+                rope_rows=run[0].shape[0] + run[1].shape[0] if rope else 0, head_dim=rope_head_dim if rope else 0,
+            ))
         else:
             weight = torch.cat([w.to(device, dtype) for w in run]) if len(run) > 1 else run[0].to(device, dtype)
             whole = device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and len(run) == len(shards)
             interleave = whole and gated and len(run) == 2 and weight.shape[0] % 16 == 0
-            rope = whole and len(run) == 3 and rope_head_dim > 0
+            rope = whole and qkv
             rope_rows = run[0].shape[0] + run[1].shape[0] if rope else 0
             methods.append(UnquantizedLinear(weight, gate_up_interleaved=interleave, rope_rows=rope_rows,
                                              head_dim=rope_head_dim if rope else 0))

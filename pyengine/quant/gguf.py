@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -9,9 +11,14 @@ import torch
 from gguf import GGMLQuantizationType
 
 from candle_vllm.pyengine.ops import cuda_gguf
-from candle_vllm.pyengine.ops.q8_activation import BLOCK, Q8Activation, fusion_enabled
+from candle_vllm.pyengine.ops.q8_activation import BLOCK, Q8Activation, dense, fusion_enabled
 from candle_vllm.pyengine.ops.quant import GEMV_PASSES_MAX_ROWS, quant_matmul
+from candle_vllm.pyengine.ops.rotary import RopeCacheTarget
+from candle_vllm.pyengine.ops.row_pairs import interleave_halves
 from candle_vllm.pyengine.quant.base import LinearMethod
+
+# The GGUF q/k/v layout for the GEMV's RoPE epilogue: each head's halves interleaved row by row (ops.row_pairs).
+ROPE_PAIR_GROUP = 1
 
 
 @dataclass
@@ -23,25 +30,58 @@ class GGUFWeight:
     shape: tuple[int, ...]
 
 
-class GGUFLinear(LinearMethod):
-    """A quantized [out, in] matrix; rows are independent, so fused shards concatenate row-wise."""
+@functools.cache
+def rope_epilogue_enabled() -> bool:
+    """False when ``CANDLE_VLLM_GGUF_ROPE=0`` (read once): GGUF q/k/v weights then keep their file layout and
+    decode rotates in its own kernel, so benchmarks can A/B the fused epilogue."""
+    return os.environ.get("CANDLE_VLLM_GGUF_ROPE", "1").strip() != "0"
 
-    def __init__(self, weight: GGUFWeight, device: torch.device) -> None:
+
+def rope_epilogue_possible(qtype: GGMLQuantizationType, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a GGUF q/k/v weight of ``qtype`` on ``device`` (activations in ``dtype``) can be served by the
+    dp4a GEMV with the RoPE + cache epilogue, and so is worth storing in its paired layout."""
+    return (
+        rope_epilogue_enabled()
+        and dtype in (torch.float16, torch.bfloat16)
+        and cuda_gguf.type_supported_on(device, qtype)
+        and cuda_gguf.dp4a_supported(qtype)
+    )
+
+
+class GGUFLinear(LinearMethod):
+    """A quantized [out, in] matrix; rows are independent, so fused shards concatenate row-wise.
+
+    ``rope_rows`` / ``head_dim``: the weight is a fused q/k/v projection whose first ``rope_rows`` rows (the q and
+    k heads) are stored with each head's halves interleaved row by row (``ops.row_pairs``, group 1; a gather of
+    whole block rows at load), so the dp4a GEMV's CTAs own whole rotation pairs and :meth:`forward_rope_cache`
+    rotates and stores k/v in its epilogue; :meth:`forward` returns the q/k heads in that layout
+    (``rope_pair_group``), which the RoPE kernels read and leave in the standard one.
+    """
+
+    def __init__(self, weight: GGUFWeight, device: torch.device, rope_rows: int = 0, head_dim: int = 0) -> None:
         super().__init__()
         if len(weight.shape) != 2:
             raise ValueError(f"a GGUF linear weight must be 2-D, got shape {weight.shape}")
-        self.register_buffer("data", weight.data.to(device), persistent=False)
+        data = weight.data.to(device)
+        if rope_rows:
+            rows = data.reshape(weight.shape[0], -1)
+            data = torch.cat([interleave_halves(rows[:rope_rows], head_dim, ROPE_PAIR_GROUP), rows[rope_rows:]])
+        self.register_buffer("data", data, persistent=False)
         self.qtype = weight.qtype
         self.out_features, self.in_features = weight.shape
+        self.rope_rows, self.head_dim = rope_rows, head_dim
 
     @classmethod
-    def merged(cls, weights: Sequence[GGUFWeight], device: torch.device) -> GGUFLinear:
-        """One method for row shards sharing a quant type (e.g. q, k and v of one layer)."""
+    def merged(
+        cls, weights: Sequence[GGUFWeight], device: torch.device, rope_rows: int = 0, head_dim: int = 0
+    ) -> GGUFLinear:
+        """One method for row shards sharing a quant type (e.g. q, k and v of one layer); ``rope_rows`` and
+        ``head_dim`` as in the constructor."""
         if len(weights) == 1:
-            return cls(weights[0], device)
+            return cls(weights[0], device, rope_rows, head_dim)
         data = torch.cat([w.data.reshape(w.shape[0], -1) for w in weights])
         out = sum(w.shape[0] for w in weights)
-        return cls(GGUFWeight(data, weights[0].qtype, (out, weights[0].shape[1])), device)
+        return cls(GGUFWeight(data, weights[0].qtype, (out, weights[0].shape[1])), device, rope_rows, head_dim)
 
     def accepts_q8(self, rows: int) -> bool:
         """True where the CUDA dp4a GEMV serves this weight for ``rows`` (<= GEMV_PASSES_MAX_ROWS) rows: it then
@@ -57,3 +97,17 @@ class GGUFLinear(LinearMethod):
 
     def forward(self, x: torch.Tensor | Q8Activation) -> torch.Tensor:
         return quant_matmul(x, self.data, self.qtype, self.out_features, self.in_features)
+
+    @property
+    def rope_pair_group(self) -> int:
+        return ROPE_PAIR_GROUP if self.rope_rows else 0
+
+    def forward_rope_cache(self, x: torch.Tensor | Q8Activation, target: RopeCacheTarget) -> torch.Tensor | None:
+        """The projection with q/k rotated and k/v stored at their slots by the dp4a GEMV's epilogue
+        (``cuda_gguf.gemv_rope_cache``), for a decode batch (<= 8 rows) of a weight stored with paired halves;
+        None (nothing done) elsewhere."""
+        if not self.rope_rows or dense(x).device.type != "cuda":
+            return None
+        return cuda_gguf.gemv_rope_cache(
+            x, self.data, self.qtype, self.out_features, self.in_features, self.head_dim, *target
+        )

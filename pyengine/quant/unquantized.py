@@ -28,7 +28,7 @@ class UnquantizedLinear(LinearMethod):
     ``rope_rows`` / ``head_dim``: the weight is a fused q/k/v projection whose first ``rope_rows`` rows (the q and
     k heads) are stored with each head's halves interleaved in groups of 8 (``ops.row_pairs.interleave_halves``)
     so :meth:`forward_rope_cache`'s decode GEMM applies neox RoPE and stores k/v in its epilogue; :meth:`forward`
-    returns the q/k heads in that paired layout (``rope_paired``), which the RoPE kernels read and leave in the
+    returns the q/k heads in that paired layout (``rope_pair_group`` 8), which the RoPE kernels read and leave in the
     standard one (a gather back would cost more than the rotation).
     """
 
@@ -55,8 +55,8 @@ class UnquantizedLinear(LinearMethod):
         return deinterleave_gate_up(y) if self.gate_up_interleaved else y
 
     @property
-    def rope_paired(self) -> bool:
-        return self.rope_rows > 0
+    def rope_pair_group(self) -> int:
+        return 8 if self.rope_rows else 0
 
     def forward_rope_cache(self, x: torch.Tensor, target: RopeCacheTarget) -> torch.Tensor | None:
         """The projection with q/k rotated and k/v stored at their slots (``cuda.skinny_gemm_rope_cache``), for a

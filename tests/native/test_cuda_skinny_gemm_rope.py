@@ -78,7 +78,7 @@ def test_dense_method_stores_halves_interleaved_and_keeps_its_output() -> None:
     p = _problem(4, hq, hk, d, k, torch.bfloat16, seed=5)
     rot_rows = (hq + hk) * d
     plain, fused = UnquantizedLinear(p["w"].clone()), UnquantizedLinear(p["w"].clone(), rope_rows=rot_rows, head_dim=d)
-    assert not torch.equal(fused.weight, plain.weight) and fused.rope_paired
+    assert not torch.equal(fused.weight, plain.weight) and fused.rope_pair_group == 8
     for rows in (4, 40):  # the skinny GEMM and cuBLAS: q/k heads in the paired layout, v as it is
         x = torch.randn(rows, k, device=DEV, dtype=torch.bfloat16)
         got, want = fused(x), plain(x)
@@ -105,10 +105,10 @@ def test_fused_epilogue_refuses_what_it_cannot_do() -> None:
     assert cuda.skinny_gemm_rope_cache(p["x"], p["w"], 72, hk, p["pos"], p["table"], p["cache"], p["slots"]) is None
 
 
-def _paired(y: torch.Tensor, rot_rows: int, d: int) -> torch.Tensor:
-    """y [T, N] with the first rot_rows features' heads stored as interleaved halves."""
+def _paired(y: torch.Tensor, rot_rows: int, d: int, group: int = 8) -> torch.Tensor:
+    """y [T, N] with the first rot_rows features' heads stored as halves interleaved in groups of ``group``."""
     t = y.shape[0]
-    heads = interleave_halves(y[:, :rot_rows].reshape(-1, d).T.contiguous(), d).T.reshape(t, rot_rows)
+    heads = interleave_halves(y[:, :rot_rows].reshape(-1, d).T.contiguous(), d, group).T.reshape(t, rot_rows)
     return torch.cat([heads, y[:, rot_rows:]], dim=1).contiguous()
 
 
@@ -116,9 +116,13 @@ def _paired(y: torch.Tensor, rot_rows: int, d: int) -> torch.Tensor:
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("tokens", [1, 37, 300])
 @pytest.mark.parametrize("with_cache", [False, True])
-def test_paired_rotary_kernels_equal_the_standard_ones(dtype: torch.dtype, d: int, tokens: int, with_cache: bool) -> None:
-    """The prefill/large-batch path of a paired q/k/v weight: the RoPE kernels read the interleaved halves and
-    leave q/k (and the cache) exactly as the standard kernels leave the standard layout."""
+@pytest.mark.parametrize("group", [8, 1])
+def test_paired_rotary_kernels_equal_the_standard_ones(
+    dtype: torch.dtype, d: int, tokens: int, with_cache: bool, group: int
+) -> None:
+    """The prefill/large-batch path of a paired q/k/v weight (group 8: the dense skinny GEMM's layout, 1: the GGUF
+    GEMV's): the RoPE kernels read the interleaved halves and leave q/k (and the cache) exactly as the standard
+    kernels leave the standard layout."""
     hq, hk = 5, 3
     p = _problem(min(tokens, 16), hq, hk, d, 64, dtype, seed=d + tokens)
     g = torch.Generator(device=DEV).manual_seed(tokens)
@@ -128,15 +132,15 @@ def test_paired_rotary_kernels_equal_the_standard_ones(dtype: torch.dtype, d: in
     slots = torch.randperm(tokens * 2, generator=g, device=DEV)[:tokens]
     cache = torch.randn(2, tokens * 2, 1, hk, d, generator=g, device=DEV).to(dtype)
     runs = []
-    for layout, paired in ((y.clone(), False), (_paired(y, rot_rows, d), True)):
+    for layout, pair_group in ((y.clone(), 0), (_paired(y, rot_rows, d, group), group)):
         q = layout[:, : hq * d].view(tokens, hq, d)
         k = layout[:, hq * d : rot_rows].view(tokens, hk, d)
         v = layout[:, rot_rows:].view(tokens, hk, d)
         c = cache.clone()
         if with_cache:
-            cuda_rotary.rotary_embedding_cache_(q, k, v, pos, p["table"], True, c, slots, paired=paired)
+            cuda_rotary.rotary_embedding_cache_(q, k, v, pos, p["table"], True, c, slots, pair_group=pair_group)
         else:
-            cuda_rotary.rotary_embedding_(q, k, pos, p["table"], True, paired=paired)
+            cuda_rotary.rotary_embedding_(q, k, pos, p["table"], True, pair_group=pair_group)
         runs.append((layout, c))
     assert torch.equal(runs[1][0], runs[0][0]), "paired q/k were not left rotated in the standard layout"
     assert torch.equal(runs[1][1], runs[0][1])
@@ -145,5 +149,12 @@ def test_paired_rotary_kernels_equal_the_standard_ones(dtype: torch.dtype, d: in
 def test_paired_rotary_refuses_what_it_cannot_do() -> None:
     q, k = torch.randn(3, 2, 96, device=DEV).bfloat16(), torch.randn(3, 1, 96, device=DEV).bfloat16()
     table, pos = torch.randn(10, 96, device=DEV), torch.arange(3, device=DEV)
-    assert cuda_rotary.rotary_supported(q, k, pos, table) and not cuda_rotary.rotary_supported(q, k, pos, table, paired=True)
+    assert cuda_rotary.rotary_supported(q, k, pos, table)
+    assert not cuda_rotary.rotary_supported(q, k, pos, table, pair_group=8)
+    q128, k128 = torch.randn(3, 2, 128, device=DEV).bfloat16(), torch.randn(3, 1, 128, device=DEV).bfloat16()
+    table128 = torch.randn(10, 128, device=DEV)
+    assert cuda_rotary.rotary_supported(q128, k128, pos, table128, pair_group=1)
+    assert not cuda_rotary.rotary_supported(q128, k128, pos, table128, pair_group=4)  # no kernel for groups of 4
+    with pytest.raises(ValueError, match="neox"):
+        cuda_rotary.rotary_embedding_(q128, k128, pos, table128, False, pair_group=1)
     assert not cuda_rotary.rope_paired_head_dim_ok(96) and cuda_rotary.rope_paired_head_dim_ok(128)

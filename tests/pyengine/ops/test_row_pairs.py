@@ -45,7 +45,7 @@ def test_dense_qkv_method_returns_the_paired_layout() -> None:
     w = _ints((hq + 2 * hk) * d, k, seed=3)
     rot = (hq + hk) * d
     fused, plain = UnquantizedLinear(w.clone(), rope_rows=rot, head_dim=d), UnquantizedLinear(w.clone())
-    assert fused.rope_paired and not plain.rope_paired
+    assert fused.rope_pair_group == 8 and not plain.rope_pair_group
     assert torch.equal(fused.weight[rot:], w[rot:]) and not torch.equal(fused.weight[:rot], w[:rot])
     x = _ints(5, k, seed=4)
     got, want = fused(x), plain(x)
@@ -58,8 +58,9 @@ def test_dense_qkv_method_returns_the_paired_layout() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rotating_paired_heads_equals_rotating_standard_ones(dtype: torch.dtype) -> None:
-    """The torch path of apply_rotary(paired=True) against the standard layout rotated as usual."""
+@pytest.mark.parametrize("group", [8, 1])
+def test_rotating_paired_heads_equals_rotating_standard_ones(dtype: torch.dtype, group: int) -> None:
+    """The torch path of apply_rotary(pair_group=...) against the standard layout rotated as usual."""
     t, hq, hk, d = 6, 4, 2, 64
     g = torch.Generator().manual_seed(11)
     q, k = torch.randn(t, hq, d, generator=g).to(dtype), torch.randn(t, hk, d, generator=g).to(dtype)
@@ -67,8 +68,8 @@ def test_rotating_paired_heads_equals_rotating_standard_ones(dtype: torch.dtype)
     table = rope_cos_sin_cache(inv_freq, factor, 100, torch.device("cpu"))
     pos = torch.randint(0, 100, (t,), generator=g)
     want_q, want_k = apply_rotary(q.clone(), k.clone(), pos, table, True)
-    as_stored = [interleave_halves(x.reshape(-1, d).T.contiguous(), d).T.reshape(x.shape) for x in (q, k)]
-    got_q, got_k = apply_rotary(as_stored[0], as_stored[1], pos, table, True, paired=True)
+    as_stored = [interleave_halves(x.reshape(-1, d).T.contiguous(), d, group).T.reshape(x.shape) for x in (q, k)]
+    got_q, got_k = apply_rotary(as_stored[0], as_stored[1], pos, table, True, pair_group=group)
     assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
 
 
