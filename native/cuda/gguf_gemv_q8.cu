@@ -83,13 +83,29 @@ __global__ void __launch_bounds__(256) quantize_x_kernel(const T* x, int8_t* __r
   q8_store_vec(in, live, xq, xb, 4 * i);
 }
 
+// The step inputs one epilogue element needs: its token's slot and, for a q/k row (as stored), its pair's cos and
+// sin. Read by warp 0 before the block reduces its sums, so the loads' latency hides behind the reduction.
+struct RopeLane {
+  int64_t slot;
+  float c, s;
+};
+
+__device__ __forceinline__ RopeLane rope_lane(const GgufRopeCache& a, int row, int m) {
+  RopeLane l{a.slots[m], 0.f, 0.f};
+  if (row < a.rot_rows) {
+    const float* cs = a.cos_sin + a.positions[m] * a.head_dim + ((row % a.head_dim) >> 1);
+    l.c = cs[0], l.s = cs[a.head_dim >> 1];
+  }
+  return l;
+}
+
 // One output element of the RoPE + cache epilogue: row `row` (as stored) for token m, with v its final sum and
 // pv its partner row's (row ^ 1). Each sum is rounded to T first, as the GEMV's store followed by the RoPE kernel
 // would round it; cos/sin too (rotary.cu), and the rotation is the shared rope_pair.
 template <typename T>
-__device__ __forceinline__ void rope_cache_store(void* y, float v, float pv, const GgufRopeCache& a, int row, int m,
-                                                 int N) {
-  const int64_t slot = a.slots[m];
+__device__ __forceinline__ void rope_cache_store(void* y, float v, float pv, const RopeLane& l,
+                                                 const GgufRopeCache& a, int row, int m, int N) {
+  const int64_t slot = l.slot;
   const int d = a.head_dim;
   T out;
   int feat = row;
@@ -100,9 +116,8 @@ __device__ __forceinline__ void rope_cache_store(void* y, float v, float pv, con
   } else {
     const int head0 = row - row % d, p = (row % d) >> 1, half = d >> 1;
     const bool second = row & 1;
-    const float* cs = a.cos_sin + a.positions[m] * d;
-    const float2 r = rope_pair(round_to<T>(second ? pv : v), round_to<T>(second ? v : pv), round_to<T>(cs[p]),
-                               round_to<T>(cs[half + p]));
+    const float2 r = rope_pair(round_to<T>(second ? pv : v), round_to<T>(second ? v : pv), round_to<T>(l.c),
+                               round_to<T>(l.s));
     out = from_f32<T>(second ? r.y : r.x);
     feat = head0 + (second ? half + p : p);
     if (row >= a.q_rows && slot >= 0)
@@ -164,6 +179,12 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<Q, M, R>()))
   }
 
   pdl_launch_dependents();  // the next kernel's prologue overlaps the reduction
+  RopeLane in{-1, 0.f, 0.f};
+  if constexpr (ROPE) {
+    if (threadIdx.x < R * M)  // warp 0's epilogue lanes (rows and tokens past the end read the last ones)
+      in = rope_lane(rope, min(row0 + static_cast<int>(threadIdx.x) / M, N - 1),
+                     min(static_cast<int>(threadIdx.x) % M, rows_m - 1));
+  }
   __shared__ float red[kThreads / 32][R * M];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
@@ -184,8 +205,8 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<Q, M, R>()))
     const float pv = __shfl_xor_sync(0xffffffffu, v, M);  // lane (r ^ 1) * M + m: the partner row, same token
     const int r = lane / M, m = lane % M, row = row0 + r;
     if (lane < R * M && row < N && m < rows_m) {
-      if (bf16) rope_cache_store<__nv_bfloat16>(y, v, pv, rope, row, m, N);
-      else rope_cache_store<__half>(y, v, pv, rope, row, m, N);
+      if (bf16) rope_cache_store<__nv_bfloat16>(y, v, pv, in, rope, row, m, N);
+      else rope_cache_store<__half>(y, v, pv, in, rope, row, m, N);
     }
   } else if (threadIdx.x < R * M) {
     const int r = threadIdx.x / M, m = threadIdx.x % M, row = row0 + r;
