@@ -148,7 +148,7 @@ def attention_rows(peak: float, results: list[dict]) -> None:
               f"partition {plan.partition_size} ({auto_parts} pieces, {'fused' if cuda_paged.decode_fused_reduce(auto_parts) else 'kernel'}"
               f" reduce) {auto_us:.1f} us, {kv_bytes / auto_us / 1e3:.0f} GB/s, {100 * kv_bytes / auto_us / 1e-6 / peak:.0f}%")
         print(f"{'  heads x warps':<18}" + "".join(f"{f'p{p}':>14}" for p in sizes if p <= max_len))
-        for heads, splits in ((8, 1), (4, 1), (4, 2), (2, 1), (2, 2), (2, 4), (1, 1), (1, 2), (1, 4), (1, 8)):
+        for heads, splits in ((8, 1), (4, 1), (4, 2), (2, 1), (2, 2), (2, 4), (1, 1), (1, 2), (1, 4)):
             cells = []
             for size in sizes:
                 if size > max_len:

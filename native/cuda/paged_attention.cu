@@ -76,7 +76,8 @@ __device__ __forceinline__ void merge_state(PieceState& st, const PieceState& o)
                        st.acc.w * a + o.acc.w * b);
 }
 
-// Combines the first `used` pieces of `heads` query heads from head0 and writes their normalised rows. A thread
+// The last CTA's split-KV reduce (counters): combines the first `used` pieces of `heads` query heads from head0
+// and writes their normalised rows. A thread
 // per (head, float4 column) and piece row r folds pieces r, r + rows, ... (its loads do not depend on the state,
 // so they go out together: one round of loads instead of a max pass, a sum pass and a row pass); the rows of a
 // column then merge through `states` (blockDim.x entries of shared memory). Every thread of the CTA calls it.
@@ -120,26 +121,28 @@ __device__ void reduce_pieces(T* __restrict__ out, const float* __restrict__ par
   }
 }
 
-template <typename T, int D>
+// S: warps per kv head (splits), a template argument so the common one-warp form carries no split code.
+template <typename T, int D, int S>
 __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
     T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
     const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_lens, float* __restrict__ part_out,
     float* __restrict__ part_ml, int* __restrict__ counters, int group, int q_heads, int kv_heads, int64_t q_stride,
-    int block_size, int block_shift, int max_blocks, int piece_cap, int splits, float qscale, float cap_log2,
+    int block_size, int block_shift, int max_blocks, int piece_cap, float qscale, float cap_log2,
     float inv_cap, int sliding_window) {
   constexpr int kHeadChunks = D / 8;      // 16-byte chunks of one kv head's row
   constexpr int kTokStep = 256 / D;       // tokens one pass of a kv head's worth of copying threads covers
   constexpr int kKSteps = D / 16;         // k steps of Q K^T, and pairs of 8-wide column tiles of P V
   extern __shared__ __align__(128) unsigned char smem[];
 
+  constexpr int splits = S;
   const int heads = (blockDim.x >> 5) / splits;  // kv heads of the CTA; warp = split * heads + head
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int split = warp / heads;
+  const int split = S == 1 ? 0 : warp / heads, head = S == 1 ? warp : warp % heads;
   const int seq = blockIdx.y, part = blockIdx.z, parts = gridDim.z;
-  const int kvh0 = blockIdx.x * heads, kvh = kvh0 + warp % heads;
+  const int kvh0 = blockIdx.x * heads, kvh = kvh0 + head;
   const bool active = kvh < kv_heads;
   const int row_chunks = heads * kHeadChunks;  // chunks of one token in a stage
-  const int unit = kTile * splits;             // tokens per stage: one tile per split
+  constexpr int unit = kTile * splits;         // tokens per stage: one tile per split
   const int stage_bytes = unit * row_chunks * 16;
   int32_t* tbl = reinterpret_cast<int32_t*>(smem + kStages * 2 * stage_bytes);
   const int gid = lane >> 2, tig = lane & 3;  // mma fragment row group / thread in group
@@ -224,7 +227,7 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
   for (int n = 0; n < 2 * kKSteps; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   // ldmatrix row addresses in this warp's tile (rows split * kTile ..; a multiple of 8 leaves the swizzle as is):
   // K as x4 {tokens 0-7, 8-15} x {d, d+8}; V transposed as {d, d+8} x {tokens 0-7, 8-15}.
-  const int head_col = (warp % heads) * kHeadChunks;
+  const int head_col = head * kHeadChunks;
   const int kt = ((lane >> 4) << 3) + (lane & 7), kcol = head_col + ((lane >> 3) & 1);
   const int vt = (((lane >> 3) & 1) << 3) + (lane & 7), vcol = head_col + (lane >> 4);
   const int krow = split * kTile + kt, vrow = split * kTile + vt;
@@ -303,11 +306,11 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
     l0 += __shfl_xor_sync(0xffffffffu, l0, x);
     l1 += __shfl_xor_sync(0xffffffffu, l1, x);
   }
-  if (splits > 1) {
+  if constexpr (splits > 1) {
     // The other splits of a kv head hand their (max, sum, rows) to split 0 through the stage buffers, each
     // lane's fragment values at its own lane slot (no layout change), and split 0 folds them into its own.
     constexpr int kVals = 4 * 2 * kKSteps + 4;
-    float* xchg = reinterpret_cast<float*>(smem) + static_cast<size_t>(warp % heads) * (splits - 1) * kVals * 32;
+    float* xchg = reinterpret_cast<float*>(smem) + static_cast<size_t>(head) * (splits - 1) * kVals * 32;
     __syncthreads();  // every warp is done reading the stages
     if (split > 0) {
       float* mine = xchg + (split - 1) * kVals * 32 + lane;
@@ -395,14 +398,18 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
 
 constexpr int kReduceThreads = 256;
 
-// The split-KV reduce as a kernel of its own: a CTA per (query head, sequence), its threads over the head's
-// columns and pieces (reduce_pieces).
+// The split-KV reduce as a kernel of its own, a CTA per (query head, sequence): each thread owns a float4 column
+// and every kRows-th piece and folds them (merge_state; one round of independent loads), then row 0 merges the
+// kRows states of its column at once (the largest maximum first, then one weighted sum: no dependent chain of
+// rescales, which sits on the batch-1 decode's critical path).
 template <typename T, int D>
 __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(
     T* __restrict__ out, const float* __restrict__ part_out, const float* __restrict__ part_ml,
     const int32_t* __restrict__ seq_lens, int num_seqs, int q_heads, int parts, int piece_cap, int unit,
     int sliding_window) {
-  __shared__ PieceState states[kReduceThreads];
+  constexpr int kCols = D / 4;
+  constexpr int kRows = kReduceThreads / kCols;
+  __shared__ PieceState states[kRows][kCols];
   const size_t head = static_cast<size_t>(blockIdx.y) * q_heads + blockIdx.x;
   const int ctx = seq_lens[blockIdx.y];  // an input of the decode kernel, not its output: read before the wait
   const int span = ctx - (sliding_window > 0 ? max(0, ctx - sliding_window) : 0);
@@ -410,7 +417,34 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(
   const int used = min(parts, (span + plen - 1) / plen);
   pdl_launch_dependents();
   pdl_wait();
-  reduce_pieces<T, D>(out, part_out, part_ml, head, 1, static_cast<size_t>(num_seqs) * q_heads, parts, used, states);
+  const float* ms = part_ml + head * parts;
+  const float* ls = part_ml + (static_cast<size_t>(num_seqs) * q_heads + head) * parts;
+  const int col = threadIdx.x % kCols, r = threadIdx.x / kCols;
+  PieceState st{-INFINITY, 0.f, make_float4(0.f, 0.f, 0.f, 0.f)};
+#pragma unroll 4
+  for (int p = r; p < used; p += kRows)
+    merge_state(st, {__ldcg(ms + p), __ldcg(ls + p),
+                     __ldcg(reinterpret_cast<const float4*>(part_out + (head * parts + p) * D) + col)});
+  states[r][col] = st;
+  __syncthreads();
+  if (r != 0) return;
+  float m = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) m = fmaxf(m, states[i][col].m);
+  const float base = exp_base(m);
+  float den = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const PieceState& o = states[i][col];
+    const float w = exp2f(o.m - base);
+    den += w * o.den;
+    acc.x += w * o.acc.x; acc.y += w * o.acc.y; acc.z += w * o.acc.z; acc.w += w * o.acc.w;
+  }
+  const float inv = den > 0.f ? 1.f / den : 0.f;
+  T* o = out + head * D + col * 4;
+  store2<T>(o, acc.x * inv, acc.y * inv);
+  store2<T>(o + 2, acc.z * inv, acc.w * inv);
 }
 
 template <typename T, int V>
@@ -444,8 +478,8 @@ inline size_t decode_smem_bytes(int64_t heads, int64_t splits, int64_t head_dim,
 // Raises the decode kernel's dynamic shared-memory limit to the device's opt-in maximum and asks for the
 // largest shared-memory carveout (several small CTAs share an SM; the kernel never reads through L1), once per
 // kernel instance and device, and returns that maximum. Runs outside stream work, so it is safe during
-// CUDA-graph capture. (Keyed by <T, D>, not by the kernel's function type, which every head_dim shares.)
-template <typename T, int D>
+// CUDA-graph capture. (Keyed by <T, D, S>, not by the kernel's function type, which every head_dim shares.)
+template <typename T, int D, int S>
 int decode_smem_optin() {
   static int limit[64] = {};
   int dev = 0;
@@ -455,9 +489,9 @@ int decode_smem_optin() {
     int optin = 0;
     check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
                "paged_attention_decode: shared-memory limit");
-    check_cuda(cudaFuncSetAttribute(paged_decode_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin),
+    check_cuda(cudaFuncSetAttribute(paged_decode_kernel<T, D, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin),
                "paged_attention_decode: raise the shared-memory limit");
-    check_cuda(cudaFuncSetAttribute(paged_decode_kernel<T, D>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    check_cuda(cudaFuncSetAttribute(paged_decode_kernel<T, D, S>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                     cudaSharedmemCarveoutMaxShared),
                "paged_attention_decode: shared-memory carveout");
     limit[dev] = optin;
@@ -484,16 +518,19 @@ void launch_decode(T* out, const T* q, const T* kc, const T* vc, const int32_t* 
   const float cap_log2 = softcap > 0.f ? softcap * kLog2e : 0.f;
   const float inv_cap = softcap > 0.f ? 1.f / softcap : 0.f;
   const size_t smem = decode_smem_bytes(heads, splits, D, sizeof(T), cap, block_size);
-  if (smem > static_cast<size_t>(decode_smem_optin<T, D>()))
+  const int optin = splits == 1 ? decode_smem_optin<T, D, 1>() : splits == 2 ? decode_smem_optin<T, D, 2>()
+                                                                             : decode_smem_optin<T, D, 4>();
+  if (smem > static_cast<size_t>(optin))
     throw std::invalid_argument("paged_attention_decode: heads_per_cta x head_dim, partition_size / block_size too "
                                 "large (the CTA's K/V stages and block-table slice do not fit shared memory); use "
                                 "fewer heads per CTA or a smaller partition_size");
   const dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(num_seqs), static_cast<unsigned>(parts));
-  launch_pdl("paged_attention_decode", paged_decode_kernel<T, D>, grid,
-             dim3(static_cast<unsigned>(heads * splits * 32)), smem, stream, out, q, kc, vc, tables, lens, part_out,
-             part_ml, parts > 1 ? counters : nullptr, static_cast<int>(group), static_cast<int>(q_heads),
-             static_cast<int>(kv_heads), q_stride, static_cast<int>(block_size), shift, static_cast<int>(max_blocks),
-             static_cast<int>(cap), static_cast<int>(splits), qscale, cap_log2, inv_cap, static_cast<int>(window));
+  auto kernel = splits == 1 ? paged_decode_kernel<T, D, 1> : splits == 2 ? paged_decode_kernel<T, D, 2>
+                                                                         : paged_decode_kernel<T, D, 4>;
+  launch_pdl("paged_attention_decode", kernel, grid, dim3(static_cast<unsigned>(heads * splits * 32)), smem, stream,
+             out, q, kc, vc, tables, lens, part_out, part_ml, parts > 1 ? counters : nullptr, static_cast<int>(group),
+             static_cast<int>(q_heads), static_cast<int>(kv_heads), q_stride, static_cast<int>(block_size), shift,
+             static_cast<int>(max_blocks), static_cast<int>(cap), qscale, cap_log2, inv_cap, static_cast<int>(window));
   if (parts > 1 && counters == nullptr) {
     launch_pdl("paged_attention_decode reduce", paged_decode_reduce_kernel<T, D>,
                dim3(static_cast<unsigned>(q_heads), static_cast<unsigned>(num_seqs)), dim3(kReduceThreads), 0, stream,
@@ -516,7 +553,9 @@ void paged_attention_decode(void* out, const void* q, const void* key_cache, con
     throw std::invalid_argument("paged_attention_decode: q_heads must be a multiple of kv_heads, at most 16x");
   if (head_dim != 64 && head_dim != 128 && head_dim != 256)
     throw std::invalid_argument("paged_attention_decode: head_dim must be 64, 128 or 256");
-  if (heads_per_cta < 1 || splits < 1 || std::min(heads_per_cta, kv_heads) * splits > kAttnCtaRow / head_dim)
+  if (splits != 1 && splits != 2 && splits != 4)
+    throw std::invalid_argument("paged_attention_decode: splits (warps per kv head) must be 1, 2 or 4");
+  if (heads_per_cta < 1 || std::min(heads_per_cta, kv_heads) * splits > kAttnCtaRow / head_dim)
     throw std::invalid_argument("paged_attention_decode: heads_per_cta x splits (warps per CTA) must be 1 .. "
                                 "1024 / head_dim");
   if (block_size < 1) throw std::invalid_argument("paged_attention_decode: block_size must be positive");

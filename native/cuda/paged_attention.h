@@ -24,8 +24,8 @@ constexpr int kAttnCtaRow = 1024;   // cache elements of one token a decode CTA 
 // reduce_counters null: a second kernel combines the pieces; else int32 [num_seqs * ceil(kv_heads /
 // heads_per_cta)], all zero, and the last CTA of each (sequence, head group) combines them and re-zeroes its
 // counter (so the buffer stays valid for the next call and graph replay). heads_per_cta kv heads per CTA, each
-// with `splits` warps that share its tiles (at most 1024 / head_dim warps per CTA); pieces are whole stages of
-// 16 * splits tokens. Launched as a programmatic dependent (common.cuh: launch_pdl): only tokens
+// with `splits` (1, 2 or 4) warps that share its tiles (at most 1024 / head_dim warps per CTA); pieces are
+// whole stages of 16 * splits tokens. Launched as a programmatic dependent (common.cuh: launch_pdl): only tokens
 // older than seq_len - 1 may be read before the previous kernel ends.
 void paged_attention_decode(void* out, const void* q, const void* key_cache, const void* value_cache,
                             const int32_t* block_tables, const int32_t* seq_lens, float* partial_out,

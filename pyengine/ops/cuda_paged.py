@@ -25,7 +25,8 @@ from candle_vllm.pyengine.ops.cuda import (
 
 _ATTN_TILE = 16  # tokens per K/V tile of the decode attention kernel (pieces are whole tiles)
 _ATTN_STAGES = 3  # K/V tiles a decode CTA holds in shared memory
-_ATTN_REGS = {64: 112, 128: 184, 256: 256}  # registers per decode thread (-Xptxas -v, sm_90a; allocated in 8s)
+_ATTN_REGS = {64: 120, 128: 168, 256: 256}  # registers per decode thread (-Xptxas -v, sm_90a; allocated in 8s)
+DECODE_SPLITS = (1, 2, 4)  # warps per kv head the decode kernel is compiled for
 _ATTN_COUNTER_SLOTS = 1 << 16  # (sequence, head group) counters of the fused split-KV reduce
 
 
@@ -214,8 +215,8 @@ def paged_decode_attention(
 
     ``max_seq_len`` (host int, >= every seq_lens entry) fixes the split-KV grid, so a CUDA graph captured with
     the model's maximum length serves every shorter context (the kernel cuts each sequence's actual span into
-    that grid's pieces). ``partition_size``, ``heads_per_cta`` (kv heads per CTA), ``splits`` (warps per kv head,
-    each taking every splits-th tile; heads x splits at most 1024 // D) and ``fused_reduce`` (the last CTA of a
+    that grid's pieces). ``partition_size``, ``heads_per_cta`` (kv heads per CTA), ``splits`` (warps per kv head in
+    ``DECODE_SPLITS``, each taking every splits-th tile; heads x splits at most 1024 // D) and ``fused_reduce`` (the last CTA of a
     head group combines the pieces instead of a second kernel) override :func:`decode_plan` and
     :func:`decode_fused_reduce` one by one (benchmarks and tests use them). block_tables int32 [B, max_blocks],
     seq_lens int32 [B]. The first call on a device must not be inside CUDA-graph capture.
@@ -235,7 +236,9 @@ def paged_decode_attention(
     heads_per_cta = heads_per_cta or plan.heads_per_cta
     splits = splits or plan.splits
     most = native.module().cuda_attn_cta_row // d
-    if not (heads_per_cta >= 1 and splits >= 1 and heads_per_cta * splits <= most):
+    if splits not in DECODE_SPLITS:
+        raise ValueError(f"paged_decode_attention: splits (warps per kv head) must be one of {DECODE_SPLITS}")
+    if not (heads_per_cta >= 1 and heads_per_cta * splits <= most):
         raise ValueError(f"paged_decode_attention: heads_per_cta x splits must be 1 .. {most} warps per CTA")
     parts = max(1, math.ceil(max_seq_len / partition_size))
     fused = decode_fused_reduce(parts) if fused_reduce is None else fused_reduce
