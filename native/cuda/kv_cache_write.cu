@@ -1,0 +1,53 @@
+// The KV-cache write (reshape_and_cache, declared in paged_attention.h): each token's k and v rows stored at its
+// flat cache slot, padding slots (< 0) skipped.
+#include <algorithm>
+
+#include "cuda/common.cuh"
+#include "cuda/paged_attention.h"
+
+namespace candle_vllm::cuda {
+namespace {
+
+template <typename T, int V>
+__global__ void reshape_and_cache_kernel(const T* k, const T* v, T* __restrict__ kc,
+                                         T* __restrict__ vc, const int64_t* __restrict__ slots, int row,
+                                         int64_t k_stride, int64_t v_stride) {
+  pdl_launch_dependents();
+  pdl_wait();  // k, v and the slots come from earlier kernels; the cache rows may still be read by them
+  const int64_t t = blockIdx.x;
+  const int64_t slot = slots[t];
+  if (slot < 0) return;
+  using Vt = Vec<T, V>;
+  const Vt* ks = reinterpret_cast<const Vt*>(k + t * k_stride);
+  const Vt* vs = reinterpret_cast<const Vt*>(v + t * v_stride);
+  Vt* kd = reinterpret_cast<Vt*>(kc + slot * row);
+  Vt* vd = reinterpret_cast<Vt*>(vc + slot * row);
+  for (int i = threadIdx.x; i < row / V; i += blockDim.x) {
+    kd[i] = ks[i];
+    vd[i] = vs[i];
+  }
+}
+
+}  // namespace
+
+void reshape_and_cache(const void* k, const void* v, void* key_cache, void* value_cache, const int64_t* slot_mapping,
+                       int64_t tokens, int64_t kv_heads, int64_t head_dim, int64_t k_stride, int64_t v_stride,
+                       DType dtype, std::uintptr_t stream) {
+  if (tokens == 0) return;
+  dispatch_float<true>(dtype, "reshape_and_cache", [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kVec = 16 / sizeof(T);
+    const int row = static_cast<int>(kv_heads * head_dim);
+    const bool vec = row % kVec == 0 && k_stride % kVec == 0 && v_stride % kVec == 0 && aligned16(k, v, key_cache, value_cache);
+    const int threads = std::min(512, std::max(32, ((vec ? row / kVec : row) + 31) / 32 * 32));
+    auto go = [&](auto kernel) {
+      launch_pdl("reshape_and_cache", kernel, dim3(static_cast<unsigned>(tokens)), dim3(threads), 0, as_stream(stream),
+                 static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(key_cache),
+                 static_cast<T*>(value_cache), slot_mapping, row, k_stride, v_stride);
+    };
+    if (vec) go(reshape_and_cache_kernel<T, kVec>);
+    else go(reshape_and_cache_kernel<T, 1>);
+  });
+}
+
+}  // namespace candle_vllm::cuda
