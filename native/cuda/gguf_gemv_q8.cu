@@ -19,12 +19,13 @@
 // fused q/k/v weight hold each head's halves interleaved in pairs (rows i and half + i of a head adjacent, pair
 // group 1 of ops/row_pairs.py), so with R even a CTA owns whole rotation pairs, and warp 0 (which holds the
 // R x M final sums, R * M <= 32) swaps partners with one shuffle, rotates them as the separate RoPE kernel would,
-// writes y in the standard head layout and stores k and v at the tokens' cache slots.
+// writes y in the standard head layout and stores k and v at the tokens' cache slots (gguf_rope_epilogue.cuh).
 #include <atomic>
 
 #include "cuda/common.cuh"
 #include "cuda/gguf.h"
 #include "cuda/gguf_q8.cuh"
+#include "cuda/gguf_rope_epilogue.cuh"
 
 namespace candle_vllm::cuda {
 namespace {
@@ -81,49 +82,6 @@ __global__ void __launch_bounds__(256) quantize_x_kernel(const T* x, int8_t* __r
   Vec<T, 4> in;
   if (live) in = *reinterpret_cast<const Vec<T, 4>*>(x + 4 * i);
   q8_store_vec(in, live, xq, xb, 4 * i);
-}
-
-// The step inputs one epilogue element needs: its token's slot and, for a q/k row (as stored), its pair's cos and
-// sin. Read by warp 0 before the block reduces its sums, so the loads' latency hides behind the reduction.
-struct RopeLane {
-  int64_t slot;
-  float c, s;
-};
-
-__device__ __forceinline__ RopeLane rope_lane(const GgufRopeCache& a, int row, int m) {
-  RopeLane l{a.slots[m], 0.f, 0.f};
-  if (row < a.rot_rows) {
-    const float* cs = a.cos_sin + a.positions[m] * a.head_dim + ((row % a.head_dim) >> 1);
-    l.c = cs[0], l.s = cs[a.head_dim >> 1];
-  }
-  return l;
-}
-
-// One output element of the RoPE + cache epilogue: row `row` (as stored) for token m, with v its final sum and
-// pv its partner row's (row ^ 1). Each sum is rounded to T first, as the GEMV's store followed by the RoPE kernel
-// would round it; cos/sin too (rotary.cu), and the rotation is the shared rope_pair.
-template <typename T>
-__device__ __forceinline__ void rope_cache_store(void* y, float v, float pv, const RopeLane& l,
-                                                 const GgufRopeCache& a, int row, int m, int N) {
-  const int64_t slot = l.slot;
-  const int d = a.head_dim;
-  T out;
-  int feat = row;
-  if (row >= a.rot_rows) {  // a v feature: stored as it is
-    out = from_f32<T>(v);
-    const int vf = row - a.rot_rows;
-    if (slot >= 0) static_cast<T*>(a.value_cache)[(slot * a.kv_heads + vf / d) * d + vf % d] = out;
-  } else {
-    const int head0 = row - row % d, p = (row % d) >> 1, half = d >> 1;
-    const bool second = row & 1;
-    const float2 r = rope_pair(round_to<T>(second ? pv : v), round_to<T>(second ? v : pv), round_to<T>(l.c),
-                               round_to<T>(l.s));
-    out = from_f32<T>(second ? r.y : r.x);
-    feat = head0 + (second ? half + p : p);
-    if (row >= a.q_rows && slot >= 0)
-      static_cast<T*>(a.key_cache)[(slot * a.kv_heads + (head0 - a.q_rows) / d) * d + feat - head0] = out;
-  }
-  static_cast<T*>(y)[static_cast<int64_t>(m) * N + feat] = out;
 }
 
 template <class Q, int M, int R, bool ROPE>
