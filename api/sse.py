@@ -17,9 +17,16 @@ HEADERS = {
 }
 
 
+# Characters JSON allows raw inside strings that str.splitlines -- and so httpx's iter_lines/aiter_lines, which
+# many clients read SSE with -- takes for line ends, although SSE ends lines only at CR and LF: a generated U+2028
+# would cut such a client's event in two mid-JSON. Sent as \u escapes, the same JSON value.
+_LINE_BREAKS_IN_STRINGS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def event(payload: dict[str, Any]) -> bytes:
-    """One SSE event carrying ``payload`` as compact JSON."""
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    """One SSE event carrying ``payload`` as compact JSON on one line for every line splitter."""
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).translate(_LINE_BREAKS_IN_STRINGS)
+    return b"data: " + text.encode() + b"\n\n"
 
 
 class EventStream(ABC):
