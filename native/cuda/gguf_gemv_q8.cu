@@ -5,11 +5,13 @@
 // kernels do) plus per-half code sums. gguf_gemv_q8_quantized skips it: the kernel before it (RMSNorm or
 // SiLU-and-mul) already wrote the codes. The GEMV itself streams W (a programmatic dependent launch: it fetches
 // its first weights while the producer of the codes runs):
-// a 128-thread CTA owns R weight rows and its threads walk the row's blocks together,
+// a CTA (128 threads; 64 for Q4_K/Q5_K) owns R weight rows and its threads walk the rows' blocks together,
 // each taking one Part of a block (gguf_q8.cuh) for all R rows at once, so several independent weight loads
 // are in flight per thread and each activation load serves every row. Products are integer dp4a sums scaled
 // per block in f32; threads reduce by warp shuffles and one shared-memory step. No shared-memory staging: the
-// int8 activations (K bytes per token) stay in L1 and are shared by all CTAs of an SM.
+// int8 activations (K bytes per token) stay in L1 and are shared by all CTAs of an SM. The kernel is bound by
+// its integer instruction issue (decoding), not by loads in flight: a persistent variant that staged weights
+// through shared memory with cp.async several tasks ahead ran 1.4-2x slower on the H200.
 //
 // One token (M = 1) takes R in {2, 4, 8} as a launch choice (rows = 0: default_rows_at_m1). Every choice gives
 // the same bits: each output row is summed by the same threads over the same slots in the same order, and
@@ -31,26 +33,6 @@ namespace candle_vllm::cuda {
 namespace {
 
 using gguf::XBlock;
-constexpr int kThreads = 128;
-
-// CTAs per SM the register allocation must allow (__launch_bounds__ min blocks) for one token, R = 2, 4, 8: the
-// bounds every measured launch ran with (H200 sweep, bench_quant_cuda.py --sweep-rows). 8 for 2-row CTAs (at
-// most 64 registers, no spills; q6k 4096x4096 29.7 -> 37.0 % of bandwidth, 4096x14336 38.8 -> 44.9 %); the
-// 4-row CTAs of Q4_K/Q5_K spill at 64 registers and lost (q4k 28672x4096 24.8 -> 28.1 us), so they keep the
-// compiler's choice (1: 80 / 84 registers, 6 / 5 CTAs per SM); the others aim at one wave for N = 4096 (4096 / R
-// CTAs on 132 SMs), lowered until ptxas -v (sm_90a) reports no spills. Several tokens keep the compiler's choice.
-struct OneTokenBounds {
-  int r2, r4, r8;
-};
-
-constexpr OneTokenBounds one_token_bounds(int type) {
-  switch (type) {
-    case gguf::Q4_K:
-    case gguf::Q5_K: return {10, 1, 4};
-    case gguf::Q6_K: return {8, 5, 3};
-    default: return {8, 8, 4};  // the 32-element types
-  }
-}
 
 template <int T>
 constexpr int type_code(const gguf::Q8Dot<T>*) {
@@ -62,11 +44,40 @@ constexpr int type_of() {
   return type_code(static_cast<const Q*>(nullptr));
 }
 
+// Threads per CTA: 128, but 64 for Q4_K/Q5_K, whose parts are a quarter block (a 4096-element row is 64 parts, one
+// per thread).
+template <class Q>
+__host__ __device__ constexpr int cta_threads() {
+  return Q::kParts == 4 ? 64 : 128;
+}
+
+// CTAs per SM the register allocation must allow (__launch_bounds__ min blocks) for one token, R = 2, 4, 8: the
+// bounds every measured launch ran with (H200 sweep, bench_quant_cuda.py --sweep-rows). 8 for 2-row CTAs (at
+// most 64 registers, no spills; q6k 4096x4096 29.7 -> 37.0 % of bandwidth, 4096x14336 38.8 -> 44.9 %); the
+// 4-row CTAs of Q4_K/Q5_K spill at 64 registers and lost (q4k 28672x4096 24.8 -> 28.1 us), so they keep the
+// compiler's choice (1: 80 / 84 registers, 6 / 5 CTAs per SM); the others aim at one wave for N = 4096 (4096 / R
+// CTAs on 132 SMs), lowered until ptxas -v (sm_90a) reports no spills. Q4_K/Q5_K, whose parts became a whole pair
+// of sub-blocks in 64-thread CTAs, keep the compiler's choice at R = 4 and 8 (120 / 208 registers) and allow 8 of
+// those CTAs at R = 2. The bounds count 128-thread CTAs (min_ctas scales them). Several tokens keep the compiler's
+// choice.
+struct OneTokenBounds {
+  int r2, r4, r8;
+};
+
+constexpr OneTokenBounds one_token_bounds(int type) {
+  switch (type) {
+    case gguf::Q4_K:
+    case gguf::Q5_K: return {4, 1, 1};
+    case gguf::Q6_K: return {8, 5, 3};
+    default: return {8, 8, 4};  // the 32-element types
+  }
+}
+
 template <class Q, int M, int R>
 constexpr int min_ctas() {
   if (M != 1) return 1;
   const OneTokenBounds b = one_token_bounds(type_of<Q>());
-  return R == 2 ? b.r2 : R == 4 ? b.r4 : b.r8;
+  return (R == 2 ? b.r2 : R == 4 ? b.r4 : b.r8) * 128 / cta_threads<Q>();
 }
 
 // Eight threads per 32-element block, four elements each.
@@ -85,11 +96,12 @@ __global__ void __launch_bounds__(256) quantize_x_kernel(const T* x, int8_t* __r
 }
 
 template <class Q, int M, int R, bool ROPE>
-__global__ void __launch_bounds__(kThreads, (min_ctas<Q, M, R>()))
+__global__ void __launch_bounds__(cta_threads<Q>(), (min_ctas<Q, M, R>()))
     gemv_q8_kernel(void* __restrict__ y, bool bf16, const int8_t* __restrict__ xq, const XBlock* __restrict__ xb,
                    const uint8_t* __restrict__ w, int rows_m, int N, int K, int64_t row_bytes,
                    const GgufRopeCache rope) {
   using Raw = typename Q::Raw;
+  constexpr int kThreads = cta_threads<Q>();
   const int row0 = blockIdx.x * R;
   const int slots = K / Q::kBlockElems * Q::kParts;
   const uint8_t* wr[R];
@@ -183,13 +195,13 @@ template <class Q, int M, int R>
 void launch_gemv(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int rows_m, int N, int K,
                  const GgufRopeCache* rope, cudaStream_t stream) {
   const int64_t row_bytes = static_cast<int64_t>(K / Q::kBlockElems) * Q::kBlockBytes;
-  const dim3 grid(static_cast<unsigned>((N + R - 1) / R));
+  const dim3 grid(static_cast<unsigned>((N + R - 1) / R)), block(cta_threads<Q>());
   // A programmatic dependent of the kernel that wrote xq/xb: the first weights stream while it runs.
   if (rope != nullptr)
-    launch_pdl("gguf_gemv_q8_rope_cache", gemv_q8_kernel<Q, M, R, true>, grid, dim3(kThreads), 0, stream, y, bf16,
+    launch_pdl("gguf_gemv_q8_rope_cache", gemv_q8_kernel<Q, M, R, true>, grid, block, 0, stream, y, bf16,
                xq, xb, w, rows_m, N, K, row_bytes, *rope);
   else
-    launch_pdl("gguf_gemv_q8", gemv_q8_kernel<Q, M, R, false>, grid, dim3(kThreads), 0, stream, y, bf16, xq, xb, w,
+    launch_pdl("gguf_gemv_q8", gemv_q8_kernel<Q, M, R, false>, grid, block, 0, stream, y, bf16, xq, xb, w,
                rows_m, N, K, row_bytes, GgufRopeCache{});
 }
 
@@ -224,31 +236,21 @@ int ctas_per_sm() {
   static std::atomic<int> cache[kMaxDevices];
   return per_device(cache, "gguf_gemv_q8: residency", [](int) {
     int n = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_q8_kernel<Q, 1, R, false>, kThreads, 0),
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_q8_kernel<Q, 1, R, false>, cta_threads<Q>(), 0),
                "gguf_gemv_q8: residency");
     return n;
   });
 }
 
-// The share of the occupied CTA slots doing work when `ctas` CTAs run `slots` at a time: (ctas / slots) / waves.
-double wave_efficiency(int64_t ctas, int64_t slots) {
-  const int64_t waves = (ctas + slots - 1) / slots;
-  return static_cast<double>(ctas) / static_cast<double>(slots * waves);
-}
-
-// Q4_K/Q5_K at one token: R in {4, 8} by wave efficiency over the SMs' CTA slots (SMs x CTAs per SM for R);
-// efficiencies within 5 % are a tie and the larger R wins (more weight loads in flight per thread). H200, 132 SMs:
-//   q4k (R = 4: 80 registers, 6 CTAs/SM, 792 slots; R = 8: 127, 4/SM, 528):
-//     N 6144: 1536 CTAs .970 vs 768 .727 -> 4 (measured 7.01 vs 7.51 us); N 4096 (K 4096 and 14336): .646 vs
-//     .970 -> 8 (5.78 vs 5.24, 14.42 vs 13.15 us); N 28672: .905 vs .970 -> 8 (23.95 vs 22.96 us).
-//   q5k (R = 4: 84 registers, 5/SM, 660 slots; R = 8 as q4k): N 6144: .776 vs .727 -> 4 (8.34 vs 8.26 us, even);
-//     N 4096: .776 vs .970 -> 8 (6.34 vs 5.66, 16.74 vs 14.97); N 28672: .987 vs .970, a tie -> 8 (29.60 vs 27.87).
+// Q4_K/Q5_K at one token: R = 8 when one wave of 8-row CTAs covers N (SMs x CTAs per SM at R = 8), else R = 4.
+// Measured on the H200 (132 SMs, bench_quant_cuda.py --sweep-rows; 64-thread CTAs, R = 4: 120 / 123 registers,
+// 8 CTAs per SM; R = 8: 208 / 217 registers, 4 per SM, 528 slots):
+//   q4k: N 4096 (512 CTAs, one wave) -> 8: K 4096 4.96 vs 5.34 us, K 14336 12.71 vs 12.59 (even); N 6144 -> 4: 7.51
+//     vs 7.51 (even); N 28672 -> 4: 20.61 vs 23.40 (the deeper occupancy streams the long grid better).
+//   q5k: N 4096 -> 8: 5.79 vs 5.94, 15.23 vs 15.38; N 6144 -> 4: 8.65 vs 9.03; N 28672 -> 4: 27.04 vs 30.05.
 template <class Q>
 int rows_by_waves(int n) {
-  const int64_t sms = sm_count();
-  const double e4 = wave_efficiency((n + 3) / 4, sms * ctas_per_sm<Q, 4>());
-  const double e8 = wave_efficiency((n + 7) / 8, sms * ctas_per_sm<Q, 8>());
-  return e4 > 1.05 * e8 ? 4 : 8;
+  return (n + 7) / 8 <= static_cast<int64_t>(sm_count()) * ctas_per_sm<Q, 8>() ? 8 : 4;
 }
 
 // The rows per CTA a one-token launch with rows = 0 uses. Measured on the H200 (bench_quant_cuda.py

@@ -12,7 +12,7 @@
 // Part p's elements, per type:
 //  - Q4_0/Q4_1/Q5_0/Q5_1 (kParts 1): the whole 32-element block.
 //  - Q8_0 (kParts 2): elements 16p..16p+15.
-//  - Q4_K/Q5_K (kParts 8): g = p/2, h = p%2: elements 64g+16h+[0,16) (sub-block 2g) and +32 (sub-block 2g+1).
+//  - Q4_K/Q5_K (kParts 4): g = p: elements 64g+[0,32) (sub-block 2g) and 64g+32+[0,32) (sub-block 2g+1).
 //  - Q6_K (kParts 8): h = p/4, l0 = 8(p%4): elements 128h+32q+l0+[0,8) for q = 0..3.
 #pragma once
 #include <cstdint>
@@ -34,6 +34,19 @@ GGUF_HD int dp4a(uint32_t a, uint32_t b, int c) {
 #else
   for (int i = 0; i < 4; ++i)
     c += static_cast<int8_t>(a >> (8 * i)) * static_cast<int8_t>(b >> (8 * i));
+  return c;
+#endif
+}
+
+// The same with a's bytes unsigned (0..255): a high nibble kept in place (16 x code) is one mask, no shift.
+GGUF_HD int dp4a_us(uint32_t a, uint32_t b, int c) {
+#ifdef __CUDA_ARCH__
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+#else
+  for (int i = 0; i < 4; ++i)
+    c += static_cast<int>((a >> (8 * i)) & 0xFF) * static_cast<int8_t>(b >> (8 * i));
   return c;
 #endif
 }
@@ -124,6 +137,9 @@ GGUF_HD void ld_x_words(const int8_t* p, uint32_t* out, int words) {
   if (words == 4) {
     const uint4 v = ld_x<uint4>(p);
     out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+  } else if (words == 8) {
+    const uint4 a = ld_x<uint4>(p), b = ld_x<uint4>(p + 16);
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
   } else {
     const uint2 v = ld_x<uint2>(p);
     out[0] = v.x, out[1] = v.y;
@@ -147,14 +163,16 @@ GGUF_HD void ld_x_piece(XWords<P, W>& x, int i, const int8_t* xq, const XBlock* 
 
 // ---- 32-element types: one thread per block --------------------------------------------------------------
 
-// The 16 code bytes of a Q4_0/Q4_1 block -> low nibbles (elements 0..15) and high nibbles (16..31).
+// The 16 code bytes of a Q4_0/Q4_1 block -> low nibbles (elements 0..15) and high nibbles (16..31). The high
+// nibbles stay in place (16 x code) and the sum is divided back exactly.
 GGUF_HD int dot_nibbles(const uint32_t (&qs)[4], const XWords<2, 4>& x, int& lo, int& hi) {
   lo = 0, hi = 0;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     lo = dp4a(qs[k] & kNib, x.q[0][k], lo);
-    hi = dp4a((qs[k] >> 4) & kNib, x.q[1][k], hi);
+    hi = dp4a_us(qs[k] & ~kNib, x.q[1][k], hi);
   }
+  hi >>= 4;
   return lo + hi;
 }
 
@@ -326,10 +344,13 @@ GGUF_HD void k4_scale_min_pair(uint32_t s0, uint32_t s1, uint32_t s2, int g, uin
   m = low ? a1 & 0x3F3Fu : ((c >> 4) & 0x0F0Fu) | ((a1 >> 2) & 0x3030u);
 }
 
-// Q4_K/Q5_K part: codes of sub-blocks 2g (lo) and 2g+1 (hi) for half h, w = (a * code - b) per sub-block.
+// Q4_K/Q5_K part g: the 32 codes of sub-block 2g (lo) and of 2g+1 (hi), w = (a * code - b) per sub-block. A part
+// spans a whole pair of sub-blocks so their scales and mins are decoded once for 64 weights. The hi codes are held
+// times 2^kHiShift (Q4_K keeps its high nibbles in place: one mask instead of a shift and a mask).
+template <int kHiShift>
 struct K4Part {
-  using X = XWords<2, 4>;
-  uint32_t lo[4], hi[4];
+  using X = XWords<2, 8>;
+  uint32_t lo[8], hi[8];
   float a[2], b[2];
   // h: the block's first 16 bytes (d, dmin, the packed scales).
   GGUF_HD void decode_header(const uint4& h, int g) {
@@ -342,56 +363,65 @@ struct K4Part {
       b[i] = dmin * static_cast<float>((m >> (8 * i)) & 0xFF);
     }
   }
-  GGUF_HD static void load_x(X& x, const int8_t* xq, const XBlock* xb, int p) {
-    const int g = p >> 1, h = p & 1;
-    ld_x_piece(x, 0, xq, xb, 64 * g + 16 * h, h);
-    ld_x_piece(x, 1, xq, xb, 64 * g + 32 + 16 * h, h);
+  GGUF_HD static void load_x(X& x, const int8_t* xq, const XBlock* xb, int g) {
+    ld_x_piece(x, 0, xq, xb, 64 * g, -1);
+    ld_x_piece(x, 1, xq, xb, 64 * g + 32, -1);
   }
   GGUF_HD float dot(const X& x) const {
     int slo = 0, shi = 0;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) slo = dp4a(lo[k], x.q[0][k], slo), shi = dp4a(hi[k], x.q[1][k], shi);
+    for (int k = 0; k < 8; ++k) slo = dp4a(lo[k], x.q[0][k], slo), shi = dp4a_us(hi[k], x.q[1][k], shi);
+    shi >>= kHiShift;
     return x.d[0] * (a[0] * static_cast<float>(slo) - b[0] * static_cast<float>(x.sum[0])) +
            x.d[1] * (a[1] * static_cast<float>(shi) - b[1] * static_cast<float>(x.sum[1]));
   }
 };
 
 template <>
-struct Q8Dot<Q4_K> : K4Part {
-  static constexpr int kBlockElems = 256, kBlockBytes = 144, kParts = 8;
+struct Q8Dot<Q4_K> : K4Part<4> {
+  static constexpr int kBlockElems = 256, kBlockBytes = 144, kParts = 4;
   struct Raw {
-    uint4 q, h;
+    uint4 q[2], h;
   };
-  GGUF_HD static void fetch(Raw& raw, const uint8_t* blk, int p) {  // 16-byte aligned
-    raw.q = ld<uint4>(blk + 16 + 16 * p);  // 32g + 16h
+  GGUF_HD static void fetch(Raw& raw, const uint8_t* blk, int g) {  // 16-byte aligned
+    raw.q[0] = ld<uint4>(blk + 16 + 32 * g);
+    raw.q[1] = ld<uint4>(blk + 32 + 32 * g);
     raw.h = ld<uint4>(blk);
   }
-  GGUF_HD void decode(const Raw& raw, const uint8_t*, int p) {
-    const uint32_t qs[4] = {raw.q.x, raw.q.y, raw.q.z, raw.q.w};
+  GGUF_HD void decode(const Raw& raw, const uint8_t*, int g) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) lo[k] = qs[k] & kNib, hi[k] = (qs[k] >> 4) & kNib;
-    decode_header(raw.h, p >> 1);
+    for (int i = 0; i < 2; ++i) {
+      const uint32_t qs[4] = {raw.q[i].x, raw.q[i].y, raw.q[i].z, raw.q[i].w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) lo[4 * i + k] = qs[k] & kNib, hi[4 * i + k] = qs[k] & ~kNib;
+    }
+    decode_header(raw.h, g);
   }
 };
 
 template <>
-struct Q8Dot<Q5_K> : K4Part {
-  static constexpr int kBlockElems = 256, kBlockBytes = 176, kParts = 8;
+struct Q8Dot<Q5_K> : K4Part<0> {
+  static constexpr int kBlockElems = 256, kBlockBytes = 176, kParts = 4;
   struct Raw {
-    uint4 q, e, h;
+    uint4 q[2], e[2], h;
   };
-  GGUF_HD static void fetch(Raw& raw, const uint8_t* blk, int p) {  // 16-byte aligned
-    raw.q = ld<uint4>(blk + 48 + 16 * p);  // 32g + 16h
-    raw.e = ld<uint4>(blk + 16 + 16 * (p & 1));
+  GGUF_HD static void fetch(Raw& raw, const uint8_t* blk, int g) {  // 16-byte aligned
+    raw.q[0] = ld<uint4>(blk + 48 + 32 * g);
+    raw.q[1] = ld<uint4>(blk + 64 + 32 * g);
+    raw.e[0] = ld<uint4>(blk + 16);  // the fifth bits of every sub-block pair
+    raw.e[1] = ld<uint4>(blk + 32);
     raw.h = ld<uint4>(blk);
   }
-  GGUF_HD void decode(const Raw& raw, const uint8_t*, int p) {
-    const int g = p >> 1;
-    const uint32_t qs[4] = {raw.q.x, raw.q.y, raw.q.z, raw.q.w}, qh[4] = {raw.e.x, raw.e.y, raw.e.z, raw.e.w};
+  GGUF_HD void decode(const Raw& raw, const uint8_t*, int g) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      lo[k] = (qs[k] & kNib) | (((qh[k] >> (2 * g)) & 0x01010101u) << 4);
-      hi[k] = ((qs[k] >> 4) & kNib) | (((qh[k] >> (2 * g + 1)) & 0x01010101u) << 4);
+    for (int i = 0; i < 2; ++i) {
+      const uint32_t qs[4] = {raw.q[i].x, raw.q[i].y, raw.q[i].z, raw.q[i].w};
+      const uint32_t qh[4] = {raw.e[i].x, raw.e[i].y, raw.e[i].z, raw.e[i].w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        lo[4 * i + k] = (qs[k] & kNib) | (((qh[k] >> (2 * g)) & 0x01010101u) << 4);
+        hi[4 * i + k] = ((qs[k] >> 4) & kNib) | (((qh[k] >> (2 * g + 1)) & 0x01010101u) << 4);
+      }
     }
     decode_header(raw.h, g);
   }

@@ -25,11 +25,11 @@ DP4A_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.
 ROWS = (0, 2, 4, 8)
 # The H200 sweep (132 SMs, bench_quant_cuda.py --sweep-rows) at one token on the Llama-3-8B output sizes
 # N = 6144, 4096, 28672 (K 4096) and 4096 (K 14336): the faster of R = 4 and R = 8 where they differ by more than
-# 2 % (q4k 7.01 / 7.51, 5.78 / 5.24, 23.95 / 22.96, 14.42 / 13.15 us; q5k 6.34 / 5.66, 29.60 / 27.87,
-# 16.74 / 14.97 us); None where they were even (q5k N 6144: 8.34 / 8.26 us).
+# 2 % (q4k 7.51 / 7.51, 5.34 / 4.96, 20.61 / 23.40, 12.59 / 12.71 us; q5k 8.65 / 9.03, 5.94 / 5.79, 27.04 / 30.05,
+# 15.38 / 15.23 us); None where they were even.
 H200_SMS = 132
 H200_SHAPES_N = (6144, 4096, 28672, 4096)
-H200_FASTER = {QT.Q4_K: (4, 8, 8, 8), QT.Q5_K: (None, 8, 8, 8)}
+H200_FASTER = {QT.Q4_K: (None, 8, 4, None), QT.Q5_K: (4, 8, 4, None)}
 # Measured per type (Q4_0: R = 4 beat 2 on all four shapes; Q8_0, Q6_K: R = 2 best or within 2 %); the unswept
 # types keep R = 2.
 FIXED_ROWS = {QT.Q4_0: 4, QT.Q8_0: 2, QT.Q6_K: 2, QT.Q4_1: 2, QT.Q5_0: 2, QT.Q5_1: 2}
