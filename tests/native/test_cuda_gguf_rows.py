@@ -55,6 +55,21 @@ def test_every_launch_choice_equals_the_default(qtype: QT, k: int) -> None:
         assert torch.equal(got, want), f"{qtype.name} K={k} rows={rows}: bits differ"
 
 
+@pytest.mark.parametrize("qtype", DP4A_TYPES, ids=lambda t: t.name)
+def test_pipelined_one_token_rows_equal_the_plain_loop(qtype: QT) -> None:
+    """One Q4_K token over rows longer than one pass of the CTA (K = 14336) runs the pipelined loop, which fetches
+    the next pass before using this one; two tokens (and the other types) run the plain loop. Each token's sums keep
+    their order either way, so token 0 of a two-token launch has the one-token launch's bits."""
+    n, k = 333, 14336
+    raw = random_blocks(qtype, n, k, seed=11 * int(qtype))
+    data = torch.from_numpy(raw).to(DEV)
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(int(qtype))).to(torch.bfloat16).to(DEV)
+    one = cuda_gguf.gemv(x[:1], data, qtype, n, k, kernel="dp4a")
+    assert_dp4a_within(one, x[:1].cpu(), oracle(raw, qtype, n, k).double())
+    two = cuda_gguf.gemv(x, data, qtype, n, k, kernel="dp4a")
+    assert torch.equal(one[0], two[0]), f"{qtype.name}: bits differ"
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_choices_on_quantized_activations(dtype: torch.dtype) -> None:
     """The path that takes codes a producer kernel wrote (no quantizer launch) honours the choices too."""
