@@ -5,7 +5,7 @@
 // kernels do) plus per-half code sums. gguf_gemv_q8_quantized skips it: the kernel before it (RMSNorm or
 // SiLU-and-mul) already wrote the codes. The GEMV itself streams W (a programmatic dependent launch: it fetches
 // its first weights while the producer of the codes runs):
-// a CTA (128 threads; 64 for Q4_K/Q5_K) owns R weight rows and its threads walk the rows' blocks together,
+// a CTA (128 threads; 64 for Q4_K/Q5_K/Q6_K) owns R weight rows and its threads walk the rows' blocks together,
 // each taking one Part of a block (gguf_q8.cuh) for all R rows at once, so several independent weight loads
 // are in flight per thread and each activation load serves every row. Products are integer dp4a sums scaled
 // per block in f32; threads reduce by warp shuffles and one shared-memory step. No shared-memory staging: the
@@ -44,8 +44,8 @@ constexpr int type_of() {
   return type_code(static_cast<const Q*>(nullptr));
 }
 
-// Threads per CTA: 128, but 64 for Q4_K/Q5_K, whose parts are a quarter block (a 4096-element row is 64 parts, one
-// per thread).
+// Threads per CTA: 128, but 64 for Q4_K/Q5_K/Q6_K, whose parts are a quarter block (a 4096-element row is 64
+// parts, one per thread).
 template <class Q>
 __host__ __device__ constexpr int cta_threads() {
   return Q::kParts == 4 ? 64 : 128;
@@ -58,8 +58,9 @@ __host__ __device__ constexpr int cta_threads() {
 // compiler's choice (1: 80 / 84 registers, 6 / 5 CTAs per SM); the others aim at one wave for N = 4096 (4096 / R
 // CTAs on 132 SMs), lowered until ptxas -v (sm_90a) reports no spills. Q4_K/Q5_K, whose parts became a whole pair
 // of sub-blocks in 64-thread CTAs, keep the compiler's choice at R = 4 and 8 (120 / 208 registers) and allow 8 of
-// those CTAs at R = 2. The bounds count 128-thread CTAs (min_ctas scales them). Several tokens keep the compiler's
-// choice.
+// those CTAs at R = 2; Q6_K, whose parts became half-quarters of 64 weights, keeps R = 2 at 64 registers and the
+// compiler's choice at 4 and 8 (128 / 228: its former 5 and 3 spilled). The bounds count 128-thread CTAs (min_ctas
+// scales them). Several tokens keep the compiler's choice.
 struct OneTokenBounds {
   int r2, r4, r8;
 };
@@ -68,7 +69,7 @@ constexpr OneTokenBounds one_token_bounds(int type) {
   switch (type) {
     case gguf::Q4_K:
     case gguf::Q5_K: return {4, 1, 1};
-    case gguf::Q6_K: return {8, 5, 3};
+    case gguf::Q6_K: return {8, 1, 1};
     default: return {8, 8, 4};  // the 32-element types
   }
 }
@@ -287,13 +288,14 @@ int rows_by_waves(int n) {
 
 // The rows per CTA a one-token launch with rows = 0 uses. Measured on the H200 (bench_quant_cuda.py
 // --sweep-rows, four Llama-3-8B shapes): Q4_0 R = 4 beat R = 2 on all four (6.74 -> 6.37, 5.77 -> 4.70,
-// 21.83 -> 19.56, 12.41 -> 11.37 us); Q8_0 and Q6_K were best or within 2 % at R = 2. Q4_1, Q5_0, Q5_1 were not
-// swept and keep R = 2.
+// 21.83 -> 19.56, 12.41 -> 11.37 us); Q6_K (64-thread CTAs of whole-pair parts) R = 4 best or within 1 % on all
+// four (R = 2 -> 4: 11.03 -> 10.85, 7.66 -> 7.22, 36.38 -> 36.77, 21.91 -> 19.36 us); Q8_0 was best or within 2 %
+// at R = 2. Q4_1, Q5_0, Q5_1 were not swept and keep R = 2.
 template <class Q>
 int default_rows_at_m1(int n) {
   constexpr int type = type_of<Q>();
   if constexpr (type == gguf::Q4_K || type == gguf::Q5_K) return rows_by_waves<Q>(n);
-  else return type == gguf::Q4_0 ? 4 : 2;
+  else return type == gguf::Q4_0 || type == gguf::Q6_K ? 4 : 2;
 }
 
 // Rows per CTA for M tokens: the one-token choice (0: the default rule), 2 for two tokens, 4 from four tokens up

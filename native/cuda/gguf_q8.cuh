@@ -13,7 +13,7 @@
 //  - Q4_0/Q4_1/Q5_0/Q5_1 (kParts 1): the whole 32-element block.
 //  - Q8_0 (kParts 2): elements 16p..16p+15.
 //  - Q4_K/Q5_K (kParts 4): g = p: elements 64g+[0,32) (sub-block 2g) and 64g+32+[0,32) (sub-block 2g+1).
-//  - Q6_K (kParts 8): h = p/4, l0 = 8(p%4): elements 128h+32q+l0+[0,8) for q = 0..3.
+//  - Q6_K (kParts 4): h = p/2, l0 = 16(p%2): elements 128h+32q+l0+[0,16) for q = 0..3.
 #pragma once
 #include <cstdint>
 
@@ -432,16 +432,17 @@ GGUF_HD uint32_t minus32(uint32_t c) { return (c + 0x60606060u) ^ 0x80808080u; }
 
 template <>
 struct Q8Dot<Q6_K> {
-  static constexpr int kBlockElems = 256, kBlockBytes = 210, kParts = 8;
-  using X = XWords<4, 2>;
+  static constexpr int kBlockElems = 256, kBlockBytes = 210, kParts = 4;
+  using X = XWords<4, 4>;
   struct Raw {
-    A2Words<2> qa, qb, qh, sc;
+    A2Words<4> qa, qb, qh;
+    A2Words<2> sc;
     uint32_t d;
   };
-  uint32_t c[4][2];  // quarter q (elements 128h + 32q + l0 ..), two words of 4 signed codes
+  uint32_t c[4][4];  // quarter q (elements 128h + 32q + l0 ..), four words of 4 signed codes
   float a[4];
   GGUF_HD static void fetch(Raw& raw, const uint8_t* blk, int p) {
-    const int h = p >> 2, l0 = 8 * (p & 3);
+    const int h = p >> 1, l0 = 16 * (p & 1);
     fetch_a2(raw.qa, blk + 64 * h + l0);
     fetch_a2(raw.qb, blk + 64 * h + 32 + l0);
     fetch_a2(raw.qh, blk + 128 + 32 * h + l0);
@@ -449,15 +450,15 @@ struct Q8Dot<Q6_K> {
     raw.d = fetch_f16_a2(blk + 208);
   }
   GGUF_HD void decode(const Raw& raw, const uint8_t* blk, int p) {
-    const int is = (p & 3) >> 1;
-    uint32_t qa[2], qb[2], qh[2], sc[2];
+    const int is = p & 1;
+    uint32_t qa[4], qb[4], qh[4], sc[2];
     words_a2(raw.qa, qa);
     words_a2(raw.qb, qb);
     words_a2(raw.qh, qh);
     words_a2(raw.sc, sc);
     const float d = f16_a2(raw.d, blk + 208);
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
+    for (int k = 0; k < 4; ++k) {
       c[0][k] = minus32((qa[k] & kNib) | ((qh[k] << 4) & 0x30303030u));
       c[1][k] = minus32((qb[k] & kNib) | ((qh[k] << 2) & 0x30303030u));
       c[2][k] = minus32(((qa[k] >> 4) & kNib) | (qh[k] & 0x30303030u));
@@ -469,14 +470,19 @@ struct Q8Dot<Q6_K> {
       a[q] = d * static_cast<float>(static_cast<int8_t>(sc[q >> 1] >> (8 * (is + 2 * (q & 1)))));
   }
   GGUF_HD static void load_x(X& x, const int8_t* xq, const XBlock* xb, int p) {
-    const int h = p >> 2, l0 = 8 * (p & 3);
+    const int h = p >> 1, l0 = 16 * (p & 1);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) ld_x_piece(x, q, xq, xb, 128 * h + 32 * q + l0, 0);
+    for (int q = 0; q < 4; ++q) ld_x_piece(x, q, xq, xb, 128 * h + 32 * q + l0, p & 1);
   }
   GGUF_HD float dot(const X& x) const {
     float s = 0.f;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) s += a[q] * x.d[q] * static_cast<float>(dp4a(c[q][1], x.q[q][1], dp4a(c[q][0], x.q[q][0], 0)));
+    for (int q = 0; q < 4; ++q) {
+      int t = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) t = dp4a(c[q][k], x.q[q][k], t);
+      s += a[q] * x.d[q] * static_cast<float>(t);
+    }
     return s;
   }
 };
