@@ -1,0 +1,221 @@
+// Decode GEMV against int8 activations: y[M, N] = x[M, K] @ W[N, K]^T for M <= 8, W in GGUF blocks.
+//
+// gguf_gemv_q8 makes two launches on the caller's stream. The first quantizes each 32-element block of x to
+// int8 codes (q8_activation.cuh: scale amax / 127, IEEE division, rounding half away from zero, as the CPU
+// kernels do) plus per-half code sums. gguf_gemv_q8_quantized skips it: the kernel before it (RMSNorm or
+// SiLU-and-mul) already wrote the codes. The GEMV itself streams W (a programmatic dependent launch: it fetches
+// its first weights while the producer of the codes runs):
+// a CTA (128 threads; 64 for Q4_K/Q5_K/Q6_K) owns R weight rows and its threads walk the rows' blocks together,
+// each taking one Part of a block (gguf_q8.cuh) for all R rows at once, so several independent weight loads
+// are in flight per thread and each activation load serves every row. Products are integer dp4a sums scaled
+// per block in f32; threads reduce by warp shuffles and one shared-memory step. No shared-memory staging: the
+// int8 activations (K bytes per token) stay in L1 and are shared by all CTAs of an SM. The kernel is bound by
+// its integer instruction issue (decoding), not by loads in flight: a persistent variant that staged weights
+// through shared memory with cp.async several tasks ahead ran 1.4-2x slower on the H200.
+//
+// One token (M = 1) takes R in {2, 4, 8} as a launch choice (rows = 0: default_rows_at_m1). Every choice gives
+// the same bits: each output row is summed by the same threads over the same slots in the same order, and
+// reduced the same way.
+//
+// The RoPE + cache epilogue (gguf_gemv_q8_rope_cache) is the same kernel with another store: the q/k rows of a
+// fused q/k/v weight hold each head's halves interleaved in pairs (rows i and half + i of a head adjacent, pair
+// group 1 of ops/row_pairs.py), so with R even a CTA owns whole rotation pairs, and warp 0 (which holds the
+// R x M final sums, R * M <= 32) swaps partners with one shuffle, rotates them as the separate RoPE kernel would,
+// writes y in the standard head layout and stores k and v at the tokens' cache slots (gguf_rope_epilogue.cuh).
+//
+// The kernels (the host side, launch choices and entry points are in gguf_gemv_q8.cu, the only includer).
+#pragma once
+#include "cuda/common.cuh"
+#include "cuda/gguf.h"
+#include "cuda/gguf_q8.cuh"
+#include "cuda/gguf_rope_epilogue.cuh"
+
+namespace candle_vllm::cuda {
+namespace {
+
+using gguf::XBlock;
+
+template <int T>
+constexpr int type_code(const gguf::Q8Dot<T>*) {
+  return T;
+}
+
+template <class Q>
+constexpr int type_of() {
+  return type_code(static_cast<const Q*>(nullptr));
+}
+
+// Threads per CTA: 128, but 64 for Q4_K/Q5_K/Q6_K, whose parts are a quarter block (a 4096-element row is 64
+// parts, one per thread).
+template <class Q>
+__host__ __device__ constexpr int cta_threads() {
+  return Q::kParts == 4 ? 64 : 128;
+}
+
+// CTAs per SM the register allocation must allow (__launch_bounds__ min blocks) for one token, R = 2, 4, 8: the
+// bounds every measured launch ran with (H200 sweep, bench_quant_cuda.py --sweep-rows). 8 for 2-row CTAs (at
+// most 64 registers, no spills; q6k 4096x4096 29.7 -> 37.0 % of bandwidth, 4096x14336 38.8 -> 44.9 %); the
+// 4-row CTAs of Q4_K/Q5_K spill at 64 registers and lost (q4k 28672x4096 24.8 -> 28.1 us), so they keep the
+// compiler's choice (1: 80 / 84 registers, 6 / 5 CTAs per SM); the others aim at one wave for N = 4096 (4096 / R
+// CTAs on 132 SMs), lowered until ptxas -v (sm_90a) reports no spills. Q4_K/Q5_K, whose parts became a whole pair
+// of sub-blocks in 64-thread CTAs, keep the compiler's choice at R = 4 and 8 (120 / 208 registers) and allow 8 of
+// those CTAs at R = 2; Q6_K, whose parts became half-quarters of 64 weights, keeps R = 2 at 64 registers and the
+// compiler's choice at 4 and 8 (128 / 228: its former 5 and 3 spilled). The bounds count 128-thread CTAs (min_ctas
+// scales them). Several tokens keep the compiler's choice.
+struct OneTokenBounds {
+  int r2, r4, r8;
+};
+
+constexpr OneTokenBounds one_token_bounds(int type) {
+  switch (type) {
+    case gguf::Q4_K:
+    case gguf::Q5_K: return {4, 1, 1};
+    case gguf::Q6_K: return {8, 1, 1};
+    default: return {8, 8, 4};  // the 32-element types
+  }
+}
+
+template <class Q, int M, int R>
+constexpr int min_ctas() {
+  if (M != 1) return 1;
+  const OneTokenBounds b = one_token_bounds(type_of<Q>());
+  return (R == 2 ? b.r2 : R == 4 ? b.r4 : b.r8) * 128 / cta_threads<Q>();
+}
+
+// Eight threads per 32-element block, four elements each.
+template <typename T>
+__global__ void __launch_bounds__(256) quantize_x_kernel(const T* x, int8_t* __restrict__ xq,
+                                                        XBlock* __restrict__ xb, int64_t blocks) {
+  // The GEMV may start now: it streams its first weights while this grid runs and waits before reading xq.
+  pdl_launch_dependents();
+  pdl_wait();  // x is the output of the kernel before (a programmatic dependent launch too)
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t blk = i >> 3;
+  const bool live = blk < blocks;
+  Vec<T, 4> in;
+  if (live) in = *reinterpret_cast<const Vec<T, 4>*>(x + 4 * i);
+  q8_store_vec(in, live, xq, xb, 4 * i);
+}
+
+// PIPE (Q4_K, one token, rows longer than one pass of the CTA's threads): each pass fetches the next pass's
+// weights before it decodes and multiplies its own, so a thread always has a pass of loads in flight (twice the
+// raw registers; the compiler's register choice). Measured on the H200 (4096x14336, 8 rows per CTA): q4k 12.10 vs
+// 12.38 us, batch-1 decode 451.4 / 452.6 vs 449.3 / 450.0 tok/s; the other types lost (q8_0 20.1 vs 19.2 us,
+// q4_0 13.0 vs 11.3, q6k 27.8 vs 21.5: the extra registers cost them more occupancy than the overlap gives).
+template <class Q, int M, int R, bool ROPE, bool PIPE = false>
+__global__ void __launch_bounds__(cta_threads<Q>(), (PIPE ? 1 : min_ctas<Q, M, R>()))
+    gemv_q8_kernel(void* __restrict__ y, bool bf16, const int8_t* __restrict__ xq, const XBlock* __restrict__ xb,
+                   const uint8_t* __restrict__ w, int rows_m, int N, int K, int64_t row_bytes,
+                   const GgufRopeCache rope) {
+  using Raw = typename Q::Raw;
+  constexpr int kThreads = cta_threads<Q>();
+  const int row0 = blockIdx.x * R;
+  const int slots = K / Q::kBlockElems * Q::kParts;
+  const uint8_t* wr[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) wr[r] = w + static_cast<int64_t>(min(row0 + r, N - 1)) * row_bytes;
+  float acc[R][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+
+  auto block = [&](int r, int s) { return wr[r] + static_cast<int64_t>(s / Q::kParts) * Q::kBlockBytes; };
+  auto load_x = [&](typename Q::X& xv, int m, int s) {
+    const int t = min(m, rows_m - 1);  // rows past M re-read the last one; their sums are dropped
+    const int b = s / Q::kParts;
+    Q::load_x(xv, xq + static_cast<int64_t>(t) * K + b * Q::kBlockElems,
+              xb + static_cast<int64_t>(t) * (K / 32) + b * (Q::kBlockElems / 32), s % Q::kParts);
+  };
+  auto dot = [&](const Q (&part)[R], int s) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      typename Q::X xv;
+      load_x(xv, m, s);
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r][m] += part[r].dot(xv);
+    }
+  };
+  // The first weights do not depend on the kernel before, which writes xq/xb (the quantizer, or the RMSNorm /
+  // SiLU that wrote them as it produced x): fetch them, then wait for its grid. Load -> use -> load: the decoded
+  // slot is what stays live across the loop (fewer registers than its words).
+  Q part[R];
+  auto load = [&](int s) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      Raw raw;
+      Q::fetch(raw, block(r, s), s % Q::kParts);
+      part[r].decode(raw, block(r, s), s % Q::kParts);
+    }
+  };
+  if constexpr (PIPE) {
+    Raw next[R];
+    auto fetch = [&](int s) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) Q::fetch(next[r], block(r, s), s % Q::kParts);
+    };
+    if (threadIdx.x < slots) fetch(threadIdx.x);
+    pdl_wait();
+    for (int s = threadIdx.x; s < slots; s += kThreads) {
+      Raw cur[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) cur[r] = next[r];
+      if (s + kThreads < slots) fetch(s + kThreads);
+#pragma unroll
+      for (int r = 0; r < R; ++r) part[r].decode(cur[r], block(r, s), s % Q::kParts);
+      dot(part, s);
+    }
+  } else {
+    if (threadIdx.x < slots) load(threadIdx.x);
+    pdl_wait();
+    for (int s = threadIdx.x; s < slots; s += kThreads) {
+      if (s != threadIdx.x) load(s);
+      dot(part, s);
+    }
+  }
+
+  pdl_launch_dependents();  // the next kernel's prologue overlaps the reduction
+  RopeLane in{-1, 0.f, 0.f};
+  if constexpr (ROPE) {
+    if (threadIdx.x < R * M)  // warp 0's epilogue lanes (rows and tokens past the end read the last ones)
+      in = rope_lane(rope, min(row0 + static_cast<int>(threadIdx.x) / M, N - 1),
+                     min(static_cast<int>(threadIdx.x) % M, rows_m - 1));
+  }
+  __shared__ float red[kThreads / 32][R * M];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float v = warp_sum(acc[r][m]);
+      if (lane == 0) red[warp][r * M + m] = v;
+    }
+  __syncthreads();
+  if constexpr (ROPE) {
+    static_assert(R % 2 == 0 && R * M <= 32 && (M & (M - 1)) == 0, "warp 0 holds whole pairs of rows");
+    if (warp != 0) return;
+    float v = 0.f;
+    if (lane < R * M)
+#pragma unroll
+      for (int i = 0; i < kThreads / 32; ++i) v += red[i][lane];
+    const float pv = __shfl_xor_sync(0xffffffffu, v, M);  // lane (r ^ 1) * M + m: the partner row, same token
+    const int r = lane / M, m = lane % M, row = row0 + r;
+    if (lane < R * M && row < N && m < rows_m) {
+      if (bf16) rope_cache_store<__nv_bfloat16>(y, v, pv, in, rope, row, m, N);
+      else rope_cache_store<__half>(y, v, pv, in, rope, row, m, N);
+    }
+  } else if (threadIdx.x < R * M) {
+    const int r = threadIdx.x / M, m = threadIdx.x % M, row = row0 + r;
+    float v = 0.f;
+#pragma unroll
+    for (int i = 0; i < kThreads / 32; ++i) v += red[i][threadIdx.x];
+    if (row < N && m < rows_m) {
+      const int64_t at = static_cast<int64_t>(m) * N + row;
+      if (bf16) static_cast<__nv_bfloat16*>(y)[at] = __float2bfloat16_rn(v);
+      else static_cast<__half*>(y)[at] = __float2half_rn(v);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace candle_vllm::cuda
