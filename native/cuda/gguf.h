@@ -60,7 +60,8 @@ void gguf_gemv_q8_rope_cache(void* y, const void* x, int8_t* xq, void* xb, const
                              int rows = 0);
 
 // The rows per CTA gguf_gemv_q8 launches with for M tokens and N weight rows on the current device (rows = 0
-// resolved by the default rule: per type, and for Q4_K/Q5_K by wave efficiency over the device's SMs).
+// resolved by the default rule: per type, and for Q4_K/Q5_K 8 rows when one wave of 8-row CTAs covers N on the
+// device's SMs, else 4).
 int gguf_gemv_q8_rows(int qtype, int64_t M, int64_t N, int rows);
 
 }  // namespace candle_vllm::cuda

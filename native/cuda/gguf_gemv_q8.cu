@@ -54,7 +54,9 @@ int sm_count() {
   });
 }
 
-// CTAs of the one-token R-row kernel resident per SM (its registers under its launch bounds).
+// CTAs of the one-token R-row kernel resident per SM (its registers under its launch bounds). For Q4_K rows longer
+// than one pass the pipelined form runs instead (237 registers at R = 8 against 208): on the H200 both fit 4 CTAs
+// per SM at R = 8, so the rule below picks the same R for either; re-check that when either kernel changes.
 template <class Q, int R>
 int ctas_per_sm() {
   static std::atomic<int> cache[kMaxDevices];
@@ -79,7 +81,7 @@ int rows_by_waves(int n) {
 
 // The rows per CTA a one-token launch with rows = 0 uses. Measured on the H200 (bench_quant_cuda.py
 // --sweep-rows, four Llama-3-8B shapes): Q4_0 R = 4 beat R = 2 on all four (6.74 -> 6.37, 5.77 -> 4.70,
-// 21.83 -> 19.56, 12.41 -> 11.37 us); Q6_K (64-thread CTAs of whole-pair parts) R = 4 best or within 1 % on all
+// 21.83 -> 19.56, 12.41 -> 11.37 us); Q6_K (64-thread CTAs of 64-weight parts) R = 4 best or within 1 % on all
 // four (R = 2 -> 4: 11.03 -> 10.85, 7.66 -> 7.22, 36.38 -> 36.77, 21.91 -> 19.36 us); Q8_0 was best or within 2 %
 // at R = 2. Q4_1, Q5_0, Q5_1 were not swept and keep R = 2.
 template <class Q>

@@ -52,16 +52,17 @@ __host__ __device__ constexpr int cta_threads() {
   return Q::kParts == 4 ? 64 : 128;
 }
 
-// CTAs per SM the register allocation must allow (__launch_bounds__ min blocks) for one token, R = 2, 4, 8: the
-// bounds every measured launch ran with (H200 sweep, bench_quant_cuda.py --sweep-rows). 8 for 2-row CTAs (at
-// most 64 registers, no spills; q6k 4096x4096 29.7 -> 37.0 % of bandwidth, 4096x14336 38.8 -> 44.9 %); the
-// 4-row CTAs of Q4_K/Q5_K spill at 64 registers and lost (q4k 28672x4096 24.8 -> 28.1 us), so they keep the
-// compiler's choice (1: 80 / 84 registers, 6 / 5 CTAs per SM); the others aim at one wave for N = 4096 (4096 / R
-// CTAs on 132 SMs), lowered until ptxas -v (sm_90a) reports no spills. Q4_K/Q5_K, whose parts became a whole pair
-// of sub-blocks in 64-thread CTAs, keep the compiler's choice at R = 4 and 8 (120 / 208 registers) and allow 8 of
-// those CTAs at R = 2; Q6_K, whose parts became half-quarters of 64 weights, keeps R = 2 at 64 registers and the
-// compiler's choice at 4 and 8 (128 / 228: its former 5 and 3 spilled). The bounds count 128-thread CTAs (min_ctas
-// scales them). Several tokens keep the compiler's choice.
+// CTAs per SM the register allocation must allow (__launch_bounds__ min blocks) for one token, R = 2, 4, 8, in
+// units of 128-thread CTAs (min_ctas scales them to the type's CTA size); 1 is the compiler's choice. Each is the
+// bound the measured launches ran with (H200, bench_quant_cuda.py --sweep-rows; ptxas -v, sm_90a: no spills):
+//   - the 32-element types (128-thread CTAs): 8 / 8 / 4, at most 64 / 64 / 128 registers, aiming at one wave for
+//     N = 4096 (capping 2-row CTAs at 64 registers took q6k, then on this path, 4096x4096 from 29.7 to 37.0 % of
+//     bandwidth);
+//   - Q4_K/Q5_K (64-thread CTAs): 4 / 1 / 1, i.e. 8 CTAs at R = 2 (at most 128 registers), the compiler's
+//     120-123 / 208-217 registers at R = 4 / 8 (8 and 4 CTAs per SM);
+//   - Q6_K (64-thread CTAs): 8 / 1 / 1, i.e. 16 CTAs at R = 2 (64 registers), 128 / 228 at R = 4 / 8 (tighter
+//     bounds spilled).
+// Several tokens keep the compiler's choice.
 struct OneTokenBounds {
   int r2, r4, r8;
 };

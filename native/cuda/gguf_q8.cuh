@@ -1,5 +1,5 @@
-// GGUF weights against int8-quantized activations (dp4a dot products), shared by the decode GEMV kernel and a
-// host check. Plain integer code with host fallbacks for the CUDA intrinsics.
+// GGUF weights against int8-quantized activations (dp4a dot products) for the decode GEMV kernel. Plain integer
+// code (GGUF_HD, as gguf_decode.cuh) whose CUDA intrinsics have host fallbacks, so a Part also runs on the host.
 //
 // Activations: int8 codes per 32-element block plus an XBlock (q8_activation.cuh); the XBlock's code sums give
 // the offset and min terms of the weight formulas without per-element work.

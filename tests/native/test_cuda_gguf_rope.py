@@ -108,7 +108,9 @@ def _reference(p: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return y, y[:, p["hq"] * d :].reshape(t, 2, p["hk"], d)
 
 
-SHAPES = [(32, 8, 128, 4096), (6, 2, 64, 512), (3, 1, 256, 768)]
+# K = 8192: a one-token Q4_K GEMV over rows longer than one pass runs the pipelined loop, the fused kernel the plain
+# one; both must sum in the same order.
+SHAPES = [(32, 8, 128, 4096), (6, 2, 64, 512), (3, 1, 256, 768), (4, 2, 64, 8192)]
 
 
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q8_0, QT.Q6_K], ids=lambda t: t.name)

@@ -116,7 +116,8 @@ def test_gemv_rows_reports_the_launch() -> None:
 
 
 def test_wave_rule_picks_the_h200_sweeps_faster_launch() -> None:
-    """Q4_K/Q5_K choose R by wave efficiency over the SMs; on the H200 that must give the sweep's faster launch."""
+    """Q4_K/Q5_K take R = 8 when one wave of 8-row CTAs covers N, else 4; on the H200 that must give the sweep's
+    faster launch."""
     if sm_count(torch.cuda.current_device()) != H200_SMS:
         pytest.skip(f"the sweep was measured on the H200 ({H200_SMS} SMs)")
     for qtype, faster in H200_FASTER.items():
