@@ -7,7 +7,7 @@
 #include <vector_types.h>
 #endif
 
-#include "cuda/gguf_decode.cuh"
+#include "cuda/gguf_block.cuh"
 #include "cuda/q8_activation.cuh"
 
 namespace candle_vllm::gguf {
