@@ -197,7 +197,8 @@ def main() -> None:
     # Prefill roofline: compute-bound at ~790 TFLOP/s bf16 dense (2 * params * tokens + causal attention).
     c = llm.engine.model_config
     flops = 2 * weight_elements(llm) * args.context + 2 * c.num_layers * c.num_heads * c.head_dim * args.context ** 2
-    report("ttft_ms", statistics.median(ttfts), "ms", 1e3 * flops / 790e12, False)
+    if ttfts:  # --ttft-repeats 0 skips the TTFT
+        report("ttft_ms", statistics.median(ttfts), "ms", 1e3 * flops / 790e12, False)
     res["ttft_all_ms"] = [round(t, 1) for t in ttfts]
     # Which prefill attention ran (CANDLE_VLLM_PREFILL, ops/sdpa_prefill.py): launches per backend over the TTFTs.
     res["prefill_attention"] = dict(sdpa_prefill.ROUTES)

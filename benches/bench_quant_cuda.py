@@ -12,6 +12,9 @@ the 50 MB L2 so every launch streams its weight from HBM. GB/s counts the quanti
 negligible); the fraction is of the 4.26 TB/s copy ceiling. The bf16 skinny GEMM on the same shape is the dense
 baseline (2 bytes per weight).
 
+"mmq" (--kernels mmq) is the int8 tensor-core product for decode batches up to 32 rows (x rounded as for dp4a,
+its quantizer launch included); dp4a and mma run batches above 8 rows in 8-row passes, as ops.quant does.
+
 --sweep-rows times the dp4a GEMV at one token for every launch choice (weight rows per CTA 2/4/8; all give the
 same bits) on the four 8B shapes, marks the default launch, prints the best per (type, shape) and what the best
 choices would save per Llama-3-8B decode step (32 layers of the four shapes).
@@ -79,17 +82,24 @@ def copies_for(nbytes: int) -> int:
     return max(2, -(-256 * 2**20 // nbytes))
 
 
-def bench_gemv(qtype: QT, n: int, k: int, m: int, kernel: cuda_gguf.GemvKernel, gen: torch.Generator) -> dict[str, float]:
+def bench_gemv(qtype: QT, n: int, k: int, m: int, kernel: str, gen: torch.Generator) -> dict[str, float]:
+    """One GEMV kernel: "dp4a" / "mma" (above 8 rows in 8-row passes, as ops.quant runs them) or "mmq"."""
     w = [random_blocks(qtype, n, k, gen) for _ in range(copies_for(n * k // 2))]
     x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
-    return gemv_figures(w, x, qtype, n, k, kernel=kernel)
+    if kernel == "mmq":
+        return figures(w, lambda d: cuda_gguf.mmq(x, d, qtype, n, k))
+    per_pass = 8
+    return figures(w, lambda d: [cuda_gguf.gemv(x[i : i + per_pass], d, qtype, n, k, kernel=kernel)
+                                 for i in range(0, m, per_pass)])
 
 
-def gemv_figures(w: list[torch.Tensor], x: torch.Tensor, qtype: QT, n: int, k: int, **launch: object) -> dict[str, float]:
-    """us / GB/s / fraction of one GEMV over the weight copies ``w`` (keyword arguments go to cuda_gguf.gemv)."""
-    sec = time_per_launch([lambda d=d: cuda_gguf.gemv(x, d, qtype, n, k, **launch) for d in w])
+def figures(w: list[torch.Tensor], launch: Callable[[torch.Tensor], object]) -> dict[str, float]:
+    """us / GB/s / fraction of one launch(weight) over the weight copies ``w``."""
+    sec = time_per_launch([lambda d=d: launch(d) for d in w])
     nbytes = w[0].numel()
     return {"us": sec * 1e6, "gb_s": nbytes / sec / 1e9, "fraction": nbytes / sec / CEILING_BYTES_PER_S}
+
+
 
 
 def sweep_rows(names: list[str], gen: torch.Generator) -> list[dict[str, object]]:
@@ -106,7 +116,8 @@ def sweep_rows(names: list[str], gen: torch.Generator) -> list[dict[str, object]
             x = torch.randn(1, k, device=DEV, dtype=torch.bfloat16, generator=gen)
             default = cuda_gguf.gemv_rows(qtype, 1, n)
             for r in ROW_CHOICES:
-                fig = gemv_figures(w, x, qtype, n, k, kernel="dp4a", rows=r)
+                fig = figures(w, lambda d, r=r, x=x, q=qtype, n=n, k=k: cuda_gguf.gemv(x, d, q, n, k, kernel="dp4a",
+                                                                                      rows=r))
                 row = {"type": name, "n": n, "k": k, "rows": r, "default": r == default, **fig}
                 rows.append(row)
                 print(f"{name:6s} {n:>6d}x{k:<5d} {r:>4d} {fig['us']:9.2f} {fig['gb_s']:7.0f}"
@@ -157,9 +168,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", nargs="+", default=None, choices=list(TYPES),
                     help=f"default: all ({' '.join(SWEEP_TYPES)} with --sweep-rows)")
-    ap.add_argument("--m", nargs="+", type=int, default=[1], help="activation rows (1..8)")
+    ap.add_argument("--m", nargs="+", type=int, default=[1],
+                    help="activation rows (dp4a/mma above 8 in 8-row passes; mmq up to 32)")
     ap.add_argument("--m8-types", nargs="*", default=["q4k", "q8_0", "q4_0"], help="types also timed at M = 8")
-    ap.add_argument("--kernels", nargs="+", default=["dp4a", "mma"], choices=["dp4a", "mma"])
+    ap.add_argument("--kernels", nargs="+", default=["dp4a", "mma"], choices=["dp4a", "mma", "mmq"])
     ap.add_argument("--no-dequant", action="store_true", help="skip the dequantize throughput rows")
     ap.add_argument("--no-dense", action="store_true", help="skip the bf16 skinny-GEMM baseline rows")
     ap.add_argument("--sweep-rows", action="store_true",
@@ -186,7 +198,9 @@ def main() -> None:
     for name in args.types:
         qtype = TYPES[name]
         shapes = SHAPES + ([LM_HEAD] if qtype in (QT.Q6_K, QT.Q8_0) else [])
-        kernels = [k for k in args.kernels if k == "mma" or cuda_gguf.dp4a_supported(qtype)]
+        kernels = [k for k in args.kernels if k == "mma" or (k == "dp4a" and cuda_gguf.dp4a_supported(qtype))
+                   or (k == "mmq" and cuda_gguf.mmq_supported(torch.empty(1, 256, device=DEV, dtype=torch.bfloat16),
+                                                              random_blocks(qtype, 1, 256, gen), qtype, 1, 256))]
         for kernel in kernels:
             for n, k in shapes:
                 for m in sorted(set(args.m) | ({8} if name in args.m8_types else set())):

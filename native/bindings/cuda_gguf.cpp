@@ -52,6 +52,18 @@ static Registrar registrar([](py::module_& m) {
       py::arg("y"), py::arg("xq"), py::arg("xb"), py::arg("w"), py::arg("M"), py::arg("N"), py::arg("K"),
       py::arg("qtype"), py::arg("dtype"), py::arg("stream"), py::arg("rows") = 0,
       "cuda_gguf_gemv_q8 on activations a norm/SiLU kernel already quantized into xq/xb (no quantizer launch)");
+  m.def("cuda_gguf_mmq_supported", &cuda::gguf_mmq_supported,
+        "whether cuda_gguf_mmq (int8 tensor cores, decode batches up to cuda_gguf_mmq_max_m) decodes this GGUF type");
+  m.attr("cuda_gguf_mmq_max_m") = cuda::kGgufMmqMaxM;
+  m.def(
+      "cuda_gguf_mmq",
+      [](uintptr_t y, uintptr_t x, uintptr_t xq, uintptr_t xb, uintptr_t w, int64_t M, int64_t N, int64_t K,
+         int qtype, int dtype, uintptr_t stream) {
+        cuda::gguf_mmq(as_ptr<void>(y), as_ptr<const void>(x), as_ptr<int8_t>(xq), as_ptr<void>(xb),
+                       as_ptr<const uint8_t>(w), M, N, K, qtype, to_dtype(dtype), stream);
+      },
+      "cuda_gguf_gemv_q8's product for up to cuda_gguf_mmq_max_m tokens on int8 tensor cores (x = 0: codes already "
+      "in xq/xb)");
   m.def(
       "cuda_gguf_gemv_q8_rope_cache",
       [](uintptr_t y, uintptr_t x, uintptr_t xq, uintptr_t xb, uintptr_t w, int64_t M, int64_t N, int64_t K,

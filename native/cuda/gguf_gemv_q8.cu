@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include "cuda/gguf_gemv_q8_kernel.cuh"
+#include "cuda/gguf_mmq.h"
 
 namespace candle_vllm::cuda {
 namespace {
@@ -100,9 +101,9 @@ int rows_for(int m, int n, int rows) {
 }
 
 void check_gemv_args(const char* what, int64_t M, int64_t N, int64_t K, const void* w, const void* xq,
-                     const void* xb, DType dtype) {
+                     const void* xb, DType dtype, int max_m = kGgufGemvMaxM) {
   const std::string op(what);
-  if (M < 1 || M > kGgufGemvMaxM) throw std::invalid_argument(op + ": M must be in 1..8");
+  if (M < 1 || M > max_m) throw std::invalid_argument(op + ": M must be in 1.." + std::to_string(max_m));
   if (N < 1 || K < 1 || N > INT32_MAX || K > INT32_MAX / 8) throw std::invalid_argument(op + ": bad N or K");
   if (K % 32 != 0) throw std::invalid_argument(op + ": K must be a multiple of 32");
   if (!aligned16(w, xq) || reinterpret_cast<std::uintptr_t>(xb) % 8 != 0)
@@ -120,8 +121,9 @@ void check_launch_choice(const char* what, int64_t M, int rows) {
 
 // x's int8 codes and blocks into xq/xb (the GEMV's own quantizer launch), after the argument checks.
 void quantize_activations(const char* what, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M,
-                          int64_t N, int64_t K, int qtype, DType dtype, int rows, cudaStream_t s) {
-  check_gemv_args(what, M, N, K, w, xq, xb, dtype);
+                          int64_t N, int64_t K, int qtype, DType dtype, int rows, cudaStream_t s,
+                          int max_m = kGgufGemvMaxM) {
+  check_gemv_args(what, M, N, K, w, xq, xb, dtype, max_m);
   check_launch_choice(what, M, rows);
   if (!aligned16(x)) throw std::invalid_argument(std::string(what) + ": x must be 16-byte aligned");
   if (!gguf_gemv_q8_supported(qtype))
@@ -215,6 +217,20 @@ void gguf_gemv_q8_rope_cache(void* y, const void* x, int8_t* xq, void* xb, const
   if (x != nullptr) quantize_activations(what, x, xq, xb, w, M, N, K, qtype, dtype, rows, s);
   else check_gemv_args(what, M, N, K, w, xq, xb, dtype);
   launch_q8(what, y, xq, static_cast<const XBlock*>(xb), w, M, N, K, qtype, dtype, rows, &rope, s);
+}
+
+void gguf_mmq(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
+              int qtype, DType dtype, std::uintptr_t stream) {
+  const char* what = "gguf_mmq";
+  if (!gguf_mmq_supported(qtype))
+    throw std::invalid_argument(std::string(what) + ": no tensor-core kernel for GGUF type " + std::to_string(qtype));
+  const cudaStream_t s = as_stream(stream);
+  if (x != nullptr) quantize_activations(what, x, xq, xb, w, M, N, K, qtype, dtype, 0, s, kGgufMmqMaxM);
+  else check_gemv_args(what, M, N, K, w, xq, xb, dtype, kGgufMmqMaxM);
+  if (K % gguf::kUnitElems != 0) throw std::invalid_argument(std::string(what) + ": K must be a multiple of 256");
+  launch_gguf_mmq(y, dtype == DType::BF16, xq, static_cast<const XBlock*>(xb), w, static_cast<int>(M),
+                  static_cast<int>(N), static_cast<int>(K), qtype, s);
+  check_launch(what);
 }
 
 }  // namespace candle_vllm::cuda

@@ -114,6 +114,48 @@ def gemv(
     return y
 
 
+def mmq_supported(x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features: int, in_features: int) -> bool:
+    """True when the int8 tensor-core product (:func:`mmq`) computes ``x @ W.T``: x [M, K] with M up to
+    ``cuda_gguf_mmq_max_m`` (32) f16/bf16 contiguous on the weight's CUDA device, K a multiple of 256, W [N, K]
+    as contiguous 16-byte aligned blocks of a type with a kernel (Q4_K)."""
+    mod = native.module() if available(x.device) else None
+    return (
+        mod is not None
+        and mod.cuda_gguf_mmq_supported(int(qtype))
+        and x.dim() == 2
+        and 1 <= x.shape[0] <= mod.cuda_gguf_mmq_max_m
+        and x.shape[1] == in_features
+        and in_features % 256 == 0
+        and x.dtype in HALF_DTYPES
+        and x.device == data.device
+        and x.is_contiguous()
+        and _blocks_ok(data, qtype, out_features, in_features)
+    )
+
+
+def mmq(x: torch.Tensor | Q8Activation, data: torch.Tensor, qtype: QT, out_features: int, in_features: int) -> torch.Tensor:
+    """y [M, N] = x [M, K] @ W.T for decode batches up to 32 rows on int8 tensor cores: x rounded to int8 per 32
+    values exactly as for the dp4a GEMV (or a :class:`Q8Activation`'s codes), each weight decoded once for all rows
+    (the dp4a GEMV decodes it once per row, which bounds it by instruction issue from about 8 rows). A row's result
+    does not depend on the other rows; it differs from the dp4a GEMV's in f32 summation order only."""
+    q8 = x if isinstance(x, Q8Activation) else None
+    x = q8.x if q8 is not None else x
+    if not mmq_supported(x, data, qtype, out_features, in_features):
+        raise ValueError(
+            "gguf mmq needs x [M<=32, K % 256 == 0] contiguous f16/bf16 and W as contiguous 16-byte aligned uint8 "
+            f"blocks of a type with a tensor-core kernel (Q4_K) on the same CUDA device; got x {tuple(x.shape)} "
+            f"{x.dtype} {x.device}, {QT(qtype).name} data of {data.numel()} bytes for [{out_features}, {in_features}]"
+        )
+    m = x.shape[0]
+    y = torch.empty(m, out_features, dtype=x.dtype, device=x.device)
+    to_quantize, xq, xb = _codes(x, q8, in_features)
+    native.module().cuda_gguf_mmq(
+        y.data_ptr(), 0 if to_quantize is None else to_quantize.data_ptr(), xq.data_ptr(), xb.data_ptr(),
+        data.data_ptr(), m, out_features, in_features, int(qtype), native.dtype_code(x), native.stream(x.device),
+    )
+    return y
+
+
 def _codes(
     x: torch.Tensor, q8: Q8Activation | None, in_features: int
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:

@@ -11,6 +11,8 @@ native kernels are tested against, and what runs on devices without native kerne
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Callable
 
 import torch
@@ -306,19 +308,47 @@ def quant_matmul(
 # once); beyond it dequantize + cuBLAS is cheaper. At 16 rows two q4k passes read 10 GB per 8B step against
 # ~35 GB for dequantizing to bf16 and multiplying; at 24 they would break even (benches/RESULTS.md).
 GEMV_PASSES_MAX_ROWS = 16
+# Types with the int8 tensor-core product (cuda_gguf.mmq) take it from this many rows up to its maximum (32):
+# it decodes each weight once for all rows, where the dp4a GEMV decodes it once per row (benches/RESULTS.md).
+MMQ_MIN_ROWS = 9
+
+
+@functools.cache
+def mmq_enabled() -> bool:
+    """False when ``CANDLE_VLLM_GGUF_MMQ=0`` (read once): decode batches then keep the dp4a passes and dequantize
+    + cuBLAS, so benchmarks can A/B the tensor-core product."""
+    return os.environ.get("CANDLE_VLLM_GGUF_MMQ", "1").strip() != "0"
+
+
+def _takes_mmq(x2: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: int, in_features: int) -> bool:
+    return (
+        x2.shape[0] >= MMQ_MIN_ROWS and mmq_enabled() and cuda_gguf.mmq_supported(x2, flat, qtype, out_features,
+                                                                                   in_features)
+    )
+
+
+def q8_max_rows(qtype: QT, in_features: int) -> int:
+    """The most rows a CUDA decode batch of a ``qtype`` weight with ``in_features`` columns multiplies on int8
+    codes (the dp4a GEMV and its passes, or the tensor-core product): its producers may then write the codes."""
+    mmq = mmq_enabled() and in_features % 256 == 0 and native.module().cuda_gguf_mmq_supported(int(qtype))
+    return native.module().cuda_gguf_mmq_max_m if mmq else GEMV_PASSES_MAX_ROWS
 
 
 def _cuda_quant_matmul(
     x: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: int, in_features: int, q8: Q8Activation | None
 ) -> torch.Tensor:
-    """Decode batches (<= 16 rows of f16/bf16): the fused GEMV, in passes of up to 8 rows, each reading the
-    quantized bytes once; a row's arithmetic does not depend on its pass, so results stay batch invariant.
-    ``q8``'s codes (rows as x's) go to the GEMV. Larger batches (prefill): W dequantized into a scratch tensor
-    from torch's allocator, then one cuBLAS GEMM."""
+    """Decode batches: up to 8 rows of f16/bf16 the fused dp4a GEMV; from MMQ_MIN_ROWS to 32 rows the int8
+    tensor-core product where the type has one, else up to 16 rows the GEMV in passes of 8 rows, each reading the
+    quantized bytes once. Within each kernel a row's arithmetic does not depend on the other rows (and the passes
+    are the 8-row GEMV's), so results are batch invariant for batches that take the same kernel. ``q8``'s codes
+    (rows as x's) go to the GEMV. Larger batches (prefill): W dequantized into a scratch tensor from torch's
+    allocator, then one cuBLAS GEMM."""
     x2 = x.reshape(-1, in_features).contiguous()
     q8 = Q8Activation(x2, q8.xq, q8.xb) if q8 is not None else None
     rows, per_pass = x2.shape[0], native.module().cuda_gguf_gemv_max_m
-    if cuda_gguf.gemv_supported(x2, flat, qtype, out_features, in_features):
+    if _takes_mmq(x2, flat, qtype, out_features, in_features):
+        y = cuda_gguf.mmq(q8 or x2, flat, qtype, out_features, in_features)
+    elif cuda_gguf.gemv_supported(x2, flat, qtype, out_features, in_features):
         y = cuda_gguf.gemv(q8 or x2, flat, qtype, out_features, in_features)
     elif rows <= GEMV_PASSES_MAX_ROWS and cuda_gguf.gemv_supported(x2[:per_pass], flat, qtype, out_features,
                                                                     in_features):

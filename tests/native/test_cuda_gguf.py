@@ -157,9 +157,10 @@ def test_dp4a_refuses_types_without_a_kernel() -> None:
 
 @pytest.mark.parametrize("m", [1, 4, 5, 8, 9, 200])
 def test_quant_matmul_dispatch_on_cuda(m: int) -> None:
-    """ops.quant.quant_matmul on CUDA: the dp4a GEMV up to 16 rows (in 8-row passes above 8), dequantize +
-    cuBLAS beyond, same function; a row's result does not depend on which pass or batch it came in."""
-    qtype, n, k = QT.Q4_K, 517, 1024
+    """ops.quant.quant_matmul on CUDA for a type without the tensor-core product (test_cuda_gguf_mmq.py covers
+    those): the dp4a GEMV up to 16 rows (in 8-row passes above 8), dequantize + cuBLAS beyond, same function; a
+    row's result does not depend on which pass or batch it came in."""
+    qtype, n, k = QT.Q6_K, 517, 1024
     raw = random_blocks(qtype, n, k, seed=m)
     w64 = oracle(raw, qtype, n, k).double()
     data = torch.from_numpy(raw).to(DEV)

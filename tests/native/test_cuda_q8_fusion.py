@@ -8,7 +8,7 @@ Oracles:
   hit the corner cases (an all-zero block, exact ties);
 - the codes equal the bytes the GEMV's own quantizer writes into its scratch for the same dense values, so the
   GEMV on pre-quantized activations equals the GEMV on the dense tensor bit for bit (q4k, q8_0, q4_0, q6k; 1, 3,
-  8 and 13 rows, 13 being two 8-row passes);
+  8 and 13 rows, 13 being two 8-row passes, or for q4k one launch of the tensor-core product);
 - a tiny random Llama with ISQ weights: logits and greedy tokens (CUDA graphs included) identical with the fusion
   on and off (CANDLE_VLLM_Q8_FUSION=0), and the fused run really skips the quantizer launches.
 """
@@ -197,16 +197,32 @@ def test_unsupported_shapes_return_plain_tensors() -> None:
     assert isinstance(rms_norm(xcpu, torch.ones(256, dtype=torch.bfloat16), EPS, q8=True), torch.Tensor)
 
 
+# The int8-activation launches that quantize x themselves, and those that read codes a producer wrote (the
+# tensor-core product is one binding for both: x = 0 means codes).
+QUANTIZER_CALLS = ("cuda_gguf_gemv_q8", "cuda_gguf_mmq(x)")
+CODE_CALLS = ("cuda_gguf_gemv_q8_quantized", "cuda_gguf_mmq(codes)")
+
+
+def launches(qtype: QT, rows: int, k: int) -> int:
+    """Int8-activation launches ops.quant makes for ``rows`` rows: one tensor-core product, or 8-row GEMV passes."""
+    mod = native.module()
+    mmq = mod.cuda_gguf_mmq_supported(int(qtype)) and k % 256 == 0 and quant.MMQ_MIN_ROWS <= rows <= mod.cuda_gguf_mmq_max_m
+    return 1 if mmq else -(-rows // 8)
+
+
 @contextlib.contextmanager
 def counting(*names: str) -> Iterator[dict[str, int]]:
-    """Counts the calls of native functions (still running them) inside the block."""
+    """Counts the calls of native functions (still running them) inside the block; "cuda_gguf_mmq(x)" and
+    "cuda_gguf_mmq(codes)" count that binding's calls with and without a dense x to quantize."""
     mod, counts = native.module(), dict.fromkeys(names, 0)
     with pytest.MonkeyPatch.context() as mp:
-        for name in names:
+        for name in dict.fromkeys(n.split("(")[0] for n in names):
             real = getattr(mod, name)
 
             def counted(*args: object, _real: Callable[..., None] = real, _name: str = name) -> None:
-                counts[_name] += 1
+                key = _name if _name != "cuda_gguf_mmq" else f"{_name}({'x' if args[1] else 'codes'})"
+                if key in counts:
+                    counts[key] += 1
                 _real(*args)
 
             mp.setattr(mod, name, counted)
@@ -225,10 +241,10 @@ def test_gemv_on_codes_equals_gemv_on_dense(qtype: QT, hidden: int) -> None:
         act = rms_norm(_randn(m, hidden, dtype=torch.bfloat16, seed=m), w, EPS, q8=True)
         assert isinstance(act, Q8Activation)
         want = quant.quant_matmul(act.x, data, qtype, n, hidden)
-        with counting("cuda_gguf_gemv_q8", "cuda_gguf_gemv_q8_quantized") as counts:
+        with counting(*QUANTIZER_CALLS, *CODE_CALLS) as counts:
             got = quant.quant_matmul(act, data, qtype, n, hidden)
-        passes = -(-m // 8)
-        assert counts == {"cuda_gguf_gemv_q8": 0, "cuda_gguf_gemv_q8_quantized": passes}, counts
+        assert sum(counts[c] for c in QUANTIZER_CALLS) == 0, counts
+        assert sum(counts[c] for c in CODE_CALLS) == launches(qtype, m, hidden), counts
         assert torch.equal(got, want), f"M={m}: max |diff| {(got.float() - want.float()).abs().max()}"
 
 
@@ -243,7 +259,8 @@ def _tiny_llama(qtype: QT) -> LlamaForCausalLM:
 
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q4_0], ids=lambda t: t.name)
 def test_model_logits_equal_with_and_without_fusion(qtype: QT, fusion: Callable[[bool], None]) -> None:
-    """Eager forwards of a few-token batch (one GEMV pass) and of 13 one-token sequences (two passes)."""
+    """Eager forwards of a few-token batch (one GEMV pass) and of 13 one-token sequences (two passes; for Q4_K one
+    tensor-core product)."""
     model = _tiny_llama(qtype)
     layers = len(model.model.layers)
     for query_lens in ([3, 4], [1] * 13):
@@ -254,12 +271,12 @@ def test_model_logits_equal_with_and_without_fusion(qtype: QT, fusion: Callable[
         logits = {}
         for on in (False, True):
             fusion(on)
-            with counting("cuda_gguf_gemv_q8", "cuda_gguf_gemv_q8_quantized") as counts, torch.inference_mode():
+            with counting(*QUANTIZER_CALLS, *CODE_CALLS) as counts, torch.inference_mode():
                 logits[on] = model.compute_logits(model(ids, pos, meta))
-            passes = -(-t // 8)
-            fused = 3 * layers * passes if on else 0  # qkv, gate_up, down of each layer; o_proj quantizes itself
-            assert counts["cuda_gguf_gemv_q8_quantized"] == fused, (on, counts)
-            assert counts["cuda_gguf_gemv_q8"] == 4 * layers * passes - fused, (on, counts)
+            per_linear = launches(qtype, t, TINY_LLAMA["hidden_size"])
+            fused = 3 * layers * per_linear if on else 0  # qkv, gate_up, down of each layer; o_proj quantizes itself
+            assert sum(counts[c] for c in CODE_CALLS) == fused, (on, counts)
+            assert sum(counts[c] for c in QUANTIZER_CALLS) == 4 * layers * per_linear - fused, (on, counts)
         assert torch.equal(logits[True], logits[False]), f"{query_lens}: logits differ with the fusion"
 
 

@@ -1,0 +1,18 @@
+// The int8 tensor-core GGUF product for decode batches above the dp4a GEMV's 8 tokens (gguf_mmq.cu); called by the
+// q8 entry points of gguf_gemv_q8.cu, which check the arguments and own the activation quantizer.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/gguf.h"
+#include "cuda/q8_activation.cuh"
+
+namespace candle_vllm::cuda {
+
+// y[M, N] (f16 or bf16) = codes xq/xb [M, K] @ W[N, K]^T on the stream, 1 <= M <= kGgufMmqMaxM (gguf.h), K a multiple of
+// the type's block, arguments already checked; a programmatic dependent of the kernel that wrote xq/xb.
+void launch_gguf_mmq(void* y, bool bf16, const int8_t* xq, const gguf::XBlock* xb, const uint8_t* w, int M, int N,
+                     int K, int qtype, cudaStream_t stream);
+
+}  // namespace candle_vllm::cuda

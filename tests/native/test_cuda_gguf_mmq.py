@@ -1,0 +1,115 @@
+"""The int8 tensor-core GGUF product for decode batches (``cuda_gguf.mmq``, native/cuda/gguf_mmq.cu).
+
+Oracles: the `gguf` package's dequantizer (W64) and a torch re-implementation of the activation rounding (x8), with
+the dp4a GEMV's bounds (``assert_dp4a_within``: the same int8 codes, exact integer dot products per 32-element
+sub-block, f32 scaling). Properties: a token's result does not depend on the other tokens of its launch (bit for
+bit across batch compositions), codes handed over by a producer give the bits of the kernel's own quantizer, and
+``ops.quant.quant_matmul`` sends 9..32-row batches of a type with the kernel to it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _cuda_helpers import poison_allocator
+from gguf import GGMLQuantizationType as QT
+from test_cuda_gguf import assert_dp4a_within, oracle, random_blocks
+
+from candle_vllm.pyengine.ops import cuda_gguf, native, quant
+from candle_vllm.pyengine.ops.cuda import available
+from candle_vllm.pyengine.ops.norm import rms_norm
+from candle_vllm.pyengine.ops.q8_activation import Q8Activation
+
+pytestmark = pytest.mark.cuda
+DEV = torch.device("cuda")
+MMQ_TYPES = [QT.Q4_K]
+ROWS = [1, 2, 7, 8, 9, 15, 16, 17, 31, 32]
+
+
+@pytest.fixture(autouse=True)
+def _needs_cuda_kernels() -> None:
+    if not available(DEV):
+        pytest.fail("candle_vllm._native was built without CUDA kernels")
+
+
+def _weight(qtype: QT, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    raw = random_blocks(qtype, n, k, seed=seed)
+    return torch.from_numpy(raw).to(DEV), oracle(raw, qtype, n, k).double()
+
+
+@pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_mmq_matches_float64(qtype: QT, dtype: torch.dtype) -> None:
+    """Odd N (a partial 16-row tile), K of 5 blocks (split unevenly over the CTA's 4 warps), every token tile."""
+    n, k = 333, 5 * 256
+    data, w64 = _weight(qtype, n, k, seed=200 + int(qtype))
+    g = torch.Generator().manual_seed(int(qtype))
+    for m in ROWS:
+        x = torch.randn(m, k, generator=g).to(dtype)
+        poison_allocator(DEV, 32 * n * 4)
+        got = cuda_gguf.mmq(x.to(DEV), data, qtype, n, k)
+        assert got.shape == (m, n) and got.dtype == dtype
+        assert_dp4a_within(got, x, w64)
+
+
+@pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
+def test_a_token_does_not_depend_on_its_batch(qtype: QT) -> None:
+    """The rows of a 32-token launch equal the same rows launched in 9-, 17- and 1-token batches, bit for bit."""
+    n, k = 1000, 4096
+    data, _ = _weight(qtype, n, k, seed=3)
+    x = torch.randn(32, k, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).to(DEV)
+    full = cuda_gguf.mmq(x, data, qtype, n, k)
+    for lo, hi in ((0, 9), (5, 22), (31, 32), (12, 28)):
+        assert torch.equal(cuda_gguf.mmq(x[lo:hi], data, qtype, n, k), full[lo:hi]), f"rows {lo}..{hi}"
+
+
+@pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
+def test_codes_from_a_producer_equal_the_own_quantizer(qtype: QT) -> None:
+    """RMSNorm's int8 codes (a Q8Activation) give the bits of mmq on the dense normed rows."""
+    n, k, m = 520, 2048, 24
+    data, _ = _weight(qtype, n, k, seed=9)
+    g = torch.Generator().manual_seed(9)
+    act = rms_norm(torch.randn(m, k, generator=g).to(torch.bfloat16).to(DEV),
+                   (torch.rand(k, generator=g) + 0.5).to(torch.bfloat16).to(DEV), 1e-5, q8=True)
+    assert isinstance(act, Q8Activation)
+    assert torch.equal(cuda_gguf.mmq(act, data, qtype, n, k), cuda_gguf.mmq(act.x, data, qtype, n, k))
+
+
+def test_quant_matmul_takes_mmq_for_9_to_32_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """8 rows stay on the dp4a GEMV, 9..32 take one mmq launch, 33 dequantize for cuBLAS; CANDLE_VLLM_GGUF_MMQ=0
+    sends 9..16 back to 8-row dp4a passes."""
+    qtype, n, k = QT.Q4_K, 300, 1024
+    data, w64 = _weight(qtype, n, k, seed=4)
+    mod = native.module()
+    calls: list[str] = []
+    for name in ("cuda_gguf_mmq", "cuda_gguf_gemv_q8", "cuda_gguf_dequantize"):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, _r=real, _n=name: (calls.append(_n), _r(*a))[1])
+    g = torch.Generator().manual_seed(1)
+    for m, want in ((8, ["cuda_gguf_gemv_q8"]), (9, ["cuda_gguf_mmq"]), (32, ["cuda_gguf_mmq"]),
+                    (33, ["cuda_gguf_dequantize"])):
+        calls.clear()
+        x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+        got = quant.quant_matmul(x.to(DEV), data, qtype, n, k)
+        assert calls == want, (m, calls)
+        if m <= 32:
+            assert_dp4a_within(got, x, w64)
+    monkeypatch.setenv("CANDLE_VLLM_GGUF_MMQ", "0")
+    quant.mmq_enabled.cache_clear()
+    try:
+        calls.clear()
+        quant.quant_matmul(torch.randn(12, k, device=DEV, dtype=torch.bfloat16), data, qtype, n, k)
+        assert calls == ["cuda_gguf_gemv_q8"] * 2, calls
+    finally:
+        monkeypatch.delenv("CANDLE_VLLM_GGUF_MMQ")
+        quant.mmq_enabled.cache_clear()
+
+
+def test_mmq_refuses_what_it_cannot_do() -> None:
+    data, _ = _weight(QT.Q6_K, 16, 256, seed=1)
+    x = torch.randn(12, 256, device=DEV, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="tensor-core kernel"):
+        cuda_gguf.mmq(x, data, QT.Q6_K, 16, 256)
+    data, _ = _weight(QT.Q4_K, 16, 256, seed=1)
+    with pytest.raises(ValueError, match="M<=32"):
+        cuda_gguf.mmq(torch.randn(33, 256, device=DEV, dtype=torch.bfloat16), data, QT.Q4_K, 16, 256)
