@@ -82,12 +82,15 @@ def copies_for(nbytes: int) -> int:
     return max(2, -(-256 * 2**20 // nbytes))
 
 
-def bench_gemv(qtype: QT, n: int, k: int, m: int, kernel: str, gen: torch.Generator) -> dict[str, float]:
-    """One GEMV kernel: "dp4a" / "mma" (above 8 rows in 8-row passes, as ops.quant runs them) or "mmq"."""
+def bench_gemv(
+    qtype: QT, n: int, k: int, m: int, kernel: str, gen: torch.Generator, row_tiles: int = 0
+) -> dict[str, float]:
+    """One GEMV kernel: "dp4a" / "mma" (above 8 rows in 8-row passes, as ops.quant runs them) or "mmq" (with
+    ``row_tiles`` 16-row tiles per CTA, 0 = its default rule)."""
     w = [random_blocks(qtype, n, k, gen) for _ in range(copies_for(n * k // 2))]
     x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
     if kernel == "mmq":
-        return figures(w, lambda d: cuda_gguf.mmq(x, d, qtype, n, k))
+        return figures(w, lambda d: cuda_gguf.mmq(x, d, qtype, n, k, row_tiles=row_tiles))
     per_pass = 8
     return figures(w, lambda d: [cuda_gguf.gemv(x[i : i + per_pass], d, qtype, n, k, kernel=kernel)
                                  for i in range(0, m, per_pass)])
@@ -172,6 +175,8 @@ def main() -> None:
                     help="activation rows (dp4a/mma above 8 in 8-row passes; mmq up to 32)")
     ap.add_argument("--m8-types", nargs="*", default=["q4k", "q8_0", "q4_0"], help="types also timed at M = 8")
     ap.add_argument("--kernels", nargs="+", default=["dp4a", "mma"], choices=["dp4a", "mma", "mmq"])
+    ap.add_argument("--mmq-row-tiles", nargs="+", type=int, default=[0],
+                    help="mmq launches to time: 16-row tiles per CTA (1, 2; 0 = default rule)")
     ap.add_argument("--no-dequant", action="store_true", help="skip the dequantize throughput rows")
     ap.add_argument("--no-dense", action="store_true", help="skip the bf16 skinny-GEMM baseline rows")
     ap.add_argument("--sweep-rows", action="store_true",
@@ -204,7 +209,9 @@ def main() -> None:
         for kernel in kernels:
             for n, k in shapes:
                 for m in sorted(set(args.m) | ({8} if name in args.m8_types else set())):
-                    emit(kernel, name, (n, k), m, bench_gemv(qtype, n, k, m, kernel, gen))
+                    for rt in args.mmq_row_tiles if kernel == "mmq" else [0]:
+                        label = f"mmq/{rt or 'auto'}" if kernel == "mmq" else kernel
+                        emit(label, name, (n, k), m, bench_gemv(qtype, n, k, m, kernel, gen, rt))
         if not args.no_dequant:
             emit("dequant", name, (28672, 4096), 0, bench_dequant(qtype, 28672, 4096, gen))
     if args.json:

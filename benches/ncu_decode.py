@@ -8,7 +8,8 @@ GEMVs: the q4k dp4a GEMV and the bf16 skinny GEMM (4 and 8 warps) on the Llama-3
 down [4096, 14336] shapes at M = 1. Attention: one sequence at a 4k context in the grid the engine captures
 (max_seq_len 8192), with the automatic plan and with one kv head per CTA and 512-token pieces (the slowest
 per-CTA streaming rate of the sweep). Each runs several times; the counters say what limits these small grids:
-achieved bandwidth, occupancy and why the warps stall.
+achieved bandwidth, occupancy and why the warps stall. mmq: the int8 tensor-core product (q4k, 28672x4096) at 8,
+16 and 32 rows next to the dp4a GEMV at 8 (`-k regex:"gguf_mmq|gemv_q8_kernel"`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,19 @@ def gemvs() -> None:
                 cuda.skinny_gemm(x, w, warps=warps)
 
 
+def mmq() -> None:
+    """The int8 tensor-core GGUF product (q4k, gate_up shape) at 8, 16 and 32 rows, and the dp4a GEMV at 8."""
+    n, k = 28672, 4096
+    blocks = quantize(torch.randn(n, k, device=DEV).to(torch.bfloat16), "q4k")
+    for m in (8, 16, 32):
+        x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
+        for _ in range(3):
+            cuda_gguf.mmq(x, blocks, QT.Q4_K, n, k)
+    x = torch.randn(8, k, device=DEV).to(torch.bfloat16)
+    for _ in range(3):
+        cuda_gguf.gemv(x, blocks, QT.Q4_K, n, k)
+
+
 def attention() -> None:
     hq, hk, d, bs, ctx, grid = 32, 8, 128, 64, 4096, 8192
     nblocks = math.ceil(ctx / bs)
@@ -51,12 +65,14 @@ def attention() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=["gemv", "attention"])
+    ap.add_argument("--only", choices=["gemv", "attention", "mmq"])
     args = ap.parse_args()
-    if args.only != "attention":
+    if args.only in (None, "gemv"):
         gemvs()
-    if args.only != "gemv":
+    if args.only in (None, "attention"):
         attention()
+    if args.only in (None, "mmq"):
+        mmq()
     torch.cuda.synchronize()
 
 

@@ -220,7 +220,7 @@ void gguf_gemv_q8_rope_cache(void* y, const void* x, int8_t* xq, void* xb, const
 }
 
 void gguf_mmq(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
-              int qtype, DType dtype, std::uintptr_t stream) {
+              int qtype, DType dtype, std::uintptr_t stream, int row_tiles) {
   const char* what = "gguf_mmq";
   if (!gguf_mmq_supported(qtype))
     throw std::invalid_argument(std::string(what) + ": no tensor-core kernel for GGUF type " + std::to_string(qtype));
@@ -228,8 +228,10 @@ void gguf_mmq(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, in
   if (x != nullptr) quantize_activations(what, x, xq, xb, w, M, N, K, qtype, dtype, 0, s, kGgufMmqMaxM);
   else check_gemv_args(what, M, N, K, w, xq, xb, dtype, kGgufMmqMaxM);
   if (K % gguf::kUnitElems != 0) throw std::invalid_argument(std::string(what) + ": K must be a multiple of 256");
+  if (reinterpret_cast<std::uintptr_t>(xb) % 16 != 0)
+    throw std::invalid_argument(std::string(what) + ": xb must be 16-byte aligned (it is staged by 16-byte copies)");
   launch_gguf_mmq(y, dtype == DType::BF16, xq, static_cast<const XBlock*>(xb), w, static_cast<int>(M),
-                  static_cast<int>(N), static_cast<int>(K), qtype, s);
+                  static_cast<int>(N), static_cast<int>(K), qtype, row_tiles, s);
   check_launch(what);
 }
 

@@ -8,10 +8,11 @@
 // sub-block) the exact integer dot product of the codes, scaled in f32 as the dp4a GEMV scales it:
 // dx * (a * dot - b * sum(x codes)), w = a * code - b being the sub-block's weights.
 //
-// A CTA owns 16 weight rows and its 4 warps split K by 256-element blocks (warp w takes blocks w, w + 4, ...),
-// each streaming its next block's weights into registers while it multiplies the current one (the first before
-// griddepcontrol.wait: weights do not depend on the kernel before); partial sums meet in shared memory and warp
-// order is fixed, so results are deterministic and a token's result does not depend on the other tokens.
+// A CTA owns 16 or 32 weight rows (one or two 16-row tiles per warp: an activation load then serves 32 rows) and its
+// 4 warps split K by 256-element blocks (warp w takes blocks w, w + 4, ...), each streaming its next block's weights
+// into registers while it multiplies the current one (the first before griddepcontrol.wait: weights do not depend
+// on the kernel before); partial sums meet in shared memory and warp order is fixed, so results are deterministic
+// and a token's result does not depend on the other tokens or on the tiling.
 //
 // The k order inside an mma is free as long as A and B agree: lane t of a quad (threadID_in_group) holds k slots
 // 4t..4t+3 and 16+4t..16+4t+3; they are given the sub-block's elements 8t..8t+7, so every lane reads 8
@@ -25,7 +26,7 @@ namespace {
 
 using gguf::XBlock;
 
-constexpr int kMmqRows = 16, kMmqWarps = 4;
+constexpr int kMmqWarps = 4;
 
 // c = a[16x32] (row, s8) * b[32x8] (col, s8), s32 (PTX fragment layouts of mma.m16n8k32).
 __device__ __forceinline__ void mma_s8_16832(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -75,32 +76,38 @@ struct TokenRows {
   const XBlock* blocks[2];
 };
 
-// acc (rows g, g + 8 x tokens 2t, 2t + 1 of the tile) += the sub-block at element e: codes a, scales (a, b) per row.
-__device__ __forceinline__ void sub_block(float (&acc)[4], const uint32_t (&frag)[4], const float (&a)[2],
-                                          const float (&b)[2], const TokenRows& x, int e) {
-  const uint2 bw = gguf::ld_x<uint2>(x.codes + e);
-  int c[4];
-  mma_s8_16832(c, frag, bw.x, bw.y);
+// (dx, dx * sum of codes) of sub-blocks s and s + 1 of one token, from their two adjacent XBlocks (one 16-byte load).
+struct XScales {
+  float d[2], s[2];
+  __device__ void load(const XBlock* p) {
+    const uint4 raw = gguf::ld_x<uint4>(p);
+    const uint32_t words[2][2] = {{raw.x, raw.y}, {raw.z, raw.w}};
 #pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const uint2 raw = gguf::ld_x<uint2>(x.blocks[k] + e / 32);
-    const float dx = __uint_as_float(raw.x);
-    const float sx = static_cast<float>(static_cast<int16_t>(raw.y & 0xFFFF) + static_cast<int16_t>(raw.y >> 16));
-#pragma unroll
-    for (int r = 0; r < 2; ++r) acc[2 * r + k] += dx * (a[r] * static_cast<float>(c[2 * r + k]) - b[r] * sx);
+    for (int h = 0; h < 2; ++h) {
+      d[h] = __uint_as_float(words[h][0]);
+      const int sum = static_cast<int16_t>(words[h][1] & 0xFFFF) + static_cast<int16_t>(words[h][1] >> 16);
+      s[h] = d[h] * static_cast<float>(sum);
+    }
   }
-}
+};
 
-template <int Type, int T>
+// A CTA owns 16 * MT weight rows (MT m-tiles per warp, so each activation load serves 16 * MT rows); its 4 warps split
+// K by 256-element blocks (warp w takes blocks w, w + 4, ...), each streaming its next block's weights into registers
+// while it multiplies the current one. T: 8-token tiles.
+template <int Type, int MT, int T>
 __global__ void __launch_bounds__(kMmqWarps * 32) gguf_mmq_kernel(void* __restrict__ y, bool bf16,
                                                                    const int8_t* xq, const XBlock* xb,
                                                                    const uint8_t* __restrict__ w, int M, int N, int K,
                                                                    int64_t row_bytes) {
   using Q = typename MmqOf<Type>::type;
+  constexpr int kRows = 16 * MT;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int row0 = blockIdx.x * kMmqRows, blocks = K / Q::kBlockElems;
-  const uint8_t* rows[2] = {w + static_cast<int64_t>(min(row0 + g, N - 1)) * row_bytes,
-                            w + static_cast<int64_t>(min(row0 + g + 8, N - 1)) * row_bytes};
+  const int row0 = blockIdx.x * kRows, blocks = K / Q::kBlockElems;
+  const uint8_t* rows[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) rows[mt][r] = w + static_cast<int64_t>(min(row0 + 16 * mt + g + 8 * r, N - 1)) * row_bytes;
   TokenRows x[T];
 #pragma unroll
   for (int i = 0; i < T; ++i) {
@@ -108,49 +115,71 @@ __global__ void __launch_bounds__(kMmqWarps * 32) gguf_mmq_kernel(void* __restri
 #pragma unroll
     for (int k = 0; k < 2; ++k) x[i].blocks[k] = xb + static_cast<int64_t>(min(8 * i + 2 * t + k, M - 1)) * (K / 32);
   }
-  float acc[T][4] = {};
+  float acc[MT][T][4] = {};
 
-  Q next[2];
-  int blk = warp;
-  if (blk < blocks)
+  Q next[MT][2];
+  auto fetch = [&](int b) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) next[r].fetch(rows[r] + static_cast<int64_t>(blk) * Q::kBlockBytes, t);
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) next[mt][r].fetch(rows[mt][r] + static_cast<int64_t>(b) * Q::kBlockBytes, t);
+  };
+  int blk = warp;
+  if (blk < blocks) fetch(blk);
   pdl_wait();  // xq/xb are written by the kernel before
   for (; blk < blocks; blk += kMmqWarps) {
-    Q cur[2] = {next[0], next[1]};
-    if (blk + kMmqWarps < blocks)
+    Q cur[MT][2];
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
-        next[r].fetch(rows[r] + static_cast<int64_t>(blk + kMmqWarps) * Q::kBlockBytes, t);
+    for (int mt = 0; mt < MT; ++mt) cur[mt][0] = next[mt][0], cur[mt][1] = next[mt][1];
+    if (blk + kMmqWarps < blocks) fetch(blk + kMmqWarps);
 #pragma unroll
     for (int j = 0; j < Q::kPairs; ++j) {
-      uint32_t lo[2][2], hi[2][2];
-      float a[2][2], b[2][2];
+      // Per m-tile: rows g and g + 8, the codes of sub-blocks 2j (lo) and 2j + 1 (hi) and their (a, b).
+      uint32_t lo[MT][2][2], hi[MT][2][2];
+      float a[MT][2][2], b[MT][2][2];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) cur[r].pair(j, lo[r], hi[r], a[r], b[r]);
-      // A fragment: a0/a2 row g (slots 4t.., 16+4t..), a1/a3 row g + 8.
-      const uint32_t flo[4] = {lo[0][0], lo[1][0], lo[0][1], lo[1][1]};
-      const uint32_t fhi[4] = {hi[0][0], hi[1][0], hi[0][1], hi[1][1]};
-      const float alo[2] = {a[0][0], a[1][0]}, blo[2] = {b[0][0], b[1][0]};
-      const float ahi[2] = {a[0][1], a[1][1]}, bhi[2] = {b[0][1], b[1][1]};
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) cur[mt][r].pair(j, lo[mt][r], hi[mt][r], a[mt][r], b[mt][r]);
       const int e = blk * Q::kBlockElems + 64 * j;
 #pragma unroll
       for (int i = 0; i < T; ++i) {
-        sub_block(acc[i], flo, alo, blo, x[i], e);
-        sub_block(acc[i], fhi, ahi, bhi, x[i], e + 32);
+        XScales xs[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) xs[k].load(x[i].blocks[k] + e / 32);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint2 bw = gguf::ld_x<uint2>(x[i].codes + e + 32 * h);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            // A fragment: a0/a2 row g (slots 4t.., 16+4t..), a1/a3 row g + 8.
+            const uint32_t(&q)[2][2] = h ? hi[mt] : lo[mt];
+            const uint32_t frag[4] = {q[0][0], q[1][0], q[0][1], q[1][1]};
+            int c[4];
+            mma_s8_16832(c, frag, bw.x, bw.y);
+#pragma unroll
+            for (int k = 0; k < 2; ++k)
+#pragma unroll
+              for (int r = 0; r < 2; ++r)
+                acc[mt][i][2 * r + k] +=
+                    xs[k].d[h] * (a[mt][r][h] * static_cast<float>(c[2 * r + k])) - b[mt][r][h] * xs[k].s[h];
+          }
+        }
       }
     }
   }
   pdl_launch_dependents();
 
-  __shared__ float red[kMmqWarps][kMmqRows][8 * T + 1];
+  __shared__ float red[kMmqWarps][kRows][8 * T + 1];
 #pragma unroll
-  for (int i = 0; i < T; ++i)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int k = 0; k < 4; ++k) red[warp][g + 8 * (k >> 1)][8 * i + 2 * t + (k & 1)] = acc[i][k];
+    for (int i = 0; i < T; ++i)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) red[warp][16 * mt + g + 8 * (k >> 1)][8 * i + 2 * t + (k & 1)] = acc[mt][i][k];
   __syncthreads();
-  for (int o = threadIdx.x; o < kMmqRows * 8 * T; o += kMmqWarps * 32) {
-    const int r = o % kMmqRows, m = o / kMmqRows, row = row0 + r;
+  for (int o = threadIdx.x; o < kRows * 8 * T; o += kMmqWarps * 32) {
+    const int r = o % kRows, m = o / kRows, row = row0 + r;
     float v = red[0][r][m];
 #pragma unroll
     for (int i = 1; i < kMmqWarps; ++i) v += red[i][r][m];
@@ -162,16 +191,44 @@ __global__ void __launch_bounds__(kMmqWarps * 32) gguf_mmq_kernel(void* __restri
   }
 }
 
-template <int Type>
-void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
-            cudaStream_t s) {
+template <int Type, int MT, int T>
+void launch_tiles(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
+                  cudaStream_t s) {
   using Q = typename MmqOf<Type>::type;
   const int64_t row_bytes = static_cast<int64_t>(K / Q::kBlockElems) * Q::kBlockBytes;
-  const dim3 grid(static_cast<unsigned>((N + kMmqRows - 1) / kMmqRows)), block(kMmqWarps * 32);
-  const char* what = "gguf_mmq";
-  if (M <= 8) launch_pdl(what, gguf_mmq_kernel<Type, 1>, grid, block, 0, s, y, bf16, xq, xb, w, M, N, K, row_bytes);
-  else if (M <= 16) launch_pdl(what, gguf_mmq_kernel<Type, 2>, grid, block, 0, s, y, bf16, xq, xb, w, M, N, K, row_bytes);
-  else launch_pdl(what, gguf_mmq_kernel<Type, 4>, grid, block, 0, s, y, bf16, xq, xb, w, M, N, K, row_bytes);
+  const dim3 grid(static_cast<unsigned>((N + 16 * MT - 1) / (16 * MT))), block(kMmqWarps * 32);
+  launch_pdl("gguf_mmq", gguf_mmq_kernel<Type, MT, T>, grid, block, 0, s, y, bf16, xq, xb, w, M, N, K, row_bytes);
+}
+
+template <int Type, int MT>
+void launch_rows(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
+                 cudaStream_t s) {
+  if (M <= 8) launch_tiles<Type, MT, 1>(y, bf16, xq, xb, w, M, N, K, s);
+  else if (M <= 16) launch_tiles<Type, MT, 2>(y, bf16, xq, xb, w, M, N, K, s);
+  else launch_tiles<Type, MT, 4>(y, bf16, xq, xb, w, M, N, K, s);
+}
+
+int sm_count() {
+  int dev = 0, n = 0;
+  check_cuda(cudaGetDevice(&dev), "gguf_mmq: device");
+  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "gguf_mmq: SM count");
+  return n;
+}
+
+// Two row tiles per CTA up to 16 tokens; above, where that still leaves a CTA for every SM (the 2 x 4-tile kernel
+// spills at 255 registers). Measured on the H200 (bench_quant_cuda.py --kernels mmq --mmq-row-tiles 1 2, q4k; us,
+// 1 -> 2 tiles): 16 tokens 6144x4096 17.5 -> 15.8, 4096x4096 16.0 -> 14.9, 28672x4096 77.8 -> 58.7, 4096x14336
+// 52.0 -> 43.4; 32 tokens 44.2 -> 31.0, 24.2 -> 30.3, 148.8 -> 115.5, 78.0 -> 98.9.
+int default_row_tiles(int M, int N) { return M <= 16 || (N + 31) / 32 >= sm_count() ? 2 : 1; }
+
+template <int Type>
+void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
+            int row_tiles, cudaStream_t s) {
+  switch (row_tiles != 0 ? row_tiles : default_row_tiles(M, N)) {
+    case 1: launch_rows<Type, 1>(y, bf16, xq, xb, w, M, N, K, s); break;
+    case 2: launch_rows<Type, 2>(y, bf16, xq, xb, w, M, N, K, s); break;
+    default: throw std::invalid_argument("gguf_mmq: row_tiles must be 0 (the default rule), 1 or 2");
+  }
 }
 
 }  // namespace
@@ -179,9 +236,9 @@ void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_
 bool gguf_mmq_supported(int qtype) { return qtype == gguf::Q4_K; }
 
 void launch_gguf_mmq(void* y, bool bf16, const int8_t* xq, const gguf::XBlock* xb, const uint8_t* w, int M, int N,
-                     int K, int qtype, cudaStream_t stream) {
+                     int K, int qtype, int row_tiles, cudaStream_t stream) {
   switch (qtype) {
-    case gguf::Q4_K: launch<gguf::Q4_K>(y, bf16, xq, xb, w, M, N, K, stream); break;
+    case gguf::Q4_K: launch<gguf::Q4_K>(y, bf16, xq, xb, w, M, N, K, row_tiles, stream); break;
     default: throw std::invalid_argument("gguf_mmq: no tensor-core kernel for GGUF type " + std::to_string(qtype));
   }
 }

@@ -133,11 +133,17 @@ def mmq_supported(x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features: 
     )
 
 
-def mmq(x: torch.Tensor | Q8Activation, data: torch.Tensor, qtype: QT, out_features: int, in_features: int) -> torch.Tensor:
+def mmq(
+    x: torch.Tensor | Q8Activation, data: torch.Tensor, qtype: QT, out_features: int, in_features: int,
+    row_tiles: int = 0,
+) -> torch.Tensor:
     """y [M, N] = x [M, K] @ W.T for decode batches up to 32 rows on int8 tensor cores: x rounded to int8 per 32
     values exactly as for the dp4a GEMV (or a :class:`Q8Activation`'s codes), each weight decoded once for all rows
     (the dp4a GEMV decodes it once per row, which bounds it by instruction issue from about 8 rows). A row's result
-    does not depend on the other rows; it differs from the dp4a GEMV's in f32 summation order only."""
+    does not depend on the other rows; it differs from the dp4a GEMV's in f32 summation order only.
+
+    ``row_tiles`` exists so benchmarks can compare launches: 16-row weight tiles per CTA (1 or 2; 0 = the kernel's
+    default rule). It changes only the speed."""
     q8 = x if isinstance(x, Q8Activation) else None
     x = q8.x if q8 is not None else x
     if not mmq_supported(x, data, qtype, out_features, in_features):
@@ -152,6 +158,7 @@ def mmq(x: torch.Tensor | Q8Activation, data: torch.Tensor, qtype: QT, out_featu
     native.module().cuda_gguf_mmq(
         y.data_ptr(), 0 if to_quantize is None else to_quantize.data_ptr(), xq.data_ptr(), xb.data_ptr(),
         data.data_ptr(), m, out_features, in_features, int(qtype), native.dtype_code(x), native.stream(x.device),
+        row_tiles,
     )
     return y
 

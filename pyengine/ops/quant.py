@@ -272,7 +272,8 @@ def quant_matmul(
     x is [..., in_features] in f32/f16/bf16; y is [..., out_features] in x.dtype. On CPU every batch size runs
     the fused native kernel (W never materialised). Each row of x goes through the same arithmetic whatever
     the batch holds, so a request's tokens never depend on the requests sharing its step (batch invariance);
-    a dense torch GEMM for large batches would be up to 1.5x faster in prefill but rounds differently.
+    a dense torch GEMM for large batches would be up to 1.5x faster in prefill but rounds differently. On CUDA
+    a row's result depends only on which kernel its batch size selects (see :func:`_cuda_quant_matmul`).
     A :class:`Q8Activation` x (int8 codes written by its producer) saves the CUDA dp4a GEMV its quantizer
     launch, same result; every other path uses its dense ``x``.
     """
@@ -309,8 +310,10 @@ def quant_matmul(
 # ~35 GB for dequantizing to bf16 and multiplying; at 24 they would break even (benches/RESULTS.md).
 GEMV_PASSES_MAX_ROWS = 16
 # Types with the int8 tensor-core product (cuda_gguf.mmq) take it from this many rows up to its maximum (32):
-# it decodes each weight once for all rows, where the dp4a GEMV decodes it once per row (benches/RESULTS.md).
-MMQ_MIN_ROWS = 9
+# it decodes each weight once for all rows, where the dp4a GEMV decodes it once per row. On the H200 at 8 rows
+# the four Llama-3-8B q4k shapes take 103.5 us against the dp4a GEMV's 118.7; at 4 rows dp4a takes 81.9
+# (benches/RESULTS.md).
+MMQ_MIN_ROWS = 8
 
 
 @functools.cache
@@ -337,8 +340,8 @@ def q8_max_rows(qtype: QT, in_features: int) -> int:
 def _cuda_quant_matmul(
     x: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: int, in_features: int, q8: Q8Activation | None
 ) -> torch.Tensor:
-    """Decode batches: up to 8 rows of f16/bf16 the fused dp4a GEMV; from MMQ_MIN_ROWS to 32 rows the int8
-    tensor-core product where the type has one, else up to 16 rows the GEMV in passes of 8 rows, each reading the
+    """Decode batches: from MMQ_MIN_ROWS to 32 rows of f16/bf16 the int8 tensor-core product where the type has
+    one; else up to 8 rows the fused dp4a GEMV and up to 16 rows that GEMV in passes of 8 rows, each reading the
     quantized bytes once. Within each kernel a row's arithmetic does not depend on the other rows (and the passes
     are the 8-row GEMV's), so results are batch invariant for batches that take the same kernel. ``q8``'s codes
     (rows as x's) go to the GEMV. Larger batches (prefill): W dequantized into a scratch tensor from torch's

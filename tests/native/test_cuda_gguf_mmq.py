@@ -4,7 +4,7 @@ Oracles: the `gguf` package's dequantizer (W64) and a torch re-implementation of
 the dp4a GEMV's bounds (``assert_dp4a_within``: the same int8 codes, exact integer dot products per 32-element
 sub-block, f32 scaling). Properties: a token's result does not depend on the other tokens of its launch (bit for
 bit across batch compositions), codes handed over by a producer give the bits of the kernel's own quantizer, and
-``ops.quant.quant_matmul`` sends 9..32-row batches of a type with the kernel to it.
+``ops.quant.quant_matmul`` sends batches of MMQ_MIN_ROWS..32 rows of a type with the kernel to it.
 """
 
 from __future__ import annotations
@@ -64,6 +64,21 @@ def test_a_token_does_not_depend_on_its_batch(qtype: QT) -> None:
 
 
 @pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
+def test_every_row_tiling_gives_the_same_bits(qtype: QT) -> None:
+    """16 or 32 weight rows per CTA (N = 200 leaves each a partial last tile) change only the speed."""
+    n, k = 200, 3 * 256
+    data, _ = _weight(qtype, n, k, seed=6)
+    g = torch.Generator().manual_seed(6)
+    for m in (5, 16, 29):
+        x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(DEV)
+        want = cuda_gguf.mmq(x, data, qtype, n, k)
+        for tiles in (1, 2):
+            assert torch.equal(cuda_gguf.mmq(x, data, qtype, n, k, row_tiles=tiles), want), (m, tiles)
+    with pytest.raises(ValueError, match="row_tiles must be"):
+        cuda_gguf.mmq(torch.randn(4, k, device=DEV, dtype=torch.bfloat16), data, qtype, n, k, row_tiles=4)
+
+
+@pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
 def test_codes_from_a_producer_equal_the_own_quantizer(qtype: QT) -> None:
     """RMSNorm's int8 codes (a Q8Activation) give the bits of mmq on the dense normed rows."""
     n, k, m = 520, 2048, 24
@@ -75,9 +90,9 @@ def test_codes_from_a_producer_equal_the_own_quantizer(qtype: QT) -> None:
     assert torch.equal(cuda_gguf.mmq(act, data, qtype, n, k), cuda_gguf.mmq(act.x, data, qtype, n, k))
 
 
-def test_quant_matmul_takes_mmq_for_9_to_32_rows(monkeypatch: pytest.MonkeyPatch) -> None:
-    """8 rows stay on the dp4a GEMV, 9..32 take one mmq launch, 33 dequantize for cuBLAS; CANDLE_VLLM_GGUF_MMQ=0
-    sends 9..16 back to 8-row dp4a passes."""
+def test_quant_matmul_takes_mmq_from_its_min_rows_to_32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below MMQ_MIN_ROWS rows the dp4a GEMV, from there to 32 rows one mmq launch, 33 dequantize for cuBLAS;
+    CANDLE_VLLM_GGUF_MMQ=0 sends 12 rows back to 8-row dp4a passes."""
     qtype, n, k = QT.Q4_K, 300, 1024
     data, w64 = _weight(qtype, n, k, seed=4)
     mod = native.module()
@@ -86,7 +101,8 @@ def test_quant_matmul_takes_mmq_for_9_to_32_rows(monkeypatch: pytest.MonkeyPatch
         real = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, _r=real, _n=name: (calls.append(_n), _r(*a))[1])
     g = torch.Generator().manual_seed(1)
-    for m, want in ((8, ["cuda_gguf_gemv_q8"]), (9, ["cuda_gguf_mmq"]), (32, ["cuda_gguf_mmq"]),
+    low = quant.MMQ_MIN_ROWS
+    for m, want in ((low - 1, ["cuda_gguf_gemv_q8"]), (low, ["cuda_gguf_mmq"]), (32, ["cuda_gguf_mmq"]),
                     (33, ["cuda_gguf_dequantize"])):
         calls.clear()
         x = torch.randn(m, k, generator=g).to(torch.bfloat16)
