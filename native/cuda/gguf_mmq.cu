@@ -37,8 +37,21 @@ __device__ __forceinline__ void mma_s8_16832(int (&c)[4], const uint32_t (&a)[4]
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// One lane's share of a Q4_K block row (144 bytes: d, dmin, 12 bytes of packed 6-bit scales and mins, 128 code
-// bytes, sub-blocks 2j and 2j+1 in the low and high nibbles of bytes 16 + 32j ..): bytes 8t..8t+7 of each pair.
+// w = a * code - b for Q4_K / Q5_K sub-blocks 2j and 2j+1, from the block's first 16 bytes h (d, dmin, 12 bytes of
+// packed 6-bit scales and mins).
+__device__ __forceinline__ void k4_pair_scales(const uint4& h, int j, float (&a)[2], float (&b)[2]) {
+  const float d = gguf::half_lo(h.x), dmin = gguf::half_hi(h.x);
+  uint32_t sc, m;
+  gguf::k4_scale_min_pair(h.y, h.z, h.w, j, sc, m);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    a[i] = d * static_cast<float>((sc >> (8 * i)) & 0xFF);
+    b[i] = dmin * static_cast<float>((m >> (8 * i)) & 0xFF);
+  }
+}
+
+// One lane's share of a Q4_K block row (144 bytes: the header, then 128 code bytes whose pair j holds sub-blocks 2j
+// and 2j+1 in the low and high nibbles of bytes 16 + 32j ..): bytes 8t..8t+7 of each pair.
 struct MmqQ4K {
   static constexpr int kBlockElems = 256, kBlockBytes = 144, kPairs = 4;
   uint2 q[kPairs];
@@ -52,14 +65,30 @@ struct MmqQ4K {
   __device__ void pair(int j, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
     lo[0] = q[j].x & gguf::kNib, lo[1] = q[j].y & gguf::kNib;
     hi[0] = (q[j].x >> 4) & gguf::kNib, hi[1] = (q[j].y >> 4) & gguf::kNib;
-    const float d = gguf::half_lo(h.x), dmin = gguf::half_hi(h.x);
-    uint32_t sc, m;
-    gguf::k4_scale_min_pair(h.y, h.z, h.w, j, sc, m);
+    k4_pair_scales(h, j, a, b);
+  }
+};
+
+// Q5_K (176 bytes: the header, 32 bytes whose byte i holds the fifth bit of element i of sub-block s in bit s, then
+// the low nibbles as Q4_K holds its codes): Q4_K's lane share plus the lane's 8 bytes of fifth bits.
+struct MmqQ5K {
+  static constexpr int kBlockElems = 256, kBlockBytes = 176, kPairs = 4;
+  uint2 q[kPairs], e;
+  uint4 h;
+  __device__ void fetch(const uint8_t* blk, int t) {
+    h = gguf::ld<uint4>(blk);
+    e = gguf::ld<uint2>(blk + 16 + 8 * t);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      a[i] = d * static_cast<float>((sc >> (8 * i)) & 0xFF);
-      b[i] = dmin * static_cast<float>((m >> (8 * i)) & 0xFF);
+    for (int j = 0; j < kPairs; ++j) q[j] = gguf::ld<uint2>(blk + 48 + 32 * j + 8 * t);
+  }
+  __device__ void pair(int j, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
+    const uint32_t qs[2] = {q[j].x, q[j].y}, qh[2] = {e.x, e.y};
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      lo[k] = (qs[k] & gguf::kNib) | (((qh[k] >> (2 * j)) & 0x01010101u) << 4);
+      hi[k] = ((qs[k] >> 4) & gguf::kNib) | (((qh[k] >> (2 * j + 1)) & 0x01010101u) << 4);
     }
+    k4_pair_scales(h, j, a, b);
   }
 };
 
@@ -68,6 +97,10 @@ struct MmqOf;
 template <>
 struct MmqOf<gguf::Q4_K> {
   using type = MmqQ4K;
+};
+template <>
+struct MmqOf<gguf::Q5_K> {
+  using type = MmqQ5K;
 };
 
 // The activations of one token tile for this lane: B words of token 8i + g, XBlocks of tokens 8i + 2t, 8i + 2t + 1.
@@ -233,12 +266,13 @@ void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_
 
 }  // namespace
 
-bool gguf_mmq_supported(int qtype) { return qtype == gguf::Q4_K; }
+bool gguf_mmq_supported(int qtype) { return qtype == gguf::Q4_K || qtype == gguf::Q5_K; }
 
 void launch_gguf_mmq(void* y, bool bf16, const int8_t* xq, const gguf::XBlock* xb, const uint8_t* w, int M, int N,
                      int K, int qtype, int row_tiles, cudaStream_t stream) {
   switch (qtype) {
     case gguf::Q4_K: launch<gguf::Q4_K>(y, bf16, xq, xb, w, M, N, K, row_tiles, stream); break;
+    case gguf::Q5_K: launch<gguf::Q5_K>(y, bf16, xq, xb, w, M, N, K, row_tiles, stream); break;
     default: throw std::invalid_argument("gguf_mmq: no tensor-core kernel for GGUF type " + std::to_string(qtype));
   }
 }

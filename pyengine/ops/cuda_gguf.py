@@ -81,8 +81,7 @@ def gemv(
     if not gemv_supported(x, data, qtype, out_features, in_features):
         raise ValueError(
             "gguf gemv needs x [M<=8, K] contiguous f16/bf16 and W as contiguous 16-byte aligned uint8 blocks of a "
-            f"supported type on the same CUDA device; got x {tuple(x.shape)} {x.dtype} {x.device}, "
-            f"{QT(qtype).name} data of {data.numel()} bytes for [{out_features}, {in_features}]"
+            f"supported type on the same CUDA device; {_operands(x, data, qtype, out_features, in_features)}"
         )
     if kernel not in ("auto", "dp4a", "mma"):
         raise ValueError(f"gguf gemv kernel must be 'auto', 'dp4a' or 'mma', got {kernel!r}")
@@ -117,7 +116,7 @@ def gemv(
 def mmq_supported(x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features: int, in_features: int) -> bool:
     """True when the int8 tensor-core product (:func:`mmq`) computes ``x @ W.T``: x [M, K] with M up to
     ``cuda_gguf_mmq_max_m`` (32) f16/bf16 contiguous on the weight's CUDA device, K a multiple of 256, W [N, K]
-    as contiguous 16-byte aligned blocks of a type with a kernel (Q4_K)."""
+    as contiguous 16-byte aligned blocks of a type with a kernel (Q4_K, Q5_K)."""
     mod = native.module() if available(x.device) else None
     return (
         mod is not None
@@ -149,8 +148,8 @@ def mmq(
     if not mmq_supported(x, data, qtype, out_features, in_features):
         raise ValueError(
             "gguf mmq needs x [M<=32, K % 256 == 0] contiguous f16/bf16 and W as contiguous 16-byte aligned uint8 "
-            f"blocks of a type with a tensor-core kernel (Q4_K) on the same CUDA device; got x {tuple(x.shape)} "
-            f"{x.dtype} {x.device}, {QT(qtype).name} data of {data.numel()} bytes for [{out_features}, {in_features}]"
+            "blocks of a type with a tensor-core kernel (Q4_K, Q5_K) on the same CUDA device; "
+            + _operands(x, data, qtype, out_features, in_features)
         )
     m = x.shape[0]
     y = torch.empty(m, out_features, dtype=x.dtype, device=x.device)
@@ -161,6 +160,14 @@ def mmq(
         row_tiles,
     )
     return y
+
+
+def _operands(x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features: int, in_features: int) -> str:
+    """What a refused GEMV call was given, for its error message."""
+    return (
+        f"got x {tuple(x.shape)} {x.dtype} {x.device}, {QT(qtype).name} data of {data.numel()} bytes for "
+        f"[{out_features}, {in_features}]"
+    )
 
 
 def _codes(

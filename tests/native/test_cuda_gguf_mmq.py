@@ -22,7 +22,7 @@ from candle_vllm.pyengine.ops.q8_activation import Q8Activation
 
 pytestmark = pytest.mark.cuda
 DEV = torch.device("cuda")
-MMQ_TYPES = [QT.Q4_K]
+MMQ_TYPES = [QT.Q4_K, QT.Q5_K]
 ROWS = [1, 2, 7, 8, 9, 15, 16, 17, 31, 32]
 
 
