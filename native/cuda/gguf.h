@@ -68,7 +68,8 @@ bool gguf_mmq_supported(int qtype);
 // weight is decoded once for all tokens instead of once per token. x non-null: quantized first into xq/xb as
 // gguf_gemv_q8 does; null: xq/xb already hold the codes. Same argument rules as gguf_gemv_q8 with
 // 1 <= M <= kGgufMmqMaxM, K a multiple of 256 and xb 16-byte aligned. Each token's result does not depend on the
-// other tokens; it differs from the dp4a GEMV's by f32 summation order only. row_tiles (a launch choice for
+// other tokens; it differs from the dp4a GEMV's by f32 rounding only (the same integer dot products, scaled and
+// summed in another order). row_tiles (a launch choice for
 // benchmarks: 16-row tiles per CTA, 1 or 2; 0: the default rule) changes only the speed.
 void gguf_mmq(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
               int qtype, DType dtype, std::uintptr_t stream, int row_tiles = 0);

@@ -224,12 +224,15 @@ void gguf_mmq(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, in
   const char* what = "gguf_mmq";
   if (!gguf_mmq_supported(qtype))
     throw std::invalid_argument(std::string(what) + ": no tensor-core kernel for GGUF type " + std::to_string(qtype));
+  // Every refusal before the quantizer launch: a refused call enqueues nothing.
+  if (K % gguf::kUnitElems != 0) throw std::invalid_argument(std::string(what) + ": K must be a multiple of 256");
+  if (reinterpret_cast<std::uintptr_t>(xb) % 16 != 0)
+    throw std::invalid_argument(std::string(what) + ": xb must be 16-byte aligned (two XBlocks are read as one load)");
+  if (row_tiles != 0 && row_tiles != 1 && row_tiles != 2)
+    throw std::invalid_argument(std::string(what) + ": row_tiles must be 0 (the default rule), 1 or 2");
   const cudaStream_t s = as_stream(stream);
   if (x != nullptr) quantize_activations(what, x, xq, xb, w, M, N, K, qtype, dtype, 0, s, kGgufMmqMaxM);
   else check_gemv_args(what, M, N, K, w, xq, xb, dtype, kGgufMmqMaxM);
-  if (K % gguf::kUnitElems != 0) throw std::invalid_argument(std::string(what) + ": K must be a multiple of 256");
-  if (reinterpret_cast<std::uintptr_t>(xb) % 16 != 0)
-    throw std::invalid_argument(std::string(what) + ": xb must be 16-byte aligned (it is staged by 16-byte copies)");
   launch_gguf_mmq(y, dtype == DType::BF16, xq, static_cast<const XBlock*>(xb), w, static_cast<int>(M),
                   static_cast<int>(N), static_cast<int>(K), qtype, row_tiles, s);
   check_launch(what);

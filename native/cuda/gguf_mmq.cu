@@ -5,8 +5,9 @@
 // it is bound by instruction issue, far below the memory bandwidth. Here a weight is decoded once for all tokens:
 // a warp unpacks a 16-row x 32-column tile of codes into the A fragment of mma.m16n8k32 (s8 x s8 -> s32) and
 // multiplies it with up to four 8-token B fragments. The tensor cores give each (row, token, 32-element
-// sub-block) the exact integer dot product of the codes, scaled in f32 as the dp4a GEMV scales it:
-// dx * (a * dot - b * sum(x codes)), w = a * code - b being the sub-block's weights.
+// sub-block) the exact integer dot product of the codes, scaled in f32 as dx * (a * dot) - b * (dx * sum(x codes)),
+// w = a * code - b being the sub-block's weights (the dp4a GEMV rounds dx * (a * dot - b * sum): same value,
+// other roundings).
 //
 // A CTA owns 16 or 32 weight rows (one or two 16-row tiles per warp: an activation load then serves 32 rows) and its
 // 4 warps split K by 256-element blocks (warp w takes blocks w, w + 4, ...), each streaming its next block's weights
@@ -17,6 +18,8 @@
 // The k order inside an mma is free as long as A and B agree: lane t of a quad (threadID_in_group) holds k slots
 // 4t..4t+3 and 16+4t..16+4t+3; they are given the sub-block's elements 8t..8t+7, so every lane reads 8
 // contiguous code bytes of its row and 8 contiguous activation codes of its token.
+#include <atomic>
+
 #include "cuda/common.cuh"
 #include "cuda/gguf_mmq.h"
 #include "cuda/gguf_q8_kquants.cuh"
@@ -241,10 +244,18 @@ void launch_rows(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const u
   else launch_tiles<Type, MT, 4>(y, bf16, xq, xb, w, M, N, K, s);
 }
 
+// Multiprocessors of the current device, asked once per device.
 int sm_count() {
-  int dev = 0, n = 0;
+  static std::atomic<int> cache[64];
+  int dev = 0;
   check_cuda(cudaGetDevice(&dev), "gguf_mmq: device");
-  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "gguf_mmq: SM count");
+  if (dev >= 64) throw std::runtime_error("gguf_mmq: device index above 63");
+  std::atomic<int>& slot = cache[dev];
+  int n = slot.load(std::memory_order_relaxed);
+  if (n == 0) {
+    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "gguf_mmq: SM count");
+    slot.store(n, std::memory_order_relaxed);
+  }
   return n;
 }
 

@@ -1,5 +1,5 @@
-// The int8 tensor-core GGUF product for decode batches above the dp4a GEMV's 8 tokens (gguf_mmq.cu); called by the
-// q8 entry points of gguf_gemv_q8.cu, which check the arguments and own the activation quantizer.
+// The int8 tensor-core GGUF product for decode batches of up to 32 tokens (gguf_mmq.cu); called by gguf_mmq in
+// gguf_gemv_q8.cu, which checks the arguments and owns the activation quantizer.
 #pragma once
 #include <cuda_runtime.h>
 

@@ -139,12 +139,16 @@ def mmq(
     """y [M, N] = x [M, K] @ W.T for decode batches up to 32 rows on int8 tensor cores: x rounded to int8 per 32
     values exactly as for the dp4a GEMV (or a :class:`Q8Activation`'s codes), each weight decoded once for all rows
     (the dp4a GEMV decodes it once per row, which bounds it by instruction issue from about 8 rows). A row's result
-    does not depend on the other rows; it differs from the dp4a GEMV's in f32 summation order only.
+    does not depend on the other rows; it differs from the dp4a GEMV's by f32 rounding only (the same integer dot
+    products, scaled and summed in another order). A :class:`Q8Activation` whose blocks are not 16-byte aligned
+    (the kernel reads two at once) is quantized again from its dense ``x``, with the same codes.
 
     ``row_tiles`` exists so benchmarks can compare launches: 16-row weight tiles per CTA (1 or 2; 0 = the kernel's
     default rule). It changes only the speed."""
     q8 = x if isinstance(x, Q8Activation) else None
     x = q8.x if q8 is not None else x
+    if q8 is not None and q8.xb.data_ptr() % 16:
+        q8 = None
     if not mmq_supported(x, data, qtype, out_features, in_features):
         raise ValueError(
             "gguf mmq needs x [M<=32, K % 256 == 0] contiguous f16/bf16 and W as contiguous 16-byte aligned uint8 "

@@ -274,8 +274,8 @@ def quant_matmul(
     the batch holds, so a request's tokens never depend on the requests sharing its step (batch invariance);
     a dense torch GEMM for large batches would be up to 1.5x faster in prefill but rounds differently. On CUDA
     a row's result depends only on which kernel its batch size selects (see :func:`_cuda_quant_matmul`).
-    A :class:`Q8Activation` x (int8 codes written by its producer) saves the CUDA dp4a GEMV its quantizer
-    launch, same result; every other path uses its dense ``x``.
+    A :class:`Q8Activation` x (int8 codes written by its producer) saves the CUDA dp4a GEMV or tensor-core product
+    its quantizer launch, same result; every other path uses its dense ``x``.
     """
     q8 = x if isinstance(x, Q8Activation) else None
     x = q8.x if q8 is not None else x
@@ -305,8 +305,8 @@ def quant_matmul(
     return y
 
 
-# Decode batches up to this many rows run the fused GEMV in 8-row passes (each pass reads the quantized weights
-# once); beyond it dequantize + cuBLAS is cheaper. At 16 rows two q4k passes read 10 GB per 8B step against
+# Decode batches of types without the tensor-core product (below) run the fused GEMV in 8-row passes up to this
+# many rows (each pass reads the quantized weights once); beyond it dequantize + cuBLAS is cheaper. At 16 rows two q4k passes read 10 GB per 8B step against
 # ~35 GB for dequantizing to bf16 and multiplying; at 24 they would break even (benches/RESULTS.md).
 GEMV_PASSES_MAX_ROWS = 16
 # Types with the int8 tensor-core product (cuda_gguf.mmq) take it from this many rows up to its maximum (32):
@@ -332,9 +332,13 @@ def _takes_mmq(x2: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: in
 
 def q8_max_rows(qtype: QT, in_features: int) -> int:
     """The most rows a CUDA decode batch of a ``qtype`` weight with ``in_features`` columns multiplies on int8
-    codes (the dp4a GEMV and its passes, or the tensor-core product): its producers may then write the codes."""
-    mmq = mmq_enabled() and in_features % 256 == 0 and native.module().cuda_gguf_mmq_supported(int(qtype))
-    return native.module().cuda_gguf_mmq_max_m if mmq else GEMV_PASSES_MAX_ROWS
+    codes (the dp4a GEMV and its passes, or the tensor-core product): its producers may then write the codes. Ask
+    it for weights on a CUDA device (a build without CUDA kernels has no tensor-core product)."""
+    mod = native.module()
+    mmq = (
+        mmq_enabled() and in_features % 256 == 0 and mod.built_with_cuda and mod.cuda_gguf_mmq_supported(int(qtype))
+    )
+    return mod.cuda_gguf_mmq_max_m if mmq else GEMV_PASSES_MAX_ROWS
 
 
 def _cuda_quant_matmul(
@@ -344,7 +348,7 @@ def _cuda_quant_matmul(
     one; else up to 8 rows the fused dp4a GEMV and up to 16 rows that GEMV in passes of 8 rows, each reading the
     quantized bytes once. Within each kernel a row's arithmetic does not depend on the other rows (and the passes
     are the 8-row GEMV's), so results are batch invariant for batches that take the same kernel. ``q8``'s codes
-    (rows as x's) go to the GEMV. Larger batches (prefill): W dequantized into a scratch tensor from torch's
+    (rows as x's) go to the int8 kernels. Larger batches (prefill): W dequantized into a scratch tensor from torch's
     allocator, then one cuBLAS GEMM."""
     x2 = x.reshape(-1, in_features).contiguous()
     q8 = Q8Activation(x2, q8.xq, q8.xb) if q8 is not None else None

@@ -95,6 +95,8 @@ def test_quant_matmul_takes_mmq_from_its_min_rows_to_32(monkeypatch: pytest.Monk
     CANDLE_VLLM_GGUF_MMQ=0 sends 12 rows back to 8-row dp4a passes."""
     qtype, n, k = QT.Q4_K, 300, 1024
     data, w64 = _weight(qtype, n, k, seed=4)
+    monkeypatch.delenv("CANDLE_VLLM_GGUF_MMQ", raising=False)
+    quant.mmq_enabled.cache_clear()
     mod = native.module()
     calls: list[str] = []
     for name in ("cuda_gguf_mmq", "cuda_gguf_gemv_q8", "cuda_gguf_dequantize"):
@@ -122,10 +124,43 @@ def test_quant_matmul_takes_mmq_from_its_min_rows_to_32(monkeypatch: pytest.Monk
 
 
 def test_mmq_refuses_what_it_cannot_do() -> None:
+    """The Python checks (type, rows) and the native ones (K in whole 256-value blocks, 16-byte aligned blocks,
+    the launch choice), each with its reason and nothing launched."""
     data, _ = _weight(QT.Q6_K, 16, 256, seed=1)
     x = torch.randn(12, 256, device=DEV, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="tensor-core kernel"):
+    with pytest.raises(ValueError, match="Q6_K data"):
         cuda_gguf.mmq(x, data, QT.Q6_K, 16, 256)
     data, _ = _weight(QT.Q4_K, 16, 256, seed=1)
-    with pytest.raises(ValueError, match="M<=32"):
+    with pytest.raises(ValueError, match=r"got x \(33, 256\)"):
         cuda_gguf.mmq(torch.randn(33, 256, device=DEV, dtype=torch.bfloat16), data, QT.Q4_K, 16, 256)
+    mod = native.module()
+    y = torch.empty(12, 16, device=DEV, dtype=torch.bfloat16)
+    xq = torch.empty(12 * 512, device=DEV, dtype=torch.int8)
+    xb = torch.empty(12 * 512 // 32 * 8 + 16, device=DEV, dtype=torch.uint8)
+    w2, _ = _weight(QT.Q4_K, 16, 512, seed=2)
+
+    def call(k: int, xb_ptr: int, row_tiles: int = 0) -> None:
+        mod.cuda_gguf_mmq(y.data_ptr(), 0, xq.data_ptr(), xb_ptr, w2.data_ptr(), 12, 16, k, int(QT.Q4_K),
+                          native.dtype_code(y), native.stream(DEV), row_tiles)
+
+    with pytest.raises(ValueError, match="multiple of 256"):
+        call(288, xb.data_ptr())
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        call(512, xb.data_ptr() + 8)
+    with pytest.raises(ValueError, match="row_tiles must be"):
+        call(512, xb.data_ptr(), row_tiles=3)
+    call(512, xb.data_ptr())  # the same operands, accepted
+    torch.cuda.synchronize()
+
+
+def test_misaligned_codes_are_requantized() -> None:
+    """A Q8Activation whose blocks sit 8 bytes off a 16-byte boundary gives the bits of the dense path."""
+    n, k, m = 64, 512, 10
+    data, _ = _weight(QT.Q4_K, n, k, seed=8)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16).to(DEV)
+    act = rms_norm(x, torch.ones(k, device=DEV, dtype=torch.bfloat16), 1e-5, q8=True)
+    assert isinstance(act, Q8Activation)
+    shifted = torch.empty(act.xb.numel() + 8, device=DEV, dtype=torch.uint8)[8:].view(act.xb.shape)
+    shifted.copy_(act.xb)
+    got = cuda_gguf.mmq(Q8Activation(act.x, act.xq, shifted), data, QT.Q4_K, n, k)
+    assert torch.equal(got, cuda_gguf.mmq(act.x, data, QT.Q4_K, n, k))

@@ -206,7 +206,10 @@ CODE_CALLS = ("cuda_gguf_gemv_q8_quantized", "cuda_gguf_mmq(codes)")
 def launches(qtype: QT, rows: int, k: int) -> int:
     """Int8-activation launches ops.quant makes for ``rows`` rows: one tensor-core product, or 8-row GEMV passes."""
     mod = native.module()
-    mmq = mod.cuda_gguf_mmq_supported(int(qtype)) and k % 256 == 0 and quant.MMQ_MIN_ROWS <= rows <= mod.cuda_gguf_mmq_max_m
+    mmq = (
+        quant.mmq_enabled() and mod.cuda_gguf_mmq_supported(int(qtype)) and k % 256 == 0
+        and quant.MMQ_MIN_ROWS <= rows <= mod.cuda_gguf_mmq_max_m
+    )
     return 1 if mmq else -(-rows // 8)
 
 
