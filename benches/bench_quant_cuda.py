@@ -32,7 +32,7 @@ import torch
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 
-from candle_vllm.pyengine.ops import cuda, cuda_gguf
+from candle_vllm.pyengine.ops import cuda, cuda_gguf, native
 
 CEILING_BYTES_PER_S = 4.26e12
 TYPES = {"q4_0": QT.Q4_0, "q4_1": QT.Q4_1, "q5_0": QT.Q5_0, "q5_1": QT.Q5_1, "q8_0": QT.Q8_0, "q2k": QT.Q2_K,
@@ -204,8 +204,7 @@ def main() -> None:
         qtype = TYPES[name]
         shapes = SHAPES + ([LM_HEAD] if qtype in (QT.Q6_K, QT.Q8_0) else [])
         kernels = [k for k in args.kernels if k == "mma" or (k == "dp4a" and cuda_gguf.dp4a_supported(qtype))
-                   or (k == "mmq" and cuda_gguf.mmq_supported(torch.empty(1, 256, device=DEV, dtype=torch.bfloat16),
-                                                              random_blocks(qtype, 1, 256, gen), qtype, 1, 256))]
+                   or (k == "mmq" and native.module().cuda_gguf_mmq_supported(int(qtype)))]
         for kernel in kernels:
             for n, k in shapes:
                 for m in sorted(set(args.m) | ({8} if name in args.m8_types else set())):

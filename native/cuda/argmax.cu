@@ -87,16 +87,6 @@ __global__ void keys_to_indices_kernel(int64_t* __restrict__ out, int64_t rows) 
   }
 }
 
-int sm_count() {
-  static int count[64] = {};
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), "argmax_rows: cudaGetDevice");
-  if (dev >= 64) throw std::runtime_error("argmax_rows: device index above 63");
-  if (count[dev] == 0)
-    check_cuda(cudaDeviceGetAttribute(&count[dev], cudaDevAttrMultiProcessorCount, dev), "argmax_rows: SM count");
-  return count[dev];
-}
-
 }  // namespace
 
 void argmax_rows(int64_t* out, const void* logits, int64_t rows, int64_t vocab, DType dtype, std::uintptr_t stream) {
@@ -105,7 +95,7 @@ void argmax_rows(int64_t* out, const void* logits, int64_t rows, int64_t vocab, 
   if (rows > 65535) throw std::invalid_argument("argmax_rows: at most 65535 rows per call");
   const cudaStream_t s = as_stream(stream);
   // About two CTAs per SM over the whole batch, each slice a whole number of 16-byte vectors.
-  const int64_t want = std::max<int64_t>(1, (2 * sm_count() + rows - 1) / rows);
+  const int64_t want = std::max<int64_t>(1, (2 * device_sm_count() + rows - 1) / rows);
   const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(want, vocab / kMinSlice));
   const int64_t slice = ((vocab + splits - 1) / splits + 7) / 8 * 8;
   const dim3 grid(static_cast<unsigned>((vocab + slice - 1) / slice), static_cast<unsigned>(rows));

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
@@ -25,6 +26,33 @@ inline void check_launch(const char* what) {
 
 inline void check_cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+constexpr int kMaxDevices = 64;
+
+// ask(device) for the current device, asked once per device and cached (0: not asked yet): for launch rules that
+// read device properties or occupancies on every call.
+template <class F>
+int per_device(std::atomic<int> (&cache)[kMaxDevices], const char* what, F&& ask) {
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), what);
+  if (dev >= kMaxDevices) throw std::runtime_error(std::string(what) + ": device index above 63");
+  int v = cache[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = ask(dev);
+    cache[dev].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+// Multiprocessors of the current device (the launch rules size grids to fill them).
+inline int device_sm_count() {
+  static std::atomic<int> cache[kMaxDevices];
+  return per_device(cache, "SM count", [](int dev) {
+    int n = 0;
+    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "SM count");
+    return n;
+  });
 }
 
 // Programmatic dependent launch (Hopper): a kernel started by launch_pdl may begin while the kernel before it

@@ -22,7 +22,6 @@ namespace candle_vllm::cuda {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kMaxDevices = 64;
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

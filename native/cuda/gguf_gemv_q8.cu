@@ -1,7 +1,5 @@
 // Host side of the dp4a GGUF decode GEMV (kernels and design: gguf_gemv_q8_kernel.cuh): argument checks, the
 // launch choices (rows per CTA, the pipelined Q4_K loop) and the entry points declared in gguf.h.
-#include <atomic>
-
 #include "cuda/gguf_gemv_q8_kernel.cuh"
 #include "cuda/gguf_mmq.h"
 
@@ -30,31 +28,6 @@ void launch_gemv(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const u
              K, row_bytes, GgufRopeCache{});
 }
 
-constexpr int kMaxDevices = 64;
-
-// ask(device) for the current device, asked once per device and cached (0: not asked yet).
-template <class F>
-int per_device(std::atomic<int> (&cache)[kMaxDevices], const char* what, F&& ask) {
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), what);
-  if (dev >= kMaxDevices) throw std::runtime_error(std::string(what) + ": device index above 63");
-  int v = cache[dev].load(std::memory_order_relaxed);
-  if (v == 0) {
-    v = ask(dev);
-    cache[dev].store(v, std::memory_order_relaxed);
-  }
-  return v;
-}
-
-int sm_count() {
-  static std::atomic<int> cache[kMaxDevices];
-  return per_device(cache, "gguf_gemv_q8: SM count", [](int dev) {
-    int n = 0;
-    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "gguf_gemv_q8: SM count");
-    return n;
-  });
-}
-
 // CTAs of the one-token R-row kernel resident per SM (its registers under its launch bounds). For Q4_K rows longer
 // than one pass the pipelined form runs instead (237 registers at R = 8 against 208): on the H200 both fit 4 CTAs
 // per SM at R = 8, so the rule below picks the same R for either; re-check that when either kernel changes.
@@ -77,7 +50,7 @@ int ctas_per_sm() {
 //   q5k: N 4096 -> 8: 5.79 vs 5.94, 15.23 vs 15.38; N 6144 -> 4: 8.65 vs 9.03; N 28672 -> 4: 27.04 vs 30.05.
 template <class Q>
 int rows_by_waves(int n) {
-  return (n + 7) / 8 <= static_cast<int64_t>(sm_count()) * ctas_per_sm<Q, 8>() ? 8 : 4;
+  return (n + 7) / 8 <= static_cast<int64_t>(device_sm_count()) * ctas_per_sm<Q, 8>() ? 8 : 4;
 }
 
 // The rows per CTA a one-token launch with rows = 0 uses. Measured on the H200 (bench_quant_cuda.py

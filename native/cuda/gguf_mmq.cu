@@ -18,8 +18,6 @@
 // The k order inside an mma is free as long as A and B agree: lane t of a quad (threadID_in_group) holds k slots
 // 4t..4t+3 and 16+4t..16+4t+3; they are given the sub-block's elements 8t..8t+7, so every lane reads 8
 // contiguous code bytes of its row and 8 contiguous activation codes of its token.
-#include <atomic>
-
 #include "cuda/common.cuh"
 #include "cuda/gguf_mmq.h"
 #include "cuda/gguf_q8_kquants.cuh"
@@ -244,26 +242,11 @@ void launch_rows(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const u
   else launch_tiles<Type, MT, 4>(y, bf16, xq, xb, w, M, N, K, s);
 }
 
-// Multiprocessors of the current device, asked once per device.
-int sm_count() {
-  static std::atomic<int> cache[64];
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), "gguf_mmq: device");
-  if (dev >= 64) throw std::runtime_error("gguf_mmq: device index above 63");
-  std::atomic<int>& slot = cache[dev];
-  int n = slot.load(std::memory_order_relaxed);
-  if (n == 0) {
-    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "gguf_mmq: SM count");
-    slot.store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
 // Two row tiles per CTA up to 16 tokens; above, where that still leaves a CTA for every SM (the 2 x 4-tile kernel
 // spills at 255 registers). Measured on the H200 (bench_quant_cuda.py --kernels mmq --mmq-row-tiles 1 2, q4k; us,
 // 1 -> 2 tiles): 16 tokens 6144x4096 17.5 -> 15.8, 4096x4096 16.0 -> 14.9, 28672x4096 77.8 -> 58.7, 4096x14336
 // 52.0 -> 43.4; 32 tokens 44.2 -> 31.0, 24.2 -> 30.3, 148.8 -> 115.5, 78.0 -> 98.9.
-int default_row_tiles(int M, int N) { return M <= 16 || (N + 31) / 32 >= sm_count() ? 2 : 1; }
+int default_row_tiles(int M, int N) { return M <= 16 || (N + 31) / 32 >= device_sm_count() ? 2 : 1; }
 
 template <int Type>
 void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
