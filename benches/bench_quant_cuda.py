@@ -13,7 +13,8 @@ negligible); the fraction is of the 4.26 TB/s copy ceiling. The bf16 skinny GEMM
 baseline (2 bytes per weight).
 
 "mmq" (--kernels mmq) is the int8 tensor-core product for decode batches up to 32 rows (x rounded as for dp4a,
-its quantizer launch included); dp4a and mma run batches above 8 rows in 8-row passes, as ops.quant does.
+its quantizer launch included; --mmq-row-tiles / --mmq-warps time its launch choices); dp4a and mma run batches
+above 8 rows in 8-row passes, as ops.quant does.
 
 --sweep-rows times the dp4a GEMV at one token for every launch choice (weight rows per CTA 2/4/8; all give the
 same bits) on the four 8B shapes, marks the default launch, prints the best per (type, shape) and what the best
@@ -83,14 +84,14 @@ def copies_for(nbytes: int) -> int:
 
 
 def bench_gemv(
-    qtype: QT, n: int, k: int, m: int, kernel: str, gen: torch.Generator, row_tiles: int = 0
+    qtype: QT, n: int, k: int, m: int, kernel: str, gen: torch.Generator, row_tiles: int = 0, warps: int = 0
 ) -> dict[str, float]:
     """One GEMV kernel: "dp4a" / "mma" (above 8 rows in 8-row passes, as ops.quant runs them) or "mmq" (with
-    ``row_tiles`` 16-row tiles per CTA, 0 = its default rule)."""
+    ``row_tiles`` 16-row tiles and ``warps`` warps per CTA, 0 = its default rules)."""
     w = [random_blocks(qtype, n, k, gen) for _ in range(copies_for(n * k // 2))]
     x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
     if kernel == "mmq":
-        return figures(w, lambda d: cuda_gguf.mmq(x, d, qtype, n, k, row_tiles=row_tiles))
+        return figures(w, lambda d: cuda_gguf.mmq(x, d, qtype, n, k, row_tiles=row_tiles, warps=warps))
     per_pass = 8
     return figures(w, lambda d: [cuda_gguf.gemv(x[i : i + per_pass], d, qtype, n, k, kernel=kernel)
                                  for i in range(0, m, per_pass)])
@@ -177,6 +178,8 @@ def main() -> None:
     ap.add_argument("--kernels", nargs="+", default=["dp4a", "mma"], choices=["dp4a", "mma", "mmq"])
     ap.add_argument("--mmq-row-tiles", nargs="+", type=int, default=[0],
                     help="mmq launches to time: 16-row tiles per CTA (1, 2; 0 = default rule)")
+    ap.add_argument("--mmq-warps", nargs="+", type=int, default=[0],
+                    help="mmq launches to time: warps per CTA splitting K (4, 8; 0 = default rule)")
     ap.add_argument("--no-dequant", action="store_true", help="skip the dequantize throughput rows")
     ap.add_argument("--no-dense", action="store_true", help="skip the bf16 skinny-GEMM baseline rows")
     ap.add_argument("--sweep-rows", action="store_true",
@@ -208,9 +211,11 @@ def main() -> None:
         for kernel in kernels:
             for n, k in shapes:
                 for m in sorted(set(args.m) | ({8} if name in args.m8_types else set())):
-                    for rt in args.mmq_row_tiles if kernel == "mmq" else [0]:
-                        label = f"mmq/{rt or 'auto'}" if kernel == "mmq" else kernel
-                        emit(label, name, (n, k), m, bench_gemv(qtype, n, k, m, kernel, gen, rt))
+                    launches = ([(rt, ws) for rt in args.mmq_row_tiles for ws in args.mmq_warps] if kernel == "mmq"
+                                else [(0, 0)])
+                    for rt, ws in launches:
+                        label = f"mmq/{rt or 'auto'}x{ws or 'auto'}" if kernel == "mmq" else kernel
+                        emit(label, name, (n, k), m, bench_gemv(qtype, n, k, m, kernel, gen, rt, ws))
         if not args.no_dequant:
             emit("dequant", name, (28672, 4096), 0, bench_dequant(qtype, 28672, 4096, gen))
     if args.json:

@@ -61,7 +61,7 @@ void gguf_gemv_q8_rope_cache(void* y, const void* x, int8_t* xq, void* xb, const
 
 constexpr int kGgufMmqMaxM = 32;
 
-// True for the types gguf_mmq has a kernel for (Q4_K, Q5_K).
+// True for the types gguf_mmq has a kernel for (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K).
 bool gguf_mmq_supported(int qtype);
 
 // The int8 product of gguf_gemv_q8 for decode batches of up to 32 tokens on tensor cores (gguf_mmq.cu): each
@@ -69,10 +69,11 @@ bool gguf_mmq_supported(int qtype);
 // gguf_gemv_q8 does; null: xq/xb already hold the codes. Same argument rules as gguf_gemv_q8 with
 // 1 <= M <= kGgufMmqMaxM, K a multiple of 256 and xb 16-byte aligned. Each token's result does not depend on the
 // other tokens; it differs from the dp4a GEMV's by f32 rounding only (the same integer dot products, scaled and
-// summed in another order). row_tiles (a launch choice for
-// benchmarks: 16-row tiles per CTA, 1 or 2; 0: the default rule) changes only the speed.
+// summed in another order). row_tiles and warps are launch choices for benchmarks (16-row tiles per CTA, 1 or 2;
+// warps per CTA splitting K, 4 or 8; 0: the default rules): row_tiles changes only the speed, warps also the f32
+// summation order.
 void gguf_mmq(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
-              int qtype, DType dtype, std::uintptr_t stream, int row_tiles = 0);
+              int qtype, DType dtype, std::uintptr_t stream, int row_tiles = 0, int warps = 0);
 
 // The rows per CTA gguf_gemv_q8 launches with for M tokens and N weight rows on the current device (rows = 0
 // resolved by the default rule: per type, and for Q4_K/Q5_K 8 rows when one wave of 8-row CTAs covers N on the

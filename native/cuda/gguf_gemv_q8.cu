@@ -193,7 +193,7 @@ void gguf_gemv_q8_rope_cache(void* y, const void* x, int8_t* xq, void* xb, const
 }
 
 void gguf_mmq(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
-              int qtype, DType dtype, std::uintptr_t stream, int row_tiles) {
+              int qtype, DType dtype, std::uintptr_t stream, int row_tiles, int warps) {
   const char* what = "gguf_mmq";
   if (!gguf_mmq_supported(qtype))
     throw std::invalid_argument(std::string(what) + ": no tensor-core kernel for GGUF type " + std::to_string(qtype));
@@ -203,11 +203,13 @@ void gguf_mmq(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, in
     throw std::invalid_argument(std::string(what) + ": xb must be 16-byte aligned (two XBlocks are read as one load)");
   if (row_tiles != 0 && row_tiles != 1 && row_tiles != 2)
     throw std::invalid_argument(std::string(what) + ": row_tiles must be 0 (the default rule), 1 or 2");
+  if (warps != 0 && warps != 4 && warps != 8)
+    throw std::invalid_argument(std::string(what) + ": warps must be 0 (the default rule), 4 or 8");
   const cudaStream_t s = as_stream(stream);
   if (x != nullptr) quantize_activations(what, x, xq, xb, w, M, N, K, qtype, dtype, 0, s, kGgufMmqMaxM);
   else check_gemv_args(what, M, N, K, w, xq, xb, dtype, kGgufMmqMaxM);
   launch_gguf_mmq(y, dtype == DType::BF16, xq, static_cast<const XBlock*>(xb), w, static_cast<int>(M),
-                  static_cast<int>(N), static_cast<int>(K), qtype, row_tiles, s);
+                  static_cast<int>(N), static_cast<int>(K), qtype, row_tiles, warps, s);
   check_launch(what);
 }
 

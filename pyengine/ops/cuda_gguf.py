@@ -116,7 +116,7 @@ def gemv(
 def mmq_supported(x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features: int, in_features: int) -> bool:
     """True when the int8 tensor-core product (:func:`mmq`) computes ``x @ W.T``: x [M, K] with M up to
     ``cuda_gguf_mmq_max_m`` (32) f16/bf16 contiguous on the weight's CUDA device, K a multiple of 256, W [N, K]
-    as contiguous 16-byte aligned blocks of a type with a kernel (Q4_K, Q5_K)."""
+    as contiguous 16-byte aligned blocks of a type with a kernel (all dp4a types but Q6_K)."""
     mod = native.module() if available(x.device) else None
     return (
         mod is not None
@@ -134,7 +134,7 @@ def mmq_supported(x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features: 
 
 def mmq(
     x: torch.Tensor | Q8Activation, data: torch.Tensor, qtype: QT, out_features: int, in_features: int,
-    row_tiles: int = 0,
+    row_tiles: int = 0, warps: int = 0,
 ) -> torch.Tensor:
     """y [M, N] = x [M, K] @ W.T for decode batches up to 32 rows on int8 tensor cores: x rounded to int8 per 32
     values exactly as for the dp4a GEMV (or a :class:`Q8Activation`'s codes), each weight decoded once for all rows
@@ -143,8 +143,9 @@ def mmq(
     products, scaled and summed in another order). A :class:`Q8Activation` whose blocks are not 16-byte aligned
     (the kernel reads two at once) is quantized again from its dense ``x``, with the same codes.
 
-    ``row_tiles`` exists so benchmarks can compare launches: 16-row weight tiles per CTA (1 or 2; 0 = the kernel's
-    default rule). It changes only the speed."""
+    ``row_tiles`` and ``warps`` exist so benchmarks can compare launches: 16-row weight tiles per CTA (1 or 2) and
+    warps per CTA splitting K (4 or 8); 0 = the kernel's default rules (which depend on the weight's shape only).
+    ``row_tiles`` changes only the speed, ``warps`` also the f32 summation order."""
     q8 = x if isinstance(x, Q8Activation) else None
     x = q8.x if q8 is not None else x
     if q8 is not None and q8.xb.data_ptr() % 16:
@@ -152,7 +153,7 @@ def mmq(
     if not mmq_supported(x, data, qtype, out_features, in_features):
         raise ValueError(
             "gguf mmq needs x [M<=32, K % 256 == 0] contiguous f16/bf16 and W as contiguous 16-byte aligned uint8 "
-            "blocks of a type with a tensor-core kernel (Q4_K, Q5_K) on the same CUDA device; "
+            "blocks of a type with a tensor-core kernel (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K) on the same CUDA device; "
             + _operands(x, data, qtype, out_features, in_features)
         )
     m = x.shape[0]
@@ -161,7 +162,7 @@ def mmq(
     native.module().cuda_gguf_mmq(
         y.data_ptr(), 0 if to_quantize is None else to_quantize.data_ptr(), xq.data_ptr(), xb.data_ptr(),
         data.data_ptr(), m, out_features, in_features, int(qtype), native.dtype_code(x), native.stream(x.device),
-        row_tiles,
+        row_tiles, warps,
     )
     return y
 

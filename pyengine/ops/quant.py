@@ -309,11 +309,14 @@ def quant_matmul(
 # many rows (each pass reads the quantized weights once); beyond it dequantize + cuBLAS is cheaper. At 16 rows two q4k passes read 10 GB per 8B step against
 # ~35 GB for dequantizing to bf16 and multiplying; at 24 they would break even (benches/RESULTS.md).
 GEMV_PASSES_MAX_ROWS = 16
-# Types with the int8 tensor-core product (cuda_gguf.mmq) take it from this many rows up to its maximum (32):
-# it decodes each weight once for all rows, where the dp4a GEMV decodes it once per row. On the H200 at 8 rows
-# the four Llama-3-8B q4k shapes take 103.5 us against the dp4a GEMV's 118.7; at 4 rows dp4a takes 81.9
-# (benches/RESULTS.md).
-MMQ_MIN_ROWS = 8
+# Types with the int8 tensor-core product (cuda_gguf.mmq) take it from this many rows up to its maximum (32): it
+# decodes each weight once for all rows, where the dp4a GEMV decodes it once per row. The smallest batch at which it
+# beat the dp4a GEMV (one 8-row pass, or two from 9 rows) on the H200, over the four Llama-3-8B shapes (us, mmq
+# against dp4a; benches/bench_quant_cuda.py --kernels mmq dp4a --m 8 9 10 12 16, benches/RESULTS.md): q4k at 8
+# rows 89.8 / 118.8, q5k 95.4 / 132.6; the 32-element types decode cheaply in the dp4a GEMV, so they cross later:
+# q8_0 at 9 192.3 / 195.9, q4_1 at 9 158.0 / 166.5, q4_0 at 10 172.0 / 180.3, q5_1 at 11 (10: 168.1 / 166.3, 12:
+# 173.1 / 187.3), q5_0 at 16 262.0 / 279.0 (12: 256.1 / 248.8).
+MMQ_MIN_ROWS = {QT.Q4_K: 8, QT.Q5_K: 8, QT.Q8_0: 9, QT.Q4_1: 9, QT.Q4_0: 10, QT.Q5_1: 11, QT.Q5_0: 16}
 
 
 @functools.cache
@@ -325,8 +328,10 @@ def mmq_enabled() -> bool:
 
 def _takes_mmq(x2: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: int, in_features: int) -> bool:
     return (
-        x2.shape[0] >= MMQ_MIN_ROWS and mmq_enabled() and cuda_gguf.mmq_supported(x2, flat, qtype, out_features,
-                                                                                   in_features)
+        qtype in MMQ_MIN_ROWS
+        and x2.shape[0] >= MMQ_MIN_ROWS[qtype]
+        and mmq_enabled()
+        and cuda_gguf.mmq_supported(x2, flat, qtype, out_features, in_features)
     )
 
 
@@ -344,7 +349,7 @@ def q8_max_rows(qtype: QT, in_features: int) -> int:
 def _cuda_quant_matmul(
     x: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: int, in_features: int, q8: Q8Activation | None
 ) -> torch.Tensor:
-    """Decode batches: from MMQ_MIN_ROWS to 32 rows of f16/bf16 the int8 tensor-core product where the type has
+    """Decode batches: from ``MMQ_MIN_ROWS[qtype]`` to 32 rows of f16/bf16 the int8 tensor-core product where the type has
     one; else up to 8 rows the fused dp4a GEMV and up to 16 rows that GEMV in passes of 8 rows, each reading the
     quantized bytes once. Within each kernel a row's arithmetic does not depend on the other rows (and the passes
     are the 8-row GEMV's), so results are batch invariant for batches that take the same kernel. ``q8``'s codes

@@ -4,7 +4,7 @@ Oracles: the `gguf` package's dequantizer (W64) and a torch re-implementation of
 the dp4a GEMV's bounds (``assert_dp4a_within``: the same int8 codes, exact integer dot products per 32-element
 sub-block, f32 scaling). Properties: a token's result does not depend on the other tokens of its launch (bit for
 bit across batch compositions), codes handed over by a producer give the bits of the kernel's own quantizer, and
-``ops.quant.quant_matmul`` sends batches of MMQ_MIN_ROWS..32 rows of a type with the kernel to it.
+``ops.quant.quant_matmul`` sends batches of ``MMQ_MIN_ROWS[qtype]``..32 rows of a type with the kernel to it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from candle_vllm.pyengine.ops.q8_activation import Q8Activation
 
 pytestmark = pytest.mark.cuda
 DEV = torch.device("cuda")
-MMQ_TYPES = [QT.Q4_K, QT.Q5_K]
+MMQ_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K]
 ROWS = [1, 2, 7, 8, 9, 15, 16, 17, 31, 32]
 
 
@@ -40,7 +40,8 @@ def _weight(qtype: QT, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.T
 @pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_mmq_matches_float64(qtype: QT, dtype: torch.dtype) -> None:
-    """Odd N (a partial 16-row tile), K of 5 blocks (split unevenly over the CTA's 4 warps), every token tile."""
+    """Odd N (a partial 16-row tile), K of 5 x 256 (split unevenly over the CTA's 4 warps), every token tile; the
+    32-element types' units of two blocks start 2 bytes off a word in every other unit."""
     n, k = 333, 5 * 256
     data, w64 = _weight(qtype, n, k, seed=200 + int(qtype))
     g = torch.Generator().manual_seed(int(qtype))
@@ -64,18 +65,24 @@ def test_a_token_does_not_depend_on_its_batch(qtype: QT) -> None:
 
 
 @pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
-def test_every_row_tiling_gives_the_same_bits(qtype: QT) -> None:
-    """16 or 32 weight rows per CTA (N = 200 leaves each a partial last tile) change only the speed."""
+def test_row_tiling_keeps_the_bits_and_warps_keep_the_bounds(qtype: QT) -> None:
+    """16 or 32 weight rows per CTA (N = 200 leaves each a partial last tile) change only the speed; 4 or 8 warps
+    splitting K sum in another order, within the same bounds."""
     n, k = 200, 3 * 256
-    data, _ = _weight(qtype, n, k, seed=6)
+    data, w64 = _weight(qtype, n, k, seed=6)
     g = torch.Generator().manual_seed(6)
     for m in (5, 16, 29):
-        x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(DEV)
-        want = cuda_gguf.mmq(x, data, qtype, n, k)
-        for tiles in (1, 2):
-            assert torch.equal(cuda_gguf.mmq(x, data, qtype, n, k, row_tiles=tiles), want), (m, tiles)
+        x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+        for warps in (4, 8):
+            want = cuda_gguf.mmq(x.to(DEV), data, qtype, n, k, row_tiles=1, warps=warps)
+            assert_dp4a_within(want, x, w64)
+            got = cuda_gguf.mmq(x.to(DEV), data, qtype, n, k, row_tiles=2, warps=warps)
+            assert torch.equal(got, want), (m, warps)
+    x = torch.randn(4, k, device=DEV, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="row_tiles must be"):
-        cuda_gguf.mmq(torch.randn(4, k, device=DEV, dtype=torch.bfloat16), data, qtype, n, k, row_tiles=4)
+        cuda_gguf.mmq(x, data, qtype, n, k, row_tiles=4)
+    with pytest.raises(ValueError, match="warps must be"):
+        cuda_gguf.mmq(x, data, qtype, n, k, warps=2)
 
 
 @pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
@@ -90,10 +97,11 @@ def test_codes_from_a_producer_equal_the_own_quantizer(qtype: QT) -> None:
     assert torch.equal(cuda_gguf.mmq(act, data, qtype, n, k), cuda_gguf.mmq(act.x, data, qtype, n, k))
 
 
-def test_quant_matmul_takes_mmq_from_its_min_rows_to_32(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Below MMQ_MIN_ROWS rows the dp4a GEMV, from there to 32 rows one mmq launch, 33 dequantize for cuBLAS;
-    CANDLE_VLLM_GGUF_MMQ=0 sends 12 rows back to 8-row dp4a passes."""
-    qtype, n, k = QT.Q4_K, 300, 1024
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q4_0, QT.Q5_0], ids=lambda t: t.name)
+def test_quant_matmul_takes_mmq_from_its_min_rows_to_32(qtype: QT, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below MMQ_MIN_ROWS[qtype] rows the dp4a GEMV (in 8-row passes above 8), from there to 32 rows one mmq launch,
+    33 dequantize for cuBLAS; CANDLE_VLLM_GGUF_MMQ=0 sends 12 rows back to 8-row dp4a passes."""
+    n, k = 300, 1024
     data, w64 = _weight(qtype, n, k, seed=4)
     monkeypatch.delenv("CANDLE_VLLM_GGUF_MMQ", raising=False)
     quant.mmq_enabled.cache_clear()
@@ -103,8 +111,9 @@ def test_quant_matmul_takes_mmq_from_its_min_rows_to_32(monkeypatch: pytest.Monk
         real = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, _r=real, _n=name: (calls.append(_n), _r(*a))[1])
     g = torch.Generator().manual_seed(1)
-    low = quant.MMQ_MIN_ROWS
-    for m, want in ((low - 1, ["cuda_gguf_gemv_q8"]), (low, ["cuda_gguf_mmq"]), (32, ["cuda_gguf_mmq"]),
+    low = quant.MMQ_MIN_ROWS[qtype]
+    below = ["cuda_gguf_gemv_q8"] * -(-(low - 1) // mod.cuda_gguf_gemv_max_m)
+    for m, want in ((low - 1, below), (low, ["cuda_gguf_mmq"]), (32, ["cuda_gguf_mmq"]),
                     (33, ["cuda_gguf_dequantize"])):
         calls.clear()
         x = torch.randn(m, k, generator=g).to(torch.bfloat16)
@@ -123,6 +132,14 @@ def test_quant_matmul_takes_mmq_from_its_min_rows_to_32(monkeypatch: pytest.Monk
         quant.mmq_enabled.cache_clear()
 
 
+def test_the_types_with_a_kernel() -> None:
+    """Every int8-activation type but Q6_K (16-element scales) has the tensor-core product; Q2_K/Q3_K have neither."""
+    mod = native.module()
+    have = [q for q in QT if mod.cuda_gguf_mmq_supported(int(q))]
+    assert sorted(have) == sorted(MMQ_TYPES) == sorted(quant.MMQ_MIN_ROWS)
+    assert all(cuda_gguf.dp4a_supported(q) for q in have)
+
+
 def test_mmq_refuses_what_it_cannot_do() -> None:
     """The Python checks (type, rows) and the native ones (K in whole 256-value blocks, 16-byte aligned blocks,
     the launch choice), each with its reason and nothing launched."""
@@ -139,9 +156,9 @@ def test_mmq_refuses_what_it_cannot_do() -> None:
     xb = torch.empty(12 * 512 // 32 * 8 + 16, device=DEV, dtype=torch.uint8)
     w2, _ = _weight(QT.Q4_K, 16, 512, seed=2)
 
-    def call(k: int, xb_ptr: int, row_tiles: int = 0) -> None:
+    def call(k: int, xb_ptr: int, row_tiles: int = 0, warps: int = 0) -> None:
         mod.cuda_gguf_mmq(y.data_ptr(), 0, xq.data_ptr(), xb_ptr, w2.data_ptr(), 12, 16, k, int(QT.Q4_K),
-                          native.dtype_code(y), native.stream(DEV), row_tiles)
+                          native.dtype_code(y), native.stream(DEV), row_tiles, warps)
 
     with pytest.raises(ValueError, match="multiple of 256"):
         call(288, xb.data_ptr())
@@ -149,6 +166,8 @@ def test_mmq_refuses_what_it_cannot_do() -> None:
         call(512, xb.data_ptr() + 8)
     with pytest.raises(ValueError, match="row_tiles must be"):
         call(512, xb.data_ptr(), row_tiles=3)
+    with pytest.raises(ValueError, match="warps must be"):
+        call(512, xb.data_ptr(), warps=16)
     call(512, xb.data_ptr())  # the same operands, accepted
     torch.cuda.synchronize()
 

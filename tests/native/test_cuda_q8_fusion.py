@@ -208,7 +208,7 @@ def launches(qtype: QT, rows: int, k: int) -> int:
     mod = native.module()
     mmq = (
         quant.mmq_enabled() and mod.cuda_gguf_mmq_supported(int(qtype)) and k % 256 == 0
-        and quant.MMQ_MIN_ROWS <= rows <= mod.cuda_gguf_mmq_max_m
+        and quant.MMQ_MIN_ROWS[qtype] <= rows <= mod.cuda_gguf_mmq_max_m
     )
     return 1 if mmq else -(-rows // 8)
 

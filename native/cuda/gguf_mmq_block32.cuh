@@ -1,0 +1,138 @@
+// Tile loaders of the int8 tensor-core GGUF product for the 32-element types Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0
+// (contract: gguf_mmq_tile.cuh). A unit is two blocks (one pair of sub-blocks): its start is then 4-byte aligned
+// (8-byte for Q4_1 and Q5_1), where a single 18-, 22- or 34-byte block is only 2-byte aligned. Where a lane's code
+// bytes start 2 bytes off a word, it loads the words around them and shifts (mid16). Word indices below are of the
+// unit's 32-bit words.
+#pragma once
+#include "cuda/gguf_mmq_tile.cuh"
+
+namespace candle_vllm::cuda::mmq {
+
+__device__ __forceinline__ uint32_t word(const uint8_t* unit, int i) {
+  return gguf::ld<uint32_t>(reinterpret_cast<const uint32_t*>(unit) + i);
+}
+
+// Q8_0 (34 bytes: f16 d, 32 int8 codes): block 0's codes are bytes 2..33 (the lane's 8 in words 2t..2t+2), block
+// 1's bytes 36..67 (words 9+2t, 10+2t); the d's are the low half of word 0 and the high half of word 8.
+struct MmqQ8_0 {
+  static constexpr int kBlockElems = 64, kBlockBytes = 68, kPairs = 1, kDepth = 3;
+  static constexpr bool kMins = false, kSplitLanes = false;
+  uint32_t e[3], o[2], d0, d1;
+  __device__ void fetch(const uint8_t* unit, int t) {
+#pragma unroll
+    for (int k = 0; k < 3; ++k) e[k] = word(unit, 2 * t + k);
+    o[0] = word(unit, 9 + 2 * t), o[1] = word(unit, 10 + 2 * t);
+    d0 = word(unit, 0), d1 = word(unit, 8);
+  }
+  __device__ void pair(int, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
+    lo[0] = gguf::mid16(e[0], e[1]), lo[1] = gguf::mid16(e[1], e[2]);
+    hi[0] = o[0], hi[1] = o[1];
+    a[0] = gguf::half_lo(d0), a[1] = gguf::half_hi(d1);
+    b[0] = b[1] = 0.f;
+  }
+};
+
+// The nibble types keep the mma's own slots (kSplitLanes): lane t takes code bytes 4t..4t+3 of a block, whose low
+// nibbles are elements 4t..4t+3 and high nibbles 16+4t..16+4t+3, one word per block.
+
+// Q4_0 (18 bytes: f16 d, 16 code bytes; w = d * (code - 8)): block 0's lane word is bytes 2+4t.. (words t, t+1),
+// block 1's bytes 20+4t.. (word 5+t); the d's are the low half of word 0 and the high half of word 4.
+struct MmqQ4_0 {
+  static constexpr int kBlockElems = 64, kBlockBytes = 36, kPairs = 1, kDepth = 3;
+  static constexpr bool kMins = true, kSplitLanes = true;
+  uint32_t e[2], o, d0, d1;
+  __device__ void fetch(const uint8_t* unit, int t) {
+    e[0] = word(unit, t), e[1] = word(unit, t + 1), o = word(unit, 5 + t);
+    d0 = word(unit, 0), d1 = word(unit, 4);
+  }
+  __device__ void pair(int, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
+    nibble_codes(gguf::mid16(e[0], e[1]), lo);
+    nibble_codes(o, hi);
+    a[0] = gguf::half_lo(d0), a[1] = gguf::half_hi(d1);
+    b[0] = 8.f * a[0], b[1] = 8.f * a[1];
+  }
+};
+
+// Q4_1 (20 bytes: f16 d, f16 m, 16 code bytes; w = d * code + m): block 0's dm is word 0 and its lane word word
+// 1+t; block 1's dm word 5 and its lane word word 6+t.
+struct MmqQ4_1 {
+  static constexpr int kBlockElems = 64, kBlockBytes = 40, kPairs = 1, kDepth = 3;
+  static constexpr bool kMins = true, kSplitLanes = true;
+  uint32_t e, o, dm0, dm1;
+  __device__ void fetch(const uint8_t* unit, int t) {
+    e = word(unit, 1 + t), o = word(unit, 6 + t);
+    dm0 = word(unit, 0), dm1 = word(unit, 5);
+  }
+  __device__ void pair(int, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
+    nibble_codes(e, lo);
+    nibble_codes(o, hi);
+    a[0] = gguf::half_lo(dm0), a[1] = gguf::half_lo(dm1);
+    b[0] = -gguf::half_hi(dm0), b[1] = -gguf::half_hi(dm1);
+  }
+};
+
+// Q5_0 (22 bytes: f16 d, 32-bit qh, 16 code bytes; w = d * (code - 16)): block 0's d is the low half of word 0, its
+// qh bytes 2..5, its lane word bytes 6+4t.. (words 1+t, 2+t); block 1's d is the high half of word 5, its qh word 6,
+// its lane word word 7+t.
+struct MmqQ5_0 {
+  static constexpr int kBlockElems = 64, kBlockBytes = 44, kPairs = 1, kDepth = 3;
+  static constexpr bool kMins = true, kSplitLanes = true;
+  uint32_t w0, w1, e[2], w5, qh1, o;
+  __device__ void fetch(const uint8_t* unit, int t) {
+    w0 = word(unit, 0), w1 = word(unit, 1);
+    e[0] = word(unit, 1 + t), e[1] = word(unit, 2 + t);
+    w5 = word(unit, 5), qh1 = word(unit, 6), o = word(unit, 7 + t);
+  }
+  __device__ void pair(int, int t, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
+    nibble_codes(gguf::mid16(e[0], e[1]), lo);
+    add_fifth_bits(gguf::mid16(w0, w1), t, lo);
+    nibble_codes(o, hi);
+    add_fifth_bits(qh1, t, hi);
+    a[0] = gguf::half_lo(w0), a[1] = gguf::half_hi(w5);
+    b[0] = 16.f * a[0], b[1] = 16.f * a[1];
+  }
+};
+
+// Q5_1 (24 bytes: f16 d, f16 m, 32-bit qh, 16 code bytes; w = d * code + m), 8-byte aligned: block 0's dm and qh are
+// words 0, 1 and its lane word word 2+t; block 1's words 6, 7 and 8+t.
+struct MmqQ5_1 {
+  static constexpr int kBlockElems = 64, kBlockBytes = 48, kPairs = 1, kDepth = 3;
+  static constexpr bool kMins = true, kSplitLanes = true;
+  uint2 h0, h1;
+  uint32_t e, o;
+  __device__ void fetch(const uint8_t* unit, int t) {
+    h0 = gguf::ld<uint2>(unit), e = word(unit, 2 + t);
+    h1 = gguf::ld<uint2>(unit + 24), o = word(unit, 8 + t);
+  }
+  __device__ void pair(int, int t, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
+    nibble_codes(e, lo);
+    add_fifth_bits(h0.y, t, lo);
+    nibble_codes(o, hi);
+    add_fifth_bits(h1.y, t, hi);
+    a[0] = gguf::half_lo(h0.x), a[1] = gguf::half_lo(h1.x);
+    b[0] = -gguf::half_hi(h0.x), b[1] = -gguf::half_hi(h1.x);
+  }
+};
+
+template <>
+struct MmqOf<gguf::Q4_0> {
+  using type = MmqQ4_0;
+};
+template <>
+struct MmqOf<gguf::Q4_1> {
+  using type = MmqQ4_1;
+};
+template <>
+struct MmqOf<gguf::Q5_0> {
+  using type = MmqQ5_0;
+};
+template <>
+struct MmqOf<gguf::Q5_1> {
+  using type = MmqQ5_1;
+};
+template <>
+struct MmqOf<gguf::Q8_0> {
+  using type = MmqQ8_0;
+};
+
+}  // namespace candle_vllm::cuda::mmq

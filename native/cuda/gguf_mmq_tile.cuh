@@ -1,0 +1,34 @@
+// The weight side of the int8 tensor-core GGUF product (gguf_mmq.cu): what a type's tile loader provides.
+//
+// MmqOf<Q>::type is a lane's share of one unit of a weight row: kBlockElems elements (kPairs pairs of 32-element
+// sub-blocks) in kBlockBytes bytes. fetch(unit, t) only issues the loads (the kernel keeps kDepth units in flight
+// while it multiplies one more, the first kDepth before griddepcontrol.wait: small units need more of them to
+// cover the memory latency); pair(j, t, lo, hi, a, b) then gives, for sub-blocks 2j (lo) and 2j + 1 (hi), the
+// lane's two A-fragment words of each (the sub-block's elements 8t..8t+7 as int8 lanes, t = the lane's
+// threadID_in_group; with kSplitLanes elements 4t..4t+3 and 16+4t..16+4t+3, the mma's own slots) and the affine
+// scale of each, w = a * code - b. kMins is false where b is always 0 (the codes
+// are already signed), so the kernel drops the b * sum(x codes) term.
+//
+// Units start at the row's start plus a multiple of kBlockBytes; rows start 16-byte aligned (the weight is
+// 16-byte aligned and a row holds K / 256 whole multiples of 8 blocks, whose bytes are a multiple of 16), so each
+// loader knows its words' alignment at compile time.
+#pragma once
+#include "cuda/gguf_q8_words.cuh"
+
+namespace candle_vllm::cuda::mmq {
+
+template <int Type>
+struct MmqOf;
+
+// A lane's codes (kSplitLanes: elements 4t..4t+3, then 16+4t..16+4t+3) of a 32-element block whose element i < 16
+// is the low nibble of code byte i and element 16 + i the high nibble: q is the block's code bytes 4t..4t+3.
+__device__ __forceinline__ void nibble_codes(uint32_t q, uint32_t (&out)[2]) {
+  out[0] = q & gguf::kNib, out[1] = (q >> 4) & gguf::kNib;
+}
+
+// The fifth bits of those codes from the block's 32-bit qh (bit e = element e), into bit 4 of each byte.
+__device__ __forceinline__ void add_fifth_bits(uint32_t qh, int t, uint32_t (&codes)[2]) {
+  codes[0] |= gguf::bit4_of_bytes(qh >> (4 * t)), codes[1] |= gguf::bit4_of_bytes(qh >> (16 + 4 * t));
+}
+
+}  // namespace candle_vllm::cuda::mmq
