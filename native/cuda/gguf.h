@@ -61,7 +61,7 @@ void gguf_gemv_q8_rope_cache(void* y, const void* x, int8_t* xq, void* xb, const
 
 constexpr int kGgufMmqMaxM = 32;
 
-// True for the types gguf_mmq has a kernel for (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K).
+// True for the types gguf_mmq has a kernel for (those of gguf_gemv_q8: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K..Q6_K).
 bool gguf_mmq_supported(int qtype);
 
 // The int8 product of gguf_gemv_q8 for decode batches of up to 32 tokens on tensor cores (gguf_mmq.cu): each

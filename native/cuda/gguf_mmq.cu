@@ -9,7 +9,7 @@
 // w = a * code - b being the sub-block's weights (the dp4a GEMV rounds dx * (a * dot - b * sum): same value,
 // other roundings).
 //
-// Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, each through its tile loader (gguf_mmq_tile.cuh). A CTA owns 16
+// Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, each through its tile loader (gguf_mmq_tile.cuh). A CTA owns 16
 // or 32 weight rows (one or two 16-row tiles per warp: an activation load then serves 32 rows) and its 4 or 8 warps
 // split K by the loader's units (a 256-element block of a K-quant, two blocks of a 32-element type; warp w takes
 // units w, w + W, ...), each keeping the next units' weights in flight in registers while it multiplies one (the
@@ -75,10 +75,14 @@ __device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int e0, int t
     // Per m-tile: rows g and g + 8, the codes of sub-blocks 2j (lo) and 2j + 1 (hi) and their (a, b).
     uint32_t lo[MT][2][2], hi[MT][2][2];
     float a[MT][2][2], b[MT][2][2];
+    int sc[MT][2][2][2];  // kHalfScales: [mt][r][sub-block][half]
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) q[mt][r].pair(j, t, lo[mt][r], hi[mt][r], a[mt][r], b[mt][r]);
+      for (int r = 0; r < 2; ++r) {
+        q[mt][r].pair(j, t, lo[mt][r], hi[mt][r], a[mt][r], b[mt][r]);
+        if constexpr (Q::kHalfScales) q[mt][r].half_scales(j, sc[mt][r]);
+      }
     const int e = e0 + 64 * j;
 #pragma unroll
     for (int i = 0; i < T; ++i) {
@@ -96,7 +100,22 @@ __device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int e0, int t
           const uint32_t(&c8)[2][2] = h ? hi[mt] : lo[mt];
           const uint32_t frag[4] = {c8[0][0], c8[1][0], c8[0][1], c8[1][1]};
           int c[4];
-          mma_s8_16832(c, frag, bw.x, bw.y);
+          if constexpr (Q::kHalfScales) {
+            // Lanes 0, 1 hold elements 0..15 of the sub-block, lanes 2, 3 elements 16..31: one mma per half, the
+            // other half's lanes zeroed, then each half's dot times its scale.
+            const bool first = t < 2;
+            const uint32_t f0[4] = {first ? frag[0] : 0u, first ? frag[1] : 0u, first ? frag[2] : 0u,
+                                    first ? frag[3] : 0u};
+            const uint32_t f1[4] = {first ? 0u : frag[0], first ? 0u : frag[1], first ? 0u : frag[2],
+                                    first ? 0u : frag[3]};
+            int c0[4], c1[4];
+            mma_s8_16832(c0, f0, bw.x, bw.y);
+            mma_s8_16832(c1, f1, bw.x, bw.y);
+#pragma unroll
+            for (int o = 0; o < 4; ++o) c[o] = sc[mt][o >> 1][h][0] * c0[o] + sc[mt][o >> 1][h][1] * c1[o];
+          } else {
+            mma_s8_16832(c, frag, bw.x, bw.y);
+          }
 #pragma unroll
           for (int k = 0; k < 2; ++k)
 #pragma unroll
@@ -143,7 +162,7 @@ __global__ void __launch_bounds__(W * 32) gguf_mmq_kernel(void* __restrict__ y, 
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) slot[mt][r].fetch(rows[mt][r] + static_cast<int64_t>(u) * Q::kBlockBytes, t);
+      for (int r = 0; r < 2; ++r) slot[mt][r].fetch(rows[mt][r], u, t);
   };
   // The first kDepth units before griddepcontrol.wait: weights do not depend on the kernel before.
 #pragma unroll
@@ -238,6 +257,7 @@ bool dispatch_mmq(int qtype, F&& f) {
     case gguf::Q8_0: f(std::integral_constant<int, gguf::Q8_0>{}); return true;
     case gguf::Q4_K: f(std::integral_constant<int, gguf::Q4_K>{}); return true;
     case gguf::Q5_K: f(std::integral_constant<int, gguf::Q5_K>{}); return true;
+    case gguf::Q6_K: f(std::integral_constant<int, gguf::Q6_K>{}); return true;
     default: return false;
   }
 }

@@ -16,9 +16,10 @@ __device__ __forceinline__ uint32_t word(const uint8_t* unit, int i) {
 // 1's bytes 36..67 (words 9+2t, 10+2t); the d's are the low half of word 0 and the high half of word 8.
 struct MmqQ8_0 {
   static constexpr int kBlockElems = 64, kBlockBytes = 68, kPairs = 1, kDepth = 3;
-  static constexpr bool kMins = false, kSplitLanes = false;
+  static constexpr bool kMins = false, kSplitLanes = false, kHalfScales = false;
   uint32_t e[3], o[2], d0, d1;
-  __device__ void fetch(const uint8_t* unit, int t) {
+  __device__ void fetch(const uint8_t* row, int u, int t) {
+    const uint8_t* unit = row + static_cast<int64_t>(u) * kBlockBytes;
 #pragma unroll
     for (int k = 0; k < 3; ++k) e[k] = word(unit, 2 * t + k);
     o[0] = word(unit, 9 + 2 * t), o[1] = word(unit, 10 + 2 * t);
@@ -39,9 +40,10 @@ struct MmqQ8_0 {
 // block 1's bytes 20+4t.. (word 5+t); the d's are the low half of word 0 and the high half of word 4.
 struct MmqQ4_0 {
   static constexpr int kBlockElems = 64, kBlockBytes = 36, kPairs = 1, kDepth = 3;
-  static constexpr bool kMins = true, kSplitLanes = true;
+  static constexpr bool kMins = true, kSplitLanes = true, kHalfScales = false;
   uint32_t e[2], o, d0, d1;
-  __device__ void fetch(const uint8_t* unit, int t) {
+  __device__ void fetch(const uint8_t* row, int u, int t) {
+    const uint8_t* unit = row + static_cast<int64_t>(u) * kBlockBytes;
     e[0] = word(unit, t), e[1] = word(unit, t + 1), o = word(unit, 5 + t);
     d0 = word(unit, 0), d1 = word(unit, 4);
   }
@@ -57,9 +59,10 @@ struct MmqQ4_0 {
 // 1+t; block 1's dm word 5 and its lane word word 6+t.
 struct MmqQ4_1 {
   static constexpr int kBlockElems = 64, kBlockBytes = 40, kPairs = 1, kDepth = 3;
-  static constexpr bool kMins = true, kSplitLanes = true;
+  static constexpr bool kMins = true, kSplitLanes = true, kHalfScales = false;
   uint32_t e, o, dm0, dm1;
-  __device__ void fetch(const uint8_t* unit, int t) {
+  __device__ void fetch(const uint8_t* row, int u, int t) {
+    const uint8_t* unit = row + static_cast<int64_t>(u) * kBlockBytes;
     e = word(unit, 1 + t), o = word(unit, 6 + t);
     dm0 = word(unit, 0), dm1 = word(unit, 5);
   }
@@ -76,9 +79,10 @@ struct MmqQ4_1 {
 // its lane word word 7+t.
 struct MmqQ5_0 {
   static constexpr int kBlockElems = 64, kBlockBytes = 44, kPairs = 1, kDepth = 3;
-  static constexpr bool kMins = true, kSplitLanes = true;
+  static constexpr bool kMins = true, kSplitLanes = true, kHalfScales = false;
   uint32_t w0, w1, e[2], w5, qh1, o;
-  __device__ void fetch(const uint8_t* unit, int t) {
+  __device__ void fetch(const uint8_t* row, int u, int t) {
+    const uint8_t* unit = row + static_cast<int64_t>(u) * kBlockBytes;
     w0 = word(unit, 0), w1 = word(unit, 1);
     e[0] = word(unit, 1 + t), e[1] = word(unit, 2 + t);
     w5 = word(unit, 5), qh1 = word(unit, 6), o = word(unit, 7 + t);
@@ -97,10 +101,11 @@ struct MmqQ5_0 {
 // words 0, 1 and its lane word word 2+t; block 1's words 6, 7 and 8+t.
 struct MmqQ5_1 {
   static constexpr int kBlockElems = 64, kBlockBytes = 48, kPairs = 1, kDepth = 3;
-  static constexpr bool kMins = true, kSplitLanes = true;
+  static constexpr bool kMins = true, kSplitLanes = true, kHalfScales = false;
   uint2 h0, h1;
   uint32_t e, o;
-  __device__ void fetch(const uint8_t* unit, int t) {
+  __device__ void fetch(const uint8_t* row, int u, int t) {
+    const uint8_t* unit = row + static_cast<int64_t>(u) * kBlockBytes;
     h0 = gguf::ld<uint2>(unit), e = word(unit, 2 + t);
     h1 = gguf::ld<uint2>(unit + 24), o = word(unit, 8 + t);
   }

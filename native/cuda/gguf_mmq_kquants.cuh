@@ -1,5 +1,5 @@
-// Tile loaders of the int8 tensor-core GGUF product for Q4_K and Q5_K (contract: gguf_mmq_tile.cuh): one
-// 256-element block per unit, its 16-byte header decoded per pair of sub-blocks.
+// Tile loaders of the int8 tensor-core GGUF product for the K-quants (contract: gguf_mmq_tile.cuh): Q4_K and Q5_K
+// one 256-element block per unit, its 16-byte header decoded per pair of sub-blocks; Q6_K half a block.
 #pragma once
 #include "cuda/gguf_mmq_tile.cuh"
 #include "cuda/gguf_q8_kquants.cuh"
@@ -24,10 +24,11 @@ __device__ __forceinline__ void k4_pair_scales(const uint4& h, int j, float (&a)
 struct MmqQ4K {
   static constexpr int kBlockElems = 256, kBlockBytes = 144, kPairs = 4;
   static constexpr int kDepth = 1;
-  static constexpr bool kMins = true, kSplitLanes = false;
+  static constexpr bool kMins = true, kSplitLanes = false, kHalfScales = false;
   uint2 q[kPairs];
   uint4 h;
-  __device__ void fetch(const uint8_t* blk, int t) {
+  __device__ void fetch(const uint8_t* row, int u, int t) {
+    const uint8_t* blk = row + static_cast<int64_t>(u) * kBlockBytes;
     h = gguf::ld<uint4>(blk);
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) q[j] = gguf::ld<uint2>(blk + 16 + 32 * j + 8 * t);
@@ -44,10 +45,11 @@ struct MmqQ4K {
 struct MmqQ5K {
   static constexpr int kBlockElems = 256, kBlockBytes = 176, kPairs = 4;
   static constexpr int kDepth = 1;
-  static constexpr bool kMins = true, kSplitLanes = false;
+  static constexpr bool kMins = true, kSplitLanes = false, kHalfScales = false;
   uint2 q[kPairs], e;
   uint4 h;
-  __device__ void fetch(const uint8_t* blk, int t) {
+  __device__ void fetch(const uint8_t* row, int u, int t) {
+    const uint8_t* blk = row + static_cast<int64_t>(u) * kBlockBytes;
     h = gguf::ld<uint4>(blk);
     e = gguf::ld<uint2>(blk + 16 + 8 * t);
 #pragma unroll
@@ -64,6 +66,54 @@ struct MmqQ5K {
   }
 };
 
+// The 6-bit codes of 4 elements minus 32 as int8 lanes, from their low nibbles (lo4) and top two bits (hi2).
+__device__ __forceinline__ uint32_t centered6(uint32_t lo4, uint32_t hi2) {
+  const uint32_t x = (lo4 | (hi2 << 4)) ^ 0x20202020u, sign = x & 0x20202020u;  // x = code - 32 in 6 bits
+  return x | (sign << 1) | (sign << 2);
+}
+
+// Q6_K (210 bytes: ql[128] low nibbles, qh[64] top two bits, 16 int8 scales, f16 d; w = d * sc * (code - 32), one
+// scale per 16 elements). A unit is half a block (n = u & 1: elements 128n.., sub-blocks 4n + q for q = 0..3):
+// sub-block q's element l takes nibble q >> 1 of ql byte 64n + 32 (q & 1) + l and bits 2q, 2q + 1 of qh byte
+// 32n + l, its halves scales 8n + 2q and 8n + 2q + 1; pair j holds q = 2j and 2j + 1, so both read the same
+// bytes. Blocks are 210 bytes apart, so every other one starts 2 bytes off a word (A2Words: the words around each
+// 8-byte chunk; every chunk has its block's alignment).
+struct MmqQ6K {
+  static constexpr int kBlockElems = 128, kBlockBytes = 105, kPairs = 2, kDepth = 1;  // bytes: half a block's
+  static constexpr bool kMins = false, kSplitLanes = false, kHalfScales = true;
+  gguf::A2Words<2> ql[2], qh, sc;
+  uint32_t dw;
+  __device__ void fetch(const uint8_t* row, int u, int t) {
+    const uint8_t* blk = row + static_cast<int64_t>(u >> 1) * (2 * kBlockBytes);
+    const int n = u & 1;
+    gguf::fetch_a2(ql[0], blk + 64 * n + 8 * t);
+    gguf::fetch_a2(ql[1], blk + 64 * n + 32 + 8 * t);
+    gguf::fetch_a2(qh, blk + 128 + 32 * n + 8 * t);
+    gguf::fetch_a2(sc, blk + 192 + 8 * n);
+    dw = gguf::fetch_f16_a2(blk + 208);
+  }
+  __device__ void pair(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
+    uint32_t l0[2], l1[2], h[2];
+    gguf::words_a2(ql[0], l0);
+    gguf::words_a2(ql[1], l1);
+    gguf::words_a2(qh, h);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      lo[k] = centered6((l0[k] >> (4 * j)) & gguf::kNib, (h[k] >> (4 * j)) & 0x03030303u);
+      hi[k] = centered6((l1[k] >> (4 * j)) & gguf::kNib, (h[k] >> (4 * j + 2)) & 0x03030303u);
+    }
+    a[0] = a[1] = ql[0].odd ? gguf::half_hi(dw) : gguf::half_lo(dw);
+    b[0] = b[1] = 0.f;
+  }
+  // sc[i][h]: the scale of half h of sub-block 2j + i (bytes 4j..4j+3 of the unit's 8 scales).
+  __device__ void half_scales(int j, int (&s)[2][2]) const {
+    uint32_t w[2];
+    gguf::words_a2(sc, w);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[i >> 1][i & 1] = static_cast<int8_t>(w[j] >> (8 * i));
+  }
+};
+
 template <>
 struct MmqOf<gguf::Q4_K> {
   using type = MmqQ4K;
@@ -71,6 +121,11 @@ struct MmqOf<gguf::Q4_K> {
 template <>
 struct MmqOf<gguf::Q5_K> {
   using type = MmqQ5K;
+};
+
+template <>
+struct MmqOf<gguf::Q6_K> {
+  using type = MmqQ6K;
 };
 
 }  // namespace candle_vllm::cuda::mmq

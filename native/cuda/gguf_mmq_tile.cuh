@@ -1,17 +1,19 @@
 // The weight side of the int8 tensor-core GGUF product (gguf_mmq.cu): what a type's tile loader provides.
 //
 // MmqOf<Q>::type is a lane's share of one unit of a weight row: kBlockElems elements (kPairs pairs of 32-element
-// sub-blocks) in kBlockBytes bytes. fetch(unit, t) only issues the loads (the kernel keeps kDepth units in flight
-// while it multiplies one more, the first kDepth before griddepcontrol.wait: small units need more of them to
-// cover the memory latency); pair(j, t, lo, hi, a, b) then gives, for sub-blocks 2j (lo) and 2j + 1 (hi), the
-// lane's two A-fragment words of each (the sub-block's elements 8t..8t+7 as int8 lanes, t = the lane's
-// threadID_in_group; with kSplitLanes elements 4t..4t+3 and 16+4t..16+4t+3, the mma's own slots) and the affine
-// scale of each, w = a * code - b. kMins is false where b is always 0 (the codes
-// are already signed), so the kernel drops the b * sum(x codes) term.
+// sub-blocks; kBlockBytes bytes of the row per unit on average). fetch(row, u, t) only issues the loads of unit u
+// of the row (the kernel keeps kDepth units in flight while it multiplies one more, the first kDepth before
+// griddepcontrol.wait: small units need more of them to cover the memory latency); pair(j, t, lo, hi, a, b) then
+// gives, for sub-blocks 2j (lo) and 2j + 1 (hi), the lane's two A-fragment words of each (the sub-block's elements
+// 8t..8t+7 as int8 lanes, t = the lane's threadID_in_group; with kSplitLanes elements 4t..4t+3 and 16+4t..16+4t+3,
+// the mma's own slots) and the affine scale of each, w = a * code - b. kMins is false where b is always 0 (the
+// codes are already signed), so the kernel drops the b * sum(x codes) term. kHalfScales: each 16-element half of a
+// sub-block has its own integer scale (half_scales(j, sc): sc[sub-block][half]), so the kernel takes each half's
+// dot on its own (w = a * sc * code).
 //
-// Units start at the row's start plus a multiple of kBlockBytes; rows start 16-byte aligned (the weight is
-// 16-byte aligned and a row holds K / 256 whole multiples of 8 blocks, whose bytes are a multiple of 16), so each
-// loader knows its words' alignment at compile time.
+// Rows start 16-byte aligned (the weight is 16-byte aligned and a row holds K / 256 whole multiples of 8 blocks,
+// whose bytes are a multiple of 16), so a loader whose units are a whole number of words apart knows its words'
+// alignment at compile time.
 #pragma once
 #include "cuda/gguf_q8_words.cuh"
 

@@ -116,7 +116,7 @@ def gemv(
 def mmq_supported(x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features: int, in_features: int) -> bool:
     """True when the int8 tensor-core product (:func:`mmq`) computes ``x @ W.T``: x [M, K] with M up to
     ``cuda_gguf_mmq_max_m`` (32) f16/bf16 contiguous on the weight's CUDA device, K a multiple of 256, W [N, K]
-    as contiguous 16-byte aligned blocks of a type with a kernel (all dp4a types but Q6_K)."""
+    as contiguous 16-byte aligned blocks of a type with a kernel (those of the dp4a GEMV)."""
     mod = native.module() if available(x.device) else None
     return (
         mod is not None
@@ -153,7 +153,7 @@ def mmq(
     if not mmq_supported(x, data, qtype, out_features, in_features):
         raise ValueError(
             "gguf mmq needs x [M<=32, K % 256 == 0] contiguous f16/bf16 and W as contiguous 16-byte aligned uint8 "
-            "blocks of a type with a tensor-core kernel (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K) on the same CUDA device; "
+            "blocks of a type with a tensor-core kernel (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) on the same CUDA device; "
             + _operands(x, data, qtype, out_features, in_features)
         )
     m = x.shape[0]

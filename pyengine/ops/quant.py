@@ -316,7 +316,7 @@ GEMV_PASSES_MAX_ROWS = 16
 # rows 89.8 / 118.8, q5k 95.4 / 132.6; the 32-element types decode cheaply in the dp4a GEMV, so they cross later:
 # q8_0 at 9 192.3 / 195.9, q4_1 at 9 158.0 / 166.5, q4_0 at 10 172.0 / 180.3, q5_1 at 11 (10: 168.1 / 166.3, 12:
 # 173.1 / 187.3), q5_0 at 16 262.0 / 279.0 (12: 256.1 / 248.8).
-MMQ_MIN_ROWS = {QT.Q4_K: 8, QT.Q5_K: 8, QT.Q8_0: 9, QT.Q4_1: 9, QT.Q4_0: 10, QT.Q5_1: 11, QT.Q5_0: 16}
+MMQ_MIN_ROWS = {QT.Q4_K: 8, QT.Q5_K: 8, QT.Q6_K: 8, QT.Q8_0: 9, QT.Q4_1: 9, QT.Q4_0: 10, QT.Q5_1: 11, QT.Q5_0: 16}
 
 
 @functools.cache

@@ -156,10 +156,11 @@ def test_dp4a_refuses_types_without_a_kernel() -> None:
 
 
 @pytest.mark.parametrize("m", [1, 4, 5, 8, 9, 200])
-def test_quant_matmul_dispatch_on_cuda(m: int) -> None:
-    """ops.quant.quant_matmul on CUDA for a type without the tensor-core product (test_cuda_gguf_mmq.py covers
-    those): the dp4a GEMV up to 16 rows (in 8-row passes above 8), dequantize + cuBLAS beyond, same function; a
-    row's result does not depend on which pass or batch it came in."""
+def test_quant_matmul_dispatch_on_cuda(m: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ops.quant.quant_matmul on CUDA with the tensor-core product switched off (as CANDLE_VLLM_GGUF_MMQ=0 does;
+    test_cuda_gguf_mmq.py covers it): the dp4a GEMV up to 16 rows (in 8-row passes above 8), dequantize + cuBLAS
+    beyond, same function; a row's result does not depend on which pass or batch it came in."""
+    monkeypatch.setattr(quant, "mmq_enabled", lambda: False)
     qtype, n, k = QT.Q6_K, 517, 1024
     raw = random_blocks(qtype, n, k, seed=m)
     w64 = oracle(raw, qtype, n, k).double()
