@@ -5,9 +5,9 @@
 // it is bound by instruction issue, far below the memory bandwidth. Here a weight is decoded once for all tokens:
 // a warp unpacks a 16-row x 32-column tile of codes into the A fragment of mma.m16n8k32 (s8 x s8 -> s32) and
 // multiplies it with up to four 8-token B fragments. The tensor cores give each (row, token, 32-element
-// sub-block) the exact integer dot product of the codes, scaled in f32 as dx * (a * dot) - b * (dx * sum(x codes)),
-// w = a * code - b being the sub-block's weights (the dp4a GEMV rounds dx * (a * dot - b * sum): same value,
-// other roundings).
+// sub-block) the exact integer dot product of the codes, added to the f32 sum as two FMAs, (a * dx) * dot and
+// -b * (dx * sum(x codes)), w = a * code - b being the sub-block's weights (the dp4a GEMV rounds
+// dx * (a * dot - b * sum): same value, other roundings).
 //
 // Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, each through its tile loader (gguf_mmq_tile.cuh). A CTA owns 16
 // or 32 weight rows (one or two 16-row tiles per warp: an activation load then serves 32 rows) and its 4 or 8 warps
@@ -120,9 +120,9 @@ __device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int e0, int t
           for (int k = 0; k < 2; ++k)
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-              float v = xs[k].d[h] * (a[mt][r][h] * static_cast<float>(c[2 * r + k]));
-              if constexpr (Q::kMins) v -= b[mt][r][h] * xs[k].s[h];
-              acc[mt][i][2 * r + k] += v;
+              float& o = acc[mt][i][2 * r + k];
+              o = fmaf(a[mt][r][h] * xs[k].d[h], static_cast<float>(c[2 * r + k]), o);
+              if constexpr (Q::kMins) o = fmaf(-b[mt][r][h], xs[k].s[h], o);
             }
         }
       }

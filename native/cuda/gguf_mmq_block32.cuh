@@ -15,7 +15,7 @@ __device__ __forceinline__ uint32_t word(const uint8_t* unit, int i) {
 // Q8_0 (34 bytes: f16 d, 32 int8 codes): block 0's codes are bytes 2..33 (the lane's 8 in words 2t..2t+2), block
 // 1's bytes 36..67 (words 9+2t, 10+2t); the d's are the low half of word 0 and the high half of word 8.
 struct MmqQ8_0 {
-  static constexpr int kBlockElems = 64, kBlockBytes = 68, kPairs = 1, kDepth = 3;
+  static constexpr int kBlockElems = 64, kBlockBytes = 68, kPairs = 1, kDepth = 4;
   static constexpr bool kMins = false, kSplitLanes = false, kHalfScales = false;
   uint32_t e[3], o[2], d0, d1;
   __device__ void fetch(const uint8_t* row, int u, int t) {
@@ -39,7 +39,7 @@ struct MmqQ8_0 {
 // Q4_0 (18 bytes: f16 d, 16 code bytes; w = d * (code - 8)): block 0's lane word is bytes 2+4t.. (words t, t+1),
 // block 1's bytes 20+4t.. (word 5+t); the d's are the low half of word 0 and the high half of word 4.
 struct MmqQ4_0 {
-  static constexpr int kBlockElems = 64, kBlockBytes = 36, kPairs = 1, kDepth = 3;
+  static constexpr int kBlockElems = 64, kBlockBytes = 36, kPairs = 1, kDepth = 4;
   static constexpr bool kMins = true, kSplitLanes = true, kHalfScales = false;
   uint32_t e[2], o, d0, d1;
   __device__ void fetch(const uint8_t* row, int u, int t) {
@@ -58,7 +58,7 @@ struct MmqQ4_0 {
 // Q4_1 (20 bytes: f16 d, f16 m, 16 code bytes; w = d * code + m): block 0's dm is word 0 and its lane word word
 // 1+t; block 1's dm word 5 and its lane word word 6+t.
 struct MmqQ4_1 {
-  static constexpr int kBlockElems = 64, kBlockBytes = 40, kPairs = 1, kDepth = 3;
+  static constexpr int kBlockElems = 64, kBlockBytes = 40, kPairs = 1, kDepth = 4;
   static constexpr bool kMins = true, kSplitLanes = true, kHalfScales = false;
   uint32_t e, o, dm0, dm1;
   __device__ void fetch(const uint8_t* row, int u, int t) {
@@ -78,7 +78,7 @@ struct MmqQ4_1 {
 // qh bytes 2..5, its lane word bytes 6+4t.. (words 1+t, 2+t); block 1's d is the high half of word 5, its qh word 6,
 // its lane word word 7+t.
 struct MmqQ5_0 {
-  static constexpr int kBlockElems = 64, kBlockBytes = 44, kPairs = 1, kDepth = 3;
+  static constexpr int kBlockElems = 64, kBlockBytes = 44, kPairs = 1, kDepth = 4;
   static constexpr bool kMins = true, kSplitLanes = true, kHalfScales = false;
   uint32_t w0, w1, e[2], w5, qh1, o;
   __device__ void fetch(const uint8_t* row, int u, int t) {
@@ -100,7 +100,7 @@ struct MmqQ5_0 {
 // Q5_1 (24 bytes: f16 d, f16 m, 32-bit qh, 16 code bytes; w = d * code + m), 8-byte aligned: block 0's dm and qh are
 // words 0, 1 and its lane word word 2+t; block 1's words 6, 7 and 8+t.
 struct MmqQ5_1 {
-  static constexpr int kBlockElems = 64, kBlockBytes = 48, kPairs = 1, kDepth = 3;
+  static constexpr int kBlockElems = 64, kBlockBytes = 48, kPairs = 1, kDepth = 4;
   static constexpr bool kMins = true, kSplitLanes = true, kHalfScales = false;
   uint2 h0, h1;
   uint32_t e, o;

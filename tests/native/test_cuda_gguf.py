@@ -208,12 +208,21 @@ def _smollm2_path() -> Path:
         pytest.skip(str(exc))
 
 
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
+           "The three primary colors are", "import numpy as np\n", "Water boils at", "My favourite book is",
+           "SELECT name FROM", "The quick brown fox", "In 1492, Columbus", "A haiku about the sea:", "2 + 2 ="]
+
+
 @pytest.mark.slow
-def test_smollm2_gguf_on_gpu_matches_cpu_greedy() -> None:
+@pytest.mark.parametrize("batch", [3, 12], ids=["dp4a-batch", "tensor-core-batch"])
+def test_smollm2_gguf_on_gpu_matches_cpu_greedy(batch: int) -> None:
+    """Greedy decoding of the (Q4_1) SmolLM2 GGUF on the GPU agrees with the CPU path: 3 sequences decode through
+    the dp4a GEMV, 12 through the int8 tensor-core product (quant.MMQ_MIN_ROWS)."""
     path = str(_smollm2_path())
-    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
+    prompts = PROMPTS[:batch]
+    assert (batch >= quant.MMQ_MIN_ROWS[QT.Q4_1]) == (batch == 12)
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-    common = dict(dtype="bf16", mem=64, max_num_seqs=4, seed=0)
+    common = dict(dtype="bf16", mem=64, max_num_seqs=16, seed=0)
     cpu = LLM(model=path, cpu=True, **common).generate(prompts, params)
     gpu_llm = LLM(model=path, **common)
     assert gpu_llm.engine.runner.graphs is not None, "decode should run inside CUDA graphs"
