@@ -310,13 +310,15 @@ def quant_matmul(
 # ~35 GB for dequantizing to bf16 and multiplying; at 24 they would break even (benches/RESULTS.md).
 GEMV_PASSES_MAX_ROWS = 16
 # Types with the int8 tensor-core product (cuda_gguf.mmq) take it from this many rows up to its maximum (32): it
-# decodes each weight once for all rows, where the dp4a GEMV decodes it once per row. The smallest batch at which it
-# beat the dp4a GEMV (one 8-row pass, or two from 9 rows) on the H200, over the four Llama-3-8B shapes (us, mmq
-# against dp4a; benches/bench_quant_cuda.py --kernels mmq dp4a --m 8 9 10 12 16, benches/RESULTS.md): q4k at 8
-# rows 89.8 / 118.8, q5k 95.4 / 132.6; the 32-element types decode cheaply in the dp4a GEMV, so they cross later:
-# q8_0 at 9 192.3 / 195.9, q4_1 at 9 158.0 / 166.5, q4_0 at 10 172.0 / 180.3, q5_1 at 11 (10: 168.1 / 166.3, 12:
-# 173.1 / 187.3), q5_0 at 16 262.0 / 279.0 (12: 256.1 / 248.8).
-MMQ_MIN_ROWS = {QT.Q4_K: 8, QT.Q5_K: 8, QT.Q6_K: 8, QT.Q8_0: 9, QT.Q4_1: 9, QT.Q4_0: 10, QT.Q5_1: 11, QT.Q5_0: 16}
+# decodes each weight once for all rows, where the dp4a GEMV decodes it once per row (and runs 5-8 rows as 8). The
+# smallest batch at which it beat the dp4a GEMV (one 8-row pass, or two from 9 rows) on the H200, over the four
+# Llama-3-8B shapes (us, mmq / dp4a; benches/bench_quant_cuda.py --kernels mmq dp4a --m 3 4 5 6 7 8 9,
+# benches/RESULTS.md session 9): q4k at 3 78.2 / 81.8 (5: 79.9 / 117.8), q5k at 3 85.4 / 93.7, q6k at 5
+# 134.8 / 162.1 (4: 134.0 / 120.8); the 32-element types decode cheaply in the dp4a GEMV and keep it while one pass
+# covers the batch: q4_0 at 9 152.0 / 163.4, q4_1 151.0 / 165.5, q5_1 149.5 / 160.0, q8_0 196.6 / 195.8 (even;
+# 10 rows 194.2 / 202.6), q5_0 at 16 (9: 204.7 / 194.4; 12 and 16 measured with an earlier kernel, 256.1 / 248.8
+# and 262.0 / 279.0).
+MMQ_MIN_ROWS = {QT.Q4_K: 3, QT.Q5_K: 3, QT.Q6_K: 5, QT.Q8_0: 9, QT.Q4_0: 9, QT.Q4_1: 9, QT.Q5_1: 9, QT.Q5_0: 16}
 
 
 @functools.cache

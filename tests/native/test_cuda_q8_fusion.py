@@ -262,8 +262,8 @@ def _tiny_llama(qtype: QT) -> LlamaForCausalLM:
 
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q4_0], ids=lambda t: t.name)
 def test_model_logits_equal_with_and_without_fusion(qtype: QT, fusion: Callable[[bool], None]) -> None:
-    """Eager forwards of a few-token batch (one GEMV pass) and of 13 one-token sequences (two passes; for Q4_K one
-    tensor-core product)."""
+    """Eager forwards of a 7-token batch (Q4_0: one GEMV pass; Q4_K: the tensor-core product) and of 13 one-token
+    sequences (two passes, or one tensor-core product)."""
     model = _tiny_llama(qtype)
     layers = len(model.model.layers)
     for query_lens in ([3, 4], [1] * 13):
