@@ -22,8 +22,6 @@
 // planes) they are given the sub-block's elements 8t..8t+7, so every lane reads 8 contiguous code bytes of its row
 // and 8 contiguous activation codes of its token; the 32-element nibble types, whose byte i holds elements i and
 // 16 + i, keep the slots' own elements, so a lane's 4 code bytes are one word (the loader's kSplitLanes).
-#include <type_traits>
-
 #include "cuda/common.cuh"
 #include "cuda/gguf_mmq.h"
 #include "cuda/gguf_mmq_block32.cuh"
@@ -134,12 +132,11 @@ __device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int e0, int t
 // K by the loader's units (warp w takes units w, w + W, ...), each keeping the loader's kDepth units in flight in a
 // ring of registers while it multiplies one more: a slot is copied out, refilled with the unit kDepth steps ahead,
 // then multiplied. T: 8-token tiles.
-template <int Type, int MT, int T, int W>
+template <class Q, int MT, int T, int W>
 __global__ void __launch_bounds__(W * 32) gguf_mmq_kernel(void* __restrict__ y, bool bf16,
                                                                    const int8_t* xq, const XBlock* xb,
                                                                    const uint8_t* __restrict__ w, int M, int N, int K,
                                                                    int64_t row_bytes) {
-  using Q = typename mmq::MmqOf<Type>::type;
   constexpr int kRows = 16 * MT, kDepth = Q::kDepth, kStride = W * kDepth;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int row0 = blockIdx.x * kRows, units = K / Q::kBlockElems;
@@ -205,21 +202,20 @@ __global__ void __launch_bounds__(W * 32) gguf_mmq_kernel(void* __restrict__ y, 
   }
 }
 
-template <int Type, int MT, int T, int W>
+template <class Q, int MT, int T, int W>
 void launch_tiles(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
                   cudaStream_t s) {
-  using Q = typename mmq::MmqOf<Type>::type;
   const int64_t row_bytes = static_cast<int64_t>(K / Q::kBlockElems) * Q::kBlockBytes;
   const dim3 grid(static_cast<unsigned>((N + 16 * MT - 1) / (16 * MT))), block(W * 32);
-  launch_pdl("gguf_mmq", gguf_mmq_kernel<Type, MT, T, W>, grid, block, 0, s, y, bf16, xq, xb, w, M, N, K, row_bytes);
+  launch_pdl("gguf_mmq", gguf_mmq_kernel<Q, MT, T, W>, grid, block, 0, s, y, bf16, xq, xb, w, M, N, K, row_bytes);
 }
 
-template <int Type, int MT, int W>
+template <class Q, int MT, int W>
 void launch_tokens(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
                    cudaStream_t s) {
-  if (M <= 8) launch_tiles<Type, MT, 1, W>(y, bf16, xq, xb, w, M, N, K, s);
-  else if (M <= 16) launch_tiles<Type, MT, 2, W>(y, bf16, xq, xb, w, M, N, K, s);
-  else launch_tiles<Type, MT, 4, W>(y, bf16, xq, xb, w, M, N, K, s);
+  if (M <= 8) launch_tiles<Q, MT, 1, W>(y, bf16, xq, xb, w, M, N, K, s);
+  else if (M <= 16) launch_tiles<Q, MT, 2, W>(y, bf16, xq, xb, w, M, N, K, s);
+  else launch_tiles<Q, MT, 4, W>(y, bf16, xq, xb, w, M, N, K, s);
 }
 
 // Launch rules, measured on the H200 (bench_quant_cuda.py --kernels mmq --mmq-row-tiles 1 2 --mmq-warps 4 8, 8-32
@@ -235,29 +231,29 @@ void launch_tokens(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const
 constexpr int kDefaultRowTiles = 2;
 int default_warps(int N) { return (N + 31) / 32 < device_sm_count() ? 8 : 4; }
 
-template <int Type>
+template <class Q>
 void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
             int row_tiles, int warps, cudaStream_t s) {
   const int mt = row_tiles != 0 ? row_tiles : kDefaultRowTiles;
   const int ws = warps != 0 ? warps : default_warps(N);
-  if (mt == 1 && ws == 4) launch_tokens<Type, 1, 4>(y, bf16, xq, xb, w, M, N, K, s);
-  else if (mt == 1) launch_tokens<Type, 1, 8>(y, bf16, xq, xb, w, M, N, K, s);
-  else if (ws == 4) launch_tokens<Type, 2, 4>(y, bf16, xq, xb, w, M, N, K, s);
-  else launch_tokens<Type, 2, 8>(y, bf16, xq, xb, w, M, N, K, s);
+  if (mt == 1 && ws == 4) launch_tokens<Q, 1, 4>(y, bf16, xq, xb, w, M, N, K, s);
+  else if (mt == 1) launch_tokens<Q, 1, 8>(y, bf16, xq, xb, w, M, N, K, s);
+  else if (ws == 4) launch_tokens<Q, 2, 4>(y, bf16, xq, xb, w, M, N, K, s);
+  else launch_tokens<Q, 2, 8>(y, bf16, xq, xb, w, M, N, K, s);
 }
 
-// Calls f(integral_constant<Type>) for the types with a tile loader; false for the others.
+// Calls f(loader) with the tile loader of the type (gguf_mmq_tile.cuh); false for types without one.
 template <typename F>
 bool dispatch_mmq(int qtype, F&& f) {
   switch (qtype) {
-    case gguf::Q4_0: f(std::integral_constant<int, gguf::Q4_0>{}); return true;
-    case gguf::Q4_1: f(std::integral_constant<int, gguf::Q4_1>{}); return true;
-    case gguf::Q5_0: f(std::integral_constant<int, gguf::Q5_0>{}); return true;
-    case gguf::Q5_1: f(std::integral_constant<int, gguf::Q5_1>{}); return true;
-    case gguf::Q8_0: f(std::integral_constant<int, gguf::Q8_0>{}); return true;
-    case gguf::Q4_K: f(std::integral_constant<int, gguf::Q4_K>{}); return true;
-    case gguf::Q5_K: f(std::integral_constant<int, gguf::Q5_K>{}); return true;
-    case gguf::Q6_K: f(std::integral_constant<int, gguf::Q6_K>{}); return true;
+    case gguf::Q4_0: f(mmq::MmqQ4_0{}); return true;
+    case gguf::Q4_1: f(mmq::MmqQ4_1{}); return true;
+    case gguf::Q5_0: f(mmq::MmqQ5_0{}); return true;
+    case gguf::Q5_1: f(mmq::MmqQ5_1{}); return true;
+    case gguf::Q8_0: f(mmq::MmqQ8_0{}); return true;
+    case gguf::Q4_K: f(mmq::MmqQ4K{}); return true;
+    case gguf::Q5_K: f(mmq::MmqQ5K{}); return true;
+    case gguf::Q6_K: f(mmq::MmqQ6K{}); return true;
     default: return false;
   }
 }
@@ -270,8 +266,8 @@ bool gguf_mmq_supported(int qtype) {
 
 void launch_gguf_mmq(void* y, bool bf16, const int8_t* xq, const gguf::XBlock* xb, const uint8_t* w, int M, int N,
                      int K, int qtype, int row_tiles, int warps, cudaStream_t stream) {
-  if (!dispatch_mmq(qtype, [&](auto type) {
-        launch<decltype(type)::value>(y, bf16, xq, xb, w, M, N, K, row_tiles, warps, stream);
+  if (!dispatch_mmq(qtype, [&](auto loader) {
+        launch<decltype(loader)>(y, bf16, xq, xb, w, M, N, K, row_tiles, warps, stream);
       }))
     throw std::invalid_argument("gguf_mmq: no tensor-core kernel for GGUF type " + std::to_string(qtype));
 }

@@ -119,25 +119,4 @@ struct MmqQ5_1 {
   }
 };
 
-template <>
-struct MmqOf<gguf::Q4_0> {
-  using type = MmqQ4_0;
-};
-template <>
-struct MmqOf<gguf::Q4_1> {
-  using type = MmqQ4_1;
-};
-template <>
-struct MmqOf<gguf::Q5_0> {
-  using type = MmqQ5_0;
-};
-template <>
-struct MmqOf<gguf::Q5_1> {
-  using type = MmqQ5_1;
-};
-template <>
-struct MmqOf<gguf::Q8_0> {
-  using type = MmqQ8_0;
-};
-
 }  // namespace candle_vllm::cuda::mmq

@@ -114,18 +114,4 @@ struct MmqQ6K {
   }
 };
 
-template <>
-struct MmqOf<gguf::Q4_K> {
-  using type = MmqQ4K;
-};
-template <>
-struct MmqOf<gguf::Q5_K> {
-  using type = MmqQ5K;
-};
-
-template <>
-struct MmqOf<gguf::Q6_K> {
-  using type = MmqQ6K;
-};
-
 }  // namespace candle_vllm::cuda::mmq

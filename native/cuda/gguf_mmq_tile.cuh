@@ -1,6 +1,6 @@
 // The weight side of the int8 tensor-core GGUF product (gguf_mmq.cu): what a type's tile loader provides.
 //
-// MmqOf<Q>::type is a lane's share of one unit of a weight row: kBlockElems elements (kPairs pairs of 32-element
+// A tile loader (one struct per type, e.g. MmqQ4K) is a lane's share of one unit of a weight row: kBlockElems elements (kPairs pairs of 32-element
 // sub-blocks; kBlockBytes bytes of the row per unit on average). fetch(row, u, t) only issues the loads of unit u
 // of the row (the kernel keeps kDepth units in flight while it multiplies one more, the first kDepth before
 // griddepcontrol.wait: small units need more of them to cover the memory latency); pair(j, t, lo, hi, a, b) then
@@ -18,9 +18,6 @@
 #include "cuda/gguf_q8_words.cuh"
 
 namespace candle_vllm::cuda::mmq {
-
-template <int Type>
-struct MmqOf;
 
 // A lane's codes (kSplitLanes: elements 4t..4t+3, then 16+4t..16+4t+3) of a 32-element block whose element i < 16
 // is the low nibble of code byte i and element 16 + i the high nibble: q is the block's code bytes 4t..4t+3.
