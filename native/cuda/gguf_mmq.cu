@@ -9,13 +9,13 @@
 // -b * (dx * sum(x codes)), w = a * code - b being the sub-block's weights (the dp4a GEMV rounds
 // dx * (a * dot - b * sum): same value, other roundings).
 //
-// Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, each through its tile loader (gguf_mmq_tile.cuh). A CTA owns 16
-// or 32 weight rows (one or two 16-row tiles per warp: an activation load then serves 32 rows) and its 4 or 8 warps
-// split K by the loader's units (a 256-element block of a K-quant, two blocks of a 32-element type; warp w takes
-// units w, w + W, ...), each keeping the next units' weights in flight in registers while it multiplies one (the
+// Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, each through its tile loader (gguf_mmq_tile.cuh). A CTA
+// owns 16 or 32 weight rows (one or two 16-row tiles per warp: an activation load then serves 32 rows) and its 4 or
+// 8 warps split K by the loader's units (a Q4_K/Q5_K block, half a Q6_K block, two blocks of a 32-element type; warp
+// w takes units w, w + W, ...), each keeping the next units' weights in flight in registers while it multiplies one (the
 // first before griddepcontrol.wait: weights do not depend on the kernel before); partial sums meet in shared memory
 // and warp order is fixed, so results are deterministic and a token's result does not depend on the other tokens
-// or on the row tiling (the warp count sets the summation order; its rule depends on N only).
+// or on the row tiling (the warp count sets the summation order; its rule depends on N and the device only).
 //
 // The k order inside an mma is free as long as A and B agree: lane t of a quad (threadID_in_group) holds k slots
 // 4t..4t+3 and 16+4t..16+4t+3. Where a type's codes are bytes in element order (Q8_0, and the K-quants' nibble
@@ -144,7 +144,8 @@ __global__ void __launch_bounds__(W * 32) gguf_mmq_kernel(void* __restrict__ y, 
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) rows[mt][r] = w + static_cast<int64_t>(min(row0 + 16 * mt + g + 8 * r, N - 1)) * row_bytes;
+    for (int r = 0; r < 2; ++r)
+      rows[mt][r] = w + static_cast<int64_t>(min(row0 + 16 * mt + g + 8 * r, N - 1)) * row_bytes;
   TokenRows x[T];
 #pragma unroll
   for (int i = 0; i < T; ++i) {
@@ -226,8 +227,8 @@ void launch_tokens(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const
 //  - 8 warps splitting K where the grid has fewer CTAs than the device has SMs (N = 4096: 128 CTAs, so 4 warps left
 //    one warp per scheduler waiting on memory): 2x8 17.3 / 10.1 / 59.1 / 27.6. 4096x14336 at 8 tokens: q4k 32.3 ->
 //    22.9, q8_0 60.5 -> 40.0 us. Elsewhere 4 warps (6144x4096 at 8 tokens: 12.8 against 14.7).
-// The warps split K, so they set the f32 summation order: the rule depends on N only, and a token's result does not
-// depend on how many tokens share its launch.
+// The warps split K, so they set the f32 summation order: the rule depends on N and the device's SM count only, so
+// a token's result does not depend on how many tokens share its launch (it may differ between GPU models).
 constexpr int kDefaultRowTiles = 2;
 int default_warps(int N) { return (N + 31) / 32 < device_sm_count() ? 8 : 4; }
 

@@ -11,9 +11,10 @@
 // sub-block has its own integer scale (half_scales(j, sc): sc[sub-block][half]), so the kernel takes each half's
 // dot on its own (w = a * sc * code).
 //
-// Rows start 16-byte aligned (the weight is 16-byte aligned and a row holds K / 256 whole multiples of 8 blocks,
-// whose bytes are a multiple of 16), so a loader whose units are a whole number of words apart knows its words'
-// alignment at compile time.
+// The weight is 16-byte aligned and K a multiple of 256, so the rows of the 32-element types (K / 32 blocks of 18,
+// 20, 22, 24 or 34 bytes: whole multiples of 8 blocks) start 16-byte aligned, and their loaders, whose units are a
+// whole number of words apart, know each word's alignment at compile time. Q6_K rows (K / 256 blocks of 210 bytes)
+// start 2-byte aligned; its loader finds the alignment per block.
 #pragma once
 #include "cuda/gguf_q8_words.cuh"
 

@@ -232,3 +232,11 @@ def test_unsupported_inputs_raise_clear_errors() -> None:
         quant.quant_matmul(
             torch.ones(2, 64, dtype=torch.int32), torch.zeros(4, 36, dtype=torch.uint8), QT.Q4_0, 4, 64
         )
+
+
+def test_every_type_below_its_tensor_core_threshold_has_a_gemv_path() -> None:
+    """A CUDA decode batch below MMQ_MIN_ROWS[qtype] runs the dp4a GEMV (in 8-row passes up to
+    GEMV_PASSES_MAX_ROWS), so every threshold must lie within that reach; producers size their int8 codes by
+    q8_max_rows, which assumes it."""
+    assert quant.MMQ_MIN_ROWS, "no type takes the tensor-core product"
+    assert all(1 < rows <= quant.GEMV_PASSES_MAX_ROWS + 1 for rows in quant.MMQ_MIN_ROWS.values())
