@@ -5,7 +5,8 @@
     python benches/bench_quant_cuda.py --sweep-rows    # dp4a at M = 1: every rows-per-CTA launch
 
 Both GEMV kernels are timed where a type has them: "dp4a" (x rounded to int8 per 32 values, its own small
-launch included in the time) and "mma" (f16/bf16 x on tensor cores).
+launch included in the time, or with --codes the codes written beforehand, as the decode path's RMSNorm and SiLU
+kernels write them for the q/k/v, gate/up and down projections) and "mma" (f16/bf16 x on tensor cores).
 
 Each figure is the median over graph replays of one launch per weight copy, the copies together several times
 the 50 MB L2 so every launch streams its weight from HBM. GB/s counts the quantized bytes read once (x and y are
@@ -34,6 +35,8 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 
 from candle_vllm.pyengine.ops import cuda, cuda_gguf, native
+from candle_vllm.pyengine.ops.norm import rms_norm
+from candle_vllm.pyengine.ops.q8_activation import Q8Activation
 
 CEILING_BYTES_PER_S = 4.26e12
 TYPES = {"q4_0": QT.Q4_0, "q4_1": QT.Q4_1, "q5_0": QT.Q5_0, "q5_1": QT.Q5_1, "q8_0": QT.Q8_0, "q2k": QT.Q2_K,
@@ -84,17 +87,23 @@ def copies_for(nbytes: int) -> int:
 
 
 def bench_gemv(
-    qtype: QT, n: int, k: int, m: int, kernel: str, gen: torch.Generator, row_tiles: int = 0, warps: int = 0
+    qtype: QT, n: int, k: int, m: int, kernel: str, gen: torch.Generator, row_tiles: int = 0, warps: int = 0,
+    codes: bool = False,
 ) -> dict[str, float]:
     """One GEMV kernel: "dp4a" / "mma" (above 8 rows in 8-row passes, as ops.quant runs them) or "mmq" (with
-    ``row_tiles`` 16-row tiles and ``warps`` warps per CTA, 0 = its default rules)."""
+    ``row_tiles`` 16-row tiles and ``warps`` warps per CTA, 0 = its default rules); ``codes``: the int8 kernels read
+    codes an RMSNorm wrote before the timed graph (no quantizer launch)."""
     w = [random_blocks(qtype, n, k, gen) for _ in range(copies_for(n * k // 2))]
-    x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
+    x: torch.Tensor | Q8Activation = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
+    if codes and kernel != "mma":
+        x = rms_norm(x, torch.ones(k, device=DEV, dtype=torch.bfloat16), 1e-5, q8=True)
+        assert isinstance(x, Q8Activation), "RMSNorm wrote no int8 codes for this shape"
     if kernel == "mmq":
         return figures(w, lambda d: cuda_gguf.mmq(x, d, qtype, n, k, row_tiles=row_tiles, warps=warps))
     per_pass = 8
-    return figures(w, lambda d: [cuda_gguf.gemv(x[i : i + per_pass], d, qtype, n, k, kernel=kernel)
-                                 for i in range(0, m, per_pass)])
+    parts = ([x.row_slice(i, i + per_pass) for i in range(0, m, per_pass)] if isinstance(x, Q8Activation)
+             else [x[i : i + per_pass] for i in range(0, m, per_pass)])
+    return figures(w, lambda d: [cuda_gguf.gemv(p, d, qtype, n, k, kernel=kernel) for p in parts])
 
 
 def figures(w: list[torch.Tensor], launch: Callable[[torch.Tensor], object]) -> dict[str, float]:
@@ -180,6 +189,8 @@ def main() -> None:
                     help="mmq launches to time: 16-row tiles per CTA (1, 2; 0 = default rule)")
     ap.add_argument("--mmq-warps", nargs="+", type=int, default=[0],
                     help="mmq launches to time: warps per CTA splitting K (4, 8; 0 = default rule)")
+    ap.add_argument("--codes", action="store_true",
+                    help="dp4a/mmq on int8 codes written beforehand (as the decode path's producers write them)")
     ap.add_argument("--no-dequant", action="store_true", help="skip the dequantize throughput rows")
     ap.add_argument("--no-dense", action="store_true", help="skip the bf16 skinny-GEMM baseline rows")
     ap.add_argument("--sweep-rows", action="store_true",
@@ -215,7 +226,7 @@ def main() -> None:
                                 else [(0, 0)])
                     for rt, ws in launches:
                         label = f"mmq/{rt or 'auto'}x{ws or 'auto'}" if kernel == "mmq" else kernel
-                        emit(label, name, (n, k), m, bench_gemv(qtype, n, k, m, kernel, gen, rt, ws))
+                        emit(label, name, (n, k), m, bench_gemv(qtype, n, k, m, kernel, gen, rt, ws, args.codes))
         if not args.no_dequant:
             emit("dequant", name, (28672, 4096), 0, bench_dequant(qtype, 28672, 4096, gen))
     if args.json:
