@@ -9,13 +9,13 @@
 // -b * (dx * sum(x codes)), w = a * code - b being the sub-block's weights (the dp4a GEMV rounds
 // dx * (a * dot - b * sum): same value, other roundings).
 //
-// Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, each through its tile loader (gguf_mmq_tile.cuh). A CTA
-// owns 16 or 32 weight rows (one or two 16-row tiles per warp: an activation load then serves 32 rows) and its 4 or
-// 8 warps split K by the loader's units (a Q4_K/Q5_K block, half a Q6_K block, two blocks of a 32-element type; warp
-// w takes units w, w + W, ...), each keeping the next units' weights in flight in registers while it multiplies one (the
-// first before griddepcontrol.wait: weights do not depend on the kernel before); partial sums meet in shared memory
-// and warp order is fixed, so results are deterministic and a token's result does not depend on the other tokens
-// or on the row tiling (the warp count sets the summation order; its rule depends on N and the device only).
+// Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, each through its tile loader (gguf_mmq_tile.cuh). A CTA owns
+// 16 or 32 weight rows (one or two 16-row tiles per warp: an activation load then serves 32 rows) and its 4 or 8 warps
+// split K by the loader's units (a Q4_K/Q5_K block, half a Q6_K block, two blocks of a 32-element type; warp w takes
+// units w, w + W, ...), each keeping the next units' weights in flight in registers while it multiplies one (the first
+// before griddepcontrol.wait: weights do not depend on the kernel before); partial sums meet in shared memory and warp
+// order is fixed, so results are deterministic and a token's result does not depend on the other tokens or on the row
+// tiling (the warp count sets the summation order; its rule depends on N and the device only).
 //
 // The k order inside an mma is free as long as A and B agree: lane t of a quad (threadID_in_group) holds k slots
 // 4t..4t+3 and 16+4t..16+4t+3. Where a type's codes are bytes in element order (Q8_0, and the K-quants' nibble

@@ -1,15 +1,15 @@
 // The weight side of the int8 tensor-core GGUF product (gguf_mmq.cu): what a type's tile loader provides.
 //
-// A tile loader (one struct per type, e.g. MmqQ4K) is a lane's share of one unit of a weight row: kBlockElems elements (kPairs pairs of 32-element
-// sub-blocks; kBlockBytes bytes of the row per unit on average). fetch(row, u, t) only issues the loads of unit u
-// of the row (the kernel keeps kDepth units in flight while it multiplies one more, the first kDepth before
-// griddepcontrol.wait: small units need more of them to cover the memory latency); pair(j, t, lo, hi, a, b) then
-// gives, for sub-blocks 2j (lo) and 2j + 1 (hi), the lane's two A-fragment words of each (the sub-block's elements
-// 8t..8t+7 as int8 lanes, t = the lane's threadID_in_group; with kSplitLanes elements 4t..4t+3 and 16+4t..16+4t+3,
-// the mma's own slots) and the affine scale of each, w = a * code - b. kMins is false where b is always 0 (the
-// codes are already signed), so the kernel drops the b * sum(x codes) term. kHalfScales: each 16-element half of a
-// sub-block has its own integer scale (half_scales(j, sc): sc[sub-block][half]), so the kernel takes each half's
-// dot on its own (w = a * sc * code).
+// A tile loader (one struct per type, e.g. MmqQ4K) is a lane's share of one unit of a weight row: kBlockElems elements
+// (kPairs pairs of 32-element sub-blocks; kBlockBytes bytes of the row per unit on average). fetch(row, u, t) only
+// issues the loads of unit u of the row (the kernel keeps kDepth units in flight while it multiplies one more, the
+// first kDepth before griddepcontrol.wait: small units need more of them to cover the memory latency); pair(j, t, lo,
+// hi, a, b) then gives, for sub-blocks 2j (lo) and 2j + 1 (hi), the lane's two A-fragment words of each (the
+// sub-block's elements 8t..8t+7 as int8 lanes, t = the lane's threadID_in_group; with kSplitLanes elements 4t..4t+3 and
+// 16+4t..16+4t+3, the mma's own slots) and the affine scale of each, w = a * code - b. kMins is false where b is always
+// 0 (the codes are already signed), so the kernel drops the b * sum(x codes) term. kHalfScales: each 16-element half of
+// a sub-block has its own integer scale (half_scales(j, sc): sc[sub-block][half]), so the kernel takes each half's dot
+// on its own (w = a * sc * code).
 //
 // The weight is 16-byte aligned and K a multiple of 256, so the rows of the 32-element types (K / 32 blocks of 18,
 // 20, 22, 24 or 34 bytes: whole multiples of 8 blocks) start 16-byte aligned, and their loaders, whose units are a
