@@ -70,20 +70,22 @@ static Registrar registrar([](py::module_& m) {
       "cuda_gguf_gemv_q8_rope_cache",
       [](uintptr_t y, uintptr_t x, uintptr_t xq, uintptr_t xb, uintptr_t w, int64_t M, int64_t N, int64_t K,
          int qtype, int dtype, uintptr_t positions, uintptr_t cos_sin, uintptr_t key_cache, uintptr_t value_cache,
-         uintptr_t slots, int q_rows, int rot_rows, int head_dim, int kv_heads, uintptr_t stream, int rows) {
+         uintptr_t slots, int q_rows, int rot_rows, int head_dim, int kv_heads, uintptr_t stream, int rows,
+         bool tensor_cores) {
         const cuda::GgufRopeCache rope{as_ptr<const int64_t>(positions), as_ptr<const float>(cos_sin),
                                        as_ptr<void>(key_cache), as_ptr<void>(value_cache),
                                        as_ptr<const int64_t>(slots), q_rows, rot_rows, head_dim, kv_heads};
         cuda::gguf_gemv_q8_rope_cache(as_ptr<void>(y), as_ptr<const void>(x), as_ptr<int8_t>(xq), as_ptr<void>(xb),
-                                      as_ptr<const uint8_t>(w), M, N, K, qtype, to_dtype(dtype), rope, stream, rows);
+                                      as_ptr<const uint8_t>(w), M, N, K, qtype, to_dtype(dtype), rope, stream, rows,
+                                      tensor_cores);
       },
       py::arg("y"), py::arg("x"), py::arg("xq"), py::arg("xb"), py::arg("w"), py::arg("M"), py::arg("N"), py::arg("K"),
       py::arg("qtype"), py::arg("dtype"), py::arg("positions"), py::arg("cos_sin"), py::arg("key_cache"),
       py::arg("value_cache"), py::arg("slots"), py::arg("q_rows"), py::arg("rot_rows"), py::arg("head_dim"),
-      py::arg("kv_heads"), py::arg("stream"), py::arg("rows") = 0,
-      "cuda_gguf_gemv_q8 (x = 0: codes already in xq/xb) of a fused qkv weight whose q/k heads have their halves "
-      "interleaved in adjacent row pairs, with neox RoPE on q/k and the k/v cache store in the epilogue (y in the "
-      "standard head layout)");
+      py::arg("kv_heads"), py::arg("stream"), py::arg("rows") = 0, py::arg("tensor_cores") = false,
+      "cuda_gguf_gemv_q8 (x = 0: codes already in xq/xb; tensor_cores: cuda_gguf_mmq's product) of a fused qkv weight "
+      "whose q/k heads have their halves interleaved in adjacent row pairs, with neox RoPE on q/k and the k/v cache "
+      "store in the epilogue (y in the standard head layout)");
   m.def("cuda_gguf_gemv_q8_rows", &cuda::gguf_gemv_q8_rows, py::arg("qtype"), py::arg("M"), py::arg("N"),
         py::arg("rows") = 0,
         "rows per CTA cuda_gguf_gemv_q8 launches with for M tokens and N weight rows on the current device (rows = 0 "

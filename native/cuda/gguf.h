@@ -54,10 +54,11 @@ using GgufRopeCache = SkinnyRopeCache;
 // whose epilogue rotates q and k (neox, cos/sin rounded to dtype as rotary_embedding does) and stores k and v at
 // the tokens' cache slots (< 0: not stored): y [M, N] in the standard head layout and the cache are left exactly as
 // the GEMV followed by rotary_embedding_cache (pair_group 1) would leave them. Any M <= 8; N = q_rows + 2 * kv_heads
-// * head_dim, head_dim even; the same rows choice as the plain GEMV.
+// * head_dim, head_dim even; the same rows choice as the plain GEMV. tensor_cores: the product of gguf_mmq instead
+// (M <= kGgufMmqMaxM, its argument rules, rows = 0), its store the same epilogue.
 void gguf_gemv_q8_rope_cache(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N,
                              int64_t K, int qtype, DType dtype, const GgufRopeCache& rope, std::uintptr_t stream,
-                             int rows = 0);
+                             int rows = 0, bool tensor_cores = false);
 
 constexpr int kGgufMmqMaxM = 32;
 

@@ -150,6 +150,26 @@ void launch_q8(const char* what, void* y, const int8_t* xq, const XBlock* xb, co
   check_launch(what);
 }
 
+// The tensor-core product (plain store, or the RoPE + cache epilogue when rope is non-null), after its checks.
+void run_mmq(const char* what, void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N,
+             int64_t K, int qtype, DType dtype, int row_tiles, int warps, const GgufRopeCache* rope, cudaStream_t s) {
+  if (!gguf_mmq_supported(qtype))
+    throw std::invalid_argument(std::string(what) + ": no tensor-core kernel for GGUF type " + std::to_string(qtype));
+  // Every refusal before the quantizer launch: a refused call enqueues nothing.
+  if (K % gguf::kUnitElems != 0) throw std::invalid_argument(std::string(what) + ": K must be a multiple of 256");
+  if (reinterpret_cast<std::uintptr_t>(xb) % 16 != 0)
+    throw std::invalid_argument(std::string(what) + ": xb must be 16-byte aligned (two XBlocks are read as one load)");
+  if (row_tiles != 0 && row_tiles != 1 && row_tiles != 2)
+    throw std::invalid_argument(std::string(what) + ": row_tiles must be 0 (the default rule), 1 or 2");
+  if (warps != 0 && warps != 4 && warps != 8)
+    throw std::invalid_argument(std::string(what) + ": warps must be 0 (the default rule), 4 or 8");
+  if (x != nullptr) quantize_activations(what, x, xq, xb, w, M, N, K, qtype, dtype, 0, s, kGgufMmqMaxM);
+  else check_gemv_args(what, M, N, K, w, xq, xb, dtype, kGgufMmqMaxM);
+  launch_gguf_mmq(y, dtype == DType::BF16, xq, static_cast<const XBlock*>(xb), w, static_cast<int>(M),
+                  static_cast<int>(N), static_cast<int>(K), qtype, row_tiles, warps, rope, s);
+  check_launch(what);
+}
+
 }  // namespace
 
 bool gguf_gemv_q8_supported(int qtype) {
@@ -183,10 +203,15 @@ void gguf_gemv_q8_quantized(void* y, const int8_t* xq, const void* xb, const uin
 
 void gguf_gemv_q8_rope_cache(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N,
                              int64_t K, int qtype, DType dtype, const GgufRopeCache& rope, std::uintptr_t stream,
-                             int rows) {
+                             int rows, bool tensor_cores) {
   const char* what = "gguf_gemv_q8_rope_cache";
   check_rope(rope, N);
   const cudaStream_t s = as_stream(stream);
+  if (tensor_cores) {
+    check_launch_choice(what, M, rows);
+    run_mmq(what, y, x, xq, xb, w, M, N, K, qtype, dtype, 0, 0, &rope, s);
+    return;
+  }
   if (x != nullptr) quantize_activations(what, x, xq, xb, w, M, N, K, qtype, dtype, rows, s);
   else check_gemv_args(what, M, N, K, w, xq, xb, dtype);
   launch_q8(what, y, xq, static_cast<const XBlock*>(xb), w, M, N, K, qtype, dtype, rows, &rope, s);
@@ -194,23 +219,7 @@ void gguf_gemv_q8_rope_cache(void* y, const void* x, int8_t* xq, void* xb, const
 
 void gguf_mmq(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
               int qtype, DType dtype, std::uintptr_t stream, int row_tiles, int warps) {
-  const char* what = "gguf_mmq";
-  if (!gguf_mmq_supported(qtype))
-    throw std::invalid_argument(std::string(what) + ": no tensor-core kernel for GGUF type " + std::to_string(qtype));
-  // Every refusal before the quantizer launch: a refused call enqueues nothing.
-  if (K % gguf::kUnitElems != 0) throw std::invalid_argument(std::string(what) + ": K must be a multiple of 256");
-  if (reinterpret_cast<std::uintptr_t>(xb) % 16 != 0)
-    throw std::invalid_argument(std::string(what) + ": xb must be 16-byte aligned (two XBlocks are read as one load)");
-  if (row_tiles != 0 && row_tiles != 1 && row_tiles != 2)
-    throw std::invalid_argument(std::string(what) + ": row_tiles must be 0 (the default rule), 1 or 2");
-  if (warps != 0 && warps != 4 && warps != 8)
-    throw std::invalid_argument(std::string(what) + ": warps must be 0 (the default rule), 4 or 8");
-  const cudaStream_t s = as_stream(stream);
-  if (x != nullptr) quantize_activations(what, x, xq, xb, w, M, N, K, qtype, dtype, 0, s, kGgufMmqMaxM);
-  else check_gemv_args(what, M, N, K, w, xq, xb, dtype, kGgufMmqMaxM);
-  launch_gguf_mmq(y, dtype == DType::BF16, xq, static_cast<const XBlock*>(xb), w, static_cast<int>(M),
-                  static_cast<int>(N), static_cast<int>(K), qtype, row_tiles, warps, s);
-  check_launch(what);
+  run_mmq("gguf_mmq", y, x, xq, xb, w, M, N, K, qtype, dtype, row_tiles, warps, nullptr, as_stream(stream));
 }
 
 }  // namespace candle_vllm::cuda

@@ -26,6 +26,7 @@
 #include "cuda/gguf_mmq.h"
 #include "cuda/gguf_mmq_block32.cuh"
 #include "cuda/gguf_mmq_kquants.cuh"
+#include "cuda/gguf_rope_epilogue.cuh"
 
 namespace candle_vllm::cuda {
 namespace {
@@ -132,11 +133,12 @@ __device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int e0, int t
 // K by the loader's units (warp w takes units w, w + W, ...), each keeping the loader's kDepth units in flight in a
 // ring of registers while it multiplies one more: a slot is copied out, refilled with the unit kDepth steps ahead,
 // then multiplied. T: 8-token tiles.
-template <class Q, int MT, int T, int W>
-__global__ void __launch_bounds__(W * 32) gguf_mmq_kernel(void* __restrict__ y, bool bf16,
-                                                                   const int8_t* xq, const XBlock* xb,
-                                                                   const uint8_t* __restrict__ w, int M, int N, int K,
-                                                                   int64_t row_bytes) {
+// kRope: the store is the RoPE + cache epilogue of gguf_rope_epilogue.cuh (a fused q/k/v weight whose q/k heads
+// hold their halves in adjacent row pairs, so a CTA's even number of rows holds whole rotation pairs).
+template <class Q, int MT, int T, int W, bool kRope>
+__global__ void __launch_bounds__(W * 32) gguf_mmq_kernel(void* __restrict__ y, bool bf16, const int8_t* xq,
+                                                          const XBlock* xb, const uint8_t* __restrict__ w, int M,
+                                                          int N, int K, int64_t row_bytes, const GgufRopeCache rope) {
   constexpr int kRows = 16 * MT, kDepth = Q::kDepth, kStride = W * kDepth;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int row0 = blockIdx.x * kRows, units = K / Q::kBlockElems;
@@ -190,12 +192,22 @@ __global__ void __launch_bounds__(W * 32) gguf_mmq_kernel(void* __restrict__ y, 
 #pragma unroll
       for (int k = 0; k < 4; ++k) red[warp][16 * mt + g + 8 * (k >> 1)][8 * i + 2 * t + (k & 1)] = acc[mt][i][k];
   __syncthreads();
-  for (int o = threadIdx.x; o < kRows * 8 * T; o += W * 32) {
-    const int r = o % kRows, m = o / kRows, row = row0 + r;
+  auto sum = [&](int r, int m) {
     float v = red[0][r][m];
 #pragma unroll
     for (int i = 1; i < W; ++i) v += red[i][r][m];
-    if (row < N && m < M) {
+    return v;
+  };
+  for (int o = threadIdx.x; o < kRows * 8 * T; o += W * 32) {
+    const int r = o % kRows, m = o / kRows, row = row0 + r;
+    if (row >= N || m >= M) continue;
+    const float v = sum(r, m);
+    if constexpr (kRope) {
+      const float pv = sum(r ^ 1, m);  // the rotation partner (row0 and kRows are even)
+      const RopeLane l = rope_lane(rope, row, m);
+      if (bf16) rope_cache_store<__nv_bfloat16>(y, v, pv, l, rope, row, m, N);
+      else rope_cache_store<__half>(y, v, pv, l, rope, row, m, N);
+    } else {
       const int64_t at = static_cast<int64_t>(m) * N + row;
       if (bf16) static_cast<__nv_bfloat16*>(y)[at] = __float2bfloat16_rn(v);
       else static_cast<__half*>(y)[at] = __float2half_rn(v);
@@ -205,18 +217,23 @@ __global__ void __launch_bounds__(W * 32) gguf_mmq_kernel(void* __restrict__ y, 
 
 template <class Q, int MT, int T, int W>
 void launch_tiles(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
-                  cudaStream_t s) {
+                  const GgufRopeCache* rope, cudaStream_t s) {
   const int64_t row_bytes = static_cast<int64_t>(K / Q::kBlockElems) * Q::kBlockBytes;
   const dim3 grid(static_cast<unsigned>((N + 16 * MT - 1) / (16 * MT))), block(W * 32);
-  launch_pdl("gguf_mmq", gguf_mmq_kernel<Q, MT, T, W>, grid, block, 0, s, y, bf16, xq, xb, w, M, N, K, row_bytes);
+  if (rope != nullptr)
+    launch_pdl("gguf_mmq_rope_cache", gguf_mmq_kernel<Q, MT, T, W, true>, grid, block, 0, s, y, bf16, xq, xb, w, M,
+               N, K, row_bytes, *rope);
+  else
+    launch_pdl("gguf_mmq", gguf_mmq_kernel<Q, MT, T, W, false>, grid, block, 0, s, y, bf16, xq, xb, w, M, N, K,
+               row_bytes, GgufRopeCache{});
 }
 
 template <class Q, int MT, int W>
 void launch_tokens(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
-                   cudaStream_t s) {
-  if (M <= 8) launch_tiles<Q, MT, 1, W>(y, bf16, xq, xb, w, M, N, K, s);
-  else if (M <= 16) launch_tiles<Q, MT, 2, W>(y, bf16, xq, xb, w, M, N, K, s);
-  else launch_tiles<Q, MT, 4, W>(y, bf16, xq, xb, w, M, N, K, s);
+                   const GgufRopeCache* rope, cudaStream_t s) {
+  if (M <= 8) launch_tiles<Q, MT, 1, W>(y, bf16, xq, xb, w, M, N, K, rope, s);
+  else if (M <= 16) launch_tiles<Q, MT, 2, W>(y, bf16, xq, xb, w, M, N, K, rope, s);
+  else launch_tiles<Q, MT, 4, W>(y, bf16, xq, xb, w, M, N, K, rope, s);
 }
 
 // Launch rules, measured on the H200 (bench_quant_cuda.py --kernels mmq --mmq-row-tiles 1 2 --mmq-warps 4 8, 8-32
@@ -234,13 +251,13 @@ int default_warps(int N) { return (N + 31) / 32 < device_sm_count() ? 8 : 4; }
 
 template <class Q>
 void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
-            int row_tiles, int warps, cudaStream_t s) {
+            int row_tiles, int warps, const GgufRopeCache* rope, cudaStream_t s) {
   const int mt = row_tiles != 0 ? row_tiles : kDefaultRowTiles;
   const int ws = warps != 0 ? warps : default_warps(N);
-  if (mt == 1 && ws == 4) launch_tokens<Q, 1, 4>(y, bf16, xq, xb, w, M, N, K, s);
-  else if (mt == 1) launch_tokens<Q, 1, 8>(y, bf16, xq, xb, w, M, N, K, s);
-  else if (ws == 4) launch_tokens<Q, 2, 4>(y, bf16, xq, xb, w, M, N, K, s);
-  else launch_tokens<Q, 2, 8>(y, bf16, xq, xb, w, M, N, K, s);
+  if (mt == 1 && ws == 4) launch_tokens<Q, 1, 4>(y, bf16, xq, xb, w, M, N, K, rope, s);
+  else if (mt == 1) launch_tokens<Q, 1, 8>(y, bf16, xq, xb, w, M, N, K, rope, s);
+  else if (ws == 4) launch_tokens<Q, 2, 4>(y, bf16, xq, xb, w, M, N, K, rope, s);
+  else launch_tokens<Q, 2, 8>(y, bf16, xq, xb, w, M, N, K, rope, s);
 }
 
 // Calls f(loader) with the tile loader of the type (gguf_mmq_tile.cuh); false for types without one.
@@ -266,9 +283,9 @@ bool gguf_mmq_supported(int qtype) {
 }
 
 void launch_gguf_mmq(void* y, bool bf16, const int8_t* xq, const gguf::XBlock* xb, const uint8_t* w, int M, int N,
-                     int K, int qtype, int row_tiles, int warps, cudaStream_t stream) {
+                     int K, int qtype, int row_tiles, int warps, const GgufRopeCache* rope, cudaStream_t stream) {
   if (!dispatch_mmq(qtype, [&](auto loader) {
-        launch<decltype(loader)>(y, bf16, xq, xb, w, M, N, K, row_tiles, warps, stream);
+        launch<decltype(loader)>(y, bf16, xq, xb, w, M, N, K, row_tiles, warps, rope, stream);
       }))
     throw std::invalid_argument("gguf_mmq: no tensor-core kernel for GGUF type " + std::to_string(qtype));
 }

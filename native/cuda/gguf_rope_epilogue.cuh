@@ -1,6 +1,7 @@
-// The store of the dp4a GGUF GEMV's RoPE + cache epilogue (gguf_gemv_q8.cu, the only includer): one output
-// element of a fused q/k/v projection whose q/k rows hold each head's halves interleaved in pairs, rotated as the
-// separate RoPE kernel would, written to y in the standard head layout and, for k and v, to the paged cache.
+// The store of the GGUF RoPE + cache epilogue (the dp4a GEMV's, gguf_gemv_q8.cu, and the tensor-core product's,
+// gguf_mmq.cu): one output element of a fused q/k/v projection whose q/k rows hold each head's halves interleaved
+// in pairs, rotated as the separate RoPE kernel would, written to y in the standard head layout and, for k and v,
+// to the paged cache.
 #pragma once
 #include <cstdint>
 

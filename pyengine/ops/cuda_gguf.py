@@ -204,9 +204,11 @@ def gemv_rope_cache(
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     rows: int = 0,
+    tensor_cores: bool = False,
 ) -> torch.Tensor | None:
-    """The fused q/k/v projection of a decode batch (M <= 8) on the dp4a GEMV with neox RoPE and the k/v cache
-    store in its epilogue: one launch instead of the GEMV plus ``rotary_embedding_cache_``.
+    """The fused q/k/v projection of a decode batch with neox RoPE and the k/v cache store in its epilogue: one
+    launch instead of the product plus ``rotary_embedding_cache_``. The product is the dp4a GEMV (M <= 8), or with
+    ``tensor_cores`` the int8 tensor-core product of :func:`mmq` (M <= 32; ``rows`` must stay 0).
 
     ``data`` holds W [q_rows + 2 * kv_heads * head_dim, K] with each q and k head's halves interleaved row by row
     (``ops.row_pairs.interleave_halves(rows, head_dim, 1)`` on the q/k block rows), so the GEMV's CTAs, which own
@@ -219,9 +221,15 @@ def gemv_rope_cache(
     x = q8.x if q8 is not None else x
     d = head_dim
     rot_rows = out_features - kv_heads * d
+    if tensor_cores and q8 is not None and q8.xb.data_ptr() % 16:
+        q8 = None  # the tensor-core product reads two XBlocks at once: quantize again from x (as mmq does)
+    product_ok = (
+        mmq_supported(x, data, qtype, out_features, in_features) and rows == 0
+        if tensor_cores
+        else gemv_supported(x, data, qtype, out_features, in_features) and dp4a_supported(qtype)
+    )
     if not (
-        gemv_supported(x, data, qtype, out_features, in_features)
-        and dp4a_supported(qtype)
+        product_ok
         and d > 0
         and d % 2 == 0
         and rot_rows > kv_heads * d
@@ -237,7 +245,7 @@ def gemv_rope_cache(
         y.data_ptr(), 0 if to_quantize is None else to_quantize.data_ptr(), xq.data_ptr(), xb.data_ptr(),
         data.data_ptr(), m, out_features, in_features, int(qtype), native.dtype_code(x), positions.data_ptr(),
         cos_sin_cache.data_ptr(), kp, vp, slot_mapping.data_ptr(),
-        rot_rows - kv_heads * d, rot_rows, d, kv_heads, native.stream(x.device), rows,
+        rot_rows - kv_heads * d, rot_rows, d, kv_heads, native.stream(x.device), rows, tensor_cores,
     )
     return y
 

@@ -328,12 +328,19 @@ def mmq_enabled() -> bool:
     return os.environ.get("CANDLE_VLLM_GGUF_MMQ", "1").strip() != "0"
 
 
-def _takes_mmq(x2: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: int, in_features: int) -> bool:
+def takes_tensor_cores(qtype: QT, rows: int) -> bool:
+    """Whether a CUDA decode batch of ``rows`` rows of a ``qtype`` weight takes the int8 tensor-core product (where
+    its operands allow it): from ``MMQ_MIN_ROWS[qtype]`` to the product's maximum rows, unless switched off."""
     return (
         qtype in MMQ_MIN_ROWS
-        and x2.shape[0] >= MMQ_MIN_ROWS[qtype]
+        and MMQ_MIN_ROWS[qtype] <= rows <= native.module().cuda_gguf_mmq_max_m
         and mmq_enabled()
-        and cuda_gguf.mmq_supported(x2, flat, qtype, out_features, in_features)
+    )
+
+
+def _takes_mmq(x2: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: int, in_features: int) -> bool:
+    return takes_tensor_cores(qtype, x2.shape[0]) and cuda_gguf.mmq_supported(
+        x2, flat, qtype, out_features, in_features
     )
 
 

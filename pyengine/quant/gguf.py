@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType
 
 from candle_vllm.pyengine.ops import cuda_gguf
 from candle_vllm.pyengine.ops.q8_activation import BLOCK, Q8Activation, dense, fusion_enabled
-from candle_vllm.pyengine.ops.quant import q8_max_rows, quant_matmul
+from candle_vllm.pyengine.ops.quant import q8_max_rows, quant_matmul, takes_tensor_cores
 from candle_vllm.pyengine.ops.rotary import RopeCacheTarget
 from candle_vllm.pyengine.ops.row_pairs import interleave_halves
 from candle_vllm.pyengine.quant.base import LinearMethod
@@ -103,11 +103,14 @@ class GGUFLinear(LinearMethod):
         return ROPE_PAIR_GROUP if self.rope_rows else 0
 
     def forward_rope_cache(self, x: torch.Tensor | Q8Activation, target: RopeCacheTarget) -> torch.Tensor | None:
-        """The projection with q/k rotated and k/v stored at their slots by the dp4a GEMV's epilogue
-        (``cuda_gguf.gemv_rope_cache``), for a decode batch (<= 8 rows) of a weight stored with paired halves;
-        None (nothing done) elsewhere."""
+        """The projection with q/k rotated and k/v stored at their slots in the epilogue of the product a decode
+        batch of its size takes (``cuda_gguf.gemv_rope_cache``: the dp4a GEMV up to 8 rows, the tensor-core product
+        from ``ops.quant.MMQ_MIN_ROWS`` to 32), for a weight stored with paired halves; None (nothing done)
+        elsewhere."""
         if not self.rope_rows or dense(x).device.type != "cuda":
             return None
+        rows = dense(x).shape[0]
         return cuda_gguf.gemv_rope_cache(
-            x, self.data, self.qtype, self.out_features, self.in_features, self.head_dim, *target
+            x, self.data, self.qtype, self.out_features, self.in_features, self.head_dim, *target,
+            tensor_cores=takes_tensor_cores(self.qtype, rows),
         )

@@ -1,4 +1,5 @@
-"""The dp4a GGUF GEMV's RoPE + cache epilogue (``cuda_gguf.gemv_rope_cache``) against what it replaces.
+"""The GGUF RoPE + cache epilogue (``cuda_gguf.gemv_rope_cache``, on the dp4a GEMV and on the int8 tensor-core
+product) against what it replaces.
 
 Oracles:
 - bit for bit: the GEMV on the same paired blocks followed by ``rotary_embedding_cache_(pair_group=1)``, and the
@@ -79,8 +80,10 @@ def _paired_blocks(p: dict) -> torch.Tensor:
     return torch.cat([interleave_halves(p["blocks"][: p["rot"]], p["d"], 1), p["blocks"][p["rot"] :]])
 
 
-def _gemv_then_rotary(p: dict, blocks: torch.Tensor, pair_group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    y = cuda_gguf.gemv(p["x"], blocks, p["qtype"], p["n"], p["k"])
+def _gemv_then_rotary(p: dict, blocks: torch.Tensor, pair_group: int,
+                      tensor_cores: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    product = cuda_gguf.mmq if tensor_cores else cuda_gguf.gemv
+    y = product(p["x"], blocks, p["qtype"], p["n"], p["k"])
     t, d, hq, hk = y.shape[0], p["d"], p["hq"], p["hk"]
     q, k, v = y[:, : hq * d].view(t, hq, d), y[:, hq * d : p["rot"]].view(t, hk, d), y[:, p["rot"] :].view(t, hk, d)
     cache = p["cache"].clone()
@@ -88,11 +91,11 @@ def _gemv_then_rotary(p: dict, blocks: torch.Tensor, pair_group: int) -> tuple[t
     return y, cache
 
 
-def _fused(p: dict, x: torch.Tensor | Q8Activation, blocks: torch.Tensor, rows: int = 0):
+def _fused(p: dict, x: torch.Tensor | Q8Activation, blocks: torch.Tensor, rows: int = 0, tensor_cores: bool = False):
     cache = p["cache"].clone()
     poison_allocator(DEV, p["x"].shape[0] * p["n"])
     y = cuda_gguf.gemv_rope_cache(x, blocks, p["qtype"], p["n"], p["k"], p["d"], p["hk"], p["pos"], p["table"],
-                                  cache, p["slots"], rows=rows)
+                                  cache, p["slots"], rows=rows, tensor_cores=tensor_cores)
     assert y is not None, "the fused kernel refused a supported problem"
     return y, cache
 
@@ -136,6 +139,23 @@ def test_fused_equals_gemv_then_rotary_cache(qtype: QT, m: int, dtype: torch.dty
         assert rel_error(kv, ref_kv[stored.cpu()]) < REF_TOL[dtype]
 
 
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q8_0, QT.Q6_K, QT.Q4_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("m", [3, 9, 17, 32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("hq,hk,d,k", SHAPES)
+def test_tensor_core_epilogue_equals_mmq_then_rotary_cache(qtype: QT, m: int, dtype: torch.dtype, hq: int, hk: int,
+                                                          d: int, k: int) -> None:
+    """The same epilogue on the int8 tensor-core product (up to 32 tokens): the bits of cuda_gguf.mmq followed by
+    rotary_embedding_cache_, the float64 reference within the int8-activation error."""
+    p = _problem(qtype, m, hq, hk, d, k, dtype, seed=m * 89 + d + int(qtype))
+    paired = _paired_blocks(p)
+    want_y, want_cache = _gemv_then_rotary(p, paired, 1, tensor_cores=True)
+    got_y, got_cache = _fused(p, p["x"], paired, tensor_cores=True)
+    assert torch.equal(got_y, want_y), "y differs from mmq + rotary_embedding_cache_"
+    assert torch.equal(got_cache, want_cache), "the cache differs (k, v or an untouched slot)"
+    assert rel_error(got_y, _reference(p)[0]) < REF_TOL[dtype]
+
+
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q8_0], ids=lambda t: t.name)
 @pytest.mark.parametrize("m", [1, 5])
 def test_producer_codes_give_the_same_bits(qtype: QT, m: int) -> None:
@@ -159,6 +179,11 @@ def test_refuses_what_it_cannot_do() -> None:
     assert cuda_gguf.gemv_rope_cache(p["x"], *args, p["table"], p["cache"].half(), p["slots"]) is None
     nine, nine_ids = torch.randn(9, p["k"], device=DEV).bfloat16(), torch.arange(9, device=DEV)  # above 8 rows
     assert cuda_gguf.gemv_rope_cache(nine, *args[:-1], nine_ids, p["table"], p["cache"], nine_ids) is None
+    many, many_ids = torch.randn(33, p["k"], device=DEV).bfloat16(), torch.arange(33, device=DEV)  # above 32 rows
+    assert cuda_gguf.gemv_rope_cache(many, *args[:-1], many_ids, p["table"], p["cache"], many_ids,
+                                     tensor_cores=True) is None
+    assert cuda_gguf.gemv_rope_cache(p["x"], *args, p["table"], p["cache"], p["slots"], rows=2,  # a dp4a choice
+                                     tensor_cores=True) is None
     bad_heads = (p["blocks"], p["qtype"], p["n"], p["k"], 96, p["hk"], p["pos"])  # N is no whole number of heads
     assert cuda_gguf.gemv_rope_cache(p["x"], *bad_heads, p["table"], p["cache"], p["slots"]) is None
     q2k = quantize(torch.randn(p["n"], p["k"], device=DEV), QT.Q2_K)  # no dp4a kernel
