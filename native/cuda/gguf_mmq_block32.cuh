@@ -36,11 +36,12 @@ struct MmqQ8_0 {
 // The nibble types keep the mma's own slots (kSplitLanes): lane t takes code bytes 4t..4t+3 of a block, whose low
 // nibbles are elements 4t..4t+3 and high nibbles 16+4t..16+4t+3, one word per block.
 
-// Q4_0 (18 bytes: f16 d, 16 code bytes; w = d * (code - 8)): block 0's lane word is bytes 2+4t.. (words t, t+1),
-// block 1's bytes 20+4t.. (word 5+t); the d's are the low half of word 0 and the high half of word 4.
+// Q4_0 (18 bytes: f16 d, 16 code bytes; w = d * (code - 8), the codes centered): block 0's lane word is bytes
+// 2+4t.. (words t, t+1), block 1's bytes 20+4t.. (word 5+t); the d's are the low half of word 0 and the high half
+// of word 4.
 struct MmqQ4_0 {
   static constexpr int kBlockElems = 64, kBlockBytes = 36, kPairs = 1, kDepth = 4;
-  static constexpr bool kMins = true, kSplitLanes = true, kHalfScales = false;
+  static constexpr bool kMins = false, kSplitLanes = true, kHalfScales = false;
   uint32_t e[2], o, d0, d1;
   __device__ void fetch(const uint8_t* row, int u, int t) {
     const uint8_t* unit = row + static_cast<int64_t>(u) * kBlockBytes;
@@ -50,8 +51,10 @@ struct MmqQ4_0 {
   __device__ void pair(int, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
     nibble_codes(gguf::mid16(e[0], e[1]), lo);
     nibble_codes(o, hi);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) lo[k] = centered<4>(lo[k]), hi[k] = centered<4>(hi[k]);
     a[0] = gguf::half_lo(d0), a[1] = gguf::half_hi(d1);
-    b[0] = 8.f * a[0], b[1] = 8.f * a[1];
+    b[0] = b[1] = 0.f;
   }
 };
 
@@ -74,12 +77,12 @@ struct MmqQ4_1 {
   }
 };
 
-// Q5_0 (22 bytes: f16 d, 32-bit qh, 16 code bytes; w = d * (code - 16)): block 0's d is the low half of word 0, its
-// qh bytes 2..5, its lane word bytes 6+4t.. (words 1+t, 2+t); block 1's d is the high half of word 5, its qh word 6,
-// its lane word word 7+t.
+// Q5_0 (22 bytes: f16 d, 32-bit qh, 16 code bytes; w = d * (code - 16), the codes centered): block 0's d is the
+// low half of word 0, its qh bytes 2..5, its lane word bytes 6+4t.. (words 1+t, 2+t); block 1's d is the high half
+// of word 5, its qh word 6, its lane word word 7+t.
 struct MmqQ5_0 {
   static constexpr int kBlockElems = 64, kBlockBytes = 44, kPairs = 1, kDepth = 4;
-  static constexpr bool kMins = true, kSplitLanes = true, kHalfScales = false;
+  static constexpr bool kMins = false, kSplitLanes = true, kHalfScales = false;
   uint32_t w0, w1, e[2], w5, qh1, o;
   __device__ void fetch(const uint8_t* row, int u, int t) {
     const uint8_t* unit = row + static_cast<int64_t>(u) * kBlockBytes;
@@ -92,8 +95,10 @@ struct MmqQ5_0 {
     add_fifth_bits(gguf::mid16(w0, w1), t, lo);
     nibble_codes(o, hi);
     add_fifth_bits(qh1, t, hi);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) lo[k] = centered<5>(lo[k]), hi[k] = centered<5>(hi[k]);
     a[0] = gguf::half_lo(w0), a[1] = gguf::half_hi(w5);
-    b[0] = 16.f * a[0], b[1] = 16.f * a[1];
+    b[0] = b[1] = 0.f;
   }
 };
 

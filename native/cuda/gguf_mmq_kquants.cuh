@@ -66,12 +66,6 @@ struct MmqQ5K {
   }
 };
 
-// The 6-bit codes of 4 elements minus 32 as int8 lanes, from their low nibbles (lo4) and top two bits (hi2).
-__device__ __forceinline__ uint32_t centered6(uint32_t lo4, uint32_t hi2) {
-  const uint32_t x = (lo4 | (hi2 << 4)) ^ 0x20202020u, sign = x & 0x20202020u;  // x = code - 32 in 6 bits
-  return x | (sign << 1) | (sign << 2);
-}
-
 // Q6_K (210 bytes: ql[128] low nibbles, qh[64] top two bits, 16 int8 scales, f16 d; w = d * sc * (code - 32), one
 // scale per 16 elements). A unit is half a block (n = u & 1: elements 128n.., sub-blocks 4n + q for q = 0..3):
 // sub-block q's element l takes nibble q >> 1 of ql byte 64n + 32 (q & 1) + l and bits 2q, 2q + 1 of qh byte
@@ -99,8 +93,8 @@ struct MmqQ6K {
     gguf::words_a2(qh, h);
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      lo[k] = centered6((l0[k] >> (4 * j)) & gguf::kNib, (h[k] >> (4 * j)) & 0x03030303u);
-      hi[k] = centered6((l1[k] >> (4 * j)) & gguf::kNib, (h[k] >> (4 * j + 2)) & 0x03030303u);
+      lo[k] = centered<6>(((l0[k] >> (4 * j)) & gguf::kNib) | (((h[k] >> (4 * j)) & 0x03030303u) << 4));
+      hi[k] = centered<6>(((l1[k] >> (4 * j)) & gguf::kNib) | (((h[k] >> (4 * j + 2)) & 0x03030303u) << 4));
     }
     a[0] = a[1] = ql[0].odd ? gguf::half_hi(dw) : gguf::half_lo(dw);
     b[0] = b[1] = 0.f;

@@ -26,6 +26,15 @@ __device__ __forceinline__ void nibble_codes(uint32_t q, uint32_t (&out)[2]) {
   out[0] = q & gguf::kNib, out[1] = (q >> 4) & gguf::kNib;
 }
 
+// Codes of kBits bits (one per byte) minus 2^(kBits - 1) as int8 lanes: the offset types' (Q4_0, Q5_0, Q6_K) w = a *
+// centered code, with no min term. The sign bit flipped, then copied into the bits above it.
+template <int kBits>
+__device__ __forceinline__ uint32_t centered(uint32_t codes) {
+  constexpr uint32_t kSign = 0x01010101u << (kBits - 1);
+  const uint32_t x = codes ^ kSign;
+  return x | (x & kSign) * ((0x100u >> (kBits - 1)) - 2);
+}
+
 // The fifth bits of those codes from the block's 32-bit qh (bit e = element e), into bit 4 of each byte.
 __device__ __forceinline__ void add_fifth_bits(uint32_t qh, int t, uint32_t (&codes)[2]) {
   codes[0] |= gguf::bit4_of_bytes(qh >> (4 * t)), codes[1] |= gguf::bit4_of_bytes(qh >> (16 + 4 * t));
