@@ -309,16 +309,32 @@ def quant_matmul(
 # many rows (each pass reads the quantized weights once); beyond it dequantize + cuBLAS is cheaper. At 16 rows two q4k passes read 10 GB per 8B step against
 # ~35 GB for dequantizing to bf16 and multiplying; at 24 they would break even (benches/RESULTS.md).
 GEMV_PASSES_MAX_ROWS = 16
-# Types with the int8 tensor-core product (cuda_gguf.mmq) take it from this many rows up to its maximum (32): it
+# Types with the int8 tensor-core product (cuda_gguf.mmq) take it from a number of rows up to its maximum (32): it
 # decodes each weight once for all rows, where the dp4a GEMV decodes it once per row (and runs 5-8 rows as 8). The
-# smallest batch at which it beat the dp4a GEMV (one 8-row pass, or two from 9 rows) on the H200, over the four
-# Llama-3-8B shapes (us, mmq / dp4a; benches/bench_quant_cuda.py --kernels mmq dp4a --m 3 4 5 6 7 8 9,
-# benches/RESULTS.md session 9): q4k at 3 78.2 / 81.8 (5: 79.9 / 117.8), q5k at 3 85.4 / 93.7, q6k at 5
-# 134.8 / 162.1 (4: 134.0 / 120.8); the 32-element types decode cheaply in the dp4a GEMV and keep it while one pass
-# covers the batch: q4_0 at 9 152.0 / 163.4, q4_1 151.0 / 165.5, q5_1 149.5 / 160.0, q8_0 196.6 / 195.8 (even;
-# 10 rows 194.2 / 202.6), q5_0 at 16 (9: 204.7 / 194.4; 12 and 16 measured with an earlier kernel, 256.1 / 248.8
-# and 262.0 / 279.0).
-MMQ_MIN_ROWS = {QT.Q4_K: 3, QT.Q5_K: 3, QT.Q6_K: 5, QT.Q8_0: 9, QT.Q4_0: 9, QT.Q4_1: 9, QT.Q5_1: 9, QT.Q5_0: 16}
+# number is the smallest batch from which it beat the dp4a GEMV (one 8-row pass, or two from 9 rows) on the H200,
+# separately for narrow weights and for wide ones (out_features >= MMQ_WIDE_FEATURES: their grid of 32-row CTAs is
+# several waves deep, which the product streams better). Measured per Llama-3-8B shape (us, mmq / dp4a;
+# benches/bench_quant_cuda.py --kernels mmq dp4a --m 3 4 5 6 7 8 9, benches/RESULTS.md sessions 9 and 10):
+#   - wide, 28672x4096: q4k at 3 36.1 / 40.9; q5k 41.4 / 48.0; q6k 56.9 / 62.5 (and the 128256x4096 LM head 233.6 /
+#     263.0); q4_1 at 5 56.8 / 69.3 (4: 54.9 / 38.8); q4_0, q5_1, q8_0 at 9 (q8_0 103.4 / 102.8, even).
+#   - narrow, 6144x4096 + 4096x4096 + 4096x14336 summed: q4k at 5 42.8 / 56.5 (3: 42.2 / 40.9); q5k at 3 44.1 /
+#     45.7; q6k at 9 87.5 / 109.7 (5-8 even: 76.8 / 76.1 .. 77.2 / 77.2); q4_0, q4_1, q5_1, q8_0 at 9 (q8_0 93.2 /
+#     93.1, even; 10 rows over the four shapes 194.2 / 202.6).
+#   - q5_0 at 16 on both (9: 204.7 / 194.4 over the four shapes; 12 and 16 measured with an earlier kernel, 256.1 /
+#     248.8 and 262.0 / 279.0).
+# A token's bits depend on which kernel its batch takes (not on the other tokens within one kernel).
+MMQ_WIDE_FEATURES = 16384
+MMQ_MIN_ROWS: dict[QT, tuple[int, int]] = {  # (narrow, wide)
+    QT.Q4_K: (5, 3), QT.Q5_K: (3, 3), QT.Q6_K: (9, 3), QT.Q8_0: (9, 9), QT.Q4_0: (9, 9), QT.Q4_1: (9, 5),
+    QT.Q5_1: (9, 9), QT.Q5_0: (16, 16),
+}
+
+
+def mmq_min_rows(qtype: QT, out_features: int) -> int | None:
+    """The rows from which a CUDA decode batch of a ``qtype`` weight with ``out_features`` rows takes the int8
+    tensor-core product (None: the type has none)."""
+    narrow_wide = MMQ_MIN_ROWS.get(qtype)
+    return None if narrow_wide is None else narrow_wide[out_features >= MMQ_WIDE_FEATURES]
 
 
 @functools.cache
@@ -328,18 +344,16 @@ def mmq_enabled() -> bool:
     return os.environ.get("CANDLE_VLLM_GGUF_MMQ", "1").strip() != "0"
 
 
-def takes_tensor_cores(qtype: QT, rows: int) -> bool:
-    """Whether a CUDA decode batch of ``rows`` rows of a ``qtype`` weight takes the int8 tensor-core product (where
-    its operands allow it): from ``MMQ_MIN_ROWS[qtype]`` to the product's maximum rows, unless switched off."""
-    return (
-        qtype in MMQ_MIN_ROWS
-        and MMQ_MIN_ROWS[qtype] <= rows <= native.module().cuda_gguf_mmq_max_m
-        and mmq_enabled()
-    )
+def takes_tensor_cores(qtype: QT, rows: int, out_features: int) -> bool:
+    """Whether a CUDA decode batch of ``rows`` rows of a ``qtype`` weight with ``out_features`` rows takes the int8
+    tensor-core product (where its operands allow it): from :func:`mmq_min_rows` to the product's maximum rows,
+    unless switched off."""
+    low = mmq_min_rows(qtype, out_features)
+    return low is not None and low <= rows <= native.module().cuda_gguf_mmq_max_m and mmq_enabled()
 
 
 def _takes_mmq(x2: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: int, in_features: int) -> bool:
-    return takes_tensor_cores(qtype, x2.shape[0]) and cuda_gguf.mmq_supported(
+    return takes_tensor_cores(qtype, x2.shape[0], out_features) and cuda_gguf.mmq_supported(
         x2, flat, qtype, out_features, in_features
     )
 
@@ -358,7 +372,7 @@ def q8_max_rows(qtype: QT, in_features: int) -> int:
 def _cuda_quant_matmul(
     x: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: int, in_features: int, q8: Q8Activation | None
 ) -> torch.Tensor:
-    """Decode batches: from ``MMQ_MIN_ROWS[qtype]`` to 32 rows of f16/bf16 the int8 tensor-core product where the type has
+    """Decode batches: from ``mmq_min_rows(qtype, out_features)`` to 32 rows of f16/bf16 the int8 tensor-core product where the type has
     one; else up to 8 rows the fused dp4a GEMV and up to 16 rows that GEMV in passes of 8 rows, each reading the
     quantized bytes once. Within each kernel a row's arithmetic does not depend on the other rows (and the passes
     are the 8-row GEMV's), so results are batch invariant for batches that take the same kernel. ``q8``'s codes

@@ -105,12 +105,12 @@ class GGUFLinear(LinearMethod):
     def forward_rope_cache(self, x: torch.Tensor | Q8Activation, target: RopeCacheTarget) -> torch.Tensor | None:
         """The projection with q/k rotated and k/v stored at their slots in the epilogue of the product a decode
         batch of its size takes (``cuda_gguf.gemv_rope_cache``: the dp4a GEMV up to 8 rows, the tensor-core product
-        from ``ops.quant.MMQ_MIN_ROWS`` to 32), for a weight stored with paired halves; None (nothing done)
+        from ``ops.quant.mmq_min_rows`` to 32), for a weight stored with paired halves; None (nothing done)
         elsewhere."""
         if not self.rope_rows or dense(x).device.type != "cuda":
             return None
         rows = dense(x).shape[0]
         return cuda_gguf.gemv_rope_cache(
             x, self.data, self.qtype, self.out_features, self.in_features, self.head_dim, *target,
-            tensor_cores=takes_tensor_cores(self.qtype, rows),
+            tensor_cores=takes_tensor_cores(self.qtype, rows, self.out_features),
         )

@@ -217,10 +217,10 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, i
 @pytest.mark.parametrize("batch", [3, 12], ids=["dp4a-batch", "tensor-core-batch"])
 def test_smollm2_gguf_on_gpu_matches_cpu_greedy(batch: int) -> None:
     """Greedy decoding of the (Q4_1) SmolLM2 GGUF on the GPU agrees with the CPU path: 3 sequences decode through
-    the dp4a GEMV, 12 through the int8 tensor-core product (quant.MMQ_MIN_ROWS)."""
+    the dp4a GEMV, 12 through the int8 tensor-core product (quant.MMQ_MIN_ROWS, narrow and wide weights alike)."""
     path = str(_smollm2_path())
     prompts = PROMPTS[:batch]
-    assert (batch >= quant.MMQ_MIN_ROWS[QT.Q4_1]) == (batch == 12)
+    assert all((batch >= rows) == (batch == 12) for rows in quant.MMQ_MIN_ROWS[QT.Q4_1])
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     common = dict(dtype="bf16", mem=64, max_num_seqs=16, seed=0)
     cpu = LLM(model=path, cpu=True, **common).generate(prompts, params)

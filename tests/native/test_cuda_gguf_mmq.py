@@ -4,7 +4,7 @@ Oracles: the `gguf` package's dequantizer (W64) and a torch re-implementation of
 the dp4a GEMV's bounds (``assert_dp4a_within``: the same int8 codes, exact integer dot products per 32-element
 sub-block, f32 scaling). Properties: a token's result does not depend on the other tokens of its launch (bit for
 bit across batch compositions), codes handed over by a producer give the bits of the kernel's own quantizer, and
-``ops.quant.quant_matmul`` sends batches of ``MMQ_MIN_ROWS[qtype]``..32 rows of a type with the kernel to it.
+``ops.quant.quant_matmul`` sends batches of ``mmq_min_rows(qtype, out_features)``..32 rows of a type with the kernel to it.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def test_codes_from_a_producer_equal_the_own_quantizer(qtype: QT) -> None:
 
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q4_0, QT.Q5_0], ids=lambda t: t.name)
 def test_quant_matmul_takes_mmq_from_its_min_rows_to_32(qtype: QT, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Below MMQ_MIN_ROWS[qtype] rows the dp4a GEMV (in 8-row passes above 8), from there to 32 rows one mmq launch,
+    """Below mmq_min_rows(qtype, n) rows the dp4a GEMV (in 8-row passes above 8), from there to 32 rows one mmq launch,
     33 dequantize for cuBLAS; CANDLE_VLLM_GGUF_MMQ=0 sends 12 rows back to 8-row dp4a passes."""
     n, k = 300, 1024
     data, w64 = _weight(qtype, n, k, seed=4)
@@ -111,7 +111,7 @@ def test_quant_matmul_takes_mmq_from_its_min_rows_to_32(qtype: QT, monkeypatch: 
         real = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, _r=real, _n=name: (calls.append(_n), _r(*a))[1])
     g = torch.Generator().manual_seed(1)
-    low = quant.MMQ_MIN_ROWS[qtype]
+    low = quant.mmq_min_rows(qtype, n)
     below = ["cuda_gguf_gemv_q8"] * -(-(low - 1) // mod.cuda_gguf_gemv_max_m)
     for m, want in ((low - 1, below), (low, ["cuda_gguf_mmq"]), (32, ["cuda_gguf_mmq"]),
                     (33, ["cuda_gguf_dequantize"])):

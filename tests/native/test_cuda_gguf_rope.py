@@ -29,6 +29,7 @@ from candle_vllm import LLM, SamplingParams
 from candle_vllm.pyengine.ops import cuda_gguf, cuda_rotary, native
 from candle_vllm.pyengine.ops.norm import rms_norm
 from candle_vllm.pyengine.ops.q8_activation import Q8Activation
+from candle_vllm.pyengine.ops.quant import takes_tensor_cores
 from candle_vllm.pyengine.ops.rotary import RopeCacheTarget
 from candle_vllm.pyengine.ops.row_pairs import interleave_halves
 from candle_vllm.pyengine.quant import gguf as gguf_quant
@@ -214,7 +215,8 @@ def test_method_stores_pairs_only_where_the_epilogue_runs(gguf_rope: Callable[[b
     cache = p["cache"].clone()
     got = fused.forward_rope_cache(p["x"], RopeCacheTarget(p["hk"], p["pos"], p["table"], cache, p["slots"]))
     assert got is not None and torch.equal(got, want_y) and torch.equal(cache, want_cache)
-    assert torch.equal(fused(p["x"]), cuda_gguf.gemv(p["x"], fused.data, QT.Q4_K, p["n"], p["k"]))
+    product = cuda_gguf.mmq if takes_tensor_cores(QT.Q4_K, p["x"].shape[0], p["n"]) else cuda_gguf.gemv
+    assert torch.equal(fused(p["x"]), product(p["x"], fused.data, QT.Q4_K, p["n"], p["k"]))
     gguf_rope(False)
     (plain,) = build_linear_methods(shards, torch.bfloat16, DEV, rope_head_dim=p["d"])
     assert plain.rope_pair_group == 0 and torch.equal(plain.data, p["blocks"])

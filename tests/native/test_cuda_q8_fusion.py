@@ -203,12 +203,13 @@ QUANTIZER_CALLS = ("cuda_gguf_gemv_q8", "cuda_gguf_mmq(x)")
 CODE_CALLS = ("cuda_gguf_gemv_q8_quantized", "cuda_gguf_mmq(codes)")
 
 
-def launches(qtype: QT, rows: int, k: int) -> int:
-    """Int8-activation launches ops.quant makes for ``rows`` rows: one tensor-core product, or 8-row GEMV passes."""
+def launches(qtype: QT, rows: int, n: int, k: int) -> int:
+    """Int8-activation launches ops.quant makes for ``rows`` rows of an [n, k] weight: one tensor-core product, or
+    8-row GEMV passes."""
     mod = native.module()
     mmq = (
         quant.mmq_enabled() and mod.cuda_gguf_mmq_supported(int(qtype)) and k % 256 == 0
-        and quant.MMQ_MIN_ROWS[qtype] <= rows <= mod.cuda_gguf_mmq_max_m
+        and quant.mmq_min_rows(qtype, n) <= rows <= mod.cuda_gguf_mmq_max_m
     )
     return 1 if mmq else -(-rows // 8)
 
@@ -247,7 +248,7 @@ def test_gemv_on_codes_equals_gemv_on_dense(qtype: QT, hidden: int) -> None:
         with counting(*QUANTIZER_CALLS, *CODE_CALLS) as counts:
             got = quant.quant_matmul(act, data, qtype, n, hidden)
         assert sum(counts[c] for c in QUANTIZER_CALLS) == 0, counts
-        assert sum(counts[c] for c in CODE_CALLS) == launches(qtype, m, hidden), counts
+        assert sum(counts[c] for c in CODE_CALLS) == launches(qtype, m, n, hidden), counts
         assert torch.equal(got, want), f"M={m}: max |diff| {(got.float() - want.float()).abs().max()}"
 
 
@@ -276,7 +277,8 @@ def test_model_logits_equal_with_and_without_fusion(qtype: QT, fusion: Callable[
             fusion(on)
             with counting(*QUANTIZER_CALLS, *CODE_CALLS) as counts, torch.inference_mode():
                 logits[on] = model.compute_logits(model(ids, pos, meta))
-            per_linear = launches(qtype, t, TINY_LLAMA["hidden_size"])
+            # every linear of the tiny model is narrow (out_features < MMQ_WIDE_FEATURES): one rule for all
+            per_linear = launches(qtype, t, TINY_LLAMA["intermediate_size"], TINY_LLAMA["hidden_size"])
             fused = 3 * layers * per_linear if on else 0  # qkv, gate_up, down of each layer; o_proj quantizes itself
             assert sum(counts[c] for c in CODE_CALLS) == fused, (on, counts)
             assert sum(counts[c] for c in QUANTIZER_CALLS) == 4 * layers * per_linear - fused, (on, counts)

@@ -235,8 +235,12 @@ def test_unsupported_inputs_raise_clear_errors() -> None:
 
 
 def test_every_type_below_its_tensor_core_threshold_has_a_gemv_path() -> None:
-    """A CUDA decode batch below MMQ_MIN_ROWS[qtype] runs the dp4a GEMV (in 8-row passes up to
-    GEMV_PASSES_MAX_ROWS), so every threshold must lie within that reach; producers size their int8 codes by
-    q8_max_rows, which assumes it."""
+    """A CUDA decode batch below its tensor-core threshold (quant.mmq_min_rows: per type, for narrow and for wide
+    weights) runs the dp4a GEMV (in 8-row passes up to GEMV_PASSES_MAX_ROWS), so every threshold must lie within
+    that reach; producers size their int8 codes by q8_max_rows, which assumes it."""
     assert quant.MMQ_MIN_ROWS, "no type takes the tensor-core product"
-    assert all(1 < rows <= quant.GEMV_PASSES_MAX_ROWS + 1 for rows in quant.MMQ_MIN_ROWS.values())
+    for qtype, (narrow, wide) in quant.MMQ_MIN_ROWS.items():
+        assert all(1 < rows <= quant.GEMV_PASSES_MAX_ROWS + 1 for rows in (narrow, wide)), qtype
+        assert quant.mmq_min_rows(qtype, quant.MMQ_WIDE_FEATURES - 1) == narrow
+        assert quant.mmq_min_rows(qtype, quant.MMQ_WIDE_FEATURES) == wide
+    assert quant.mmq_min_rows(QT.Q2_K, 4096) is None
