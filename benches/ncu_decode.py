@@ -8,8 +8,9 @@ GEMVs: the q4k dp4a GEMV and the bf16 skinny GEMM (4 and 8 warps) on the Llama-3
 down [4096, 14336] shapes at M = 1. Attention: one sequence at a 4k context in the grid the engine captures
 (max_seq_len 8192), with the automatic plan and with one kv head per CTA and 512-token pieces (the slowest
 per-CTA streaming rate of the sweep). Each runs several times; the counters say what limits these small grids:
-achieved bandwidth, occupancy and why the warps stall. mmq: the int8 tensor-core product (q4k, 28672x4096) at 8,
-16 and 32 rows next to the dp4a GEMV at 8 (`-k regex:"gguf_mmq|gemv_q8_kernel"`).
+achieved bandwidth, occupancy and why the warps stall. mmq: the int8 tensor-core product (q4k) at 8 and 16 rows on
+the o_proj and gate_up shapes next to the dp4a GEMV at 1 and 8 rows, and q8_0's dp4a GEMV at 1 and 8, all on codes
+an RMSNorm wrote (`-k regex:"gguf_mmq|gemv_q8_kernel"`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from candle_vllm.pyengine.ops import cuda, cuda_gguf, cuda_paged
+from candle_vllm.pyengine.ops.norm import rms_norm
 from candle_vllm.pyengine.quant.isq import quantize
 
 DEV = torch.device("cuda")
@@ -39,16 +41,20 @@ def gemvs() -> None:
 
 
 def mmq() -> None:
-    """The int8 tensor-core GGUF product (q4k, gate_up shape) at 8, 16 and 32 rows, and the dp4a GEMV at 8."""
-    n, k = 28672, 4096
-    blocks = quantize(torch.randn(n, k, device=DEV).to(torch.bfloat16), "q4k")
-    for m in (8, 16, 32):
-        x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
-        for _ in range(3):
-            cuda_gguf.mmq(x, blocks, QT.Q4_K, n, k)
-    x = torch.randn(8, k, device=DEV).to(torch.bfloat16)
-    for _ in range(3):
-        cuda_gguf.gemv(x, blocks, QT.Q4_K, n, k)
+    """The int8 tensor-core GGUF product (q4k) on the o_proj and gate_up shapes at 8 and 16 rows, next to the dp4a
+    GEMV at 1 and 8 rows; q8_0's dp4a GEMV at 1 row (its loads re-read sectors through L1). Codes from an RMSNorm, as
+    the decode step's producers write them."""
+    for qtype, name, shapes in ((QT.Q4_K, "q4k", [(4096, 4096), (28672, 4096)]), (QT.Q8_0, "q8_0", [(4096, 4096)])):
+        for n, k in shapes:
+            blocks = quantize(torch.randn(n, k, device=DEV).to(torch.bfloat16), name)
+            norm_w = torch.ones(k, device=DEV, dtype=torch.bfloat16)
+            for m in (1, 8, 16):
+                codes = rms_norm(torch.randn(m, k, device=DEV).to(torch.bfloat16), norm_w, 1e-5, q8=True)
+                for _ in range(2):
+                    if qtype == QT.Q4_K and m > 1:
+                        cuda_gguf.mmq(codes, blocks, qtype, n, k)
+                    if m <= 8:
+                        cuda_gguf.gemv(codes, blocks, qtype, n, k)
 
 
 def attention() -> None:
