@@ -96,7 +96,7 @@ struct MmqQ6K {
       lo[k] = centered<6>(((l0[k] >> (4 * j)) & gguf::kNib) | (((h[k] >> (4 * j)) & 0x03030303u) << 4));
       hi[k] = centered<6>(((l1[k] >> (4 * j)) & gguf::kNib) | (((h[k] >> (4 * j + 2)) & 0x03030303u) << 4));
     }
-    a[0] = a[1] = ql[0].odd ? gguf::half_hi(dw) : gguf::half_lo(dw);
+    a[0] = a[1] = gguf::f16_a2(dw);
     b[0] = b[1] = 0.f;
   }
   // sc[i][h]: the scale of half h of sub-block 2j + i (bytes 4j..4j+3 of the unit's 8 scales).

@@ -41,7 +41,7 @@ struct Q8Dot<Q4_0> : Block32X {
   }
   GGUF_HD void decode(const Raw& raw, const uint8_t* b, int) {
     words_a2(raw.qs, qs);
-    d = f16_a2(raw.d, b);
+    d = f16_a2(raw.d);
   }
   GGUF_HD float dot(const X& x) const {
     int lo, hi;
@@ -110,7 +110,7 @@ struct Q8Dot<Q5_0> : Block32X {
     uint32_t qs[4], qh[1];
     words_a2(raw.qs, qs);
     words_a2(raw.qh, qh);
-    d = f16_a2(raw.d, b);
+    d = f16_a2(raw.d);
     add_fifth_bits(lo, hi, qs, qh[0]);
   }
   GGUF_HD float dot(const X& x) const {
@@ -157,7 +157,7 @@ struct Q8Dot<Q8_0> {
   }
   GGUF_HD void decode(const Raw& raw, const uint8_t* b, int p) {
     words_a2(raw.qs, qs);
-    d = f16_a2(raw.d, b);
+    d = f16_a2(raw.d);
   }
   GGUF_HD static void load_x(X& x, const int8_t* xq, const XBlock* xb, int p) { ld_x_piece(x, 0, xq, xb, 16 * p, p); }
   GGUF_HD float dot(const X& x) const {

@@ -128,7 +128,7 @@ struct Q8Dot<Q6_K> {
     words_a2(raw.qb, qb);
     words_a2(raw.qh, qh);
     words_a2(raw.sc, sc);
-    const float d = f16_a2(raw.d, blk + 208);
+    const float d = f16_a2(raw.d);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       c[0][k] = minus32((qa[k] & kNib) | ((qh[k] << 4) & 0x30303030u));

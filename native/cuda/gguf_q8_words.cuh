@@ -104,9 +104,10 @@ GGUF_HD float half_lo(uint32_t w) {
 }
 GGUF_HD float half_hi(uint32_t w) { return half_lo(w >> 16); }
 
-// The aligned word holding the f16 at a 2-byte aligned p, and that f16 as f32.
-GGUF_HD uint32_t fetch_f16_a2(const uint8_t* p) { return ld<uint32_t>(p - (odd_half(p) ? 2 : 0)); }
-GGUF_HD float f16_a2(uint32_t w, const uint8_t* p) { return odd_half(p) ? half_hi(w) : half_lo(w); }
+// The f16 at a 2-byte aligned p (its bits in the low half; one 16-bit load, so a block's d never reads past the
+// tensor's last byte), and that f16 as f32.
+GGUF_HD uint32_t fetch_f16_a2(const uint8_t* p) { return ld<uint16_t>(p); }
+GGUF_HD float f16_a2(uint32_t w) { return half_lo(w); }
 
 // Bit 4 of byte j = bit j of the low 4 bits of n (the fifth bit of 4 adjacent 5-bit codes).
 GGUF_HD uint32_t bit4_of_bytes(uint32_t n) { return ((n & 0xF) * 0x00204081u & 0x01010101u) << 4; }
