@@ -12,7 +12,8 @@ namespace candle_vllm::cuda {
 namespace {
 
 // The step inputs one epilogue element needs: its token's slot and, for a q/k row (as stored), its pair's cos and
-// sin. Read by warp 0 before the block reduces its sums, so the loads' latency hides behind the reduction.
+// sin. The dp4a GEMV's warp 0 reads them before the block reduces its sums, so the loads' latency hides behind the
+// reduction; the tensor-core product's store reads them per output after its reduction.
 struct RopeLane {
   int64_t slot;
   float c, s;

@@ -153,7 +153,8 @@ def mmq(
     if not mmq_supported(x, data, qtype, out_features, in_features):
         raise ValueError(
             "gguf mmq needs x [M<=32, K % 256 == 0] contiguous f16/bf16 and W as contiguous 16-byte aligned uint8 "
-            "blocks of a type with a tensor-core kernel (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) on the same CUDA device; "
+            "blocks of a type with a tensor-core kernel (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) on the same "
+            "CUDA device; "
             + _operands(x, data, qtype, out_features, in_features)
         )
     m = x.shape[0]
@@ -213,7 +214,7 @@ def gemv_rope_cache(
     ``data`` holds W [q_rows + 2 * kv_heads * head_dim, K] with each q and k head's halves interleaved row by row
     (``ops.row_pairs.interleave_halves(rows, head_dim, 1)`` on the q/k block rows), so the GEMV's CTAs, which own
     an even number of consecutive rows, hold whole rotation pairs. Returns y [M, N] in the standard layout, q and
-    k rotated (bit for bit as the GEMV then ``rotary_embedding_cache_(..., pair_group=1)`` leave them), with k and
+    k rotated (bit for bit as the product then ``rotary_embedding_cache_(..., pair_group=1)`` leave them), with k and
     v stored at ``slot_mapping`` (negative: skipped) in ``kv_cache`` [2, blocks, block_size, kv_heads, head_dim];
     None (nothing done) where the kernel does not apply. x's codes (a :class:`Q8Activation`) spare the quantizer
     launch; ``rows`` as in :func:`gemv`."""

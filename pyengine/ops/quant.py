@@ -5,8 +5,8 @@ footprint. On CPU the native kernels decode blocks on the fly (decode-sized batc
 8-bit quantized activations, as llama.cpp does). On CUDA, decode batches (<= 8 rows) run a fused GEMV that reads
 each quantized byte once (int8-quantized activations and dp4a for the types that have it, else f16/bf16
 activations on tensor cores), larger batches dequantize W into a scratch tensor and multiply with cuBLAS
-through torch. Elsewhere the weight is dequantized and multiplied with torch. The pure-torch dequantizers below are the reference the
-native kernels are tested against, and what runs on devices without native kernels.
+through torch. Elsewhere the weight is dequantized and multiplied with torch. The pure-torch dequantizers below are
+the reference the native kernels are tested against, and what runs on devices without native kernels.
 """
 
 from __future__ import annotations
@@ -306,8 +306,9 @@ def quant_matmul(
 
 
 # Decode batches of types without the tensor-core product (below) run the fused GEMV in 8-row passes up to this
-# many rows (each pass reads the quantized weights once); beyond it dequantize + cuBLAS is cheaper. At 16 rows two q4k passes read 10 GB per 8B step against
-# ~35 GB for dequantizing to bf16 and multiplying; at 24 they would break even (benches/RESULTS.md).
+# many rows (each pass reads the quantized weights once); beyond it dequantize + cuBLAS is cheaper. At 16 rows two
+# q4k passes read 10 GB per 8B step against ~35 GB for dequantizing to bf16 and multiplying; at 24 they would break
+# even (benches/RESULTS.md).
 GEMV_PASSES_MAX_ROWS = 16
 # Types with the int8 tensor-core product (cuda_gguf.mmq) take it from a number of rows up to its maximum (32): it
 # decodes each weight once for all rows, where the dp4a GEMV decodes it once per row (and runs 5-8 rows as 8). The
@@ -372,12 +373,12 @@ def q8_max_rows(qtype: QT, in_features: int) -> int:
 def _cuda_quant_matmul(
     x: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: int, in_features: int, q8: Q8Activation | None
 ) -> torch.Tensor:
-    """Decode batches: from ``mmq_min_rows(qtype, out_features)`` to 32 rows of f16/bf16 the int8 tensor-core product where the type has
-    one; else up to 8 rows the fused dp4a GEMV and up to 16 rows that GEMV in passes of 8 rows, each reading the
-    quantized bytes once. Within each kernel a row's arithmetic does not depend on the other rows (and the passes
-    are the 8-row GEMV's), so results are batch invariant for batches that take the same kernel. ``q8``'s codes
-    (rows as x's) go to the int8 kernels. Larger batches (prefill): W dequantized into a scratch tensor from torch's
-    allocator, then one cuBLAS GEMM."""
+    """Decode batches: from ``mmq_min_rows(qtype, out_features)`` to 32 rows of f16/bf16 the int8 tensor-core
+    product where the type has one; else up to 8 rows the fused dp4a GEMV and up to 16 rows that GEMV in passes of 8
+    rows, each reading the quantized bytes once. Within each kernel a row's arithmetic does not depend on the other
+    rows (and the passes are the 8-row GEMV's), so results are batch invariant for batches that take the same kernel.
+    ``q8``'s codes (rows as x's) go to the int8 kernels. Larger batches (prefill): W dequantized into a scratch
+    tensor from torch's allocator, then one cuBLAS GEMM."""
     x2 = x.reshape(-1, in_features).contiguous()
     q8 = Q8Activation(x2, q8.xq, q8.xb) if q8 is not None else None
     rows, per_pass = x2.shape[0], native.module().cuda_gguf_gemv_max_m

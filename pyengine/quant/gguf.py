@@ -39,7 +39,8 @@ def rope_epilogue_enabled() -> bool:
 
 def rope_epilogue_possible(qtype: GGMLQuantizationType, device: torch.device, dtype: torch.dtype) -> bool:
     """Whether a GGUF q/k/v weight of ``qtype`` on ``device`` (activations in ``dtype``) can be served by the
-    dp4a GEMV with the RoPE + cache epilogue, and so is worth storing in its paired layout."""
+    RoPE + cache epilogue (on the dp4a GEMV, and on the tensor-core product where a batch takes it), and so is worth
+    storing in its paired layout."""
     return (
         rope_epilogue_enabled()
         and dtype in (torch.float16, torch.bfloat16)
@@ -53,9 +54,10 @@ class GGUFLinear(LinearMethod):
 
     ``rope_rows`` / ``head_dim``: the weight is a fused q/k/v projection whose first ``rope_rows`` rows (the q and
     k heads) are stored with each head's halves interleaved row by row (``ops.row_pairs``, group 1; a gather of
-    whole block rows at load), so the dp4a GEMV's CTAs own whole rotation pairs and :meth:`forward_rope_cache`
-    rotates and stores k/v in its epilogue; :meth:`forward` returns the q/k heads in that layout
-    (``rope_pair_group``), which the RoPE kernels read and leave in the standard one.
+    whole block rows at load), so the CTAs of the decode products (the dp4a GEMV, the tensor-core product) own
+    whole rotation pairs and :meth:`forward_rope_cache` rotates and stores k/v in their epilogue; :meth:`forward`
+    returns the q/k heads in that layout (``rope_pair_group``), which the RoPE kernels read and leave in the standard
+    one.
     """
 
     def __init__(self, weight: GGUFWeight, device: torch.device, rope_rows: int = 0, head_dim: int = 0) -> None:

@@ -4,7 +4,8 @@ Oracles: the `gguf` package's dequantizer (W64) and a torch re-implementation of
 the dp4a GEMV's bounds (``assert_dp4a_within``: the same int8 codes, exact integer dot products per 32-element
 sub-block, f32 scaling). Properties: a token's result does not depend on the other tokens of its launch (bit for
 bit across batch compositions), codes handed over by a producer give the bits of the kernel's own quantizer, and
-``ops.quant.quant_matmul`` sends batches of ``mmq_min_rows(qtype, out_features)``..32 rows of a type with the kernel to it.
+``ops.quant.quant_matmul`` sends batches of ``mmq_min_rows(qtype, out_features)``..32 rows of a type with the kernel
+to it.
 """
 
 from __future__ import annotations
