@@ -33,6 +33,17 @@ struct MmqQ8_0 {
   }
 };
 
+// Codes w = d * (code - 2^(kBits-1)) of a unit's two blocks: lo and hi centered to int8 lanes, a = the blocks' d's,
+// no min term (Q4_0, Q5_0).
+template <int kBits>
+__device__ __forceinline__ void centered_blocks(uint32_t (&lo)[2], uint32_t (&hi)[2], float d0, float d1,
+                                                float (&a)[2], float (&b)[2]) {
+#pragma unroll
+  for (int k = 0; k < 2; ++k) lo[k] = centered<kBits>(lo[k]), hi[k] = centered<kBits>(hi[k]);
+  a[0] = d0, a[1] = d1;
+  b[0] = b[1] = 0.f;
+}
+
 // The nibble types keep the mma's own slots (kSplitLanes): lane t takes code bytes 4t..4t+3 of a block, whose low
 // nibbles are elements 4t..4t+3 and high nibbles 16+4t..16+4t+3, one word per block.
 
@@ -51,10 +62,7 @@ struct MmqQ4_0 {
   __device__ void pair(int, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
     nibble_codes(gguf::mid16(e[0], e[1]), lo);
     nibble_codes(o, hi);
-#pragma unroll
-    for (int k = 0; k < 2; ++k) lo[k] = centered<4>(lo[k]), hi[k] = centered<4>(hi[k]);
-    a[0] = gguf::half_lo(d0), a[1] = gguf::half_hi(d1);
-    b[0] = b[1] = 0.f;
+    centered_blocks<4>(lo, hi, gguf::half_lo(d0), gguf::half_hi(d1), a, b);
   }
 };
 
@@ -95,10 +103,7 @@ struct MmqQ5_0 {
     add_fifth_bits(gguf::mid16(w0, w1), t, lo);
     nibble_codes(o, hi);
     add_fifth_bits(qh1, t, hi);
-#pragma unroll
-    for (int k = 0; k < 2; ++k) lo[k] = centered<5>(lo[k]), hi[k] = centered<5>(hi[k]);
-    a[0] = gguf::half_lo(w0), a[1] = gguf::half_hi(w5);
-    b[0] = b[1] = 0.f;
+    centered_blocks<5>(lo, hi, gguf::half_lo(w0), gguf::half_hi(w5), a, b);
   }
 };
 
