@@ -8,7 +8,7 @@
 
 namespace candle_vllm::cuda::mmq {
 
-__device__ __forceinline__ uint32_t word(const uint8_t* unit, int i) {
+GGUF_HD uint32_t word(const uint8_t* unit, int i) {
   return gguf::ld<uint32_t>(reinterpret_cast<const uint32_t*>(unit) + i);
 }
 
@@ -18,14 +18,14 @@ struct MmqQ8_0 {
   static constexpr int kBlockElems = 64, kBlockBytes = 68, kPairs = 1, kDepth = 4;
   static constexpr bool kMins = false, kSplitLanes = false, kHalfScales = false;
   uint32_t e[3], o[2], d0, d1;
-  __device__ void fetch(const uint8_t* row, int u, int t) {
+  GGUF_HD void fetch(const uint8_t* row, int u, int t) {
     const uint8_t* unit = row + static_cast<int64_t>(u) * kBlockBytes;
 #pragma unroll
     for (int k = 0; k < 3; ++k) e[k] = word(unit, 2 * t + k);
     o[0] = word(unit, 9 + 2 * t), o[1] = word(unit, 10 + 2 * t);
     d0 = word(unit, 0), d1 = word(unit, 8);
   }
-  __device__ void pair(int, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
+  GGUF_HD void pair(int, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
     lo[0] = gguf::mid16(e[0], e[1]), lo[1] = gguf::mid16(e[1], e[2]);
     hi[0] = o[0], hi[1] = o[1];
     a[0] = gguf::half_lo(d0), a[1] = gguf::half_hi(d1);
@@ -36,8 +36,8 @@ struct MmqQ8_0 {
 // Codes w = d * (code - 2^(kBits-1)) of a unit's two blocks: lo and hi centered to int8 lanes, a = the blocks' d's,
 // no min term (Q4_0, Q5_0).
 template <int kBits>
-__device__ __forceinline__ void centered_blocks(uint32_t (&lo)[2], uint32_t (&hi)[2], float d0, float d1,
-                                                float (&a)[2], float (&b)[2]) {
+GGUF_HD void centered_blocks(uint32_t (&lo)[2], uint32_t (&hi)[2], float d0, float d1, float (&a)[2],
+                             float (&b)[2]) {
 #pragma unroll
   for (int k = 0; k < 2; ++k) lo[k] = centered<kBits>(lo[k]), hi[k] = centered<kBits>(hi[k]);
   a[0] = d0, a[1] = d1;
@@ -54,12 +54,12 @@ struct MmqQ4_0 {
   static constexpr int kBlockElems = 64, kBlockBytes = 36, kPairs = 1, kDepth = 4;
   static constexpr bool kMins = false, kSplitLanes = true, kHalfScales = false;
   uint32_t e[2], o, d0, d1;
-  __device__ void fetch(const uint8_t* row, int u, int t) {
+  GGUF_HD void fetch(const uint8_t* row, int u, int t) {
     const uint8_t* unit = row + static_cast<int64_t>(u) * kBlockBytes;
     e[0] = word(unit, t), e[1] = word(unit, t + 1), o = word(unit, 5 + t);
     d0 = word(unit, 0), d1 = word(unit, 4);
   }
-  __device__ void pair(int, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
+  GGUF_HD void pair(int, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
     nibble_codes(gguf::mid16(e[0], e[1]), lo);
     nibble_codes(o, hi);
     centered_blocks<4>(lo, hi, gguf::half_lo(d0), gguf::half_hi(d1), a, b);
@@ -72,12 +72,12 @@ struct MmqQ4_1 {
   static constexpr int kBlockElems = 64, kBlockBytes = 40, kPairs = 1, kDepth = 4;
   static constexpr bool kMins = true, kSplitLanes = true, kHalfScales = false;
   uint32_t e, o, dm0, dm1;
-  __device__ void fetch(const uint8_t* row, int u, int t) {
+  GGUF_HD void fetch(const uint8_t* row, int u, int t) {
     const uint8_t* unit = row + static_cast<int64_t>(u) * kBlockBytes;
     e = word(unit, 1 + t), o = word(unit, 6 + t);
     dm0 = word(unit, 0), dm1 = word(unit, 5);
   }
-  __device__ void pair(int, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
+  GGUF_HD void pair(int, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
     nibble_codes(e, lo);
     nibble_codes(o, hi);
     a[0] = gguf::half_lo(dm0), a[1] = gguf::half_lo(dm1);
@@ -92,13 +92,13 @@ struct MmqQ5_0 {
   static constexpr int kBlockElems = 64, kBlockBytes = 44, kPairs = 1, kDepth = 4;
   static constexpr bool kMins = false, kSplitLanes = true, kHalfScales = false;
   uint32_t w0, w1, e[2], w5, qh1, o;
-  __device__ void fetch(const uint8_t* row, int u, int t) {
+  GGUF_HD void fetch(const uint8_t* row, int u, int t) {
     const uint8_t* unit = row + static_cast<int64_t>(u) * kBlockBytes;
     w0 = word(unit, 0), w1 = word(unit, 1);
     e[0] = word(unit, 1 + t), e[1] = word(unit, 2 + t);
     w5 = word(unit, 5), qh1 = word(unit, 6), o = word(unit, 7 + t);
   }
-  __device__ void pair(int, int t, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
+  GGUF_HD void pair(int, int t, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
     nibble_codes(gguf::mid16(e[0], e[1]), lo);
     add_fifth_bits(gguf::mid16(w0, w1), t, lo);
     nibble_codes(o, hi);
@@ -114,12 +114,12 @@ struct MmqQ5_1 {
   static constexpr bool kMins = true, kSplitLanes = true, kHalfScales = false;
   uint2 h0, h1;
   uint32_t e, o;
-  __device__ void fetch(const uint8_t* row, int u, int t) {
+  GGUF_HD void fetch(const uint8_t* row, int u, int t) {
     const uint8_t* unit = row + static_cast<int64_t>(u) * kBlockBytes;
     h0 = gguf::ld<uint2>(unit), e = word(unit, 2 + t);
     h1 = gguf::ld<uint2>(unit + 24), o = word(unit, 8 + t);
   }
-  __device__ void pair(int, int t, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
+  GGUF_HD void pair(int, int t, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
     nibble_codes(e, lo);
     add_fifth_bits(h0.y, t, lo);
     nibble_codes(o, hi);

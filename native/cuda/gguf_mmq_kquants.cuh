@@ -8,7 +8,7 @@ namespace candle_vllm::cuda::mmq {
 
 // w = a * code - b for Q4_K / Q5_K sub-blocks 2j and 2j+1, from the block's first 16 bytes h (d, dmin, 12 bytes of
 // packed 6-bit scales and mins).
-__device__ __forceinline__ void k4_pair_scales(const uint4& h, int j, float (&a)[2], float (&b)[2]) {
+GGUF_HD void k4_pair_scales(const uint4& h, int j, float (&a)[2], float (&b)[2]) {
   const float d = gguf::half_lo(h.x), dmin = gguf::half_hi(h.x);
   uint32_t sc, m;
   gguf::k4_scale_min_pair(h.y, h.z, h.w, j, sc, m);
@@ -27,13 +27,13 @@ struct MmqQ4K {
   static constexpr bool kMins = true, kSplitLanes = false, kHalfScales = false;
   uint2 q[kPairs];
   uint4 h;
-  __device__ void fetch(const uint8_t* row, int u, int t) {
+  GGUF_HD void fetch(const uint8_t* row, int u, int t) {
     const uint8_t* blk = row + static_cast<int64_t>(u) * kBlockBytes;
     h = gguf::ld<uint4>(blk);
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) q[j] = gguf::ld<uint2>(blk + 16 + 32 * j + 8 * t);
   }
-  __device__ void pair(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
+  GGUF_HD void pair(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
     lo[0] = q[j].x & gguf::kNib, lo[1] = q[j].y & gguf::kNib;
     hi[0] = (q[j].x >> 4) & gguf::kNib, hi[1] = (q[j].y >> 4) & gguf::kNib;
     k4_pair_scales(h, j, a, b);
@@ -48,14 +48,14 @@ struct MmqQ5K {
   static constexpr bool kMins = true, kSplitLanes = false, kHalfScales = false;
   uint2 q[kPairs], e;
   uint4 h;
-  __device__ void fetch(const uint8_t* row, int u, int t) {
+  GGUF_HD void fetch(const uint8_t* row, int u, int t) {
     const uint8_t* blk = row + static_cast<int64_t>(u) * kBlockBytes;
     h = gguf::ld<uint4>(blk);
     e = gguf::ld<uint2>(blk + 16 + 8 * t);
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) q[j] = gguf::ld<uint2>(blk + 48 + 32 * j + 8 * t);
   }
-  __device__ void pair(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
+  GGUF_HD void pair(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
     const uint32_t qs[2] = {q[j].x, q[j].y}, qh[2] = {e.x, e.y};
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -77,7 +77,7 @@ struct MmqQ6K {
   static constexpr bool kMins = false, kSplitLanes = false, kHalfScales = true;
   gguf::A2Words<2> ql[2], qh, sc;
   uint32_t dw;
-  __device__ void fetch(const uint8_t* row, int u, int t) {
+  GGUF_HD void fetch(const uint8_t* row, int u, int t) {
     const uint8_t* blk = row + static_cast<int64_t>(u >> 1) * (2 * kBlockBytes);
     const int n = u & 1;
     gguf::fetch_a2(ql[0], blk + 64 * n + 8 * t);
@@ -86,7 +86,7 @@ struct MmqQ6K {
     gguf::fetch_a2(sc, blk + 192 + 8 * n);
     dw = gguf::fetch_f16_a2(blk + 208);
   }
-  __device__ void pair(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
+  GGUF_HD void pair(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
     uint32_t l0[2], l1[2], h[2];
     gguf::words_a2(ql[0], l0);
     gguf::words_a2(ql[1], l1);
@@ -100,7 +100,7 @@ struct MmqQ6K {
     b[0] = b[1] = 0.f;
   }
   // sc[i][h]: the scale of half h of sub-block 2j + i (bytes 4j..4j+3 of the unit's 8 scales).
-  __device__ void half_scales(int j, int (&s)[2][2]) const {
+  GGUF_HD void half_scales(int j, int (&s)[2][2]) const {
     uint32_t w[2];
     gguf::words_a2(sc, w);
 #pragma unroll

@@ -9,7 +9,8 @@
 // 16+4t..16+4t+3, the mma's own slots) and the affine scale of each, w = a * code - b. kMins is false where b is always
 // 0 (the codes are already signed), so the kernel drops the b * sum(x codes) term. kHalfScales: each 16-element half of
 // a sub-block has its own integer scale (half_scales(j, sc): sc[sub-block][half]), so the kernel takes each half's dot
-// on its own (w = a * sc * code).
+// on its own (w = a * sc * code). Loaders are plain integer code (GGUF_HD), so they also run on the host, where
+// tests/native/host_parts/tile_weights.cpp rebuilds each lane's weights from them.
 //
 // The weight is 16-byte aligned and K a multiple of 256, so the rows of the 32-element types (K / 32 blocks of 18,
 // 20, 22, 24 or 34 bytes: whole multiples of 8 blocks) start 16-byte aligned, and their loaders, whose units are a
@@ -22,21 +23,21 @@ namespace candle_vllm::cuda::mmq {
 
 // A lane's codes (kSplitLanes: elements 4t..4t+3, then 16+4t..16+4t+3) of a 32-element block whose element i < 16
 // is the low nibble of code byte i and element 16 + i the high nibble: q is the block's code bytes 4t..4t+3.
-__device__ __forceinline__ void nibble_codes(uint32_t q, uint32_t (&out)[2]) {
+GGUF_HD void nibble_codes(uint32_t q, uint32_t (&out)[2]) {
   out[0] = q & gguf::kNib, out[1] = (q >> 4) & gguf::kNib;
 }
 
 // Codes of kBits bits (one per byte) minus 2^(kBits - 1) as int8 lanes: the offset types' (Q4_0, Q5_0, Q6_K) w = a *
 // centered code, with no min term. The sign bit flipped, then copied into the bits above it.
 template <int kBits>
-__device__ __forceinline__ uint32_t centered(uint32_t codes) {
+GGUF_HD uint32_t centered(uint32_t codes) {
   constexpr uint32_t kSign = 0x01010101u << (kBits - 1);
   const uint32_t x = codes ^ kSign;
   return x | (x & kSign) * ((0x100u >> (kBits - 1)) - 2);
 }
 
 // The fifth bits of those codes from the block's 32-bit qh (bit e = element e), into bit 4 of each byte.
-__device__ __forceinline__ void add_fifth_bits(uint32_t qh, int t, uint32_t (&codes)[2]) {
+GGUF_HD void add_fifth_bits(uint32_t qh, int t, uint32_t (&codes)[2]) {
   codes[0] |= gguf::bit4_of_bytes(qh >> (4 * t)), codes[1] |= gguf::bit4_of_bytes(qh >> (16 + 4 * t));
 }
 

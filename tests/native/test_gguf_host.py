@@ -1,12 +1,17 @@
-"""The dp4a GGUF Parts (native/cuda/gguf_q8*.cuh) run on the host against the `gguf` package's dequantizer.
+"""The GGUF CUDA kernels' integer code on the host, against the `gguf` package's dequantizer.
 
-The Parts are plain integer code whose CUDA intrinsics have host fallbacks; tests/native/host_parts/dot_rows.cpp
-walks a weight row Part by Part as a GEMV thread does (fetch, decode, load_x, dot) with the host compiler, so their
-decoding and scaling are checked in CI, without a GPU. Inputs: random GGUF blocks with finite f16 scales, random
-int8 codes with random f32 block scales and their half sums (an XBlock each). Oracle: gguf's f32 dequantized
-weights times the activation values (code * scale) in float64. The Parts take exact integer dot products and scale
-them in f32, so they agree within f32 rounding: 1e-5 of sum(|w| * |x|) per row (a misplaced code or scale is off by
-a large fraction of the row's magnitude).
+The dp4a Parts (native/cuda/gguf_q8*.cuh) and the tile loaders of the tensor-core product (gguf_mmq_*.cuh) are plain
+integer code whose CUDA intrinsics have host fallbacks; the drivers in tests/native/host_parts run them with the
+host compiler, so their decoding and scaling are checked in CI, without a GPU. Inputs: random GGUF blocks with finite
+f16 scales; for the Parts, random int8 codes with random f32 block scales and their half sums (an XBlock each).
+
+- Parts (dot_rows.cpp walks a weight row Part by Part as a GEMV thread does: fetch, decode, load_x, dot): against
+  gguf's f32 dequantized weights times the activation values (code * scale) in float64. They take exact integer dot
+  products and scale them in f32, so they agree within f32 rounding: 1e-5 of sum(|w| * |x|) per row (a misplaced
+  code or scale is off by a large fraction of the row's magnitude).
+- Tile loaders (tile_weights.cpp rebuilds every weight from the codes and scales each lane hands the mma, at the
+  element the loader contract gives that lane's slot): against gguf's dequantized weights, within f32 rounding
+  (1e-6 of each weight's magnitude plus its row's largest, which bounds the scale and min terms).
 """
 
 from __future__ import annotations
@@ -21,29 +26,40 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 ROOT = Path(__file__).resolve().parents[2]
-DRIVER = Path(__file__).with_name("host_parts")
+DRIVERS = Path(__file__).with_name("host_parts")
 PART_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K]
+TILE_TYPES = PART_TYPES
 SCALE_FIELDS = {  # byte offsets of each block's f16 scale fields (ggml-common.h)
     QT.Q4_0: (0,), QT.Q4_1: (0, 2), QT.Q5_0: (0,), QT.Q5_1: (0, 2), QT.Q8_0: (0,),
     QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,),
 }
 ROWS, COLS = 12, 1024
 REL_F32 = 1e-5
+REL_SCALE = 1e-6
+
+
+def build(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """Driver ``name`` built with the host C++ compiler."""
+    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    exe = tmp_path_factory.mktemp("host_parts") / name
+    subprocess.run(
+        [cxx, "-std=c++17", "-O1", "-Wall", "-Wno-unknown-pragmas", "-Werror", f"-I{ROOT / 'native'}",
+         f"-I{DRIVERS}", str(DRIVERS / f"{name}.cpp"), "-o", str(exe)],
+        check=True, capture_output=True, text=True,
+    )
+    return exe
 
 
 @pytest.fixture(scope="module")
 def dot_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The driver built with the host C++ compiler."""
-    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
-    exe = tmp_path_factory.mktemp("host_parts") / "dot_rows"
-    subprocess.run(
-        [cxx, "-std=c++17", "-O1", "-Wall", "-Wno-unknown-pragmas", "-Werror", f"-I{ROOT / 'native'}",
-         f"-I{DRIVER}", str(DRIVER / "dot_rows.cpp"), "-o", str(exe)],
-        check=True, capture_output=True, text=True,
-    )
-    return exe
+    return build(tmp_path_factory, "dot_rows")
+
+
+@pytest.fixture(scope="module")
+def tile_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory, "tile_weights")
 
 
 def random_blocks(qtype: QT, rng: np.random.Generator) -> np.ndarray:
@@ -67,7 +83,7 @@ def random_activation(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray,
 
 
 def run_driver(exe: Path, tmp_path: Path, qtype: QT, payload: bytes) -> tuple[int, np.ndarray]:
-    """The driver's exit code and its row sums for a weight and one token (``payload``) of ``qtype``."""
+    """A driver's exit code and its f64 output for ``payload`` (the weight bytes, and for dot_rows one token)."""
     src, dst = tmp_path / "in.bin", tmp_path / "out.bin"
     src.write_bytes(np.array([int(qtype), ROWS, COLS], dtype="<i4").tobytes() + payload)
     code = subprocess.run([str(exe), str(src), str(dst)], check=False).returncode
@@ -88,6 +104,18 @@ def test_part_dots_match_the_dequantized_rows(dot_rows: Path, tmp_path: Path, qt
     assert np.all(np.abs(got - want) <= REL_F32 * magnitude), np.max(np.abs(got - want) / magnitude)
 
 
-def test_a_type_without_a_part_is_refused(dot_rows: Path, tmp_path: Path) -> None:
-    code, _ = run_driver(dot_rows, tmp_path, QT.IQ4_NL, b"")
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("qtype", TILE_TYPES, ids=lambda t: t.name)
+def test_tile_loaders_give_the_dequantized_weights(tile_weights: Path, tmp_path: Path, qtype: QT, seed: int) -> None:
+    raw = random_blocks(qtype, np.random.default_rng(100 * int(qtype) + seed))
+    code, got = run_driver(tile_weights, tmp_path, qtype, raw.tobytes())
+    assert code == 0
+    want = gguf.quants.dequantize(raw, qtype).astype(np.float64).reshape(ROWS, COLS)
+    bound = REL_SCALE * (np.abs(want) + np.abs(want).max(axis=1, keepdims=True))
+    assert np.all(np.abs(got.reshape(ROWS, COLS) - want) <= bound), np.max(np.abs(got.reshape(ROWS, COLS) - want))
+
+
+@pytest.mark.parametrize("driver", ["dot_rows", "tile_weights"])
+def test_a_type_without_a_kernel_is_refused(driver: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    code, _ = run_driver(request.getfixturevalue(driver), tmp_path, QT.IQ4_NL, b"")
     assert code == 3
