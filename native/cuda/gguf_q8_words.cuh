@@ -70,7 +70,9 @@ GGUF_HD V ld(const void* p) {
 
 GGUF_HD bool odd_half(const uint8_t* p) { return (reinterpret_cast<std::uintptr_t>(p) & 2) != 0; }
 
-// The aligned words holding bytes [p, p + 4N) of a 2-byte aligned p (N + 1 when p is not 4-byte aligned).
+// The aligned words holding bytes [p, p + 4N) of a 2-byte aligned p (N + 1 when p is not 4-byte aligned; the last
+// one then holds only the final two bytes, read by a 16-bit load so nothing past p + 4N is read: at a tensor's last
+// block that would be past its end).
 template <int N>
 struct A2Words {
   uint32_t w[N + 1];
@@ -83,7 +85,7 @@ GGUF_HD void fetch_a2(A2Words<N>& raw, const uint8_t* p) {
   const uint32_t* a = reinterpret_cast<const uint32_t*>(p - (odd ? 2 : 0));
 #pragma unroll
   for (int i = 0; i < N; ++i) raw.w[i] = ld<uint32_t>(a + i);
-  raw.w[N] = odd ? ld<uint32_t>(a + N) : 0u;
+  raw.w[N] = odd ? ld<uint16_t>(a + N) : 0u;  // mid16 takes only its low half
   raw.odd = odd;
 }
 
