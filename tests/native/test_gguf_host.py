@@ -4,6 +4,10 @@ The dp4a Parts (native/cuda/gguf_q8*.cuh) and the tile loaders of the tensor-cor
 integer code whose CUDA intrinsics have host fallbacks; the drivers in tests/native/host_parts run them with the
 host compiler, so their decoding and scaling are checked in CI, without a GPU. Inputs: random GGUF blocks with finite
 f16 scales; for the Parts, random int8 codes with random f32 block scales and their half sums (an XBlock each).
+The drivers are built with AddressSanitizer where the compiler has it, and hold the weight in an allocation of exactly
+its size: an odd number of rows of an odd number of blocks ends the tensor on a block that starts 2 bytes off a word
+(the 18-, 22-, 34-, 110- and 210-byte blocks), where a loader reading the words around its bytes would read past the
+tensor (what the GPU's memcheck found in session 10).
 
 - Parts (dot_rows.cpp walks a weight row Part by Part as a GEMV thread does: fetch, decode, load_x, dot): against
   gguf's f32 dequantized weights times the activation values (code * scale) in float64. They take exact integer dot
@@ -33,22 +37,27 @@ SCALE_FIELDS = {  # byte offsets of each block's f16 scale fields (ggml-common.h
     QT.Q4_0: (0,), QT.Q4_1: (0, 2), QT.Q5_0: (0,), QT.Q5_1: (0, 2), QT.Q8_0: (0,),
     QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,),
 }
-ROWS, COLS = 12, 1024
+ROWS = 13
 REL_F32 = 1e-5
 REL_SCALE = 1e-6
 
 
+def cols_for(qtype: QT, tiles: bool) -> int:
+    """Odd blocks per row where the kernel allows it: the tensor-core product takes whole 256-element units."""
+    return 768 if tiles or gguf.GGML_QUANT_SIZES[qtype][0] == 256 else 32 * 33
+
+
 def build(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
-    """Driver ``name`` built with the host C++ compiler."""
+    """Driver ``name`` built with the host C++ compiler, with AddressSanitizer where the compiler has it."""
     cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("no host C++ compiler")
     exe = tmp_path_factory.mktemp("host_parts") / name
-    subprocess.run(
-        [cxx, "-std=c++17", "-O1", "-Wall", "-Wno-unknown-pragmas", "-Werror", f"-I{ROOT / 'native'}",
-         f"-I{DRIVERS}", str(DRIVERS / f"{name}.cpp"), "-o", str(exe)],
-        check=True, capture_output=True, text=True,
-    )
+    flags = ["-std=c++17", "-O1", "-g", "-Wall", "-Wno-unknown-pragmas", "-Werror", f"-I{ROOT / 'native'}",
+             f"-I{DRIVERS}", str(DRIVERS / f"{name}.cpp"), "-o", str(exe)]
+    asan = subprocess.run([cxx, "-fsanitize=address", "-fno-omit-frame-pointer", *flags], capture_output=True, text=True)
+    if asan.returncode != 0:
+        subprocess.run([cxx, *flags], check=True, capture_output=True, text=True)
     return exe
 
 
@@ -62,43 +71,43 @@ def tile_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory, "tile_weights")
 
 
-def random_blocks(qtype: QT, rng: np.random.Generator) -> np.ndarray:
+def random_blocks(qtype: QT, cols: int, rng: np.random.Generator) -> np.ndarray:
     """Raw GGUF bytes [ROWS, row_bytes]: random codes and packed scales, finite moderate f16 scale fields."""
     bs, ts = gguf.GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, size=(ROWS, COLS // bs, ts), dtype=np.uint8)
+    raw = rng.integers(0, 256, size=(ROWS, cols // bs, ts), dtype=np.uint8)
     for at in SCALE_FIELDS[qtype]:
         scale = rng.uniform(0.25, 1.0, size=raw.shape[:2]) * rng.choice([-1.0, 1.0], size=raw.shape[:2]) / 32
         raw[:, :, at : at + 2] = scale.astype(np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
     return raw.reshape(ROWS, -1)
 
 
-def random_activation(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, bytes]:
-    """int8 codes [COLS], f32 scales [COLS / 32] and the XBlocks (scale, code sums of each 16-value half)."""
-    codes = rng.integers(-127, 128, size=COLS, dtype=np.int8)
-    scales = rng.uniform(0.005, 0.05, size=COLS // 32).astype(np.float32)
+def random_activation(cols: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, bytes]:
+    """int8 codes [cols], f32 scales [cols / 32] and the XBlocks (scale, code sums of each 16-value half)."""
+    codes = rng.integers(-127, 128, size=cols, dtype=np.int8)
+    scales = rng.uniform(0.005, 0.05, size=cols // 32).astype(np.float32)
     halves = codes.astype(np.int16).reshape(-1, 2, 16).sum(axis=2).astype(np.int16)
-    xblocks = np.zeros(COLS // 32, dtype=[("d", "<f4"), ("sum", "<i2", (2,))])
+    xblocks = np.zeros(cols // 32, dtype=[("d", "<f4"), ("sum", "<i2", (2,))])
     xblocks["d"], xblocks["sum"] = scales, halves
     return codes, scales, xblocks.tobytes()
 
 
-def run_driver(exe: Path, tmp_path: Path, qtype: QT, payload: bytes) -> tuple[int, np.ndarray]:
-    """A driver's exit code and its f64 output for ``payload`` (the weight bytes, and for dot_rows one token)."""
+def run_driver(exe: Path, tmp_path: Path, qtype: QT, cols: int, payload: bytes) -> tuple[int, np.ndarray, str]:
+    """A driver's exit code, f64 output and stderr for ``payload`` (the weight bytes, and for dot_rows one token)."""
     src, dst = tmp_path / "in.bin", tmp_path / "out.bin"
-    src.write_bytes(np.array([int(qtype), ROWS, COLS], dtype="<i4").tobytes() + payload)
-    code = subprocess.run([str(exe), str(src), str(dst)], check=False).returncode
-    return code, (np.fromfile(dst, dtype="<f8") if code == 0 else np.empty(0))
+    src.write_bytes(np.array([int(qtype), ROWS, cols], dtype="<i4").tobytes() + payload)
+    run = subprocess.run([str(exe), str(src), str(dst)], check=False, capture_output=True, text=True)
+    return run.returncode, (np.fromfile(dst, dtype="<f8") if run.returncode == 0 else np.empty(0)), run.stderr
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("qtype", PART_TYPES, ids=lambda t: t.name)
 def test_part_dots_match_the_dequantized_rows(dot_rows: Path, tmp_path: Path, qtype: QT, seed: int) -> None:
-    rng = np.random.default_rng(100 * int(qtype) + seed)
-    raw = random_blocks(qtype, rng)
-    codes, scales, xblocks = random_activation(rng)
-    code, got = run_driver(dot_rows, tmp_path, qtype, raw.tobytes() + codes.tobytes() + xblocks)
-    assert code == 0
-    w = gguf.quants.dequantize(raw, qtype).astype(np.float64).reshape(ROWS, COLS)
+    rng, cols = np.random.default_rng(100 * int(qtype) + seed), cols_for(qtype, tiles=False)
+    raw = random_blocks(qtype, cols, rng)
+    codes, scales, xblocks = random_activation(cols, rng)
+    code, got, err = run_driver(dot_rows, tmp_path, qtype, cols, raw.tobytes() + codes.tobytes() + xblocks)
+    assert code == 0, err
+    w = gguf.quants.dequantize(raw, qtype).astype(np.float64).reshape(ROWS, cols)
     x = codes.astype(np.float64) * np.repeat(scales.astype(np.float64), 32)
     want, magnitude = w @ x, np.abs(w) @ np.abs(x)
     assert np.all(np.abs(got - want) <= REL_F32 * magnitude), np.max(np.abs(got - want) / magnitude)
@@ -107,15 +116,16 @@ def test_part_dots_match_the_dequantized_rows(dot_rows: Path, tmp_path: Path, qt
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("qtype", TILE_TYPES, ids=lambda t: t.name)
 def test_tile_loaders_give_the_dequantized_weights(tile_weights: Path, tmp_path: Path, qtype: QT, seed: int) -> None:
-    raw = random_blocks(qtype, np.random.default_rng(100 * int(qtype) + seed))
-    code, got = run_driver(tile_weights, tmp_path, qtype, raw.tobytes())
-    assert code == 0
-    want = gguf.quants.dequantize(raw, qtype).astype(np.float64).reshape(ROWS, COLS)
+    cols = cols_for(qtype, tiles=True)
+    raw = random_blocks(qtype, cols, np.random.default_rng(100 * int(qtype) + seed))
+    code, got, err = run_driver(tile_weights, tmp_path, qtype, cols, raw.tobytes())
+    assert code == 0, err
+    got, want = got.reshape(ROWS, cols), gguf.quants.dequantize(raw, qtype).astype(np.float64).reshape(ROWS, cols)
     bound = REL_SCALE * (np.abs(want) + np.abs(want).max(axis=1, keepdims=True))
-    assert np.all(np.abs(got.reshape(ROWS, COLS) - want) <= bound), np.max(np.abs(got.reshape(ROWS, COLS) - want))
+    assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want))
 
 
 @pytest.mark.parametrize("driver", ["dot_rows", "tile_weights"])
 def test_a_type_without_a_kernel_is_refused(driver: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    code, _ = run_driver(request.getfixturevalue(driver), tmp_path, QT.IQ4_NL, b"")
+    code, _, _ = run_driver(request.getfixturevalue(driver), tmp_path, QT.IQ4_NL, 256, b"")
     assert code == 3

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cuda/gguf_q8.cuh"
+#include "weights.h"
 
 using candle_vllm::gguf::XBlock;
 
@@ -51,12 +52,13 @@ int main(int argc, char** argv) {
   const bool known = candle_vllm::gguf::dispatch_q8(qtype, [&](auto part) {
     using Q = decltype(part);
     const size_t wbytes = static_cast<size_t>(rows) * (k / Q::kBlockElems) * Q::kBlockBytes;
-    // 16-byte aligned (as the GPU tensor), padded: 2-byte-aligned loaders fetch whole words around their bytes.
-    std::vector<uint4> w((wbytes + 16) / 16 + 1);
+    // 16-byte aligned as the GPU tensor, and exactly its size: built with AddressSanitizer, a read past the last
+    // block (the GPU's memcheck finding) fails the run.
+    const Weights w(wbytes);
     std::vector<int8_t> xq(k);
     std::vector<XBlock> xb(k / 32);
-    ok = read_all(in, w.data(), wbytes) && read_all(in, xq.data(), k) && read_all(in, xb.data(), xb.size() * sizeof(XBlock));
-    if (ok) dot_rows<Q>(reinterpret_cast<const uint8_t*>(w.data()), rows, k, xq.data(), xb.data(), out.data());
+    ok = w.data() != nullptr && read_all(in, w.data(), wbytes) && read_all(in, xq.data(), k) && read_all(in, xb.data(), xb.size() * sizeof(XBlock));
+    if (ok) dot_rows<Q>(w.data(), rows, k, xq.data(), xb.data(), out.data());
   });
   std::fclose(in);
   if (!known) return 3;

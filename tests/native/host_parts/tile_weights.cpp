@@ -12,6 +12,7 @@
 
 #include "cuda/gguf_mmq_block32.cuh"
 #include "cuda/gguf_mmq_kquants.cuh"
+#include "weights.h"
 
 namespace mmq = candle_vllm::cuda::mmq;
 namespace gguf = candle_vllm::gguf;
@@ -83,10 +84,11 @@ int main(int argc, char** argv) {
   const bool known = dispatch(qtype, [&](auto loader) {
     using Q = decltype(loader);
     const size_t wbytes = static_cast<size_t>(rows) * (k / Q::kBlockElems) * Q::kBlockBytes;
-    // 16-byte aligned (as the GPU tensor), padded: 2-byte-aligned loaders fetch whole words around their bytes.
-    std::vector<uint4> w((wbytes + 16) / 16 + 1);
-    ok = std::fread(w.data(), 1, wbytes, in) == wbytes;
-    if (ok) tile_weights<Q>(reinterpret_cast<const uint8_t*>(w.data()), rows, k, out.data());
+    // 16-byte aligned as the GPU tensor, and exactly its size: built with AddressSanitizer, a read past the last
+    // block (the GPU's memcheck finding) fails the run.
+    const Weights w(wbytes);
+    ok = w.data() != nullptr && std::fread(w.data(), 1, wbytes, in) == wbytes;
+    if (ok) tile_weights<Q>(w.data(), rows, k, out.data());
   });
   std::fclose(in);
   if (!known) return 3;
