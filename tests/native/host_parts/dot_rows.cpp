@@ -57,7 +57,8 @@ int main(int argc, char** argv) {
     const Weights w(wbytes);
     std::vector<int8_t> xq(k);
     std::vector<XBlock> xb(k / 32);
-    ok = w.data() != nullptr && read_all(in, w.data(), wbytes) && read_all(in, xq.data(), k) && read_all(in, xb.data(), xb.size() * sizeof(XBlock));
+    ok = w.data() != nullptr && read_all(in, w.data(), wbytes) && read_all(in, xq.data(), k) &&
+         read_all(in, xb.data(), xb.size() * sizeof(XBlock));
     if (ok) dot_rows<Q>(w.data(), rows, k, xq.data(), xb.data(), out.data());
   });
   std::fclose(in);
