@@ -1,14 +1,17 @@
 """The GGUF CUDA kernels' integer code on the host, against the `gguf` package's dequantizer.
 
-The dp4a Parts (native/cuda/gguf_q8*.cuh) and the tile loaders of the tensor-core product (gguf_mmq_*.cuh) are plain
-integer code whose CUDA intrinsics have host fallbacks; the drivers in tests/native/host_parts run them with the
-host compiler, so their decoding and scaling are checked in CI, without a GPU. Inputs: random GGUF blocks with finite
+The dequantize decoders (native/cuda/gguf_decode*.cuh), the dp4a Parts (gguf_q8*.cuh) and the tile loaders of the
+tensor-core product (gguf_mmq_*.cuh) are plain integer and f32 code whose CUDA intrinsics have host fallbacks; the
+drivers in tests/native/host_parts run them with the host compiler, so their decoding and scaling are checked in CI,
+without a GPU. Inputs: random GGUF blocks with finite
 f16 scales; for the Parts, random int8 codes with random f32 block scales and their half sums (an XBlock each).
 The drivers are built with AddressSanitizer where the compiler has it, and hold the weight in an allocation of exactly
 its size: an odd number of rows of an odd number of blocks ends the tensor on a block that starts 2 bytes off a word
 (the 18-, 22-, 34-, 110- and 210-byte blocks), where a loader reading the words around its bytes would read past the
 tensor (what the GPU's memcheck found in session 10).
 
+- Decoders (dequant_rows.cpp decodes every 32-element slice as the dequantize / get_rows kernel's thread does):
+  equal to gguf's f32 dequantized weights bit for bit (they repeat its f32 operations; built without contraction).
 - Parts (dot_rows.cpp walks a weight row Part by Part as a GEMV thread does: fetch, decode, load_x, dot): against
   gguf's f32 dequantized weights times the activation values (code * scale) in float64. They take exact integer dot
   products and scale them in f32, so they agree within f32 rounding: 1e-5 of sum(|w| * |x|) per row (a misplaced
@@ -31,11 +34,12 @@ from gguf import GGMLQuantizationType as QT
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVERS = Path(__file__).with_name("host_parts")
+DEQUANT_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K]
 PART_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K]
 TILE_TYPES = PART_TYPES
 SCALE_FIELDS = {  # byte offsets of each block's f16 scale fields (ggml-common.h)
     QT.Q4_0: (0,), QT.Q4_1: (0, 2), QT.Q5_0: (0,), QT.Q5_1: (0, 2), QT.Q8_0: (0,),
-    QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,),
+    QT.Q2_K: (80, 82), QT.Q3_K: (108,), QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,),
 }
 ROWS = 13
 REL_F32 = 1e-5
@@ -53,12 +57,17 @@ def build(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
     if cxx is None:
         pytest.skip("no host C++ compiler")
     exe = tmp_path_factory.mktemp("host_parts") / name
-    flags = ["-std=c++17", "-O1", "-g", "-Wall", "-Wno-unknown-pragmas", "-Werror", f"-I{ROOT / 'native'}",
+    flags = ["-std=c++17", "-O1", "-g", "-ffp-contract=off", "-Wall", "-Wno-unknown-pragmas", "-Werror", f"-I{ROOT / 'native'}",
              f"-I{DRIVERS}", str(DRIVERS / f"{name}.cpp"), "-o", str(exe)]
     asan = subprocess.run([cxx, "-fsanitize=address", "-fno-omit-frame-pointer", *flags], capture_output=True, text=True)
     if asan.returncode != 0:
         subprocess.run([cxx, *flags], check=True, capture_output=True, text=True)
     return exe
+
+
+@pytest.fixture(scope="module")
+def dequant_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory, "dequant_rows")
 
 
 @pytest.fixture(scope="module")
@@ -91,12 +100,25 @@ def random_activation(cols: int, rng: np.random.Generator) -> tuple[np.ndarray, 
     return codes, scales, xblocks.tobytes()
 
 
-def run_driver(exe: Path, tmp_path: Path, qtype: QT, cols: int, payload: bytes) -> tuple[int, np.ndarray, str]:
-    """A driver's exit code, f64 output and stderr for ``payload`` (the weight bytes, and for dot_rows one token)."""
+def run_driver(
+    exe: Path, tmp_path: Path, qtype: QT, cols: int, payload: bytes, out: str = "<f8"
+) -> tuple[int, np.ndarray, str]:
+    """A driver's exit code, output (``out``: its numpy dtype) and stderr for ``payload`` (the weight bytes, and for
+    dot_rows one token)."""
     src, dst = tmp_path / "in.bin", tmp_path / "out.bin"
     src.write_bytes(np.array([int(qtype), ROWS, cols], dtype="<i4").tobytes() + payload)
     run = subprocess.run([str(exe), str(src), str(dst)], check=False, capture_output=True, text=True)
-    return run.returncode, (np.fromfile(dst, dtype="<f8") if run.returncode == 0 else np.empty(0)), run.stderr
+    return run.returncode, (np.fromfile(dst, dtype=out) if run.returncode == 0 else np.empty(0)), run.stderr
+
+
+@pytest.mark.parametrize("qtype", DEQUANT_TYPES, ids=lambda t: t.name)
+def test_decoders_equal_the_dequantized_rows(dequant_rows: Path, tmp_path: Path, qtype: QT) -> None:
+    cols = cols_for(qtype, tiles=False)
+    raw = random_blocks(qtype, cols, np.random.default_rng(int(qtype)))
+    code, got, err = run_driver(dequant_rows, tmp_path, qtype, cols, raw.tobytes(), out="<f4")
+    assert code == 0, err
+    want = gguf.quants.dequantize(raw, qtype).astype(np.float32).reshape(-1)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), np.max(np.abs(got - want))
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -125,7 +147,7 @@ def test_tile_loaders_give_the_dequantized_weights(tile_weights: Path, tmp_path:
     assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want))
 
 
-@pytest.mark.parametrize("driver", ["dot_rows", "tile_weights"])
+@pytest.mark.parametrize("driver", ["dequant_rows", "dot_rows", "tile_weights"])
 def test_a_type_without_a_kernel_is_refused(driver: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     code, _, _ = run_driver(request.getfixturevalue(driver), tmp_path, QT.IQ4_NL, 256, b"")
     assert code == 3
