@@ -24,8 +24,7 @@
 // 16 + i, keep the slots' own elements, so a lane's 4 code bytes are one word (the loader's kSplitLanes).
 #include "cuda/common.cuh"
 #include "cuda/gguf_mmq.h"
-#include "cuda/gguf_mmq_block32.cuh"
-#include "cuda/gguf_mmq_kquants.cuh"
+#include "cuda/gguf_mmq_loaders.cuh"
 #include "cuda/gguf_rope_epilogue.cuh"
 
 namespace candle_vllm::cuda {
@@ -260,31 +259,15 @@ void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_
   else launch_tokens<Q, 2, 8>(y, bf16, xq, xb, w, M, N, K, rope, s);
 }
 
-// Calls f(loader) with the tile loader of the type (gguf_mmq_tile.cuh); false for types without one.
-template <typename F>
-bool dispatch_mmq(int qtype, F&& f) {
-  switch (qtype) {
-    case gguf::Q4_0: f(mmq::MmqQ4_0{}); return true;
-    case gguf::Q4_1: f(mmq::MmqQ4_1{}); return true;
-    case gguf::Q5_0: f(mmq::MmqQ5_0{}); return true;
-    case gguf::Q5_1: f(mmq::MmqQ5_1{}); return true;
-    case gguf::Q8_0: f(mmq::MmqQ8_0{}); return true;
-    case gguf::Q4_K: f(mmq::MmqQ4K{}); return true;
-    case gguf::Q5_K: f(mmq::MmqQ5K{}); return true;
-    case gguf::Q6_K: f(mmq::MmqQ6K{}); return true;
-    default: return false;
-  }
-}
-
 }  // namespace
 
 bool gguf_mmq_supported(int qtype) {
-  return dispatch_mmq(qtype, [](auto) {});
+  return mmq::dispatch(qtype, [](auto) {});
 }
 
 void launch_gguf_mmq(void* y, bool bf16, const int8_t* xq, const gguf::XBlock* xb, const uint8_t* w, int M, int N,
                      int K, int qtype, int row_tiles, int warps, const GgufRopeCache* rope, cudaStream_t stream) {
-  if (!dispatch_mmq(qtype, [&](auto loader) {
+  if (!mmq::dispatch(qtype, [&](auto loader) {
         launch<decltype(loader)>(y, bf16, xq, xb, w, M, N, K, row_tiles, warps, rope, stream);
       }))
     throw std::invalid_argument("gguf_mmq: no tensor-core kernel for GGUF type " + std::to_string(qtype));

@@ -3,9 +3,8 @@
 The dequantize decoders (native/cuda/gguf_decode*.cuh), the dp4a Parts (gguf_q8*.cuh) and the tile loaders of the
 tensor-core product (gguf_mmq_*.cuh) are plain integer and f32 code whose CUDA intrinsics have host fallbacks; the
 drivers in tests/native/host_parts run them with the host compiler, so their decoding and scaling are checked in CI,
-without a GPU. Inputs: random GGUF blocks with finite
-f16 scales; for the Parts, random int8 codes with random f32 block scales and their half sums (an XBlock each).
-The drivers are built with AddressSanitizer where the compiler has it, and hold the weight in an allocation of exactly
+without a GPU. Inputs: random GGUF blocks with finite f16 scales (test_cuda_gguf.random_blocks); for the Parts,
+random int8 codes with random f32 block scales and their half sums (an XBlock each). The drivers are built with AddressSanitizer where the compiler has it, and hold the weight in an allocation of exactly
 its size: an odd number of rows of an odd number of blocks ends the tensor on a block that starts 2 bytes off a word
 (the 18-, 22-, 34-, 110- and 210-byte blocks), where a loader reading the words around its bytes would read past the
 tensor (what the GPU's memcheck found in session 10).
@@ -31,16 +30,13 @@ import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
+from test_cuda_gguf import random_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVERS = Path(__file__).with_name("host_parts")
 DEQUANT_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K]
 PART_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K]
 TILE_TYPES = PART_TYPES
-SCALE_FIELDS = {  # byte offsets of each block's f16 scale fields (ggml-common.h)
-    QT.Q4_0: (0,), QT.Q4_1: (0, 2), QT.Q5_0: (0,), QT.Q5_1: (0, 2), QT.Q8_0: (0,),
-    QT.Q2_K: (80, 82), QT.Q3_K: (108,), QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,),
-}
 ROWS = 13
 REL_F32 = 1e-5
 REL_SCALE = 1e-6
@@ -80,16 +76,6 @@ def tile_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory, "tile_weights")
 
 
-def random_blocks(qtype: QT, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """Raw GGUF bytes [ROWS, row_bytes]: random codes and packed scales, finite moderate f16 scale fields."""
-    bs, ts = gguf.GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, size=(ROWS, cols // bs, ts), dtype=np.uint8)
-    for at in SCALE_FIELDS[qtype]:
-        scale = rng.uniform(0.25, 1.0, size=raw.shape[:2]) * rng.choice([-1.0, 1.0], size=raw.shape[:2]) / 32
-        raw[:, :, at : at + 2] = scale.astype(np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
-    return raw.reshape(ROWS, -1)
-
-
 def random_activation(cols: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, bytes]:
     """int8 codes [cols], f32 scales [cols / 32] and the XBlocks (scale, code sums of each 16-value half)."""
     codes = rng.integers(-127, 128, size=cols, dtype=np.int8)
@@ -114,7 +100,7 @@ def run_driver(
 @pytest.mark.parametrize("qtype", DEQUANT_TYPES, ids=lambda t: t.name)
 def test_decoders_equal_the_dequantized_rows(dequant_rows: Path, tmp_path: Path, qtype: QT) -> None:
     cols = cols_for(qtype, tiles=False)
-    raw = random_blocks(qtype, cols, np.random.default_rng(int(qtype)))
+    raw = random_blocks(qtype, ROWS, cols, seed=int(qtype))
     code, got, err = run_driver(dequant_rows, tmp_path, qtype, cols, raw.tobytes(), out="<f4")
     assert code == 0, err
     want = gguf.quants.dequantize(raw, qtype).astype(np.float32).reshape(-1)
@@ -124,9 +110,9 @@ def test_decoders_equal_the_dequantized_rows(dequant_rows: Path, tmp_path: Path,
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("qtype", PART_TYPES, ids=lambda t: t.name)
 def test_part_dots_match_the_dequantized_rows(dot_rows: Path, tmp_path: Path, qtype: QT, seed: int) -> None:
-    rng, cols = np.random.default_rng(100 * int(qtype) + seed), cols_for(qtype, tiles=False)
-    raw = random_blocks(qtype, cols, rng)
-    codes, scales, xblocks = random_activation(cols, rng)
+    cols = cols_for(qtype, tiles=False)
+    raw = random_blocks(qtype, ROWS, cols, seed=100 * int(qtype) + seed)
+    codes, scales, xblocks = random_activation(cols, np.random.default_rng(seed))
     code, got, err = run_driver(dot_rows, tmp_path, qtype, cols, raw.tobytes() + codes.tobytes() + xblocks)
     assert code == 0, err
     w = gguf.quants.dequantize(raw, qtype).astype(np.float64).reshape(ROWS, cols)
@@ -139,7 +125,7 @@ def test_part_dots_match_the_dequantized_rows(dot_rows: Path, tmp_path: Path, qt
 @pytest.mark.parametrize("qtype", TILE_TYPES, ids=lambda t: t.name)
 def test_tile_loaders_give_the_dequantized_weights(tile_weights: Path, tmp_path: Path, qtype: QT, seed: int) -> None:
     cols = cols_for(qtype, tiles=True)
-    raw = random_blocks(qtype, cols, np.random.default_rng(100 * int(qtype) + seed))
+    raw = random_blocks(qtype, ROWS, cols, seed=100 * int(qtype) + seed)
     code, got, err = run_driver(tile_weights, tmp_path, qtype, cols, raw.tobytes())
     assert code == 0, err
     got, want = got.reshape(ROWS, cols), gguf.quants.dequantize(raw, qtype).astype(np.float64).reshape(ROWS, cols)

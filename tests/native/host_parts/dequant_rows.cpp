@@ -5,11 +5,10 @@
 //   dequant_rows IN OUT   IN: int32 qtype, rows, K; rows * row_bytes weight bytes
 //                         OUT: rows * K f32 weights (exit 3: the type has no decoder)
 #include <cstdint>
-#include <cstdio>
 #include <vector>
 
 #include "cuda/gguf_decode.cuh"
-#include "weights.h"
+#include "driver.h"
 
 namespace {
 
@@ -28,26 +27,13 @@ void dequant_rows(const uint8_t* w, int rows, int k, float* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) return 2;
-  FILE* in = std::fopen(argv[1], "rb");
-  if (in == nullptr) return 2;
-  int32_t head[3];
-  if (std::fread(head, sizeof head, 1, in) != 1) return 2;
-  const int qtype = head[0], rows = head[1], k = head[2];
-  std::vector<float> out(static_cast<size_t>(rows) * k);
-  bool ok = true;
-  const bool known = candle_vllm::gguf::dispatch_qtype(qtype, [&](auto decoder) {
-    using D = decltype(decoder);
-    const size_t wbytes = static_cast<size_t>(rows) * (k / D::kBlockElems) * D::kBlockBytes;
-    const Weights w(wbytes);
-    ok = w.data() != nullptr && std::fread(w.data(), 1, wbytes, in) == wbytes;
-    if (ok) dequant_rows<D>(w.data(), rows, k, out.data());
+  return driver_main<float>(argc, argv, [](const Header& h, FILE* in, std::vector<float>& out, bool& ok) {
+    return candle_vllm::gguf::dispatch_qtype(h.qtype, [&](auto decoder) {
+      using D = decltype(decoder);
+      const Weights w(in, static_cast<size_t>(h.rows) * (h.k / D::kBlockElems) * D::kBlockBytes);
+      ok = w.ok();
+      out.resize(static_cast<size_t>(h.rows) * h.k);
+      if (ok) dequant_rows<D>(w.data(), h.rows, h.k, out.data());
+    });
   });
-  std::fclose(in);
-  if (!known) return 3;
-  if (!ok) return 2;
-  FILE* o = std::fopen(argv[2], "wb");
-  if (o == nullptr || std::fwrite(out.data(), sizeof(float), out.size(), o) != out.size()) return 2;
-  std::fclose(o);
-  return 0;
 }

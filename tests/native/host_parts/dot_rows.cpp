@@ -5,11 +5,10 @@
 //   dot_rows IN OUT   IN: int32 qtype, rows, K; rows * row_bytes weight bytes; K int8 codes; K / 32 XBlocks
 //                     OUT: rows f64 sums (exit 3: the type has no Part)
 #include <cstdint>
-#include <cstdio>
 #include <vector>
 
 #include "cuda/gguf_q8.cuh"
-#include "weights.h"
+#include "driver.h"
 
 using candle_vllm::gguf::XBlock;
 
@@ -36,36 +35,18 @@ void dot_rows(const uint8_t* w, int rows, int k, const int8_t* xq, const XBlock*
   }
 }
 
-bool read_all(FILE* f, void* p, size_t n) { return std::fread(p, 1, n, f) == n; }
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) return 2;
-  FILE* in = std::fopen(argv[1], "rb");
-  if (in == nullptr) return 2;
-  int32_t head[3];
-  if (!read_all(in, head, sizeof head)) return 2;
-  const int qtype = head[0], rows = head[1], k = head[2];
-  std::vector<double> out(rows);
-  bool ok = true;
-  const bool known = candle_vllm::gguf::dispatch_q8(qtype, [&](auto part) {
-    using Q = decltype(part);
-    const size_t wbytes = static_cast<size_t>(rows) * (k / Q::kBlockElems) * Q::kBlockBytes;
-    // 16-byte aligned as the GPU tensor, and exactly its size: built with AddressSanitizer, a read past the last
-    // block (the GPU's memcheck finding) fails the run.
-    const Weights w(wbytes);
-    std::vector<int8_t> xq(k);
-    std::vector<XBlock> xb(k / 32);
-    ok = w.data() != nullptr && read_all(in, w.data(), wbytes) && read_all(in, xq.data(), k) &&
-         read_all(in, xb.data(), xb.size() * sizeof(XBlock));
-    if (ok) dot_rows<Q>(w.data(), rows, k, xq.data(), xb.data(), out.data());
+  return driver_main<double>(argc, argv, [](const Header& h, FILE* in, std::vector<double>& out, bool& ok) {
+    return candle_vllm::gguf::dispatch_q8(h.qtype, [&](auto part) {
+      using Q = decltype(part);
+      const Weights w(in, static_cast<size_t>(h.rows) * (h.k / Q::kBlockElems) * Q::kBlockBytes);
+      std::vector<int8_t> xq(h.k);
+      std::vector<XBlock> xb(h.k / 32);
+      ok = w.ok() && read_all(in, xq.data(), xq.size()) && read_all(in, xb.data(), xb.size() * sizeof(XBlock));
+      out.resize(h.rows);
+      if (ok) dot_rows<Q>(w.data(), h.rows, h.k, xq.data(), xb.data(), out.data());
+    });
   });
-  std::fclose(in);
-  if (!known) return 3;
-  if (!ok) return 2;
-  FILE* o = std::fopen(argv[2], "wb");
-  if (o == nullptr || std::fwrite(out.data(), sizeof(double), rows, o) != static_cast<size_t>(rows)) return 2;
-  std::fclose(o);
-  return 0;
 }

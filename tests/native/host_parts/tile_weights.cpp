@@ -7,15 +7,12 @@
 //   tile_weights IN OUT   IN: int32 qtype, rows, K; rows * row_bytes weight bytes
 //                         OUT: rows * K f64 weights (exit 3: the type has no tile loader)
 #include <cstdint>
-#include <cstdio>
 #include <vector>
 
-#include "cuda/gguf_mmq_block32.cuh"
-#include "cuda/gguf_mmq_kquants.cuh"
-#include "weights.h"
+#include "cuda/gguf_mmq_loaders.cuh"
+#include "driver.h"
 
 namespace mmq = candle_vllm::cuda::mmq;
-namespace gguf = candle_vllm::gguf;
 
 namespace {
 
@@ -55,46 +52,16 @@ void tile_weights(const uint8_t* w, int rows, int k, double* out) {
   }
 }
 
-template <typename F>
-bool dispatch(int qtype, F&& f) {
-  switch (qtype) {
-    case gguf::Q4_0: f(mmq::MmqQ4_0{}); return true;
-    case gguf::Q4_1: f(mmq::MmqQ4_1{}); return true;
-    case gguf::Q5_0: f(mmq::MmqQ5_0{}); return true;
-    case gguf::Q5_1: f(mmq::MmqQ5_1{}); return true;
-    case gguf::Q8_0: f(mmq::MmqQ8_0{}); return true;
-    case gguf::Q4_K: f(mmq::MmqQ4K{}); return true;
-    case gguf::Q5_K: f(mmq::MmqQ5K{}); return true;
-    case gguf::Q6_K: f(mmq::MmqQ6K{}); return true;
-    default: return false;
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) return 2;
-  FILE* in = std::fopen(argv[1], "rb");
-  if (in == nullptr) return 2;
-  int32_t head[3];
-  if (std::fread(head, sizeof head, 1, in) != 1) return 2;
-  const int qtype = head[0], rows = head[1], k = head[2];
-  std::vector<double> out(static_cast<size_t>(rows) * k);
-  bool ok = true;
-  const bool known = dispatch(qtype, [&](auto loader) {
-    using Q = decltype(loader);
-    const size_t wbytes = static_cast<size_t>(rows) * (k / Q::kBlockElems) * Q::kBlockBytes;
-    // 16-byte aligned as the GPU tensor, and exactly its size: built with AddressSanitizer, a read past the last
-    // block (the GPU's memcheck finding) fails the run.
-    const Weights w(wbytes);
-    ok = w.data() != nullptr && std::fread(w.data(), 1, wbytes, in) == wbytes;
-    if (ok) tile_weights<Q>(w.data(), rows, k, out.data());
+  return driver_main<double>(argc, argv, [](const Header& h, FILE* in, std::vector<double>& out, bool& ok) {
+    return mmq::dispatch(h.qtype, [&](auto loader) {
+      using Q = decltype(loader);
+      const Weights w(in, static_cast<size_t>(h.rows) * (h.k / Q::kBlockElems) * Q::kBlockBytes);
+      ok = w.ok();
+      out.resize(static_cast<size_t>(h.rows) * h.k);
+      if (ok) tile_weights<Q>(w.data(), h.rows, h.k, out.data());
+    });
   });
-  std::fclose(in);
-  if (!known) return 3;
-  if (!ok) return 2;
-  FILE* o = std::fopen(argv[2], "wb");
-  if (o == nullptr || std::fwrite(out.data(), sizeof(double), out.size(), o) != out.size()) return 2;
-  std::fclose(o);
-  return 0;
 }

@@ -1,0 +1,25 @@
+// Every tile loader of the int8 tensor-core GGUF product (contract: gguf_mmq_tile.cuh) and the dispatch from a
+// runtime type code to its loader, shared by gguf_mmq.cu and the host test of the loaders.
+#pragma once
+#include "cuda/gguf_mmq_block32.cuh"
+#include "cuda/gguf_mmq_kquants.cuh"
+
+namespace candle_vllm::cuda::mmq {
+
+// Calls f(loader) with the tile loader of the type; false for types without one.
+template <typename F>
+GGUF_HD bool dispatch(int qtype, F&& f) {
+  switch (qtype) {
+    case gguf::Q4_0: f(MmqQ4_0{}); return true;
+    case gguf::Q4_1: f(MmqQ4_1{}); return true;
+    case gguf::Q5_0: f(MmqQ5_0{}); return true;
+    case gguf::Q5_1: f(MmqQ5_1{}); return true;
+    case gguf::Q8_0: f(MmqQ8_0{}); return true;
+    case gguf::Q4_K: f(MmqQ4K{}); return true;
+    case gguf::Q5_K: f(MmqQ5K{}); return true;
+    case gguf::Q6_K: f(MmqQ6K{}); return true;
+    default: return false;
+  }
+}
+
+}  // namespace candle_vllm::cuda::mmq
