@@ -4,7 +4,9 @@ The dequantize decoders (native/cuda/gguf_decode*.cuh), the dp4a Parts (gguf_q8*
 tensor-core product (gguf_mmq_*.cuh) are plain integer and f32 code whose CUDA intrinsics have host fallbacks; the
 drivers in tests/native/host_parts run them with the host compiler, so their decoding and scaling are checked in CI,
 without a GPU. Inputs: random GGUF blocks with finite f16 scales (test_cuda_gguf.random_blocks); for the Parts,
-random int8 codes with random f32 block scales and their half sums (an XBlock each). The drivers are built with AddressSanitizer where the compiler has it, and hold the weight in an allocation of exactly
+random int8 codes with random f32 block scales and their half sums (an XBlock each).
+
+The drivers are built with AddressSanitizer where the compiler has it and hold the weight in an allocation of exactly
 its size: an odd number of rows of an odd number of blocks ends the tensor on a block that starts 2 bytes off a word
 (the 18-, 22-, 34-, 110- and 210-byte blocks), where a loader reading the words around its bytes would read past the
 tensor (what the GPU's memcheck found in session 10).
@@ -53,9 +55,10 @@ def build(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
     if cxx is None:
         pytest.skip("no host C++ compiler")
     exe = tmp_path_factory.mktemp("host_parts") / name
-    flags = ["-std=c++17", "-O1", "-g", "-ffp-contract=off", "-Wall", "-Wno-unknown-pragmas", "-Werror", f"-I{ROOT / 'native'}",
-             f"-I{DRIVERS}", str(DRIVERS / f"{name}.cpp"), "-o", str(exe)]
-    asan = subprocess.run([cxx, "-fsanitize=address", "-fno-omit-frame-pointer", *flags], capture_output=True, text=True)
+    flags = ["-std=c++17", "-O1", "-g", "-ffp-contract=off", "-Wall", "-Wno-unknown-pragmas", "-Werror",
+             f"-I{ROOT / 'native'}", f"-I{DRIVERS}", str(DRIVERS / f"{name}.cpp"), "-o", str(exe)]
+    asan = subprocess.run([cxx, "-fsanitize=address", "-fno-omit-frame-pointer", *flags], capture_output=True,
+                          text=True)
     if asan.returncode != 0:
         subprocess.run([cxx, *flags], check=True, capture_output=True, text=True)
     return exe
