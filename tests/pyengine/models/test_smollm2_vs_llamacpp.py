@@ -9,6 +9,11 @@ any difference of 1e-7 anywhere upstream into 1e-3 after one layer. llama.cpp di
 level: evaluating the same text token by token instead of in one batch moved its own top-1 agreement to 97.0 %
 and mean |delta logprob| to 0.063 (measured 2026-11-30). So the Q4_1 test compares us with llama.cpp's own
 batch-vs-token-by-token spread, measured in the test, rather than with a fixed bound below that floor.
+
+Our own figures move by as much with the CPU's vector width, through torch's CPU kernels in the forward pass (the
+native GGUF kernels are deterministic): on the same AVX2 machine, ATEN_CPU_CAPABILITY=avx2 gave top-1 0.965 and
+mean |delta logprob| 0.069, =default (scalar) 0.954 and 0.063; earlier sessions' machines measured 0.958-0.963 and
+0.058-0.065 (2026-11-30 to 12-01, against llama.cpp's spread of 0.970 / 0.063). The margins below cover that.
 """
 
 from __future__ import annotations
@@ -116,5 +121,5 @@ def test_shipped_q4_1_file_within_llama_cpps_own_spread() -> None:
     floor_agree, floor_delta = _compare(tokens, one_by_one, batched)
     agree, delta = _teacher_forced(path)
     print(f"llama.cpp token-by-token vs batched: top1={floor_agree:.4f} mean|dlogprob|={floor_delta:.4f}")
-    assert agree >= floor_agree - 0.015  # measured: ours 0.963, llama.cpp's own spread 0.970
-    assert delta <= floor_delta + 0.005  # measured: ours 0.058, llama.cpp's own spread 0.063
+    assert agree >= floor_agree - 0.025  # measured: ours 0.954-0.965, llama.cpp's own spread 0.970
+    assert delta <= floor_delta + 0.01  # measured: ours 0.058-0.069, llama.cpp's own spread 0.063
