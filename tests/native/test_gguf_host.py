@@ -13,6 +13,8 @@ tensor (what the GPU's memcheck found in session 10).
 
 - Decoders (dequant_rows.cpp decodes every 32-element slice as the dequantize / get_rows kernel's thread does):
   equal to gguf's f32 dequantized weights bit for bit (they repeat its f32 operations; built without contraction).
+  Their GEMV view (gemv_weights.cpp: the codes and scales each lane hands the f16/bf16 tensor-core GEMV, at the
+  elements elem() names): gguf's weights within f32 rounding, as for the tile loaders below.
 - Parts (dot_rows.cpp walks a weight row Part by Part as a GEMV thread does: fetch, decode, load_x, dot): against
   gguf's f32 dequantized weights times the activation values (code * scale) in float64. They take exact integer dot
   products and scale them in f32, so they agree within f32 rounding: 1e-5 of sum(|w| * |x|) per row (a misplaced
@@ -70,6 +72,11 @@ def dequant_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def gemv_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory, "gemv_weights")
+
+
+@pytest.fixture(scope="module")
 def dot_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory, "dot_rows")
 
@@ -110,6 +117,15 @@ def test_decoders_equal_the_dequantized_rows(dequant_rows: Path, tmp_path: Path,
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), np.max(np.abs(got - want))
 
 
+@pytest.mark.parametrize("qtype", DEQUANT_TYPES, ids=lambda t: t.name)
+def test_gemv_decoders_give_the_dequantized_weights(gemv_weights: Path, tmp_path: Path, qtype: QT) -> None:
+    cols = cols_for(qtype, tiles=False)
+    raw = random_blocks(qtype, ROWS, cols, seed=int(qtype) + 50)
+    code, got, err = run_driver(gemv_weights, tmp_path, qtype, cols, raw.tobytes())
+    assert code == 0, err
+    assert_weights_within_rounding(got, raw, qtype, cols)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("qtype", PART_TYPES, ids=lambda t: t.name)
 def test_part_dots_match_the_dequantized_rows(dot_rows: Path, tmp_path: Path, qtype: QT, seed: int) -> None:
@@ -131,12 +147,17 @@ def test_tile_loaders_give_the_dequantized_weights(tile_weights: Path, tmp_path:
     raw = random_blocks(qtype, ROWS, cols, seed=100 * int(qtype) + seed)
     code, got, err = run_driver(tile_weights, tmp_path, qtype, cols, raw.tobytes())
     assert code == 0, err
+    assert_weights_within_rounding(got, raw, qtype, cols)
+
+
+def assert_weights_within_rounding(got: np.ndarray, raw: np.ndarray, qtype: QT, cols: int) -> None:
+    """``got`` (f64, [ROWS * cols]) equals gguf's dequantized ``raw`` within f32 rounding of the scales."""
     got, want = got.reshape(ROWS, cols), gguf.quants.dequantize(raw, qtype).astype(np.float64).reshape(ROWS, cols)
     bound = REL_SCALE * (np.abs(want) + np.abs(want).max(axis=1, keepdims=True))
     assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want))
 
 
-@pytest.mark.parametrize("driver", ["dequant_rows", "dot_rows", "tile_weights"])
+@pytest.mark.parametrize("driver", ["dequant_rows", "gemv_weights", "dot_rows", "tile_weights"])
 def test_a_type_without_a_kernel_is_refused(driver: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     code, _, _ = run_driver(request.getfixturevalue(driver), tmp_path, QT.IQ4_NL, 256, b"")
     assert code == 3
