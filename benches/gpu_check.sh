@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# One call on the lent GPU machine: build the CUDA module for the H200, then run the chosen stages, each logging to
+# $OUT (what the device tool brings back) and printing one summary line. A stage that fails does not stop the next.
+#
+# The GPU machine is offline and keeps nothing, so prepare here first:
+#   ../shared/scripts/device-wheels.sh                        # .whl/: the Python packages it lacks
+#   python3 tests/tools/cut_gguf.py "$(python3 -c 'from candle_vllm.pyengine.loader.embedded import \
+#     default_model_path as p; print(p())')" .devrun/smol3.gguf --layers 3   # the SmolLM2 GPU-vs-CPU tests' model
+# then, through the device tool: run(command="bash benches/gpu_check.sh tests memcheck", carry=[".whl", ".devrun"]).
+#
+# Stages (build always runs first):
+#   tests      every GPU test (pytest -m cuda over tests/native, tests/pyengine, tests/actors)
+#   memcheck   Compute Sanitizer's memcheck over the GGUF kernel tests (each tensor its own allocation)
+#   racecheck  racecheck over the GGUF tensor-core product, the paged attention and the flash prefill tests
+#   kernels    bench_quant_cuda.py: every GGUF type's dp4a GEMV and tensor-core product on the 8B shapes
+#   decode     bench_decode.py: bf16 and --isq q4k / q8_0 decode at batch 1 (4k) and 16 / 64 (1k)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+T0=$(date +%s)
+say() { echo "[$(($(date +%s) - T0)) s] $*"; }
+run_stage() {  # name, command...: the command's output to $OUT/name.log, its tail and exit status on stdout
+  local name=$1
+  shift
+  "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  say "$name: exit $rc"
+  tail -n 3 "$OUT/$name.log"
+}
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+CANDLE_VLLM_CUDA=ON python3 -m pip install -q --no-build-isolation --no-deps -e . \
+  -C cmake.define.CANDLE_VLLM_CUDA_ARCHS=90a > "$OUT/build.log" 2>&1 || { say "build failed"; tail -n 30 "$OUT/build.log"; exit 1; }
+say "built"
+nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+
+export CANDLE_VLLM_TEST_GGUF=${CANDLE_VLLM_TEST_GGUF:-.devrun/smol3.gguf}
+PYTEST=(python3 -m pytest -p timeout -q -rf)
+export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
+GGUF_TESTS=(tests/native/test_cuda_gguf.py tests/native/test_cuda_gguf_mmq.py tests/native/test_cuda_gguf_rows.py
+            tests/native/test_cuda_gguf_rope.py tests/native/test_cuda_q8_fusion.py)
+DECODE=(python3 benches/bench_decode.py --model benches/configs/llama-3-8b --load-format dummy)
+
+for stage in "$@"; do
+  case $stage in
+    tests) run_stage tests "${PYTEST[@]}" -m cuda tests/native tests/pyengine tests/actors ;;
+    memcheck)
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 run_stage memcheck compute-sanitizer --tool memcheck --error-exitcode 99 \
+        "${PYTEST[@]}" -m cuda "${GGUF_TESTS[@]}" ;;
+    racecheck)
+      run_stage racecheck compute-sanitizer --tool racecheck --error-exitcode 99 "${PYTEST[@]}" -m cuda \
+        tests/native/test_cuda_gguf_mmq.py tests/native/test_cuda_attention.py tests/native/test_cuda_flash_prefill.py \
+        -k "Q4_K or Q6_K or Q2_K or attention or prefill" ;;
+    kernels)
+      run_stage kernels python3 benches/bench_quant_cuda.py --types q4_0 q4_1 q5_0 q5_1 q8_0 q2k q3k q4k q5k q6k \
+        --kernels dp4a mmq --m 1 4 8 16 --m8-types --codes --no-dequant --no-dense --json "$OUT/kernels.json" ;;
+    decode)
+      run_stage decode_bf16 "${DECODE[@]}" --output-len 256 --batch 64 --batch-context 1024 --batch-output-len 64 \
+        --ttft-repeats 3
+      for isq in q4k q8_0; do
+        run_stage "decode_$isq" "${DECODE[@]}" --isq "$isq" --output-len 128 --batch 16 --batch-context 1024 \
+          --batch-output-len 32 --ttft-repeats 0
+      done ;;
+    *) say "unknown stage $stage (tests, memcheck, racecheck, kernels, decode)" ;;
+  esac
+done
