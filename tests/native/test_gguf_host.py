@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -44,6 +45,7 @@ TILE_TYPES = PART_TYPES
 ROWS = 13
 REL_F32 = 1e-5
 REL_SCALE = 1e-6
+Build = Callable[[str], Path]  # the driver fixture: a driver's name -> its executable
 
 
 def cols_for(qtype: QT, tiles: bool) -> int:
@@ -51,39 +53,28 @@ def cols_for(qtype: QT, tiles: bool) -> int:
     return 768 if tiles or gguf.GGML_QUANT_SIZES[qtype][0] == 256 else 32 * 33
 
 
-def build(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
-    """Driver ``name`` built with the host C++ compiler, with AddressSanitizer where the compiler has it."""
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: pytest.TempPathFactory) -> Build:
+    """driver(name): tests/native/host_parts/<name>.cpp built once with the host C++ compiler, with AddressSanitizer
+    where the compiler has it."""
     cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("no host C++ compiler")
-    exe = tmp_path_factory.mktemp("host_parts") / name
-    flags = ["-std=c++17", "-O1", "-g", "-ffp-contract=off", "-Wall", "-Wno-unknown-pragmas", "-Werror",
-             f"-I{ROOT / 'native'}", f"-I{DRIVERS}", str(DRIVERS / f"{name}.cpp"), "-o", str(exe)]
-    asan = subprocess.run([cxx, "-fsanitize=address", "-fno-omit-frame-pointer", *flags], capture_output=True,
-                          text=True)
-    if asan.returncode != 0:
-        subprocess.run([cxx, *flags], check=True, capture_output=True, text=True)
-    return exe
+    built: dict[str, Path] = {}
 
+    def build(name: str) -> Path:
+        if name not in built:
+            exe = tmp_path_factory.mktemp("host_parts") / name
+            flags = ["-std=c++17", "-O1", "-g", "-ffp-contract=off", "-Wall", "-Wno-unknown-pragmas", "-Werror",
+                     f"-I{ROOT / 'native'}", f"-I{DRIVERS}", str(DRIVERS / f"{name}.cpp"), "-o", str(exe)]
+            asan = subprocess.run([cxx, "-fsanitize=address", "-fno-omit-frame-pointer", *flags],
+                                  capture_output=True, text=True)
+            if asan.returncode != 0:
+                subprocess.run([cxx, *flags], check=True, capture_output=True, text=True)
+            built[name] = exe
+        return built[name]
 
-@pytest.fixture(scope="module")
-def dequant_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build(tmp_path_factory, "dequant_rows")
-
-
-@pytest.fixture(scope="module")
-def gemv_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build(tmp_path_factory, "gemv_weights")
-
-
-@pytest.fixture(scope="module")
-def dot_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build(tmp_path_factory, "dot_rows")
-
-
-@pytest.fixture(scope="module")
-def tile_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build(tmp_path_factory, "tile_weights")
+    return build
 
 
 def random_activation(cols: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, bytes]:
@@ -108,31 +99,32 @@ def run_driver(
 
 
 @pytest.mark.parametrize("qtype", DEQUANT_TYPES, ids=lambda t: t.name)
-def test_decoders_equal_the_dequantized_rows(dequant_rows: Path, tmp_path: Path, qtype: QT) -> None:
+def test_decoders_equal_the_dequantized_rows(driver: Build, tmp_path: Path, qtype: QT) -> None:
     cols = cols_for(qtype, tiles=False)
     raw = random_blocks(qtype, ROWS, cols, seed=int(qtype))
-    code, got, err = run_driver(dequant_rows, tmp_path, qtype, cols, raw.tobytes(), out="<f4")
+    code, got, err = run_driver(driver("dequant_rows"), tmp_path, qtype, cols, raw.tobytes(), out="<f4")
     assert code == 0, err
     want = gguf.quants.dequantize(raw, qtype).astype(np.float32).reshape(-1)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), np.max(np.abs(got - want))
 
 
 @pytest.mark.parametrize("qtype", DEQUANT_TYPES, ids=lambda t: t.name)
-def test_gemv_decoders_give_the_dequantized_weights(gemv_weights: Path, tmp_path: Path, qtype: QT) -> None:
+def test_gemv_decoders_give_the_dequantized_weights(driver: Build, tmp_path: Path, qtype: QT) -> None:
     cols = cols_for(qtype, tiles=False)
     raw = random_blocks(qtype, ROWS, cols, seed=int(qtype) + 50)
-    code, got, err = run_driver(gemv_weights, tmp_path, qtype, cols, raw.tobytes())
+    code, got, err = run_driver(driver("gemv_weights"), tmp_path, qtype, cols, raw.tobytes())
     assert code == 0, err
     assert_weights_within_rounding(got, raw, qtype, cols)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("qtype", PART_TYPES, ids=lambda t: t.name)
-def test_part_dots_match_the_dequantized_rows(dot_rows: Path, tmp_path: Path, qtype: QT, seed: int) -> None:
+def test_part_dots_match_the_dequantized_rows(driver: Build, tmp_path: Path, qtype: QT, seed: int) -> None:
     cols = cols_for(qtype, tiles=False)
     raw = random_blocks(qtype, ROWS, cols, seed=100 * int(qtype) + seed)
     codes, scales, xblocks = random_activation(cols, np.random.default_rng(seed))
-    code, got, err = run_driver(dot_rows, tmp_path, qtype, cols, raw.tobytes() + codes.tobytes() + xblocks)
+    payload = raw.tobytes() + codes.tobytes() + xblocks
+    code, got, err = run_driver(driver("dot_rows"), tmp_path, qtype, cols, payload)
     assert code == 0, err
     w = gguf.quants.dequantize(raw, qtype).astype(np.float64).reshape(ROWS, cols)
     x = codes.astype(np.float64) * np.repeat(scales.astype(np.float64), 32)
@@ -142,10 +134,10 @@ def test_part_dots_match_the_dequantized_rows(dot_rows: Path, tmp_path: Path, qt
 
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("qtype", TILE_TYPES, ids=lambda t: t.name)
-def test_tile_loaders_give_the_dequantized_weights(tile_weights: Path, tmp_path: Path, qtype: QT, seed: int) -> None:
+def test_tile_loaders_give_the_dequantized_weights(driver: Build, tmp_path: Path, qtype: QT, seed: int) -> None:
     cols = cols_for(qtype, tiles=True)
     raw = random_blocks(qtype, ROWS, cols, seed=100 * int(qtype) + seed)
-    code, got, err = run_driver(tile_weights, tmp_path, qtype, cols, raw.tobytes())
+    code, got, err = run_driver(driver("tile_weights"), tmp_path, qtype, cols, raw.tobytes())
     assert code == 0, err
     assert_weights_within_rounding(got, raw, qtype, cols)
 
@@ -157,7 +149,7 @@ def assert_weights_within_rounding(got: np.ndarray, raw: np.ndarray, qtype: QT, 
     assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want))
 
 
-@pytest.mark.parametrize("driver", ["dequant_rows", "gemv_weights", "dot_rows", "tile_weights"])
-def test_a_type_without_a_kernel_is_refused(driver: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    code, _, _ = run_driver(request.getfixturevalue(driver), tmp_path, QT.IQ4_NL, 256, b"")
+@pytest.mark.parametrize("name", ["dequant_rows", "gemv_weights", "dot_rows", "tile_weights"])
+def test_a_type_without_a_kernel_is_refused(driver: Build, tmp_path: Path, name: str) -> None:
+    code, _, _ = run_driver(driver(name), tmp_path, QT.IQ4_NL, 256, b"")
     assert code == 3
