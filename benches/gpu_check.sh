@@ -10,7 +10,8 @@
 #
 # Stages (build always runs first):
 #   tests      every GPU test (pytest -m cuda over tests/native, tests/pyengine, tests/actors)
-#   memcheck   Compute Sanitizer's memcheck over the GGUF kernel tests (each tensor its own allocation)
+#   memcheck   Compute Sanitizer's memcheck over the GGUF kernel tests (each tensor its own allocation; the
+#              model and engine tests left out: too slow under the sanitizer)
 #   racecheck  racecheck over the GGUF tensor-core product, the paged attention and the flash prefill tests
 #   kernels    bench_quant_cuda.py: every GGUF type's dp4a GEMV and tensor-core product on the 8B shapes
 #   decode     bench_decode.py: bf16 and --isq q4k / q8_0 decode at batch 1 (4k) and 16 / 64 (1k)
@@ -48,7 +49,7 @@ for stage in "$@"; do
     tests) run_stage tests "${PYTEST[@]}" -m cuda tests/native tests/pyengine tests/actors ;;
     memcheck)
       PYTORCH_NO_CUDA_MEMORY_CACHING=1 run_stage memcheck compute-sanitizer --tool memcheck --error-exitcode 99 \
-        "${PYTEST[@]}" -m cuda "${GGUF_TESTS[@]}" ;;
+        "${PYTEST[@]}" -m cuda "${GGUF_TESTS[@]}" -k "not engine and not smollm2 and not model_logits" ;;
     racecheck)
       run_stage racecheck compute-sanitizer --tool racecheck --error-exitcode 99 "${PYTEST[@]}" -m cuda \
         tests/native/test_cuda_gguf_mmq.py tests/native/test_cuda_attention.py tests/native/test_cuda_flash_prefill.py \
