@@ -208,7 +208,8 @@ void gguf_gemv_q8_rope_cache(void* y, const void* x, int8_t* xq, void* xb, const
   check_rope(rope, N);
   const cudaStream_t s = as_stream(stream);
   if (tensor_cores) {
-    check_launch_choice(what, M, rows);
+    if (rows != 0)
+      throw std::invalid_argument(std::string(what) + ": rows is a dp4a launch choice; give 0 with tensor_cores");
     run_mmq(what, y, x, xq, xb, w, M, N, K, qtype, dtype, 0, 0, &rope, s);
     return;
   }

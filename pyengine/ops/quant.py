@@ -353,7 +353,9 @@ def takes_tensor_cores(qtype: QT, rows: int, out_features: int) -> bool:
     return low is not None and low <= rows <= native.module().cuda_gguf_mmq_max_m and mmq_enabled()
 
 
-def _takes_mmq(x2: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: int, in_features: int) -> bool:
+def takes_mmq(x2: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: int, in_features: int) -> bool:
+    """Whether the decode batch x2 [rows, in_features] of this weight takes the int8 tensor-core product: its size
+    (:func:`takes_tensor_cores`) and its operands (``cuda_gguf.mmq_supported``)."""
     return takes_tensor_cores(qtype, x2.shape[0], out_features) and cuda_gguf.mmq_supported(
         x2, flat, qtype, out_features, in_features
     )
@@ -382,7 +384,7 @@ def _cuda_quant_matmul(
     x2 = x.reshape(-1, in_features).contiguous()
     q8 = Q8Activation(x2, q8.xq, q8.xb) if q8 is not None else None
     rows, per_pass = x2.shape[0], native.module().cuda_gguf_gemv_max_m
-    if _takes_mmq(x2, flat, qtype, out_features, in_features):
+    if takes_mmq(x2, flat, qtype, out_features, in_features):
         y = cuda_gguf.mmq(q8 or x2, flat, qtype, out_features, in_features)
     elif cuda_gguf.gemv_supported(x2, flat, qtype, out_features, in_features):
         y = cuda_gguf.gemv(q8 or x2, flat, qtype, out_features, in_features)

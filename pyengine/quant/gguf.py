@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType
 
 from candle_vllm.pyengine.ops import cuda_gguf
 from candle_vllm.pyengine.ops.q8_activation import BLOCK, Q8Activation, dense, fusion_enabled
-from candle_vllm.pyengine.ops.quant import q8_max_rows, quant_matmul, takes_tensor_cores
+from candle_vllm.pyengine.ops.quant import q8_max_rows, quant_matmul, takes_mmq
 from candle_vllm.pyengine.ops.rotary import RopeCacheTarget
 from candle_vllm.pyengine.ops.row_pairs import interleave_halves
 from candle_vllm.pyengine.quant.base import LinearMethod
@@ -111,8 +111,8 @@ class GGUFLinear(LinearMethod):
         elsewhere."""
         if not self.rope_rows or dense(x).device.type != "cuda":
             return None
-        rows = dense(x).shape[0]
+        tensor_cores = takes_mmq(dense(x), self.data, self.qtype, self.out_features, self.in_features)
         return cuda_gguf.gemv_rope_cache(
             x, self.data, self.qtype, self.out_features, self.in_features, self.head_dim, *target,
-            tensor_cores=takes_tensor_cores(self.qtype, rows, self.out_features),
+            tensor_cores=tensor_cores,
         )

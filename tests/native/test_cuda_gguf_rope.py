@@ -140,7 +140,7 @@ def test_fused_equals_gemv_then_rotary_cache(qtype: QT, m: int, dtype: torch.dty
         assert rel_error(kv, ref_kv[stored.cpu()]) < REF_TOL[dtype]
 
 
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q8_0, QT.Q6_K, QT.Q4_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q8_0, QT.Q6_K, QT.Q4_0, QT.Q5_0], ids=lambda t: t.name)
 @pytest.mark.parametrize("m", [3, 9, 17, 32])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("hq,hk,d,k", SHAPES)
@@ -158,18 +158,26 @@ def test_tensor_core_epilogue_equals_mmq_then_rotary_cache(qtype: QT, m: int, dt
 
 
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q8_0], ids=lambda t: t.name)
-@pytest.mark.parametrize("m", [1, 5])
-def test_producer_codes_give_the_same_bits(qtype: QT, m: int) -> None:
-    """x handed over with the int8 codes its RMSNorm wrote: no quantizer launch, the same y and cache."""
+@pytest.mark.parametrize(("m", "tensor_cores"), [(1, False), (5, False), (5, True), (17, True)])
+def test_producer_codes_give_the_same_bits(qtype: QT, m: int, tensor_cores: bool) -> None:
+    """x handed over with the int8 codes its RMSNorm wrote: no quantizer launch, the same y and cache, on the dp4a
+    GEMV and on the tensor-core product (whose codes must come with 16-byte aligned XBlocks, else it quantizes x
+    again: a misaligned view covers that path)."""
     p = _problem(qtype, m, 8, 2, 128, 1024, torch.bfloat16, seed=m)
     norm_w = (torch.rand(p["k"], generator=torch.Generator().manual_seed(1)) + 0.5).to(torch.bfloat16).to(DEV)
     act = rms_norm(p["x"], norm_w, 1e-5, q8=True)
     assert isinstance(act, Q8Activation)
     p["x"] = act.x
     paired = _paired_blocks(p)
-    want = _fused(p, act.x, paired)
-    got = _fused(p, act, paired)
+    want = _fused(p, act.x, paired, tensor_cores=tensor_cores)
+    got = _fused(p, act, paired, tensor_cores=tensor_cores)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    if tensor_cores:  # codes whose XBlocks start 8 bytes off 16: quantized again, the same bits
+        xb = torch.cat([act.xb.new_zeros(8), act.xb.reshape(-1)])[8:].view_as(act.xb)
+        shifted = Q8Activation(act.x, act.xq, xb)
+        assert shifted.xb.data_ptr() % 16 != 0
+        moved = _fused(p, shifted, paired, tensor_cores=True)
+        assert torch.equal(moved[0], want[0]) and torch.equal(moved[1], want[1])
 
 
 def test_refuses_what_it_cannot_do() -> None:
@@ -211,11 +219,12 @@ def test_method_stores_pairs_only_where_the_epilogue_runs(gguf_rope: Callable[[b
     (fused,) = build_linear_methods(shards, torch.bfloat16, DEV, rope_head_dim=p["d"])
     assert isinstance(fused, GGUFLinear) and fused.rope_pair_group == 1
     assert torch.equal(fused.data, _paired_blocks(p))
-    want_y, want_cache = _gemv_then_rotary(p, fused.data, 1)
+    tensor_cores = takes_tensor_cores(QT.Q4_K, p["x"].shape[0], p["n"])
+    want_y, want_cache = _gemv_then_rotary(p, fused.data, 1, tensor_cores=tensor_cores)
     cache = p["cache"].clone()
     got = fused.forward_rope_cache(p["x"], RopeCacheTarget(p["hk"], p["pos"], p["table"], cache, p["slots"]))
     assert got is not None and torch.equal(got, want_y) and torch.equal(cache, want_cache)
-    product = cuda_gguf.mmq if takes_tensor_cores(QT.Q4_K, p["x"].shape[0], p["n"]) else cuda_gguf.gemv
+    product = cuda_gguf.mmq if tensor_cores else cuda_gguf.gemv
     assert torch.equal(fused(p["x"]), product(p["x"], fused.data, QT.Q4_K, p["n"], p["k"]))
     gguf_rope(False)
     (plain,) = build_linear_methods(shards, torch.bfloat16, DEV, rope_head_dim=p["d"])
