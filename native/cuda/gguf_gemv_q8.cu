@@ -62,7 +62,7 @@ template <class Q>
 int default_rows_at_m1(int n) {
   constexpr int type = type_of<Q>();
   if constexpr (type == gguf::Q4_K || type == gguf::Q5_K) return rows_by_waves<Q>(n);
-  else return type == gguf::Q4_0 || type == gguf::Q6_K ? 4 : 2;
+  else return type == gguf::Q4_0 || type == gguf::Q6_K || type == gguf::Q2_K || type == gguf::Q3_K ? 4 : 2;
 }
 
 // Rows per CTA for M tokens: the one-token choice (0: the default rule), 2 for two tokens, 4 from four tokens up

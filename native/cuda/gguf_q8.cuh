@@ -13,9 +13,10 @@
 //  - Q4_0/Q4_1/Q5_0/Q5_1 (kParts 1): the whole 32-element block.
 //  - Q8_0 (kParts 2): elements 16p..16p+15.
 //  - Q4_K/Q5_K (kParts 4): g = p: elements 64g+[0,32) (sub-block 2g) and 64g+32+[0,32) (sub-block 2g+1).
-//  - Q6_K (kParts 4): h = p/2, l0 = 16(p%2): elements 128h+32q+l0+[0,16) for q = 0..3.
+//  - Q2_K/Q3_K/Q6_K (kParts 4): h = p/2, s = p%2: elements 128h+32q+16s+[0,16) for q = 0..3.
 #pragma once
 #include "cuda/gguf_q8_block32.cuh"
+#include "cuda/gguf_q8_k16.cuh"
 #include "cuda/gguf_q8_kquants.cuh"
 
 namespace candle_vllm::gguf {
@@ -29,6 +30,8 @@ GGUF_HD bool dispatch_q8(int q, F&& f) {
     case Q5_0: f(Q8Dot<Q5_0>{}); return true;
     case Q5_1: f(Q8Dot<Q5_1>{}); return true;
     case Q8_0: f(Q8Dot<Q8_0>{}); return true;
+    case Q2_K: f(Q8Dot<Q2_K>{}); return true;
+    case Q3_K: f(Q8Dot<Q3_K>{}); return true;
     case Q4_K: f(Q8Dot<Q4_K>{}); return true;
     case Q5_K: f(Q8Dot<Q5_K>{}); return true;
     case Q6_K: f(Q8Dot<Q6_K>{}); return true;

@@ -1,4 +1,4 @@
-// The dp4a Parts of the 256-element GGUF K-quants (Q4_K, Q5_K, Q6_K: a quarter block per thread).
+// The dp4a Parts of the GGUF K-quants with 32-element sub-blocks (Q4_K, Q5_K: a quarter block per thread).
 #pragma once
 #include "cuda/gguf_q8_words.cuh"
 
@@ -96,66 +96,6 @@ struct Q8Dot<Q5_K> : K4Part<0> {
       }
     }
     decode_header(raw.h, g);
-  }
-};
-
-// Codes 0..63 per byte -> code - 32 as int8 lanes (no carries: code + 96 < 256).
-GGUF_HD uint32_t minus32(uint32_t c) { return (c + 0x60606060u) ^ 0x80808080u; }
-
-template <>
-struct Q8Dot<Q6_K> {
-  static constexpr int kBlockElems = 256, kBlockBytes = 210, kParts = 4;
-  using X = XWords<4, 4>;
-  struct Raw {
-    A2Words<4> qa, qb, qh;
-    A2Words<2> sc;
-    uint32_t d;
-  };
-  uint32_t c[4][4];  // quarter q (elements 128h + 32q + l0 ..), four words of 4 signed codes
-  float a[4];
-  GGUF_HD static void fetch(Raw& raw, const uint8_t* blk, int p) {
-    const int h = p >> 1, l0 = 16 * (p & 1);
-    fetch_a2(raw.qa, blk + 64 * h + l0);
-    fetch_a2(raw.qb, blk + 64 * h + 32 + l0);
-    fetch_a2(raw.qh, blk + 128 + 32 * h + l0);
-    fetch_a2(raw.sc, blk + 192 + 8 * h);
-    raw.d = fetch_f16_a2(blk + 208);
-  }
-  GGUF_HD void decode(const Raw& raw, const uint8_t* blk, int p) {
-    const int is = p & 1;
-    uint32_t qa[4], qb[4], qh[4], sc[2];
-    words_a2(raw.qa, qa);
-    words_a2(raw.qb, qb);
-    words_a2(raw.qh, qh);
-    words_a2(raw.sc, sc);
-    const float d = f16_a2(raw.d);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      c[0][k] = minus32((qa[k] & kNib) | ((qh[k] << 4) & 0x30303030u));
-      c[1][k] = minus32((qb[k] & kNib) | ((qh[k] << 2) & 0x30303030u));
-      c[2][k] = minus32(((qa[k] >> 4) & kNib) | (qh[k] & 0x30303030u));
-      c[3][k] = minus32(((qb[k] >> 4) & kNib) | ((qh[k] >> 2) & 0x30303030u));
-    }
-    // Scale of quarter q: byte is + 2q of the 8 at 192 + 8h.
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-      a[q] = d * static_cast<float>(static_cast<int8_t>(sc[q >> 1] >> (8 * (is + 2 * (q & 1)))));
-  }
-  GGUF_HD static void load_x(X& x, const int8_t* xq, const XBlock* xb, int p) {
-    const int h = p >> 1, l0 = 16 * (p & 1);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) ld_x_piece(x, q, xq, xb, 128 * h + 32 * q + l0, p & 1);
-  }
-  GGUF_HD float dot(const X& x) const {
-    float s = 0.f;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      int t = 0;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) t = dp4a(c[q][k], x.q[q][k], t);
-      s += a[q] * x.d[q] * static_cast<float>(t);
-    }
-    return s;
   }
 };
 

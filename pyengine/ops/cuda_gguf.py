@@ -86,8 +86,6 @@ def gemv(
     if kernel not in ("auto", "dp4a", "mma"):
         raise ValueError(f"gguf gemv kernel must be 'auto', 'dp4a' or 'mma', got {kernel!r}")
     use_dp4a = dp4a_supported(qtype) if kernel == "auto" else kernel == "dp4a"
-    if use_dp4a and not dp4a_supported(qtype):
-        raise ValueError(f"the dp4a gguf gemv has no {QT(qtype).name} kernel; use kernel='mma' or 'auto'")
     if not use_dp4a and rows:
         raise ValueError("gguf gemv: rows tunes the dp4a kernel; the mma kernel does not take it")
     m, mod = x.shape[0], native.module()

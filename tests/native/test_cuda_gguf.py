@@ -148,11 +148,8 @@ def test_gemv_matches_float64(qtype: QT, kernel: str, dtype: torch.dtype) -> Non
             assert err < REL_TOL[dtype], f"{qtype.name} {dtype} M={m}: relative error {err:.2e}"
 
 
-def test_dp4a_refuses_types_without_a_kernel() -> None:
-    data = torch.from_numpy(random_blocks(QT.Q3_K, 4, 256, seed=1)).to(DEV)
-    x = torch.randn(1, 256, device=DEV, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="no Q3_K kernel"):
-        cuda_gguf.gemv(x, data, QT.Q3_K, 4, 256, kernel="dp4a")
+def test_every_type_has_the_dp4a_gemv() -> None:
+    assert all(cuda_gguf.dp4a_supported(q) for q in BLOCK_TYPES)
 
 
 @pytest.mark.parametrize("m", [1, 4, 5, 8, 9, 200])

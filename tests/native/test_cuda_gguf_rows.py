@@ -21,7 +21,7 @@ from candle_vllm.pyengine.ops.q8_activation import BLOCK, Q8Activation
 
 pytestmark = pytest.mark.cuda
 DEV = torch.device("cuda")
-DP4A_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K]
+DP4A_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K]
 ROWS = (0, 2, 4, 8)
 # The H200 sweep (132 SMs, bench_quant_cuda.py --sweep-rows) at one token on the Llama-3-8B output sizes
 # N = 6144, 4096, 28672 (K 4096) and 4096 (K 14336): the faster of R = 4 and R = 8 where they differ by more than
@@ -31,8 +31,8 @@ H200_SMS = 132
 H200_SHAPES_N = (6144, 4096, 28672, 4096)
 H200_FASTER = {QT.Q4_K: (None, 8, 4, None), QT.Q5_K: (4, 8, 4, None)}
 # Measured per type (Q4_0: R = 4 beat 2 on all four shapes; Q6_K: R = 4 best or within 1 %; Q8_0: R = 2 best or
-# within 2 %); the unswept types keep R = 2.
-FIXED_ROWS = {QT.Q4_0: 4, QT.Q8_0: 2, QT.Q6_K: 4, QT.Q4_1: 2, QT.Q5_0: 2, QT.Q5_1: 2}
+# within 2 %); the unswept types keep R = 2, Q2_K/Q3_K (not yet swept) Q6_K's R = 4.
+FIXED_ROWS = {QT.Q4_0: 4, QT.Q8_0: 2, QT.Q6_K: 4, QT.Q4_1: 2, QT.Q5_0: 2, QT.Q5_1: 2, QT.Q2_K: 4, QT.Q3_K: 4}
 
 
 @pytest.fixture(autouse=True)

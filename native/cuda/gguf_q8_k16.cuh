@@ -1,0 +1,177 @@
+// The dp4a Parts of the GGUF K-quants with 16-element sub-blocks (Q2_K, Q3_K, Q6_K; the contract is in gguf_q8.cuh).
+//
+// All three lay a 256-element block out in two 128-element halves h, each of whose code bytes serves four
+// sub-blocks at once (Q2_K/Q3_K: bits 2q and 2q + 1 of byte l; Q6_K: the nibbles of two planes), so part p takes
+// h = p / 2 and s = p % 2: elements 128h + 32q + 16s + [0, 16) for q = 0..3, four 16-element pieces, piece q being
+// sub-block 8h + 2q + s (its own scale) and half s of activation block 4h + q. A thread then reads 16 contiguous
+// code bytes (plus the high bits, Q3_K/Q6_K) and four scale bytes, two to a word.
+#pragma once
+#include "cuda/gguf_q8_words.cuh"
+
+namespace candle_vllm::gguf {
+
+// The activation pieces of such a Part, and the byte of its piece q's scale in the two words holding scale bytes
+// 8h .. 8h + 7 (sub-blocks 8h + 2q + s: byte s + 2 (q % 2) of word q / 2).
+struct SixteenPieces {
+  using X = XWords<4, 4>;
+  GGUF_HD static void load_x(X& x, const int8_t* xq, const XBlock* xb, int p) {
+    const int h = p >> 1, s = p & 1;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) ld_x_piece(x, q, xq, xb, 128 * h + 32 * q + 16 * s, s);
+  }
+  GGUF_HD static uint32_t scale_byte(const uint32_t (&w)[2], int q, int p) {
+    return (w[q >> 1] >> (8 * ((p & 1) + 2 * (q & 1)))) & 0xFF;
+  }
+};
+
+// Q2_K (84 bytes: 16 scale bytes, low nibble the sub-block's scale and high nibble its min; 64 code bytes, four
+// 2-bit codes each; f16 d and dmin): w = d * sc * code - dmin * m. Sub-block 8h + 2q + s takes bits 2q, 2q + 1 of
+// code bytes 32h + 16s + [0, 16). Blocks are 84 bytes apart, so 4-byte aligned: word loads.
+template <>
+struct Q8Dot<Q2_K> : SixteenPieces {
+  static constexpr int kBlockElems = 256, kBlockBytes = 84, kParts = 4;
+  struct Raw {
+    uint32_t q[4], sc[2], dm;
+  };
+  uint32_t c[4][4];  // piece q: four words of 4 codes (0..3)
+  float a[4], b[4];
+  GGUF_HD static void fetch(Raw& raw, const uint8_t* blk, int p) {
+    const int h = p >> 1, s = p & 1;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) raw.q[k] = ld<uint32_t>(blk + 16 + 32 * h + 16 * s + 4 * k);
+    raw.sc[0] = ld<uint32_t>(blk + 8 * h);
+    raw.sc[1] = ld<uint32_t>(blk + 8 * h + 4);
+    raw.dm = ld<uint32_t>(blk + 80);
+  }
+  GGUF_HD void decode(const Raw& raw, const uint8_t*, int p) {
+    const float d = half_lo(raw.dm), dmin = half_hi(raw.dm);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) c[q][k] = (raw.q[k] >> (2 * q)) & 0x03030303u;
+      const uint32_t sm = scale_byte(raw.sc, q, p);
+      a[q] = d * static_cast<float>(sm & 0xF);
+      b[q] = dmin * static_cast<float>(sm >> 4);
+    }
+  }
+  GGUF_HD float dot(const X& x) const {
+    float s = 0.f;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      int t = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) t = dp4a(c[q][k], x.q[q][k], t);
+      s += x.d[q] * (a[q] * static_cast<float>(t) - b[q] * static_cast<float>(x.sum[q]));
+    }
+    return s;
+  }
+};
+
+// Q3_K (110 bytes: 32 bytes of high bits, 64 bytes of 2-bit low parts laid out as Q2_K's codes, 12 bytes packing
+// sixteen 6-bit scales, f16 d): w = d * (scale - 32) * (low + 4 * high - 4). Sub-block 8h + 2q + s takes bit 4h + q
+// of high-bit bytes 16s + [0, 16). The scales: bytes 0..3 and 4..7 hold the low nibbles of scales 0..7 (low nibble)
+// and 8..15 (high nibble), bytes 8..11 their top two bits (scale 4i + j: bits 2i, 2i + 1 of byte 8 + j); half h's
+// scales 8h .. 8h + 7 are two words. Blocks are 110 bytes apart, so 2-byte aligned (A2Words).
+template <>
+struct Q8Dot<Q3_K> : SixteenPieces {
+  static constexpr int kBlockElems = 256, kBlockBytes = 110, kParts = 4;
+  struct Raw {
+    A2Words<4> q, hm;
+    A2Words<3> sc;
+    uint32_t d;
+  };
+  uint32_t c[4][4];  // piece q: four words of 4 codes low + 4 * high (0..7; the -4 is taken from the code sums)
+  float a[4];
+  GGUF_HD static void fetch(Raw& raw, const uint8_t* blk, int p) {
+    const int h = p >> 1, s = p & 1;
+    fetch_a2(raw.q, blk + 32 + 32 * h + 16 * s);
+    fetch_a2(raw.hm, blk + 16 * s);
+    fetch_a2(raw.sc, blk + 96);
+    raw.d = fetch_f16_a2(blk + 108);
+  }
+  GGUF_HD void decode(const Raw& raw, const uint8_t*, int p) {
+    const int h = p >> 1;
+    uint32_t q[4], hm[4], sc[3];
+    words_a2(raw.q, q);
+    words_a2(raw.hm, hm);
+    words_a2(raw.sc, sc);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t high = hm[k] >> (4 * h);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) c[j][k] = ((q[k] >> (2 * j)) & 0x03030303u) | (((high >> j) & 0x01010101u) << 2);
+    }
+    const uint32_t six[2] = {((sc[0] >> (4 * h)) & kNib) | (((sc[2] >> (4 * h)) & 0x03030303u) << 4),
+                             ((sc[1] >> (4 * h)) & kNib) | (((sc[2] >> (4 * h + 2)) & 0x03030303u) << 4)};
+    const float d = f16_a2(raw.d);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a[j] = d * static_cast<float>(static_cast<int>(scale_byte(six, j, p)) - 32);
+  }
+  GGUF_HD float dot(const X& x) const {
+    float s = 0.f;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      int t = -4 * x.sum[q];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) t = dp4a(c[q][k], x.q[q][k], t);
+      s += a[q] * x.d[q] * static_cast<float>(t);
+    }
+    return s;
+  }
+};
+
+// Codes 0..63 per byte -> code - 32 as int8 lanes (no carries: code + 96 < 256).
+GGUF_HD uint32_t minus32(uint32_t c) { return (c + 0x60606060u) ^ 0x80808080u; }
+
+// Q6_K (210 bytes: ql[128] low nibbles, qh[64] top two bits, 16 int8 scales, f16 d; w = d * sc * (code - 32)):
+// sub-block 8h + 2q + s takes nibble q / 2 of plane q % 2 (ql bytes 64h + 32 (q % 2) + 16s + [0, 16)) and bits 2q,
+// 2q + 1 of qh bytes 32h + 16s + [0, 16).
+template <>
+struct Q8Dot<Q6_K> : SixteenPieces {
+  static constexpr int kBlockElems = 256, kBlockBytes = 210, kParts = 4;
+  struct Raw {
+    A2Words<4> qa, qb, qh;
+    A2Words<2> sc;
+    uint32_t d;
+  };
+  uint32_t c[4][4];  // piece q: four words of 4 signed codes
+  float a[4];
+  GGUF_HD static void fetch(Raw& raw, const uint8_t* blk, int p) {
+    const int h = p >> 1, l0 = 16 * (p & 1);
+    fetch_a2(raw.qa, blk + 64 * h + l0);
+    fetch_a2(raw.qb, blk + 64 * h + 32 + l0);
+    fetch_a2(raw.qh, blk + 128 + 32 * h + l0);
+    fetch_a2(raw.sc, blk + 192 + 8 * h);
+    raw.d = fetch_f16_a2(blk + 208);
+  }
+  GGUF_HD void decode(const Raw& raw, const uint8_t*, int p) {
+    uint32_t qa[4], qb[4], qh[4], sc[2];
+    words_a2(raw.qa, qa);
+    words_a2(raw.qb, qb);
+    words_a2(raw.qh, qh);
+    words_a2(raw.sc, sc);
+    const float d = f16_a2(raw.d);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      c[0][k] = minus32((qa[k] & kNib) | ((qh[k] << 4) & 0x30303030u));
+      c[1][k] = minus32((qb[k] & kNib) | ((qh[k] << 2) & 0x30303030u));
+      c[2][k] = minus32(((qa[k] >> 4) & kNib) | (qh[k] & 0x30303030u));
+      c[3][k] = minus32(((qb[k] >> 4) & kNib) | ((qh[k] >> 2) & 0x30303030u));
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) a[q] = d * static_cast<float>(static_cast<int8_t>(scale_byte(sc, q, p)));
+  }
+  GGUF_HD float dot(const X& x) const {
+    float s = 0.f;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      int t = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) t = dp4a(c[q][k], x.q[q][k], t);
+      s += a[q] * x.d[q] * static_cast<float>(t);
+    }
+    return s;
+  }
+};
+
+}  // namespace candle_vllm::gguf
