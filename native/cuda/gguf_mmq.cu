@@ -9,10 +9,10 @@
 // -b * (dx * sum(x codes)), w = a * code - b being the sub-block's weights (the dp4a GEMV rounds
 // dx * (a * dot - b * sum): same value, other roundings).
 //
-// Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, each through its tile loader (gguf_mmq_tile.cuh). A CTA owns
-// 16 or 32 weight rows (one or two 16-row tiles per warp: an activation load then serves 32 rows) and its 4 or 8 warps
-// split K by the loader's units (a Q4_K/Q5_K block, half a Q6_K block, two blocks of a 32-element type; warp w takes
-// units w, w + W, ...), each keeping the next units' weights in flight in registers while it multiplies one (the first
+// Types: every GGUF block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K), each through its tile loader
+// (gguf_mmq_tile.cuh). A CTA owns 16 or 32 weight rows (one or two 16-row tiles per warp: an activation load then
+// serves 32 rows) and its 4 or 8 warps split K by the loader's units (a Q4_K/Q5_K block, half a Q2_K/Q3_K/Q6_K
+// block, two blocks of a 32-element type; warp w takes units w, w + W, ...), each keeping the next units' weights in flight in registers while it multiplies one (the first
 // before griddepcontrol.wait: weights do not depend on the kernel before); partial sums meet in shared memory and warp
 // order is fixed, so results are deterministic and a token's result does not depend on the other tokens or on the row
 // tiling (the warp count sets the summation order; its rule depends on N and the device only).
@@ -48,17 +48,19 @@ struct TokenRows {
   const XBlock* blocks[2];
 };
 
-// (dx, dx * sum of codes) of sub-blocks s and s + 1 of one token, from their two adjacent XBlocks (one 16-byte load).
+// (dx, dx * sum of codes, the code sums of the two 16-element halves) of sub-blocks s and s + 1 of one token, from
+// their two adjacent XBlocks (one 16-byte load).
 struct XScales {
   float d[2], s[2];
+  int half[2][2];
   __device__ void load(const XBlock* p) {
     const uint4 raw = gguf::ld_x<uint4>(p);
     const uint32_t words[2][2] = {{raw.x, raw.y}, {raw.z, raw.w}};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       d[h] = __uint_as_float(words[h][0]);
-      const int sum = static_cast<int16_t>(words[h][1] & 0xFFFF) + static_cast<int16_t>(words[h][1] >> 16);
-      s[h] = d[h] * static_cast<float>(sum);
+      half[h][0] = static_cast<int16_t>(words[h][1] & 0xFFFF), half[h][1] = static_cast<int16_t>(words[h][1] >> 16);
+      s[h] = d[h] * static_cast<float>(half[h][0] + half[h][1]);
     }
   }
 };
@@ -73,13 +75,14 @@ __device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int e0, int t
     // Per m-tile: rows g and g + 8, the codes of sub-blocks 2j (lo) and 2j + 1 (hi) and their (a, b).
     uint32_t lo[MT][2][2], hi[MT][2][2];
     float a[MT][2][2], b[MT][2][2];
-    int sc[MT][2][2][2];  // kHalfScales: [mt][r][sub-block][half]
+    int sc[MT][2][2][2], mins[MT][2][2][2];  // kHalfScales, kHalfMins: [mt][r][sub-block][half]
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         q[mt][r].pair(j, t, lo[mt][r], hi[mt][r], a[mt][r], b[mt][r]);
         if constexpr (Q::kHalfScales) q[mt][r].half_scales(j, sc[mt][r]);
+        if constexpr (Q::kHalfMins) q[mt][r].half_mins(j, mins[mt][r]);
       }
     const int e = e0 + 64 * j;
 #pragma unroll
@@ -120,7 +123,12 @@ __device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int e0, int t
             for (int r = 0; r < 2; ++r) {
               float& o = acc[mt][i][2 * r + k];
               o = fmaf(a[mt][r][h] * xs[k].d[h], static_cast<float>(c[2 * r + k]), o);
-              if constexpr (Q::kMins) o = fmaf(-b[mt][r][h], xs[k].s[h], o);
+              if constexpr (Q::kHalfMins) {
+                const int m = mins[mt][r][h][0] * xs[k].half[h][0] + mins[mt][r][h][1] * xs[k].half[h][1];
+                o = fmaf(-b[mt][r][h] * xs[k].d[h], static_cast<float>(m), o);
+              } else if constexpr (Q::kMins) {
+                o = fmaf(-b[mt][r][h], xs[k].s[h], o);
+              }
             }
         }
       }

@@ -1,5 +1,6 @@
 // Tile loaders of the int8 tensor-core GGUF product for the K-quants (contract: gguf_mmq_tile.cuh): Q4_K and Q5_K
-// one 256-element block per unit, its 16-byte header decoded per pair of sub-blocks; Q6_K half a block.
+// one 256-element block per unit, its 16-byte header decoded per pair of sub-blocks; Q2_K, Q3_K and Q6_K (16-element
+// scales) half a block.
 #pragma once
 #include "cuda/gguf_mmq_tile.cuh"
 #include "cuda/gguf_q8_kquants.cuh"
@@ -24,7 +25,7 @@ GGUF_HD void k4_pair_scales(const uint4& h, int j, float (&a)[2], float (&b)[2])
 struct MmqQ4K {
   static constexpr int kBlockElems = 256, kBlockBytes = 144, kPairs = 4;
   static constexpr int kDepth = 1;
-  static constexpr bool kMins = true, kSplitLanes = false, kHalfScales = false;
+  static constexpr bool kMins = true, kSplitLanes = false, kHalfScales = false, kHalfMins = false;
   uint2 q[kPairs];
   uint4 h;
   GGUF_HD void fetch(const uint8_t* row, int u, int t) {
@@ -45,7 +46,7 @@ struct MmqQ4K {
 struct MmqQ5K {
   static constexpr int kBlockElems = 256, kBlockBytes = 176, kPairs = 4;
   static constexpr int kDepth = 1;
-  static constexpr bool kMins = true, kSplitLanes = false, kHalfScales = false;
+  static constexpr bool kMins = true, kSplitLanes = false, kHalfScales = false, kHalfMins = false;
   uint2 q[kPairs], e;
   uint4 h;
   GGUF_HD void fetch(const uint8_t* row, int u, int t) {
@@ -66,6 +67,82 @@ struct MmqQ5K {
   }
 };
 
+// The 32-element sub-blocks of half n of a Q2_K/Q3_K block (elements 128n + 32q + [0, 32), q = 0..3) take bits 2q,
+// 2q + 1 of code bytes 32n + [0, 32) of the block's 2-bit plane; lane t's elements 8t..8t+7 of each are bytes 8t..
+// 8t+7 of the plane's 32, so one pair of words serves all four. Their 16-element halves are the 16 sub-blocks of
+// the block's scales, sub-block q's half h being scale 8n + 2q + h (byte 2i + h of the n-th half's word j for
+// q = 2j + i).
+GGUF_HD uint32_t plane2(uint32_t w, int q) { return (w >> (2 * q)) & 0x03030303u; }
+
+// Q2_K (84 bytes: 16 scale bytes, the low nibble the sub-block's scale and the high its min; 64 code bytes; f16 d,
+// dmin; w = d * sc * code - dmin * m): half a block per unit, 4-byte aligned (blocks are 84 bytes apart).
+struct MmqQ2K {
+  static constexpr int kBlockElems = 128, kBlockBytes = 42, kPairs = 2, kDepth = 1;  // not yet measured
+  static constexpr bool kMins = true, kSplitLanes = false, kHalfScales = true, kHalfMins = true;
+  uint32_t q[2], sm[2], dm;
+  GGUF_HD void fetch(const uint8_t* row, int u, int t) {
+    const uint8_t* blk = row + static_cast<int64_t>(u >> 1) * (2 * kBlockBytes);
+    const int n = u & 1;
+    q[0] = gguf::ld<uint32_t>(blk + 16 + 32 * n + 8 * t), q[1] = gguf::ld<uint32_t>(blk + 20 + 32 * n + 8 * t);
+    sm[0] = gguf::ld<uint32_t>(blk + 8 * n), sm[1] = gguf::ld<uint32_t>(blk + 8 * n + 4);
+    dm = gguf::ld<uint32_t>(blk + 80);
+  }
+  GGUF_HD void pair(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) lo[k] = plane2(q[k], 2 * j), hi[k] = plane2(q[k], 2 * j + 1);
+    a[0] = a[1] = gguf::half_lo(dm);
+    b[0] = b[1] = gguf::half_hi(dm);
+  }
+  GGUF_HD void half_scales(int j, int (&s)[2][2]) const {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[i >> 1][i & 1] = (sm[j] >> (8 * i)) & 0xF;
+  }
+  GGUF_HD void half_mins(int j, int (&m)[2][2]) const {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) m[i >> 1][i & 1] = (sm[j] >> (8 * i + 4)) & 0xF;
+  }
+};
+
+// Q3_K (110 bytes: 32 bytes of high bits, sub-block q of half n taking bit 4n + q of bytes 0..31; the 64 bytes of
+// the 2-bit plane; 12 bytes packing sixteen 6-bit scales (gguf_q8_k16.cuh); f16 d; w = d * (scale - 32) * (low + 4 *
+// high - 4), the codes centered): half a block per unit, 2-byte aligned (A2Words).
+struct MmqQ3K {
+  static constexpr int kBlockElems = 128, kBlockBytes = 55, kPairs = 2, kDepth = 1;  // not yet measured
+  static constexpr bool kMins = false, kSplitLanes = false, kHalfScales = true, kHalfMins = false;
+  gguf::A2Words<2> ql, hm;
+  gguf::A2Words<3> sc;
+  uint32_t dw;
+  int n;
+  GGUF_HD void fetch(const uint8_t* row, int u, int t) {
+    const uint8_t* blk = row + static_cast<int64_t>(u >> 1) * (2 * kBlockBytes);
+    n = u & 1;
+    gguf::fetch_a2(ql, blk + 32 + 32 * n + 8 * t);
+    gguf::fetch_a2(hm, blk + 8 * t);
+    gguf::fetch_a2(sc, blk + 96);
+    dw = gguf::fetch_f16_a2(blk + 108);
+  }
+  GGUF_HD void pair(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
+    uint32_t q[2], h[2];
+    gguf::words_a2(ql, q);
+    gguf::words_a2(hm, h);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const uint32_t high = h[k] >> (4 * n);
+      lo[k] = centered<3>(plane2(q[k], 2 * j) | (((high >> (2 * j)) & 0x01010101u) << 2));
+      hi[k] = centered<3>(plane2(q[k], 2 * j + 1) | (((high >> (2 * j + 1)) & 0x01010101u) << 2));
+    }
+    a[0] = a[1] = gguf::f16_a2(dw);
+    b[0] = b[1] = 0.f;
+  }
+  GGUF_HD void half_scales(int j, int (&s)[2][2]) const {
+    uint32_t w[3];
+    gguf::words_a2(sc, w);
+    const uint32_t six = ((w[j] >> (4 * n)) & gguf::kNib) | (((w[2] >> (4 * n + 2 * j)) & 0x03030303u) << 4);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[i >> 1][i & 1] = static_cast<int>((six >> (8 * i)) & 0xFF) - 32;
+  }
+};
+
 // Q6_K (210 bytes: ql[128] low nibbles, qh[64] top two bits, 16 int8 scales, f16 d; w = d * sc * (code - 32), one
 // scale per 16 elements). A unit is half a block (n = u & 1: elements 128n.., sub-blocks 4n + q for q = 0..3):
 // sub-block q's element l takes nibble q >> 1 of ql byte 64n + 32 (q & 1) + l and bits 2q, 2q + 1 of qh byte
@@ -74,7 +151,7 @@ struct MmqQ5K {
 // 8-byte chunk; every chunk has its block's alignment).
 struct MmqQ6K {
   static constexpr int kBlockElems = 128, kBlockBytes = 105, kPairs = 2, kDepth = 1;  // bytes: half a block's
-  static constexpr bool kMins = false, kSplitLanes = false, kHalfScales = true;
+  static constexpr bool kMins = false, kSplitLanes = false, kHalfScales = true, kHalfMins = false;
   gguf::A2Words<2> ql[2], qh, sc;
   uint32_t dw;
   GGUF_HD void fetch(const uint8_t* row, int u, int t) {

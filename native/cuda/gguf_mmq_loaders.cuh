@@ -15,6 +15,8 @@ GGUF_HD bool dispatch(int qtype, F&& f) {
     case gguf::Q5_0: f(MmqQ5_0{}); return true;
     case gguf::Q5_1: f(MmqQ5_1{}); return true;
     case gguf::Q8_0: f(MmqQ8_0{}); return true;
+    case gguf::Q2_K: f(MmqQ2K{}); return true;
+    case gguf::Q3_K: f(MmqQ3K{}); return true;
     case gguf::Q4_K: f(MmqQ4K{}); return true;
     case gguf::Q5_K: f(MmqQ5K{}); return true;
     case gguf::Q6_K: f(MmqQ6K{}); return true;

@@ -9,7 +9,8 @@
 // 16+4t..16+4t+3, the mma's own slots) and the affine scale of each, w = a * code - b. kMins is false where b is always
 // 0 (the codes are already signed), so the kernel drops the b * sum(x codes) term. kHalfScales: each 16-element half of
 // a sub-block has its own integer scale (half_scales(j, sc): sc[sub-block][half]), so the kernel takes each half's dot
-// on its own (w = a * sc * code). Loaders are plain integer code (GGUF_HD), so they also run on the host, where
+// on its own (w = a * sc * code); kHalfMins: each half also has its own integer min (half_mins(j, m), w = a * sc *
+// code - b * m), taken against that half's code sum. Loaders are plain integer code (GGUF_HD), so they also run on the host, where
 // tests/native/host_parts/tile_weights.cpp rebuilds each lane's weights from them.
 //
 // The weight is 16-byte aligned and K a multiple of 256, so the rows of the 32-element types (K / 32 blocks of 18,

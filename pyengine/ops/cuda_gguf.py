@@ -151,8 +151,8 @@ def mmq(
     if not mmq_supported(x, data, qtype, out_features, in_features):
         raise ValueError(
             "gguf mmq needs x [M<=32, K % 256 == 0] contiguous f16/bf16 and W as contiguous 16-byte aligned uint8 "
-            "blocks of a type with a tensor-core kernel (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) on the same "
-            "CUDA device; "
+            "blocks of a type with a tensor-core kernel (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) "
+            "on the same CUDA device; "
             + _operands(x, data, qtype, out_features, in_features)
         )
     m = x.shape[0]

@@ -328,6 +328,7 @@ MMQ_WIDE_FEATURES = 16384
 MMQ_MIN_ROWS: dict[QT, tuple[int, int]] = {  # (narrow, wide)
     QT.Q4_K: (5, 3), QT.Q5_K: (3, 3), QT.Q6_K: (9, 3), QT.Q8_0: (9, 9), QT.Q4_0: (9, 9), QT.Q4_1: (9, 5),
     QT.Q5_1: (9, 9), QT.Q5_0: (16, 16),
+    QT.Q2_K: (9, 3), QT.Q3_K: (9, 3),  # not yet measured: Q6_K's (the same 16-element scales)
 }
 
 

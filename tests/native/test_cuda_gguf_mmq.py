@@ -23,7 +23,7 @@ from candle_vllm.pyengine.ops.q8_activation import Q8Activation
 
 pytestmark = pytest.mark.cuda
 DEV = torch.device("cuda")
-MMQ_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K]
+MMQ_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K]
 ROWS = [1, 2, 7, 8, 9, 15, 16, 17, 31, 32]
 
 
@@ -134,21 +134,20 @@ def test_quant_matmul_takes_mmq_from_its_min_rows_to_32(qtype: QT, monkeypatch: 
 
 
 def test_the_types_with_a_kernel() -> None:
-    """Every int8-activation type but Q2_K/Q3_K has the tensor-core product."""
+    """Every int8-activation type has the tensor-core product."""
     mod = native.module()
     have = [q for q in QT if mod.cuda_gguf_mmq_supported(int(q))]
     assert sorted(have) == sorted(MMQ_TYPES) == sorted(quant.MMQ_MIN_ROWS)
-    assert have == [q for q in QT if cuda_gguf.dp4a_supported(q) and q not in (QT.Q2_K, QT.Q3_K)]
+    assert have == [q for q in QT if cuda_gguf.dp4a_supported(q)]
 
 
 def test_mmq_refuses_what_it_cannot_do() -> None:
     """The Python checks (type, rows) and the native ones (K in whole 256-value blocks, 16-byte aligned blocks,
     the launch choice), each with its reason and nothing launched."""
-    data, _ = _weight(QT.Q3_K, 16, 256, seed=1)
-    x = torch.randn(12, 256, device=DEV, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="Q3_K data"):
-        cuda_gguf.mmq(x, data, QT.Q3_K, 16, 256)
     data, _ = _weight(QT.Q4_K, 16, 256, seed=1)
+    x = torch.randn(12, 256, device=DEV, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="IQ4_NL data"):
+        cuda_gguf.mmq(x, data, QT.IQ4_NL, 16, 256)
     with pytest.raises(ValueError, match=r"got x \(33, 256\)"):
         cuda_gguf.mmq(torch.randn(33, 256, device=DEV, dtype=torch.bfloat16), data, QT.Q4_K, 16, 256)
     mod = native.module()

@@ -40,8 +40,7 @@ from test_cuda_gguf import random_blocks
 ROOT = Path(__file__).resolve().parents[2]
 DRIVERS = Path(__file__).with_name("host_parts")
 DEQUANT_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K]
-PART_TYPES = DEQUANT_TYPES
-TILE_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K]
+PART_TYPES = TILE_TYPES = DEQUANT_TYPES
 ROWS = 13
 REL_F32 = 1e-5
 REL_SCALE = 1e-6

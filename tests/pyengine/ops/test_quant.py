@@ -243,4 +243,4 @@ def test_every_type_below_its_tensor_core_threshold_has_a_gemv_path() -> None:
         assert all(1 < rows <= quant.GEMV_PASSES_MAX_ROWS + 1 for rows in (narrow, wide)), qtype
         assert quant.mmq_min_rows(qtype, quant.MMQ_WIDE_FEATURES - 1) == narrow
         assert quant.mmq_min_rows(qtype, quant.MMQ_WIDE_FEATURES) == wide
-    assert quant.mmq_min_rows(QT.Q2_K, 4096) is None
+    assert quant.mmq_min_rows(QT.IQ4_NL, 4096) is None
