@@ -27,7 +27,7 @@ void gguf_gemv(void* y, const void* x, const uint8_t* w, int64_t M, int64_t N, i
 // Bytes of scratch per 32 activations for gguf_gemv_q8's xb (an f32 scale and two int16 code sums).
 constexpr int kGgufXBlockBytes = 8;
 
-// True for the types gguf_gemv_q8 decodes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
+// True for the types gguf_gemv_q8 decodes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K).
 bool gguf_gemv_q8_supported(int qtype);
 
 // The same product with x first quantized to int8 per 32-element block (scale amax / 127, written to the
@@ -62,7 +62,7 @@ void gguf_gemv_q8_rope_cache(void* y, const void* x, int8_t* xq, void* xb, const
 
 constexpr int kGgufMmqMaxM = 32;
 
-// True for the types gguf_mmq has a kernel for (those of gguf_gemv_q8: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K..Q6_K).
+// True for the types gguf_mmq has a kernel for (those of gguf_gemv_q8: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K).
 bool gguf_mmq_supported(int qtype);
 
 // The int8 product of gguf_gemv_q8 for decode batches of up to 32 tokens on tensor cores (gguf_mmq.cu): each

@@ -57,7 +57,7 @@ int rows_by_waves(int n) {
 // --sweep-rows, four Llama-3-8B shapes): Q4_0 R = 4 beat R = 2 on all four (6.74 -> 6.37, 5.77 -> 4.70,
 // 21.83 -> 19.56, 12.41 -> 11.37 us); Q6_K (64-thread CTAs of 64-weight parts) R = 4 best or within 1 % on all
 // four (R = 2 -> 4: 11.03 -> 10.85, 7.66 -> 7.22, 36.38 -> 36.77, 21.91 -> 19.36 us); Q8_0 was best or within 2 %
-// at R = 2. Q4_1, Q5_0, Q5_1 were not swept and keep R = 2.
+// at R = 2. Q4_1, Q5_0, Q5_1 were not swept and keep R = 2; Q2_K/Q3_K were not swept and take Q6_K's R = 4.
 template <class Q>
 int default_rows_at_m1(int n) {
   constexpr int type = type_of<Q>();

@@ -5,7 +5,7 @@
 // kernels do) plus per-half code sums. gguf_gemv_q8_quantized skips it: the kernel before it (RMSNorm or
 // SiLU-and-mul) already wrote the codes. The GEMV itself streams W (a programmatic dependent launch: it fetches
 // its first weights while the producer of the codes runs):
-// a CTA (128 threads; 64 for Q4_K/Q5_K/Q6_K) owns R weight rows and its threads walk the rows' blocks together,
+// a CTA (128 threads; 64 for the K-quants) owns R weight rows and its threads walk the rows' blocks together,
 // each taking one Part of a block (gguf_q8.cuh) for all R rows at once, so several independent weight loads
 // are in flight per thread and each activation load serves every row. Products are integer dp4a sums scaled
 // per block in f32; threads reduce by warp shuffles and one shared-memory step. No shared-memory staging: the
@@ -45,8 +45,8 @@ constexpr int type_of() {
   return type_code(static_cast<const Q*>(nullptr));
 }
 
-// Threads per CTA: 128, but 64 for Q4_K/Q5_K/Q6_K, whose parts are a quarter block (a 4096-element row is 64
-// parts, one per thread).
+// Threads per CTA: 128, but 64 for the K-quants (Q2_K..Q6_K), whose parts are a quarter block (a 4096-element row
+// is 64 parts, one per thread).
 template <class Q>
 __host__ __device__ constexpr int cta_threads() {
   return Q::kParts == 4 ? 64 : 128;
@@ -61,7 +61,9 @@ __host__ __device__ constexpr int cta_threads() {
 //   - Q4_K/Q5_K (64-thread CTAs): 4 / 1 / 1, i.e. 8 CTAs at R = 2 (at most 128 registers), the compiler's
 //     120-123 / 208-217 registers at R = 4 / 8 (8 and 4 CTAs per SM);
 //   - Q6_K (64-thread CTAs): 8 / 1 / 1, i.e. 16 CTAs at R = 2 (64 registers), 128 / 228 at R = 4 / 8 (tighter
-//     bounds spilled).
+//     bounds spilled);
+//   - Q2_K/Q3_K (64-thread CTAs, not yet measured): Q4_K's 4 / 1 / 1 (Q6_K's 64 registers at R = 2 spilled 44-108
+//     bytes), 87-90 / 128-141 / 244-248 registers at R = 2 / 4 / 8.
 // Several tokens keep the compiler's choice.
 struct OneTokenBounds {
   int r2, r4, r8;
@@ -71,7 +73,7 @@ constexpr OneTokenBounds one_token_bounds(int type) {
   switch (type) {
     case gguf::Q4_K:
     case gguf::Q5_K:
-    case gguf::Q2_K:  // not yet measured; 64 registers at R = 2 (Q6_K's bound) spilled 44-108 bytes
+    case gguf::Q2_K:
     case gguf::Q3_K: return {4, 1, 1};
     case gguf::Q6_K: return {8, 1, 1};
     default: return {8, 8, 4};  // the 32-element types

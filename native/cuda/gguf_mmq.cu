@@ -7,20 +7,22 @@
 // multiplies it with up to four 8-token B fragments. The tensor cores give each (row, token, 32-element
 // sub-block) the exact integer dot product of the codes, added to the f32 sum as two FMAs, (a * dx) * dot and
 // -b * (dx * sum(x codes)), w = a * code - b being the sub-block's weights (the dp4a GEMV rounds
-// dx * (a * dot - b * sum): same value, other roundings).
+// dx * (a * dot - b * sum): same value, other roundings). Where each 16-element half has its own integer scale sc_h
+// and min m_h (Q2_K, Q3_K, Q6_K), dot is sum_h sc_h * dot_h and the min term (-b * dx) * sum_h m_h * sum_h(x codes).
 //
-// Types: every GGUF block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K), each through its tile loader
-// (gguf_mmq_tile.cuh). A CTA owns 16 or 32 weight rows (one or two 16-row tiles per warp: an activation load then
-// serves 32 rows) and its 4 or 8 warps split K by the loader's units (a Q4_K/Q5_K block, half a Q2_K/Q3_K/Q6_K
-// block, two blocks of a 32-element type; warp w takes units w, w + W, ...), each keeping the next units' weights in flight in registers while it multiplies one (the first
-// before griddepcontrol.wait: weights do not depend on the kernel before); partial sums meet in shared memory and warp
-// order is fixed, so results are deterministic and a token's result does not depend on the other tokens or on the row
-// tiling (the warp count sets the summation order; its rule depends on N and the device only).
+// Types: every block type the GGUF kernels decode (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K), each through its tile
+// loader (gguf_mmq_tile.cuh). A CTA owns 16 or 32 weight rows (one or two 16-row tiles per warp: an activation load
+// then serves 32 rows) and its 4 or 8 warps split K by the loader's units (a Q4_K/Q5_K block, half a Q2_K/Q3_K/Q6_K
+// block, two blocks of a 32-element type; warp w takes units w, w + W, ...), each keeping the next units' weights in
+// flight in registers while it multiplies one (the first before griddepcontrol.wait: weights do not depend on the
+// kernel before); partial sums meet in shared memory and warp order is fixed, so results are deterministic and a
+// token's result does not depend on the other tokens or on the row tiling (the warp count sets the summation order;
+// its rule depends on N and the device only).
 //
 // The k order inside an mma is free as long as A and B agree: lane t of a quad (threadID_in_group) holds k slots
-// 4t..4t+3 and 16+4t..16+4t+3. Where a type's codes are bytes in element order (Q8_0, and the K-quants' nibble
-// planes) they are given the sub-block's elements 8t..8t+7, so every lane reads 8 contiguous code bytes of its row
-// and 8 contiguous activation codes of its token; the 32-element nibble types, whose byte i holds elements i and
+// 4t..4t+3 and 16+4t..16+4t+3. Where a type's codes are bytes in element order (Q8_0, and the K-quants' nibble and
+// 2-bit planes) they are given the sub-block's elements 8t..8t+7, so every lane reads 8 contiguous code bytes of its
+// row and 8 contiguous activation codes of its token; the 32-element nibble types, whose byte i holds elements i and
 // 16 + i, keep the slots' own elements, so a lane's 4 code bytes are one word (the loader's kSplitLanes).
 #include "cuda/common.cuh"
 #include "cuda/gguf_mmq.h"
@@ -48,21 +50,23 @@ struct TokenRows {
   const XBlock* blocks[2];
 };
 
-// (dx, dx * sum of codes, the code sums of the two 16-element halves) of sub-blocks s and s + 1 of one token, from
-// their two adjacent XBlocks (one 16-byte load).
+// (dx, dx * sum of codes) of sub-blocks s and s + 1 of one token, from their two adjacent XBlocks (one 16-byte
+// load), and the code sums of their 16-element halves (half(h, i)).
 struct XScales {
   float d[2], s[2];
-  int half[2][2];
+  uint32_t sums[2];
   __device__ void load(const XBlock* p) {
     const uint4 raw = gguf::ld_x<uint4>(p);
     const uint32_t words[2][2] = {{raw.x, raw.y}, {raw.z, raw.w}};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       d[h] = __uint_as_float(words[h][0]);
-      half[h][0] = static_cast<int16_t>(words[h][1] & 0xFFFF), half[h][1] = static_cast<int16_t>(words[h][1] >> 16);
-      s[h] = d[h] * static_cast<float>(half[h][0] + half[h][1]);
+      sums[h] = words[h][1];
+      const int sum = static_cast<int16_t>(words[h][1] & 0xFFFF) + static_cast<int16_t>(words[h][1] >> 16);
+      s[h] = d[h] * static_cast<float>(sum);
     }
   }
+  __device__ int half(int h, int i) const { return static_cast<int16_t>(sums[h] >> (16 * i)); }
 };
 
 // acc += one unit of this lane's weight rows (q: m-tile mt's rows g and g + 8) times the T token tiles, the unit's
@@ -70,6 +74,7 @@ struct XScales {
 template <class Q, int MT, int T>
 __device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int e0, int t, const TokenRows (&x)[T],
                                               float (&acc)[MT][T][4]) {
+  static_assert(!Q::kHalfScales || !Q::kSplitLanes, "the halves are split by lanes holding elements 8t..8t+7");
 #pragma unroll
   for (int j = 0; j < Q::kPairs; ++j) {
     // Per m-tile: rows g and g + 8, the codes of sub-blocks 2j (lo) and 2j + 1 (hi) and their (a, b).
@@ -124,7 +129,7 @@ __device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int e0, int t
               float& o = acc[mt][i][2 * r + k];
               o = fmaf(a[mt][r][h] * xs[k].d[h], static_cast<float>(c[2 * r + k]), o);
               if constexpr (Q::kHalfMins) {
-                const int m = mins[mt][r][h][0] * xs[k].half[h][0] + mins[mt][r][h][1] * xs[k].half[h][1];
+                const int m = mins[mt][r][h][0] * xs[k].half(h, 0) + mins[mt][r][h][1] * xs[k].half(h, 1);
                 o = fmaf(-b[mt][r][h] * xs[k].d[h], static_cast<float>(m), o);
               } else if constexpr (Q::kMins) {
                 o = fmaf(-b[mt][r][h], xs[k].s[h], o);

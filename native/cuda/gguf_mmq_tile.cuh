@@ -9,14 +9,16 @@
 // 16+4t..16+4t+3, the mma's own slots) and the affine scale of each, w = a * code - b. kMins is false where b is always
 // 0 (the codes are already signed), so the kernel drops the b * sum(x codes) term. kHalfScales: each 16-element half of
 // a sub-block has its own integer scale (half_scales(j, sc): sc[sub-block][half]), so the kernel takes each half's dot
-// on its own (w = a * sc * code); kHalfMins: each half also has its own integer min (half_mins(j, m), w = a * sc *
-// code - b * m), taken against that half's code sum. Loaders are plain integer code (GGUF_HD), so they also run on the host, where
-// tests/native/host_parts/tile_weights.cpp rebuilds each lane's weights from them.
+// on its own (w = a * sc * code; the lanes must then hold elements 8t..8t+7, not kSplitLanes); kHalfMins: each half
+// also has its own integer min (half_mins(j, m), w = a * sc * code - b * m), taken against that half's code sum.
+// Loaders are plain integer code (GGUF_HD), so they also run on the host, where tests/native/host_parts/
+// tile_weights.cpp rebuilds each lane's weights from them.
 //
 // The weight is 16-byte aligned and K a multiple of 256, so the rows of the 32-element types (K / 32 blocks of 18,
 // 20, 22, 24 or 34 bytes: whole multiples of 8 blocks) start 16-byte aligned, and their loaders, whose units are a
-// whole number of words apart, know each word's alignment at compile time. Q6_K rows (K / 256 blocks of 210 bytes)
-// start 2-byte aligned; its loader finds the alignment per block.
+// whole number of words apart, know each word's alignment at compile time. Q2_K rows (K / 256 blocks of 84 bytes)
+// start 4-byte aligned, and its loader reads words; Q3_K and Q6_K rows (blocks of 110 and 210 bytes) start 2-byte
+// aligned, and their loaders find the alignment per block (A2Words).
 #pragma once
 #include "cuda/gguf_q8_words.cuh"
 

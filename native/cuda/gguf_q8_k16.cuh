@@ -4,7 +4,8 @@
 // sub-blocks at once (Q2_K/Q3_K: bits 2q and 2q + 1 of byte l; Q6_K: the nibbles of two planes), so part p takes
 // h = p / 2 and s = p % 2: elements 128h + 32q + 16s + [0, 16) for q = 0..3, four 16-element pieces, piece q being
 // sub-block 8h + 2q + s (its own scale) and half s of activation block 4h + q. A thread then reads 16 contiguous
-// code bytes (plus the high bits, Q3_K/Q6_K) and four scale bytes, two to a word.
+// bytes of each code plane it needs (Q2_K one, Q3_K two, Q6_K three) and the words holding its four scales (Q2_K and
+// Q6_K two, Q3_K all three of its packed 6-bit scales).
 #pragma once
 #include "cuda/gguf_q8_words.cuh"
 
@@ -21,6 +22,12 @@ struct SixteenPieces {
   }
   GGUF_HD static uint32_t scale_byte(const uint32_t (&w)[2], int q, int p) {
     return (w[q >> 1] >> (8 * ((p & 1) + 2 * (q & 1)))) & 0xFF;
+  }
+  // t + the integer dot of a piece's 16 codes (four words of int8 lanes) with its activation codes.
+  GGUF_HD static int piece_dot(const uint32_t (&c)[4], const uint32_t (&x)[4], int t) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) t = dp4a(c[k], x[k], t);
+    return t;
   }
 };
 
@@ -58,9 +65,7 @@ struct Q8Dot<Q2_K> : SixteenPieces {
     float s = 0.f;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      int t = 0;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) t = dp4a(c[q][k], x.q[q][k], t);
+      const int t = piece_dot(c[q], x.q[q], 0);
       s += x.d[q] * (a[q] * static_cast<float>(t) - b[q] * static_cast<float>(x.sum[q]));
     }
     return s;
@@ -111,10 +116,7 @@ struct Q8Dot<Q3_K> : SixteenPieces {
     float s = 0.f;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      int t = -4 * x.sum[q];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) t = dp4a(c[q][k], x.q[q][k], t);
-      s += a[q] * x.d[q] * static_cast<float>(t);
+      s += a[q] * x.d[q] * static_cast<float>(piece_dot(c[q], x.q[q], -4 * x.sum[q]));
     }
     return s;
   }
@@ -165,10 +167,7 @@ struct Q8Dot<Q6_K> : SixteenPieces {
     float s = 0.f;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      int t = 0;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) t = dp4a(c[q][k], x.q[q][k], t);
-      s += a[q] * x.d[q] * static_cast<float>(t);
+      s += a[q] * x.d[q] * static_cast<float>(piece_dot(c[q], x.q[q], 0));
     }
     return s;
   }

@@ -150,7 +150,7 @@ GGUF_HD void ld_x_piece(XWords<P, W>& x, int i, const int8_t* xq, const XBlock* 
   x.sum[i] = half < 0 ? s0 + s1 : half == 0 ? s0 : s1;
 }
 
-// A type's Part (gguf_q8_block32.cuh, gguf_q8_kquants.cuh; the contract is in gguf_q8.cuh).
+// A type's Part (gguf_q8_block32.cuh, gguf_q8_k16.cuh, gguf_q8_kquants.cuh; the contract is in gguf_q8.cuh).
 template <int Q>
 struct Q8Dot;
 

@@ -122,9 +122,7 @@ def assert_dp4a_within(got: torch.Tensor, x: torch.Tensor, w64: torch.Tensor) ->
         assert worst <= 1.0, f"error exceeds its bound by x{worst:.3f}"
 
 
-GEMV_CASES = [(q, "mma") for q in BLOCK_TYPES] + [
-    (q, "dp4a") for q in BLOCK_TYPES if q not in (QT.Q2_K, QT.Q3_K)
-]
+GEMV_CASES = [(q, kernel) for kernel in ("mma", "dp4a") for q in BLOCK_TYPES]
 
 
 @pytest.mark.parametrize(("qtype", "kernel"), GEMV_CASES, ids=lambda v: getattr(v, "name", v))
