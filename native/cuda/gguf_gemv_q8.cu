@@ -57,12 +57,15 @@ int rows_by_waves(int n) {
 // --sweep-rows, four Llama-3-8B shapes): Q4_0 R = 4 beat R = 2 on all four (6.74 -> 6.37, 5.77 -> 4.70,
 // 21.83 -> 19.56, 12.41 -> 11.37 us); Q6_K (64-thread CTAs of 64-weight parts) R = 4 best or within 1 % on all
 // four (R = 2 -> 4: 11.03 -> 10.85, 7.66 -> 7.22, 36.38 -> 36.77, 21.91 -> 19.36 us); Q8_0 was best or within 2 %
-// at R = 2. Q4_1, Q5_0, Q5_1 were not swept and keep R = 2; Q2_K/Q3_K were not swept and take Q6_K's R = 4.
+// at R = 2. Q4_1, Q5_0, Q5_1 were not swept and keep R = 2. Q3_K: R = 4 best on all four (R = 4 / 8: 8.34 / 10.05,
+// 5.81 / 6.43, 28.50 / 33.98, 16.28 / 17.74 us); Q2_K: R = 8, 45.3 against 48.0 us over the four (7.21 / 6.55,
+// 5.06 / 5.57, 21.58 / 22.03, 11.43 / 13.80 us against R = 4; session 12, call 2).
 template <class Q>
 int default_rows_at_m1(int n) {
   constexpr int type = type_of<Q>();
   if constexpr (type == gguf::Q4_K || type == gguf::Q5_K) return rows_by_waves<Q>(n);
-  else return type == gguf::Q4_0 || type == gguf::Q6_K || type == gguf::Q2_K || type == gguf::Q3_K ? 4 : 2;
+  else if constexpr (type == gguf::Q2_K) return 8;
+  else return type == gguf::Q4_0 || type == gguf::Q6_K || type == gguf::Q3_K ? 4 : 2;
 }
 
 // Rows per CTA for M tokens: the one-token choice (0: the default rule), 2 for two tokens, 4 from four tokens up

@@ -321,6 +321,9 @@ GEMV_PASSES_MAX_ROWS = 16
 #   - narrow, 6144x4096 + 4096x4096 + 4096x14336 summed: q4k at 5 42.8 / 56.5 (3: 42.2 / 40.9); q5k at 3 44.1 /
 #     45.7; q6k at 9 87.5 / 109.7 (5-8 even: 76.8 / 76.1 .. 77.2 / 77.2); q4_0, q4_1, q5_1, q8_0 at 9 (q8_0 93.2 /
 #     93.1, even; 10 rows over the four shapes 194.2 / 202.6).
+#   - q2k / q3k (session 12, --m 2 3 4 6 8 9 12 16): wide at 3, 38.3 / 41.9 and 52.5 / 52.4 (even; 4: 38.6 / 42.1,
+#     52.4 / 52.5); narrow at 6 (dp4a at 5 costs what it does at 6), 54.2 / 58.0 and 63.6 / 66.0 (4: 53.8 / 40.0,
+#     63.1 / 47.5).
 #   - q5_0 at 16 on both (9: 204.7 / 194.4 over the four shapes; 12 and 16 measured with an earlier kernel, 256.1 /
 #     248.8 and 262.0 / 279.0).
 # A token's bits depend on which kernel its batch takes (not on the other tokens within one kernel).
@@ -328,7 +331,7 @@ MMQ_WIDE_FEATURES = 16384
 MMQ_MIN_ROWS: dict[QT, tuple[int, int]] = {  # (narrow, wide)
     QT.Q4_K: (5, 3), QT.Q5_K: (3, 3), QT.Q6_K: (9, 3), QT.Q8_0: (9, 9), QT.Q4_0: (9, 9), QT.Q4_1: (9, 5),
     QT.Q5_1: (9, 9), QT.Q5_0: (16, 16),
-    QT.Q2_K: (9, 3), QT.Q3_K: (9, 3),  # not yet measured: Q6_K's (the same 16-element scales)
+    QT.Q2_K: (5, 3), QT.Q3_K: (5, 3),
 }
 
 
