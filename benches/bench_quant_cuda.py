@@ -92,11 +92,12 @@ def bench_gemv(
 ) -> dict[str, float]:
     """One GEMV kernel: "dp4a" / "mma" (above 8 rows in 8-row passes, as ops.quant runs them) or "mmq" (with
     ``row_tiles`` 16-row tiles and ``warps`` warps per CTA, 0 = its default rules); ``codes``: the int8 kernels read
-    codes an RMSNorm wrote before the timed graph (no quantizer launch)."""
+    codes an RMSNorm wrote before the timed graph (no quantizer launch), of the scale group the kernel takes."""
     w = [random_blocks(qtype, n, k, gen) for _ in range(copies_for(n * k // 2))]
     x: torch.Tensor | Q8Activation = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
     if codes and kernel != "mma":
-        x = rms_norm(x, torch.ones(k, device=DEV, dtype=torch.bfloat16), 1e-5, q8=True)
+        group = cuda_gguf.x_group(qtype) if kernel == "mmq" else 32
+        x = rms_norm(x, torch.ones(k, device=DEV, dtype=torch.bfloat16), 1e-5, q8=group)
         assert isinstance(x, Q8Activation), "RMSNorm wrote no int8 codes for this shape"
     if kernel == "mmq":
         return figures(w, lambda d: cuda_gguf.mmq(x, d, qtype, n, k, row_tiles=row_tiles, warps=warps))

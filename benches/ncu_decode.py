@@ -49,12 +49,12 @@ def mmq() -> None:
             blocks = quantize(torch.randn(n, k, device=DEV).to(torch.bfloat16), name)
             norm_w = torch.ones(k, device=DEV, dtype=torch.bfloat16)
             for m in (1, 8, 16):
-                codes = rms_norm(torch.randn(m, k, device=DEV).to(torch.bfloat16), norm_w, 1e-5, q8=True)
+                x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
                 for _ in range(2):
                     if qtype == QT.Q4_K and m > 1:
-                        cuda_gguf.mmq(codes, blocks, qtype, n, k)
+                        cuda_gguf.mmq(rms_norm(x, norm_w, 1e-5, q8=cuda_gguf.x_group(qtype)), blocks, qtype, n, k)
                     if m <= 8:
-                        cuda_gguf.gemv(codes, blocks, qtype, n, k)
+                        cuda_gguf.gemv(rms_norm(x, norm_w, 1e-5, q8=32), blocks, qtype, n, k)
 
 
 def attention() -> None:

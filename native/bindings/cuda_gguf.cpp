@@ -52,6 +52,8 @@ static Registrar registrar([](py::module_& m) {
       py::arg("y"), py::arg("xq"), py::arg("xb"), py::arg("w"), py::arg("M"), py::arg("N"), py::arg("K"),
       py::arg("qtype"), py::arg("dtype"), py::arg("stream"), py::arg("rows") = 0,
       "cuda_gguf_gemv_q8 on activations a norm/SiLU kernel already quantized into xq/xb (no quantizer launch)");
+  m.def("cuda_gguf_mmq_x_group", &cuda::gguf_mmq_x_group, py::arg("qtype"),
+        "values per activation scale cuda_gguf_mmq takes for the GGUF type (256 for the K-quants, 32 for the others)");
   m.def("cuda_gguf_mmq_supported", &cuda::gguf_mmq_supported,
         "whether cuda_gguf_mmq (int8 tensor cores, decode batches up to cuda_gguf_mmq_max_m) decodes this GGUF type");
   m.attr("cuda_gguf_mmq_max_m") = cuda::kGgufMmqMaxM;

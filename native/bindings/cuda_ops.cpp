@@ -59,28 +59,31 @@ static Registrar registrar([](py::module_& m) {
       "in place: residual += x; x = rms_norm(residual) * weight");
   m.def(
       "cuda_rms_norm_q8",
-      [](uintptr_t out, uintptr_t xq, uintptr_t xb, uintptr_t x, uintptr_t w, int64_t rows, int64_t hidden, float eps,
-         int dtype, uintptr_t stream) {
-        cuda::rms_norm_q8(as_ptr<void>(out), as_ptr<int8_t>(xq), as_ptr<void>(xb), as_ptr<const void>(x),
+      [](uintptr_t out, uintptr_t xq, uintptr_t xb, int group, uintptr_t x, uintptr_t w, int64_t rows, int64_t hidden,
+         float eps, int dtype, uintptr_t stream) {
+        cuda::rms_norm_q8(as_ptr<void>(out), as_ptr<int8_t>(xq), as_ptr<void>(xb), group, as_ptr<const void>(x),
                           as_ptr<const void>(w), rows, hidden, eps, to_dtype(dtype), stream);
       },
-      "cuda_rms_norm that also writes out's int8 codes (xq) and blocks (xb) for the dp4a GGUF GEMV");
+      "cuda_rms_norm that also writes out's int8 codes (xq) and blocks (xb), one scale per group (32 or 256) values, "
+      "for the GGUF int8 kernels");
   m.def(
       "cuda_fused_add_rms_norm_q8",
-      [](uintptr_t x, uintptr_t residual, uintptr_t xq, uintptr_t xb, uintptr_t w, int64_t rows, int64_t hidden,
-         float eps, int dtype, uintptr_t stream) {
+      [](uintptr_t x, uintptr_t residual, uintptr_t xq, uintptr_t xb, int group, uintptr_t w, int64_t rows,
+         int64_t hidden, float eps, int dtype, uintptr_t stream) {
         cuda::fused_add_rms_norm_q8(as_ptr<void>(x), as_ptr<void>(residual), as_ptr<int8_t>(xq), as_ptr<void>(xb),
-                                    as_ptr<const void>(w), rows, hidden, eps, to_dtype(dtype), stream);
+                                    group, as_ptr<const void>(w), rows, hidden, eps, to_dtype(dtype), stream);
       },
-      "cuda_fused_add_rms_norm that also writes the normed x's int8 codes (xq) and blocks (xb) for the dp4a GEMV");
+      "cuda_fused_add_rms_norm that also writes the normed x's int8 codes (xq) and blocks (xb), one scale per group "
+      "(32 or 256) values, for the GGUF int8 kernels");
   m.def(
       "cuda_silu_and_mul_q8",
-      [](uintptr_t out, uintptr_t xq, uintptr_t xb, uintptr_t x, int64_t tokens, int64_t d, int dtype,
+      [](uintptr_t out, uintptr_t xq, uintptr_t xb, int group, uintptr_t x, int64_t tokens, int64_t d, int dtype,
          uintptr_t stream) {
-        cuda::silu_and_mul_q8(as_ptr<void>(out), as_ptr<int8_t>(xq), as_ptr<void>(xb), as_ptr<const void>(x), tokens,
-                              d, to_dtype(dtype), stream);
+        cuda::silu_and_mul_q8(as_ptr<void>(out), as_ptr<int8_t>(xq), as_ptr<void>(xb), group, as_ptr<const void>(x),
+                              tokens, d, to_dtype(dtype), stream);
       },
-      "cuda_silu_and_mul that also writes out's int8 codes (xq) and blocks (xb) for the dp4a GGUF GEMV");
+      "cuda_silu_and_mul that also writes out's int8 codes (xq) and blocks (xb), one scale per group (32 or 256) "
+      "values, for the GGUF int8 kernels");
   m.def(
       "cuda_silu_and_mul",
       [](uintptr_t out, uintptr_t x, int64_t tokens, int64_t d, int dtype, uintptr_t stream) {

@@ -9,7 +9,8 @@
 namespace candle_vllm::cuda {
 namespace {
 
-template <typename T, int V, bool kQ8, bool kInter = false>
+// G: 0, or the scale group (32 or 256 values, q8_activation.cuh) of the int8 codes the kernel also writes.
+template <typename T, int V, int G, bool kInter = false>
 __global__ void silu_and_mul_kernel(T* __restrict__ out, const T* x, int8_t* __restrict__ xq,
                                     gguf::XBlock* __restrict__ xb, int d) {  // x: not the read-only path (PDL)
   using Vt = Vec<T, V>;
@@ -34,11 +35,11 @@ __global__ void silu_and_mul_kernel(T* __restrict__ out, const T* x, int8_t* __r
       }
       o[i] = r;
     }
-    if constexpr (kQ8) q8_store_vec(r, live, xq, xb, t * d + static_cast<size_t>(i) * V);
+    if constexpr (G != 0) q8_store_vec<G>(r, live, xq, xb, t * d + static_cast<size_t>(i) * V);
   }
 }
 
-void launch(void* out, const void* x, int8_t* xq, void* xb, int64_t tokens, int64_t d, bool interleaved,
+void launch(void* out, const void* x, int8_t* xq, void* xb, int group, int64_t tokens, int64_t d, bool interleaved,
             DType dtype, std::uintptr_t stream) {
   const char* what = xq ? "silu_and_mul_q8" : interleaved ? "silu_and_mul_interleaved" : "silu_and_mul";
   if (tokens == 0 || d == 0) return;
@@ -57,40 +58,41 @@ void launch(void* out, const void* x, int8_t* xq, void* xb, int64_t tokens, int6
     if (interleaved) {
       if constexpr (kVec == 8) {
         if (!vec) throw std::invalid_argument(std::string(what) + ": needs d % 8 == 0 and 16-byte aligned x, out");
-        go(silu_and_mul_kernel<T, kVec, false, true>, d / kVec);
+        go(silu_and_mul_kernel<T, kVec, 0, true>, d / kVec);
         return;
       }
       throw std::invalid_argument(std::string(what) + ": f16/bf16 only");
     }
     if (xq != nullptr) {
       if constexpr (sizeof(T) == 2) {
-        if (!vec || d % 32 != 0 || !aligned16(xq) || reinterpret_cast<std::uintptr_t>(xb) % 8 != 0)
-          throw std::invalid_argument(std::string(what) + ": needs d % 32 == 0, 16-byte aligned x, out and xq, "
-                                      "8-byte aligned xb");
-        go(silu_and_mul_kernel<T, kVec, true>, d / kVec);
+        if (!vec || (group != 32 && group != 256) || d % group != 0 || !aligned16(xq) ||
+            reinterpret_cast<std::uintptr_t>(xb) % 8 != 0)
+          throw std::invalid_argument(std::string(what) + ": needs a scale group of 32 or 256 values dividing d, "
+                                      "16-byte aligned x, out and xq, 8-byte aligned xb");
+        dispatch_q8_group(group, [&](auto g) { go(silu_and_mul_kernel<T, kVec, g>, d / kVec); });
         return;
       }
       throw std::invalid_argument(std::string(what) + ": int8 codes are written for f16/bf16 rows only");
     }
-    if (vec) go(silu_and_mul_kernel<T, kVec, false>, d / kVec);
-    else go(silu_and_mul_kernel<T, 1, false>, d);
+    if (vec) go(silu_and_mul_kernel<T, kVec, 0>, d / kVec);
+    else go(silu_and_mul_kernel<T, 1, 0>, d);
   });
 }
 
 }  // namespace
 
 void silu_and_mul(void* out, const void* x, int64_t tokens, int64_t d, DType dtype, std::uintptr_t stream) {
-  launch(out, x, nullptr, nullptr, tokens, d, false, dtype, stream);
+  launch(out, x, nullptr, nullptr, 0, tokens, d, false, dtype, stream);
 }
 
 void silu_and_mul_interleaved(void* out, const void* x, int64_t tokens, int64_t d, DType dtype,
                               std::uintptr_t stream) {
-  launch(out, x, nullptr, nullptr, tokens, d, true, dtype, stream);
+  launch(out, x, nullptr, nullptr, 0, tokens, d, true, dtype, stream);
 }
 
-void silu_and_mul_q8(void* out, int8_t* xq, void* xb, const void* x, int64_t tokens, int64_t d, DType dtype,
-                     std::uintptr_t stream) {
-  launch(out, x, xq, xb, tokens, d, false, dtype, stream);
+void silu_and_mul_q8(void* out, int8_t* xq, void* xb, int group, const void* x, int64_t tokens, int64_t d,
+                     DType dtype, std::uintptr_t stream) {
+  launch(out, x, xq, xb, group, tokens, d, false, dtype, stream);
 }
 
 }  // namespace candle_vllm::cuda

@@ -14,10 +14,11 @@ void silu_and_mul(void* out, const void* x, int64_t tokens, int64_t d, DType dty
 void silu_and_mul_interleaved(void* out, const void* x, int64_t tokens, int64_t d, DType dtype,
                               std::uintptr_t stream);
 
-// silu_and_mul that also writes out's int8 codes for the dp4a GGUF GEMV: xq [tokens, d] int8 and xb one 8-byte
-// block per 32 values (native/cuda/q8_activation.cuh), the same bytes that GEMV's own quantizer writes for out.
-// f16/bf16, d % 32 == 0, x, out and xq 16-byte aligned, xb 8-byte aligned.
-void silu_and_mul_q8(void* out, int8_t* xq, void* xb, const void* x, int64_t tokens, int64_t d, DType dtype,
-                     std::uintptr_t stream);
+// silu_and_mul that also writes out's int8 codes for the GGUF int8 kernels: xq [tokens, d] int8 and xb one 8-byte
+// block per 32 values (native/cuda/q8_activation.cuh), one scale per group of 32 or 256 values (the group the
+// consuming kernel takes), the same bytes that kernel's own quantizer writes for out. f16/bf16, d % group == 0,
+// x, out and xq 16-byte aligned, xb 8-byte aligned.
+void silu_and_mul_q8(void* out, int8_t* xq, void* xb, int group, const void* x, int64_t tokens, int64_t d,
+                     DType dtype, std::uintptr_t stream);
 
 }  // namespace candle_vllm::cuda

@@ -65,14 +65,19 @@ constexpr int kGgufMmqMaxM = 32;
 // True for the types gguf_mmq has a kernel for (those of gguf_gemv_q8: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K).
 bool gguf_mmq_supported(int qtype);
 
+// The scale group (values per activation scale, q8_activation.cuh) gguf_mmq takes for the type: 256 for the
+// K-quants (Q2_K..Q6_K: a unit's sums stay integer), 32 for the others (those of gguf_gemv_q8).
+int gguf_mmq_x_group(int qtype);
+
 // The int8 product of gguf_gemv_q8 for decode batches of up to 32 tokens on tensor cores (gguf_mmq.cu): each
-// weight is decoded once for all tokens instead of once per token. x non-null: quantized first into xq/xb as
-// gguf_gemv_q8 does; null: xq/xb already hold the codes. Same argument rules as gguf_gemv_q8 with
-// 1 <= M <= kGgufMmqMaxM, K a multiple of 256 and xb 16-byte aligned. Each token's result does not depend on the
-// other tokens; it differs from the dp4a GEMV's by f32 rounding only (the same integer dot products, scaled and
-// summed in another order). row_tiles and warps are launch choices for benchmarks (16-row tiles per CTA, 1 or 2;
-// warps per CTA splitting K, 4 or 8; 0: the default rules): row_tiles changes only the speed, warps also the f32
-// summation order.
+// weight is decoded once for all tokens instead of once per token. x non-null: quantized first into xq/xb with
+// gguf_mmq_x_group(qtype)'s scale group; null: xq/xb already hold codes of that group (the caller's duty: other
+// codes give wrong results). Same argument rules as gguf_gemv_q8 with 1 <= M <= kGgufMmqMaxM, K a multiple of 256
+// and xb 16-byte aligned. Each token's result does not depend on the other tokens. For the 32-element types it
+// differs from the dp4a GEMV's by f32 rounding only (the same integer dot products, scaled and summed in another
+// order); the K-quants' activations are rounded per 256 values. row_tiles and warps are launch choices for
+// benchmarks (16-row tiles per CTA, 1 or 2; warps per CTA splitting K, 4 or 8; 0: the default rules): row_tiles
+// changes only the speed, warps also the f32 summation order.
 void gguf_mmq(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
               int qtype, DType dtype, std::uintptr_t stream, int row_tiles = 0, int warps = 0);
 

@@ -95,21 +95,24 @@ void check_launch_choice(const char* what, int64_t M, int rows) {
     throw std::invalid_argument(op + ": rows is a one-token choice (M = 1); pass rows=0 for M = " + std::to_string(M));
 }
 
-// x's int8 codes and blocks into xq/xb (the GEMV's own quantizer launch), after the argument checks.
+// x's int8 codes and blocks into xq/xb, one scale per group of 32 or 256 values (the kernel's own quantizer
+// launch), after the argument checks.
 void quantize_activations(const char* what, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M,
                           int64_t N, int64_t K, int qtype, DType dtype, int rows, cudaStream_t s,
-                          int max_m = kGgufGemvMaxM) {
+                          int max_m = kGgufGemvMaxM, int group = 32) {
   check_gemv_args(what, M, N, K, w, xq, xb, dtype, max_m);
   check_launch_choice(what, M, rows);
   if (!aligned16(x)) throw std::invalid_argument(std::string(what) + ": x must be 16-byte aligned");
   if (!gguf_gemv_q8_supported(qtype))
     throw std::invalid_argument(std::string(what) + ": no int8-activation kernel for GGUF type " + std::to_string(qtype));
-  const int64_t blocks = M * K / 32;
+  const int64_t vectors = M * K / 8;
   dispatch_float<false>(dtype, what, [&](auto t) {
     using T = decltype(t);
-    const unsigned grid = static_cast<unsigned>((blocks * 8 + 255) / 256);
-    launch_pdl("gguf_gemv_q8: quantize activations", quantize_x_kernel<T>, dim3(grid), dim3(256), 0, s,
-               static_cast<const T*>(x), xq, static_cast<XBlock*>(xb), blocks);
+    const unsigned grid = static_cast<unsigned>((vectors + 255) / 256);
+    dispatch_q8_group(group, [&](auto g) {
+      launch_pdl("gguf_gemv_q8: quantize activations", quantize_x_kernel<T, g>, dim3(grid), dim3(256), 0, s,
+                 static_cast<const T*>(x), xq, static_cast<XBlock*>(xb), vectors);
+    });
   });
 }
 
@@ -166,7 +169,8 @@ void run_mmq(const char* what, void* y, const void* x, int8_t* xq, void* xb, con
     throw std::invalid_argument(std::string(what) + ": row_tiles must be 0 (the default rule), 1 or 2");
   if (warps != 0 && warps != 4 && warps != 8)
     throw std::invalid_argument(std::string(what) + ": warps must be 0 (the default rule), 4 or 8");
-  if (x != nullptr) quantize_activations(what, x, xq, xb, w, M, N, K, qtype, dtype, 0, s, kGgufMmqMaxM);
+  if (x != nullptr)
+    quantize_activations(what, x, xq, xb, w, M, N, K, qtype, dtype, 0, s, kGgufMmqMaxM, gguf_mmq_x_group(qtype));
   else check_gemv_args(what, M, N, K, w, xq, xb, dtype, kGgufMmqMaxM);
   launch_gguf_mmq(y, dtype == DType::BF16, xq, static_cast<const XBlock*>(xb), w, static_cast<int>(M),
                   static_cast<int>(N), static_cast<int>(K), qtype, row_tiles, warps, rope, s);

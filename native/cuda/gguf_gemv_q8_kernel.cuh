@@ -87,19 +87,18 @@ constexpr int min_ctas() {
   return (R == 2 ? b.r2 : R == 4 ? b.r4 : b.r8) * 128 / cta_threads<Q>();
 }
 
-// Eight threads per 32-element block, four elements each.
-template <typename T>
+// Four threads per 32-element block, eight elements each (a warp holds a 256-value run: G = 32 or 256).
+template <typename T, int G>
 __global__ void __launch_bounds__(256) quantize_x_kernel(const T* x, int8_t* __restrict__ xq,
-                                                        XBlock* __restrict__ xb, int64_t blocks) {
+                                                        XBlock* __restrict__ xb, int64_t vectors) {
   // The GEMV may start now: it streams its first weights while this grid runs and waits before reading xq.
   pdl_launch_dependents();
   pdl_wait();  // x is the output of the kernel before (a programmatic dependent launch too)
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t blk = i >> 3;
-  const bool live = blk < blocks;
-  Vec<T, 4> in;
-  if (live) in = *reinterpret_cast<const Vec<T, 4>*>(x + 4 * i);
-  q8_store_vec(in, live, xq, xb, 4 * i);
+  const bool live = i < vectors;
+  Vec<T, 8> in;
+  if (live) in = *reinterpret_cast<const Vec<T, 8>*>(x + 8 * i);
+  q8_store_vec<G>(in, live, xq, xb, 8 * i);
 }
 
 // PIPE (Q4_K, one token, rows longer than one pass of the CTA's threads): each pass fetches the next pass's

@@ -5,10 +5,13 @@
 // it is bound by instruction issue, far below the memory bandwidth. Here a weight is decoded once for all tokens:
 // a warp unpacks a 16-row x 32-column tile of codes into the A fragment of mma.m16n8k32 (s8 x s8 -> s32) and
 // multiplies it with up to four 8-token B fragments. The tensor cores give each (row, token, 32-element
-// sub-block) the exact integer dot product of the codes, added to the f32 sum as two FMAs, (a * dx) * dot and
-// -b * (dx * sum(x codes)), w = a * code - b being the sub-block's weights (the dp4a GEMV rounds
-// dx * (a * dot - b * sum): same value, other roundings). Where each 16-element half has its own integer scale sc_h
-// and min m_h (Q2_K, Q3_K, Q6_K), dot is sum_h sc_h * dot_h and the min term (-b * dx) * sum_h m_h * sum_h(x codes).
+// sub-block) the exact integer dot product of the codes. For the 32-element types (activations scaled per 32 values,
+// the dp4a GEMV's codes) it is added to the f32 sum as two FMAs, (a * dx) * dot and -b * (dx * sum(x codes)), w = a *
+// code - b being the sub-block's weights (the dp4a GEMV rounds dx * (a * dot - b * sum): same value, other
+// roundings). The K-quants' weights are d * sc * code - dmin * m with integer scales and mins per sub-block (or per
+// 16-element half: Q2_K, Q3_K, Q6_K), so with activations scaled per 256 values (one dx per unit) a unit's scaled
+// dots and min terms add up in int32 and meet the floats once per unit: far fewer instructions per weight, the
+// activations rounded as the CPU path and llama.cpp's CPU kernels round them for these types.
 //
 // Types: every block type the GGUF kernels decode (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K), each through its tile
 // loader (gguf_mmq_tile.cuh). A CTA owns 16 or 32 weight rows (one or two 16-row tiles per warp: an activation load
@@ -51,44 +54,47 @@ struct TokenRows {
 };
 
 // (dx, dx * sum of codes) of sub-blocks s and s + 1 of one token, from their two adjacent XBlocks (one 16-byte
-// load), and the code sums of their 16-element halves (half(h, i)).
+// load).
 struct XScales {
   float d[2], s[2];
-  uint32_t sums[2];
   __device__ void load(const XBlock* p) {
     const uint4 raw = gguf::ld_x<uint4>(p);
     const uint32_t words[2][2] = {{raw.x, raw.y}, {raw.z, raw.w}};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       d[h] = __uint_as_float(words[h][0]);
-      sums[h] = words[h][1];
       const int sum = static_cast<int16_t>(words[h][1] & 0xFFFF) + static_cast<int16_t>(words[h][1] >> 16);
       s[h] = d[h] * static_cast<float>(sum);
     }
   }
-  __device__ int half(int h, int i) const { return static_cast<int16_t>(sums[h] >> (16 * i)); }
 };
 
+// The B fragment words of one token tile for sub-block (e / 32): the lane's codes of token 8i + g.
+template <class Q>
+__device__ __forceinline__ uint2 token_codes(const TokenRows& x, int e) {
+  const int8_t* p = x.codes + e;
+  return Q::kSplitLanes ? make_uint2(gguf::ld_x<uint32_t>(p), gguf::ld_x<uint32_t>(p + 16)) : gguf::ld_x<uint2>(p);
+}
+
+// The A fragment of m-tile rows g (codes r = 0) and g + 8 (r = 1): a0/a2 row g (slots 4t.., 16+4t..), a1/a3 row g + 8.
+__device__ __forceinline__ void a_fragment(const uint32_t (&c8)[2][2], uint32_t (&frag)[4]) {
+  frag[0] = c8[0][0], frag[1] = c8[1][0], frag[2] = c8[0][1], frag[3] = c8[1][1];
+}
+
 // acc += one unit of this lane's weight rows (q: m-tile mt's rows g and g + 8) times the T token tiles, the unit's
-// first element being e0.
+// first element being e0: the 32-element types, each sub-block's dot scaled in f32 (activations scaled per 32).
 template <class Q, int MT, int T>
 __device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int e0, int t, const TokenRows (&x)[T],
                                               float (&acc)[MT][T][4]) {
-  static_assert(!Q::kHalfScales || !Q::kSplitLanes, "the halves are split by lanes holding elements 8t..8t+7");
 #pragma unroll
   for (int j = 0; j < Q::kPairs; ++j) {
     // Per m-tile: rows g and g + 8, the codes of sub-blocks 2j (lo) and 2j + 1 (hi) and their (a, b).
     uint32_t lo[MT][2][2], hi[MT][2][2];
     float a[MT][2][2], b[MT][2][2];
-    int sc[MT][2][2][2], mins[MT][2][2][2];  // kHalfScales, kHalfMins: [mt][r][sub-block][half]
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        q[mt][r].pair(j, t, lo[mt][r], hi[mt][r], a[mt][r], b[mt][r]);
-        if constexpr (Q::kHalfScales) q[mt][r].half_scales(j, sc[mt][r]);
-        if constexpr (Q::kHalfMins) q[mt][r].half_mins(j, mins[mt][r]);
-      }
+      for (int r = 0; r < 2; ++r) q[mt][r].pair(j, t, lo[mt][r], hi[mt][r], a[mt][r], b[mt][r]);
     const int e = e0 + 64 * j;
 #pragma unroll
     for (int i = 0; i < T; ++i) {
@@ -97,14 +103,70 @@ __device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int e0, int t
       for (int k = 0; k < 2; ++k) xs[k].load(x[i].blocks[k] + e / 32);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int8_t* p = x[i].codes + e + 32 * h;
-        const uint2 bw = Q::kSplitLanes ? make_uint2(gguf::ld_x<uint32_t>(p), gguf::ld_x<uint32_t>(p + 16))
-                                        : gguf::ld_x<uint2>(p);
+        const uint2 bw = token_codes<Q>(x[i], e + 32 * h);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          // A fragment: a0/a2 row g (slots 4t.., 16+4t..), a1/a3 row g + 8.
-          const uint32_t(&c8)[2][2] = h ? hi[mt] : lo[mt];
-          const uint32_t frag[4] = {c8[0][0], c8[1][0], c8[0][1], c8[1][1]};
+          uint32_t frag[4];
+          a_fragment(h ? hi[mt] : lo[mt], frag);
+          int c[4];
+          mma_s8_16832(c, frag, bw.x, bw.y);
+#pragma unroll
+          for (int k = 0; k < 2; ++k)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              float& o = acc[mt][i][2 * r + k];
+              o = fmaf(a[mt][r][h] * xs[k].d[h], static_cast<float>(c[2 * r + k]), o);
+              if constexpr (Q::kMins) o = fmaf(-b[mt][r][h], xs[k].s[h], o);
+            }
+        }
+      }
+    }
+  }
+}
+
+// The same for a K-quant (Q::kUnitScales) on activations scaled per 256 values: every weight of the unit is d * sc *
+// code - dmin * m with integer sc, m and one activation scale dx per token, so the unit's scaled dot products and
+// min terms (m against the sub-block's or half's code sums) add up in int32 and meet the floats once per unit:
+// acc += (d * dx) * dot - (dmin * dx) * low. Bounds per unit: |dot| <= 8 sub-blocks * 63 * 32 * 31 * 127 (Q5_K),
+// 8 halves * 128 * 16 * 32 * 127 (Q6_K); |low| <= 8 * 63 * 32 * 127: all far below 2^31.
+template <class Q, int MT, int T>
+__device__ __forceinline__ void multiply_unit_k(const Q (&q)[MT][2], int e0, int t, const TokenRows (&x)[T],
+                                                float (&acc)[MT][T][4]) {
+  static_assert(!Q::kHalfScales || !Q::kSplitLanes, "the halves are split by lanes holding elements 8t..8t+7");
+  int dot[MT][T][4] = {}, low[MT][T][4] = {};
+#pragma unroll
+  for (int j = 0; j < Q::kPairs; ++j) {
+    uint32_t lo[MT][2][2], hi[MT][2][2];
+    int sc[MT][2][2][2], mins[MT][2][2][2];  // kHalfScales, kHalfMins: [mt][r][sub-block][half]
+    uint32_t scw[MT][2], mw[MT][2];          // otherwise: sub-block 2j's in byte 0 (mw: 0, 1), 2j + 1's in 1 (2, 3)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        q[mt][r].codes(j, t, lo[mt][r], hi[mt][r]);
+        if constexpr (Q::kHalfScales) {
+          q[mt][r].half_scales(j, sc[mt][r]);
+        } else {
+          uint32_t m;
+          q[mt][r].scales_mins(j, scw[mt][r], m);
+          mw[mt][r] = __byte_perm(m, 0, 0x1100);  // each min twice: dp2a against its sub-block's two half sums
+        }
+        if constexpr (Q::kHalfMins) q[mt][r].half_mins(j, mins[mt][r]);
+      }
+    const int e = e0 + 64 * j;
+#pragma unroll
+    for (int i = 0; i < T; ++i) {
+      uint4 sums[2];  // per token 2t + k: the XBlocks of sub-blocks 2j, 2j + 1 (.y, .w: half sums, int16 x 2)
+      if constexpr (Q::kMins)
+#pragma unroll
+        for (int k = 0; k < 2; ++k) sums[k] = gguf::ld_x<uint4>(x[i].blocks[k] + e / 32);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint2 bw = token_codes<Q>(x[i], e + 32 * h);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          uint32_t frag[4];
+          a_fragment(h ? hi[mt] : lo[mt], frag);
           int c[4];
           if constexpr (Q::kHalfScales) {
             // Lanes 0, 1 hold elements 0..15 of the sub-block, lanes 2, 3 elements 16..31: one mma per half, the
@@ -121,24 +183,47 @@ __device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int e0, int t
             for (int o = 0; o < 4; ++o) c[o] = sc[mt][o >> 1][h][0] * c0[o] + sc[mt][o >> 1][h][1] * c1[o];
           } else {
             mma_s8_16832(c, frag, bw.x, bw.y);
+#pragma unroll
+            for (int o = 0; o < 4; ++o) c[o] *= static_cast<int>((scw[mt][o >> 1] >> (8 * h)) & 0xFF);
           }
 #pragma unroll
           for (int k = 0; k < 2; ++k)
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-              float& o = acc[mt][i][2 * r + k];
-              o = fmaf(a[mt][r][h] * xs[k].d[h], static_cast<float>(c[2 * r + k]), o);
+              const int o = 2 * r + k;
+              dot[mt][i][o] += c[o];
+              const int xs = static_cast<int>(h ? sums[k].w : sums[k].y);
               if constexpr (Q::kHalfMins) {
-                const int m = mins[mt][r][h][0] * xs[k].half(h, 0) + mins[mt][r][h][1] * xs[k].half(h, 1);
-                o = fmaf(-b[mt][r][h] * xs[k].d[h], static_cast<float>(m), o);
+                low[mt][i][o] += mins[mt][r][h][0] * static_cast<int16_t>(xs & 0xFFFF) +
+                                 mins[mt][r][h][1] * static_cast<int16_t>(static_cast<uint32_t>(xs) >> 16);
               } else if constexpr (Q::kMins) {
-                o = fmaf(-b[mt][r][h], xs[k].s[h], o);
+                low[mt][i][o] = h ? __dp2a_hi(xs, static_cast<int>(mw[mt][r]), low[mt][i][o])
+                                  : __dp2a_lo(xs, static_cast<int>(mw[mt][r]), low[mt][i][o]);
               }
             }
         }
       }
     }
   }
+  float d[MT][2], dmin[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) q[mt][r].unit_scales(d[mt][r], dmin[mt][r]);
+#pragma unroll
+  for (int i = 0; i < T; ++i)
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const float dx = gguf::ld_x<float>(&x[i].blocks[k][e0 / 32].d);  // every XBlock of a 256-value run holds it
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float& o = acc[mt][i][2 * r + k];
+          o = fmaf(d[mt][r] * dx, static_cast<float>(dot[mt][i][2 * r + k]), o);
+          if constexpr (Q::kMins) o = fmaf(-dmin[mt][r] * dx, static_cast<float>(low[mt][i][2 * r + k]), o);
+        }
+    }
 }
 
 // A CTA owns 16 * MT weight rows (MT m-tiles per warp, so each activation load serves 16 * MT rows); its W warps split
@@ -190,7 +275,8 @@ __global__ void __launch_bounds__(W * 32) gguf_mmq_kernel(void* __restrict__ y, 
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) cur[mt][0] = ring[s][mt][0], cur[mt][1] = ring[s][mt][1];
         if (u + kStride < units) fetch(ring[s], u + kStride);
-        multiply_unit(cur, u * Q::kBlockElems, t, x, acc);
+        if constexpr (Q::kUnitScales) multiply_unit_k(cur, u * Q::kBlockElems, t, x, acc);
+        else multiply_unit(cur, u * Q::kBlockElems, t, x, acc);
       }
     }
   }
@@ -276,6 +362,13 @@ void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_
 
 bool gguf_mmq_supported(int qtype) {
   return mmq::dispatch(qtype, [](auto) {});
+}
+
+int gguf_mmq_x_group(int qtype) {
+  int group = 0;
+  if (!mmq::dispatch(qtype, [&](auto loader) { group = decltype(loader)::kUnitScales ? 256 : 32; }))
+    throw std::invalid_argument("gguf_mmq: no tensor-core kernel for GGUF type " + std::to_string(qtype));
+  return group;
 }
 
 void launch_gguf_mmq(void* y, bool bf16, const int8_t* xq, const gguf::XBlock* xb, const uint8_t* w, int M, int N,

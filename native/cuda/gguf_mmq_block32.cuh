@@ -16,7 +16,7 @@ GGUF_HD uint32_t word(const uint8_t* unit, int i) {
 // 1's bytes 36..67 (words 9+2t, 10+2t); the d's are the low half of word 0 and the high half of word 8.
 struct MmqQ8_0 {
   static constexpr int kBlockElems = 64, kBlockBytes = 68, kPairs = 1, kDepth = 4;
-  static constexpr bool kMins = false, kSplitLanes = false, kHalfScales = false, kHalfMins = false;
+  static constexpr bool kUnitScales = false, kMins = false, kSplitLanes = false;
   uint32_t e[3], o[2], d0, d1;
   GGUF_HD void fetch(const uint8_t* row, int u, int t) {
     const uint8_t* unit = row + static_cast<int64_t>(u) * kBlockBytes;
@@ -52,7 +52,7 @@ GGUF_HD void centered_blocks(uint32_t (&lo)[2], uint32_t (&hi)[2], float d0, flo
 // of word 4.
 struct MmqQ4_0 {
   static constexpr int kBlockElems = 64, kBlockBytes = 36, kPairs = 1, kDepth = 4;
-  static constexpr bool kMins = false, kSplitLanes = true, kHalfScales = false, kHalfMins = false;
+  static constexpr bool kUnitScales = false, kMins = false, kSplitLanes = true;
   uint32_t e[2], o, d0, d1;
   GGUF_HD void fetch(const uint8_t* row, int u, int t) {
     const uint8_t* unit = row + static_cast<int64_t>(u) * kBlockBytes;
@@ -70,7 +70,7 @@ struct MmqQ4_0 {
 // 1+t; block 1's dm word 5 and its lane word word 6+t.
 struct MmqQ4_1 {
   static constexpr int kBlockElems = 64, kBlockBytes = 40, kPairs = 1, kDepth = 4;
-  static constexpr bool kMins = true, kSplitLanes = true, kHalfScales = false, kHalfMins = false;
+  static constexpr bool kUnitScales = false, kMins = true, kSplitLanes = true;
   uint32_t e, o, dm0, dm1;
   GGUF_HD void fetch(const uint8_t* row, int u, int t) {
     const uint8_t* unit = row + static_cast<int64_t>(u) * kBlockBytes;
@@ -90,7 +90,7 @@ struct MmqQ4_1 {
 // of word 5, its qh word 6, its lane word word 7+t.
 struct MmqQ5_0 {
   static constexpr int kBlockElems = 64, kBlockBytes = 44, kPairs = 1, kDepth = 4;
-  static constexpr bool kMins = false, kSplitLanes = true, kHalfScales = false, kHalfMins = false;
+  static constexpr bool kUnitScales = false, kMins = false, kSplitLanes = true;
   uint32_t w0, w1, e[2], w5, qh1, o;
   GGUF_HD void fetch(const uint8_t* row, int u, int t) {
     const uint8_t* unit = row + static_cast<int64_t>(u) * kBlockBytes;
@@ -111,7 +111,7 @@ struct MmqQ5_0 {
 // words 0, 1 and its lane word word 2+t; block 1's words 6, 7 and 8+t.
 struct MmqQ5_1 {
   static constexpr int kBlockElems = 64, kBlockBytes = 48, kPairs = 1, kDepth = 4;
-  static constexpr bool kMins = true, kSplitLanes = true, kHalfScales = false, kHalfMins = false;
+  static constexpr bool kUnitScales = false, kMins = true, kSplitLanes = true;
   uint2 h0, h1;
   uint32_t e, o;
   GGUF_HD void fetch(const uint8_t* row, int u, int t) {

@@ -1,23 +1,19 @@
-// Tile loaders of the int8 tensor-core GGUF product for the K-quants (contract: gguf_mmq_tile.cuh): Q4_K and Q5_K
-// one 256-element block per unit, its 16-byte header decoded per pair of sub-blocks; Q2_K, Q3_K and Q6_K (16-element
-// scales) half a block.
+// Tile loaders of the int8 tensor-core GGUF product for the K-quants (contract: gguf_mmq_tile.cuh, kUnitScales):
+// Q4_K and Q5_K one 256-element block per unit, its 16-byte header decoded per pair of sub-blocks; Q2_K, Q3_K and
+// Q6_K (16-element scales) half a block.
 #pragma once
 #include "cuda/gguf_mmq_tile.cuh"
 #include "cuda/gguf_q8_kquants.cuh"
 
 namespace candle_vllm::cuda::mmq {
 
-// w = a * code - b for Q4_K / Q5_K sub-blocks 2j and 2j+1, from the block's first 16 bytes h (d, dmin, 12 bytes of
-// packed 6-bit scales and mins).
-GGUF_HD void k4_pair_scales(const uint4& h, int j, float (&a)[2], float (&b)[2]) {
-  const float d = gguf::half_lo(h.x), dmin = gguf::half_hi(h.x);
-  uint32_t sc, m;
+// The Q4_K / Q5_K block header h (its first 16 bytes: f16 d, dmin, 12 bytes of packed 6-bit scales and mins): the
+// unit's d, dmin, and the integer scales and mins of sub-blocks 2j, 2j + 1 (bytes 0 and 1 of sc and m).
+GGUF_HD void k4_unit_scales(const uint4& h, float& d, float& dmin) {
+  d = gguf::half_lo(h.x), dmin = gguf::half_hi(h.x);
+}
+GGUF_HD void k4_scales_mins(const uint4& h, int j, uint32_t& sc, uint32_t& m) {
   gguf::k4_scale_min_pair(h.y, h.z, h.w, j, sc, m);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    a[i] = d * static_cast<float>((sc >> (8 * i)) & 0xFF);
-    b[i] = dmin * static_cast<float>((m >> (8 * i)) & 0xFF);
-  }
 }
 
 // Q4_K (144 bytes: the header, then 128 code bytes whose pair j holds sub-blocks 2j and 2j+1 in the low and high
@@ -25,7 +21,8 @@ GGUF_HD void k4_pair_scales(const uint4& h, int j, float (&a)[2], float (&b)[2])
 struct MmqQ4K {
   static constexpr int kBlockElems = 256, kBlockBytes = 144, kPairs = 4;
   static constexpr int kDepth = 1;
-  static constexpr bool kMins = true, kSplitLanes = false, kHalfScales = false, kHalfMins = false;
+  static constexpr bool kUnitScales = true, kMins = true, kSplitLanes = false, kHalfScales = false;
+  static constexpr bool kHalfMins = false;
   uint2 q[kPairs];
   uint4 h;
   GGUF_HD void fetch(const uint8_t* row, int u, int t) {
@@ -34,11 +31,12 @@ struct MmqQ4K {
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) q[j] = gguf::ld<uint2>(blk + 16 + 32 * j + 8 * t);
   }
-  GGUF_HD void pair(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
+  GGUF_HD void codes(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2]) const {
     lo[0] = q[j].x & gguf::kNib, lo[1] = q[j].y & gguf::kNib;
     hi[0] = (q[j].x >> 4) & gguf::kNib, hi[1] = (q[j].y >> 4) & gguf::kNib;
-    k4_pair_scales(h, j, a, b);
   }
+  GGUF_HD void unit_scales(float& d, float& dmin) const { k4_unit_scales(h, d, dmin); }
+  GGUF_HD void scales_mins(int j, uint32_t& sc, uint32_t& m) const { k4_scales_mins(h, j, sc, m); }
 };
 
 // Q5_K (176 bytes: the header, 32 bytes whose byte i holds the fifth bit of element i of sub-block s in bit s, then
@@ -46,7 +44,8 @@ struct MmqQ4K {
 struct MmqQ5K {
   static constexpr int kBlockElems = 256, kBlockBytes = 176, kPairs = 4;
   static constexpr int kDepth = 1;
-  static constexpr bool kMins = true, kSplitLanes = false, kHalfScales = false, kHalfMins = false;
+  static constexpr bool kUnitScales = true, kMins = true, kSplitLanes = false, kHalfScales = false;
+  static constexpr bool kHalfMins = false;
   uint2 q[kPairs], e;
   uint4 h;
   GGUF_HD void fetch(const uint8_t* row, int u, int t) {
@@ -56,15 +55,16 @@ struct MmqQ5K {
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) q[j] = gguf::ld<uint2>(blk + 48 + 32 * j + 8 * t);
   }
-  GGUF_HD void pair(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
+  GGUF_HD void codes(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2]) const {
     const uint32_t qs[2] = {q[j].x, q[j].y}, qh[2] = {e.x, e.y};
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       lo[k] = (qs[k] & gguf::kNib) | (((qh[k] >> (2 * j)) & 0x01010101u) << 4);
       hi[k] = ((qs[k] >> 4) & gguf::kNib) | (((qh[k] >> (2 * j + 1)) & 0x01010101u) << 4);
     }
-    k4_pair_scales(h, j, a, b);
   }
+  GGUF_HD void unit_scales(float& d, float& dmin) const { k4_unit_scales(h, d, dmin); }
+  GGUF_HD void scales_mins(int j, uint32_t& sc, uint32_t& m) const { k4_scales_mins(h, j, sc, m); }
 };
 
 // The 32-element sub-blocks of half n of a Q2_K/Q3_K block (elements 128n + 32q + [0, 32), q = 0..3) take bits 2q,
@@ -77,8 +77,8 @@ GGUF_HD uint32_t plane2(uint32_t w, int q) { return (w >> (2 * q)) & 0x03030303u
 // Q2_K (84 bytes: 16 scale bytes, the low nibble the sub-block's scale and the high its min; 64 code bytes; f16 d,
 // dmin; w = d * sc * code - dmin * m): half a block per unit, 4-byte aligned (blocks are 84 bytes apart).
 struct MmqQ2K {
-  static constexpr int kBlockElems = 128, kBlockBytes = 42, kPairs = 2, kDepth = 1;  // not yet measured
-  static constexpr bool kMins = true, kSplitLanes = false, kHalfScales = true, kHalfMins = true;
+  static constexpr int kBlockElems = 128, kBlockBytes = 42, kPairs = 2, kDepth = 1;
+  static constexpr bool kUnitScales = true, kMins = true, kSplitLanes = false, kHalfScales = true, kHalfMins = true;
   uint32_t q[2], sm[2], dm;
   GGUF_HD void fetch(const uint8_t* row, int u, int t) {
     const uint8_t* blk = row + static_cast<int64_t>(u >> 1) * (2 * kBlockBytes);
@@ -87,12 +87,11 @@ struct MmqQ2K {
     sm[0] = gguf::ld<uint32_t>(blk + 8 * n), sm[1] = gguf::ld<uint32_t>(blk + 8 * n + 4);
     dm = gguf::ld<uint32_t>(blk + 80);
   }
-  GGUF_HD void pair(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
+  GGUF_HD void codes(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2]) const {
 #pragma unroll
     for (int k = 0; k < 2; ++k) lo[k] = plane2(q[k], 2 * j), hi[k] = plane2(q[k], 2 * j + 1);
-    a[0] = a[1] = gguf::half_lo(dm);
-    b[0] = b[1] = gguf::half_hi(dm);
   }
+  GGUF_HD void unit_scales(float& d, float& dmin) const { d = gguf::half_lo(dm), dmin = gguf::half_hi(dm); }
   GGUF_HD void half_scales(int j, int (&s)[2][2]) const {
 #pragma unroll
     for (int i = 0; i < 4; ++i) s[i >> 1][i & 1] = (sm[j] >> (8 * i)) & 0xF;
@@ -107,8 +106,9 @@ struct MmqQ2K {
 // the 2-bit plane; 12 bytes packing sixteen 6-bit scales (gguf_q8_k16.cuh); f16 d; w = d * (scale - 32) * (low + 4 *
 // high - 4), the codes centered): half a block per unit, 2-byte aligned (A2Words).
 struct MmqQ3K {
-  static constexpr int kBlockElems = 128, kBlockBytes = 55, kPairs = 2, kDepth = 1;  // not yet measured
-  static constexpr bool kMins = false, kSplitLanes = false, kHalfScales = true, kHalfMins = false;
+  static constexpr int kBlockElems = 128, kBlockBytes = 55, kPairs = 2, kDepth = 1;
+  static constexpr bool kUnitScales = true, kMins = false, kSplitLanes = false, kHalfScales = true;
+  static constexpr bool kHalfMins = false;
   gguf::A2Words<2> ql, hm;
   gguf::A2Words<3> sc;
   uint32_t dw;
@@ -121,7 +121,7 @@ struct MmqQ3K {
     gguf::fetch_a2(sc, blk + 96);
     dw = gguf::fetch_f16_a2(blk + 108);
   }
-  GGUF_HD void pair(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
+  GGUF_HD void codes(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2]) const {
     uint32_t q[2], h[2];
     gguf::words_a2(ql, q);
     gguf::words_a2(hm, h);
@@ -131,9 +131,8 @@ struct MmqQ3K {
       lo[k] = centered<3>(plane2(q[k], 2 * j) | (((high >> (2 * j)) & 0x01010101u) << 2));
       hi[k] = centered<3>(plane2(q[k], 2 * j + 1) | (((high >> (2 * j + 1)) & 0x01010101u) << 2));
     }
-    a[0] = a[1] = gguf::f16_a2(dw);
-    b[0] = b[1] = 0.f;
   }
+  GGUF_HD void unit_scales(float& d, float& dmin) const { d = gguf::f16_a2(dw), dmin = 0.f; }
   GGUF_HD void half_scales(int j, int (&s)[2][2]) const {
     uint32_t w[3];
     gguf::words_a2(sc, w);
@@ -151,7 +150,8 @@ struct MmqQ3K {
 // 8-byte chunk; every chunk has its block's alignment).
 struct MmqQ6K {
   static constexpr int kBlockElems = 128, kBlockBytes = 105, kPairs = 2, kDepth = 1;  // bytes: half a block's
-  static constexpr bool kMins = false, kSplitLanes = false, kHalfScales = true, kHalfMins = false;
+  static constexpr bool kUnitScales = true, kMins = false, kSplitLanes = false, kHalfScales = true;
+  static constexpr bool kHalfMins = false;
   gguf::A2Words<2> ql[2], qh, sc;
   uint32_t dw;
   GGUF_HD void fetch(const uint8_t* row, int u, int t) {
@@ -163,7 +163,7 @@ struct MmqQ6K {
     gguf::fetch_a2(sc, blk + 192 + 8 * n);
     dw = gguf::fetch_f16_a2(blk + 208);
   }
-  GGUF_HD void pair(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
+  GGUF_HD void codes(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2]) const {
     uint32_t l0[2], l1[2], h[2];
     gguf::words_a2(ql[0], l0);
     gguf::words_a2(ql[1], l1);
@@ -173,9 +173,8 @@ struct MmqQ6K {
       lo[k] = centered<6>(((l0[k] >> (4 * j)) & gguf::kNib) | (((h[k] >> (4 * j)) & 0x03030303u) << 4));
       hi[k] = centered<6>(((l1[k] >> (4 * j)) & gguf::kNib) | (((h[k] >> (4 * j + 2)) & 0x03030303u) << 4));
     }
-    a[0] = a[1] = gguf::f16_a2(dw);
-    b[0] = b[1] = 0.f;
   }
+  GGUF_HD void unit_scales(float& d, float& dmin) const { d = gguf::f16_a2(dw), dmin = 0.f; }
   // sc[i][h]: the scale of half h of sub-block 2j + i (bytes 4j..4j+3 of the unit's 8 scales).
   GGUF_HD void half_scales(int j, int (&s)[2][2]) const {
     uint32_t w[2];

@@ -3,14 +3,19 @@
 // A tile loader (one struct per type, e.g. MmqQ4K) is a lane's share of one unit of a weight row: kBlockElems elements
 // (kPairs pairs of 32-element sub-blocks; kBlockBytes bytes of the row per unit on average). fetch(row, u, t) only
 // issues the loads of unit u of the row (the kernel keeps kDepth units in flight while it multiplies one more, the
-// first kDepth before griddepcontrol.wait: small units need more of them to cover the memory latency); pair(j, t, lo,
-// hi, a, b) then gives, for sub-blocks 2j (lo) and 2j + 1 (hi), the lane's two A-fragment words of each (the
-// sub-block's elements 8t..8t+7 as int8 lanes, t = the lane's threadID_in_group; with kSplitLanes elements 4t..4t+3 and
-// 16+4t..16+4t+3, the mma's own slots) and the affine scale of each, w = a * code - b. kMins is false where b is always
-// 0 (the codes are already signed), so the kernel drops the b * sum(x codes) term. kHalfScales: each 16-element half of
-// a sub-block has its own integer scale (half_scales(j, sc): sc[sub-block][half]), so the kernel takes each half's dot
-// on its own (w = a * sc * code; the lanes must then hold elements 8t..8t+7, not kSplitLanes); kHalfMins: each half
-// also has its own integer min (half_mins(j, m), w = a * sc * code - b * m), taken against that half's code sum.
+// first kDepth before griddepcontrol.wait: small units need more of them to cover the memory latency). For sub-blocks
+// 2j (lo) and 2j + 1 (hi) the loader then gives the lane's two A-fragment words of each (the sub-block's elements
+// 8t..8t+7 as int8 lanes, t = the lane's threadID_in_group; with kSplitLanes elements 4t..4t+3 and 16+4t..16+4t+3,
+// the mma's own slots), and their scales, in one of two forms:
+// - the 32-element types (kUnitScales false): pair(j, t, lo, hi, a, b), the codes and each sub-block's affine scale,
+//   w = a * code - b. kMins is false where b is always 0 (the codes are already signed), so the kernel drops the
+//   b * sum(x codes) term.
+// - the K-quants (kUnitScales): codes(j, t, lo, hi); unit_scales(d, dmin), the unit's two floats; integer scales and
+//   mins, w = d * sc * code - dmin * m: scales_mins(j, sc, m) per sub-block (bytes 0 and 1 of sc and m for 2j and
+//   2j + 1), or with kHalfScales half_scales(j, sc) per 16-element half (sc[sub-block][half]: the kernel then takes
+//   each half's dot on its own, so the lanes must hold elements 8t..8t+7, not kSplitLanes), and with kHalfMins
+//   half_mins(j, m) likewise (kMins without kHalfMins: per sub-block). The kernel keeps the unit's sums in int32 and
+//   meets the floats once per unit, which needs the activations scaled per 256 values (q8_activation.cuh).
 // Loaders are plain integer code (GGUF_HD), so they also run on the host, where tests/native/host_parts/
 // tile_weights.cpp rebuilds each lane's weights from them.
 //

@@ -9,7 +9,8 @@
 namespace candle_vllm::cuda {
 namespace {
 
-template <typename T, int V, bool kFused, bool kQ8>
+// G: 0, or the scale group (32 or 256 values, q8_activation.cuh) of the int8 codes the kernel also writes.
+template <typename T, int V, bool kFused, int G>
 __global__ void rms_norm_kernel(T* __restrict__ out, T* __restrict__ x, T* __restrict__ residual,
                                 const T* __restrict__ weight, int8_t* __restrict__ xq, gguf::XBlock* __restrict__ xb,
                                 int hidden, float eps) {
@@ -51,12 +52,12 @@ __global__ void rms_norm_kernel(T* __restrict__ out, T* __restrict__ x, T* __res
       for (int j = 0; j < V; ++j) o.v[j] = from_f32<T>(round_to<T>(to_f32(a.v[j]) * inv) * to_f32(wt.v[j]));
       dst[i] = o;
     }
-    if constexpr (kQ8) q8_store_vec(o, live, xq, xb, row * hidden + static_cast<size_t>(i) * V);
+    if constexpr (G != 0) q8_store_vec<G>(o, live, xq, xb, row * hidden + static_cast<size_t>(i) * V);
   }
 }
 
 template <bool kFused>
-void launch(void* out, void* x, void* residual, const void* weight, int8_t* xq, void* xb, int64_t rows,
+void launch(void* out, void* x, void* residual, const void* weight, int8_t* xq, void* xb, int group, int64_t rows,
             int64_t hidden, float eps, DType dtype, std::uintptr_t stream) {
   if (rows == 0) return;
   const char* what = kFused ? (xq ? "fused_add_rms_norm_q8" : "fused_add_rms_norm") : (xq ? "rms_norm_q8" : "rms_norm");
@@ -72,16 +73,17 @@ void launch(void* out, void* x, void* residual, const void* weight, int8_t* xq, 
     const bool vec = hidden % kVec == 0 && aligned16(out, x, residual, weight);
     if (xq != nullptr) {
       if constexpr (sizeof(T) == 2) {
-        if (!vec || hidden % 32 != 0 || !aligned16(xq) || reinterpret_cast<std::uintptr_t>(xb) % 8 != 0)
-          throw std::invalid_argument(std::string(what) + ": needs hidden % 32 == 0, 16-byte aligned tensors and xq, "
-                                      "8-byte aligned xb");
-        go(rms_norm_kernel<T, kVec, kFused, true>, std::max(32, threads));
+        if (!vec || (group != 32 && group != 256) || hidden % group != 0 || !aligned16(xq) ||
+            reinterpret_cast<std::uintptr_t>(xb) % 8 != 0)
+          throw std::invalid_argument(std::string(what) + ": needs a scale group of 32 or 256 values dividing hidden, "
+                                      "16-byte aligned tensors and xq, 8-byte aligned xb");
+        dispatch_q8_group(group, [&](auto g) { go(rms_norm_kernel<T, kVec, kFused, g>, std::max(32, threads)); });
         return;
       }
       throw std::invalid_argument(std::string(what) + ": int8 codes are written for f16/bf16 rows only");
     }
-    if (vec) go(rms_norm_kernel<T, kVec, kFused, false>, std::max(32, threads));
-    else go(rms_norm_kernel<T, 1, kFused, false>, static_cast<int>(std::min<int64_t>(1024, ((hidden + 31) / 32) * 32)));
+    if (vec) go(rms_norm_kernel<T, kVec, kFused, 0>, std::max(32, threads));
+    else go(rms_norm_kernel<T, 1, kFused, 0>, static_cast<int>(std::min<int64_t>(1024, ((hidden + 31) / 32) * 32)));
   });
 }
 
@@ -89,22 +91,22 @@ void launch(void* out, void* x, void* residual, const void* weight, int8_t* xq, 
 
 void rms_norm(void* out, const void* x, const void* weight, int64_t rows, int64_t hidden, float eps, DType dtype,
               std::uintptr_t stream) {
-  launch<false>(out, const_cast<void*>(x), nullptr, weight, nullptr, nullptr, rows, hidden, eps, dtype, stream);
+  launch<false>(out, const_cast<void*>(x), nullptr, weight, nullptr, nullptr, 0, rows, hidden, eps, dtype, stream);
 }
 
 void fused_add_rms_norm(void* x, void* residual, const void* weight, int64_t rows, int64_t hidden, float eps,
                         DType dtype, std::uintptr_t stream) {
-  launch<true>(nullptr, x, residual, weight, nullptr, nullptr, rows, hidden, eps, dtype, stream);
+  launch<true>(nullptr, x, residual, weight, nullptr, nullptr, 0, rows, hidden, eps, dtype, stream);
 }
 
-void rms_norm_q8(void* out, int8_t* xq, void* xb, const void* x, const void* weight, int64_t rows, int64_t hidden,
-                 float eps, DType dtype, std::uintptr_t stream) {
-  launch<false>(out, const_cast<void*>(x), nullptr, weight, xq, xb, rows, hidden, eps, dtype, stream);
+void rms_norm_q8(void* out, int8_t* xq, void* xb, int group, const void* x, const void* weight, int64_t rows,
+                 int64_t hidden, float eps, DType dtype, std::uintptr_t stream) {
+  launch<false>(out, const_cast<void*>(x), nullptr, weight, xq, xb, group, rows, hidden, eps, dtype, stream);
 }
 
-void fused_add_rms_norm_q8(void* x, void* residual, int8_t* xq, void* xb, const void* weight, int64_t rows,
-                           int64_t hidden, float eps, DType dtype, std::uintptr_t stream) {
-  launch<true>(nullptr, x, residual, weight, xq, xb, rows, hidden, eps, dtype, stream);
+void fused_add_rms_norm_q8(void* x, void* residual, int8_t* xq, void* xb, int group, const void* weight,
+                           int64_t rows, int64_t hidden, float eps, DType dtype, std::uintptr_t stream) {
+  launch<true>(nullptr, x, residual, weight, xq, xb, group, rows, hidden, eps, dtype, stream);
 }
 
 }  // namespace candle_vllm::cuda

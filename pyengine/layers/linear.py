@@ -76,21 +76,28 @@ class Linear(nn.Module):
     def loaded(self) -> bool:
         return len(self.methods) > 0
 
-    def accepts_q8(self, rows: int) -> bool:
-        """Whether :meth:`forward` uses the int8 codes of a ``Q8Activation`` input of ``rows`` rows (one weight
-        method that takes them), so the producer of the input should write them."""
-        return len(self.methods) == 1 and self.methods[0].accepts_q8(rows)
+    def q8_group(self, rows: int) -> int:
+        """0, or the scale group (values per scale, 32 or 256) of the int8 codes :meth:`forward` uses from a
+        ``Q8Activation`` input of ``rows`` rows (one weight method that takes them), so the producer of the input
+        should write such codes."""
+        return self.methods[0].q8_group(rows) if len(self.methods) == 1 else 0
+
+    def _dense_unless_taken(self, x: torch.Tensor | Q8Activation) -> torch.Tensor | Q8Activation:
+        """x, or its dense tensor where its codes are not the ones the weight method takes."""
+        if isinstance(x, Q8Activation) and x.group != self.q8_group(x.rows):
+            return x.x
+        return x
 
     def forward(self, x: torch.Tensor | Q8Activation) -> torch.Tensor:
-        if isinstance(x, Q8Activation) and not self.accepts_q8(x.rows):
-            x = x.x
+        x = self._dense_unless_taken(x)
         methods = self.methods
         y = methods[0](x) if len(methods) == 1 else torch.cat([m(x) for m in methods], dim=-1)
         return y + self.bias if self.bias is not None else y
 
-    def forward_swiglu(self, x: torch.Tensor | Q8Activation, *, q8: bool = False) -> torch.Tensor | Q8Activation:
+    def forward_swiglu(self, x: torch.Tensor | Q8Activation, *, q8: int = 0) -> torch.Tensor | Q8Activation:
         """``silu_and_mul(self(x))`` for a gate/up layer (``gated``), in one kernel where the weight method has one
-        (dense f16/bf16 on CUDA); ``q8`` asks the separate SiLU for int8 codes (the next linear takes them)."""
+        (dense f16/bf16 on CUDA); ``q8`` asks the separate SiLU for int8 codes of that scale group (the next
+        linear's :meth:`q8_group`)."""
         if self.bias is None and len(self.methods) == 1 and isinstance(x, torch.Tensor):
             y = self.methods[0].forward_swiglu(x)
             if y is not None:
@@ -110,6 +117,4 @@ class Linear(nn.Module):
         done nothing, elsewhere. x's int8 codes go along where the method takes them."""
         if self.bias is not None or len(self.methods) != 1:
             return None
-        if isinstance(x, Q8Activation) and not self.accepts_q8(x.rows):
-            x = x.x
-        return self.methods[0].forward_rope_cache(x, target)
+        return self.methods[0].forward_rope_cache(self._dense_unless_taken(x), target)

@@ -18,10 +18,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None, *, q8: bool = False
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, *, q8: int = 0
     ) -> torch.Tensor | Q8Activation | tuple[torch.Tensor | Q8Activation, torch.Tensor]:
-        """``q8=True`` when the consumer is a linear that takes int8 codes (``Linear.accepts_q8``): the normed
-        output then comes as a :class:`Q8Activation` where the kernel can write them."""
+        """``q8``: the scale group of the int8 codes the consuming linear takes (``Linear.q8_group``; 0: none):
+        the normed output then comes as a :class:`Q8Activation` where the kernel can write them."""
         if residual is None:
             return rms_norm(x, self.weight, self.eps, q8=q8)
         return fused_add_rms_norm(x, residual, self.weight, self.eps, q8=q8)

@@ -92,7 +92,7 @@ class LlamaAttention(nn.Module):
         rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """[T, H] -> [T, H], or [len(rows), H] for only ``rows`` (every token's K/V still reach the cache).
-        x may carry int8 codes for qkv_proj (``qkv_proj.accepts_q8``)."""
+        x may carry int8 codes for qkv_proj (``qkv_proj.q8_group``)."""
         t, d = dense(x).shape[0], self.head_dim
         can_cache = kv_cache is not None and meta.slot_mapping is not None
         qkv = self.qkv_proj.forward_rope_cache(x, RopeCacheTarget(
@@ -124,7 +124,7 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor | Q8Activation) -> torch.Tensor:
         """x may carry int8 codes for gate_up_proj; the SiLU writes them for down_proj where it takes them."""
-        a = self.gate_up_proj.forward_swiglu(x, q8=self.down_proj.accepts_q8(dense(x).shape[0]))
+        a = self.gate_up_proj.forward_swiglu(x, q8=self.down_proj.q8_group(dense(x).shape[0]))
         return self.down_proj(a)
 
 
@@ -149,7 +149,7 @@ class LlamaDecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """With ``rows``, everything after the attention runs for those token rows only. The norms write int8
         codes for the linears after them where those take them (GGUF weights, decode batches on CUDA)."""
-        q8 = self.self_attn.qkv_proj.accepts_q8(x.shape[0])
+        q8 = self.self_attn.qkv_proj.q8_group(x.shape[0])
         if residual is None:
             residual = x
             h = self.input_layernorm(x, q8=q8)
@@ -158,7 +158,7 @@ class LlamaDecoderLayer(nn.Module):
         x = self.self_attn(positions, h, kv_cache, meta, rows)
         if rows is not None:
             residual = residual[rows]
-        h, residual = self.post_attention_layernorm(x, residual, q8=self.mlp.gate_up_proj.accepts_q8(x.shape[0]))
+        h, residual = self.post_attention_layernorm(x, residual, q8=self.mlp.gate_up_proj.q8_group(x.shape[0]))
         return self.mlp(h), residual
 
 

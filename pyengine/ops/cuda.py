@@ -220,9 +220,10 @@ def skinny_gemm_rope_cache(
 # ---- element-wise layers -----------------------------------------------------------------------------------
 
 
-def silu_and_mul(x: torch.Tensor, *, q8: bool = False) -> torch.Tensor | Q8Activation | None:
+def silu_and_mul(x: torch.Tensor, *, q8: int = 0) -> torch.Tensor | Q8Activation | None:
     """``silu(x[..., :d]) * x[..., d:]`` on the GPU, or None when x is not a contiguous float CUDA tensor. With
-    ``q8`` and a shape the code-writing kernel takes, the output with its int8 codes (ops/q8_activation.py)."""
+    ``q8`` (a scale group, 32 or 256) and a shape the code-writing kernel takes, the output with its int8 codes
+    (ops/q8_activation.py)."""
     if not (available(x.device) and x.dtype in native.FLOAT_DTYPES and x.is_contiguous() and x.shape[-1] % 2 == 0):
         return None
     d = x.shape[-1] // 2
@@ -230,11 +231,11 @@ def silu_and_mul(x: torch.Tensor, *, q8: bool = False) -> torch.Tensor | Q8Activ
     if tokens > 65535:
         return None
     out = torch.empty(*x.shape[:-1], d, dtype=x.dtype, device=x.device)
-    if q8 and producer_supported(out, x):
-        act = codes_for(out)
+    if q8 and producer_supported(out, q8, x):
+        act = codes_for(out, q8)
         native.module().cuda_silu_and_mul_q8(
-            out.data_ptr(), act.xq.data_ptr(), act.xb.data_ptr(), x.data_ptr(), tokens, d, native.dtype_code(x),
-            native.stream(x.device),
+            out.data_ptr(), act.xq.data_ptr(), act.xb.data_ptr(), q8, x.data_ptr(), tokens, d,
+            native.dtype_code(x), native.stream(x.device),
         )
         return act
     native.module().cuda_silu_and_mul(

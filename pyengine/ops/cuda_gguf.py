@@ -130,24 +130,40 @@ def mmq_supported(x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features: 
     )
 
 
+def x_group(qtype: QT) -> int:
+    """The values per activation scale :func:`mmq` takes for ``qtype``: 256 for the K-quants (Q8_K's rule, the CPU
+    path's for them: a unit's sums then stay integer), 32 for the 32-element types (the dp4a GEMV's codes)."""
+    return native.module().cuda_gguf_mmq_x_group(int(qtype))
+
+
+def _codes_taken(q8: Q8Activation | None, qtype: QT) -> Q8Activation | None:
+    """q8, or None (quantize again from its dense x) where the tensor-core product cannot read its codes: blocks
+    not 16-byte aligned (the kernel reads two at once) or another scale group than :func:`x_group`."""
+    if q8 is None or q8.xb.data_ptr() % 16 or not native.module().cuda_gguf_mmq_supported(int(qtype)):
+        return None
+    if q8.group != x_group(qtype):
+        return None
+    return q8
+
+
 def mmq(
     x: torch.Tensor | Q8Activation, data: torch.Tensor, qtype: QT, out_features: int, in_features: int,
     row_tiles: int = 0, warps: int = 0,
 ) -> torch.Tensor:
-    """y [M, N] = x [M, K] @ W.T for decode batches up to 32 rows on int8 tensor cores: x rounded to int8 per 32
-    values exactly as for the dp4a GEMV (or a :class:`Q8Activation`'s codes), each weight decoded once for all rows
-    (the dp4a GEMV decodes it once per row, which bounds it by instruction issue from about 8 rows). A row's result
-    does not depend on the other rows; it differs from the dp4a GEMV's by f32 rounding only (the same integer dot
-    products, scaled and summed in another order). A :class:`Q8Activation` whose blocks are not 16-byte aligned
-    (the kernel reads two at once) is quantized again from its dense ``x``, with the same codes.
+    """y [M, N] = x [M, K] @ W.T for decode batches up to 32 rows on int8 tensor cores: x rounded to int8 with one
+    scale per :func:`x_group` values (or a :class:`Q8Activation`'s codes of that group), each weight decoded once
+    for all rows (the dp4a GEMV decodes it once per row, which bounds it by instruction issue from about 8 rows). A
+    row's result does not depend on the other rows. For the 32-element types it differs from the dp4a GEMV's by f32
+    rounding only (the same integer dot products, scaled and summed in another order); the K-quants' activations
+    are rounded per 256 values. A :class:`Q8Activation` whose codes the kernel cannot read (``_codes_taken``) is
+    quantized again from its dense ``x``.
 
     ``row_tiles`` and ``warps`` exist so benchmarks can compare launches: 16-row weight tiles per CTA (1 or 2) and
     warps per CTA splitting K (4 or 8); 0 = the kernel's default rules (which depend on the weight's shape only).
     ``row_tiles`` changes only the speed, ``warps`` also the f32 summation order."""
     q8 = x if isinstance(x, Q8Activation) else None
     x = q8.x if q8 is not None else x
-    if q8 is not None and q8.xb.data_ptr() % 16:
-        q8 = None
+    q8 = _codes_taken(q8, qtype)
     if not mmq_supported(x, data, qtype, out_features, in_features):
         raise ValueError(
             "gguf mmq needs x [M<=32, K % 256 == 0] contiguous f16/bf16 and W as contiguous 16-byte aligned uint8 "
@@ -220,8 +236,8 @@ def gemv_rope_cache(
     x = q8.x if q8 is not None else x
     d = head_dim
     rot_rows = out_features - kv_heads * d
-    if tensor_cores and q8 is not None and q8.xb.data_ptr() % 16:
-        q8 = None  # the tensor-core product reads two XBlocks at once: quantize again from x (as mmq does)
+    if tensor_cores:
+        q8 = _codes_taken(q8, qtype)
     product_ok = (
         mmq_supported(x, data, qtype, out_features, in_features) and rows == 0
         if tensor_cores

@@ -22,16 +22,16 @@ def fused_add_rms_norm_reference(
     return rms_norm_reference(residual, weight, eps), residual
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, q8: bool = False) -> torch.Tensor | Q8Activation:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, q8: int = 0) -> torch.Tensor | Q8Activation:
     """Normalise the last dimension of ``x``; returns a new tensor.
 
     Strided views (q/k heads cut from a fused qkv output, as q/k norms get them) are copied to take the native
     kernel too: otherwise a step's rounding would depend on whether its q happened to be contiguous, which is
     a matter of how many tokens share the step, and batch invariance would be lost.
 
-    ``q8=True`` (for a GGUF linear that takes int8 activations, see ``ops/q8_activation.py``): on CUDA with the
-    native kernel, the same output wrapped in a :class:`Q8Activation` with its int8 codes; elsewhere the plain
-    tensor."""
+    ``q8`` (0, or the scale group a GGUF linear that takes int8 activations asks for: ``Linear.q8_group``, see
+    ``ops/q8_activation.py``): on CUDA with the native kernel, the same output wrapped in a :class:`Q8Activation`
+    with its int8 codes; elsewhere the plain tensor."""
     if not x.is_contiguous() and native.available(x.device):
         x = x.contiguous()
     if x.dtype == weight.dtype and native.ready(x, weight):
@@ -42,10 +42,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, q8: bool = Fa
             native.module().cpu_rms_norm(native.ptr(out), native.ptr(x), native.ptr(weight), rows, hidden, eps, code)
             return out
         stream = native.stream(x.device)
-        if q8 and producer_supported(out, x, weight):
-            act = codes_for(out)
+        if q8 and producer_supported(out, q8, x, weight):
+            act = codes_for(out, q8)
             native.module().cuda_rms_norm_q8(
-                native.ptr(out), native.ptr(act.xq), native.ptr(act.xb), native.ptr(x), native.ptr(weight), rows,
+                native.ptr(out), native.ptr(act.xq), native.ptr(act.xb), q8, native.ptr(x), native.ptr(weight), rows,
                 hidden, eps, code, stream,
             )
             return act
@@ -55,11 +55,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, q8: bool = Fa
 
 
 def fused_add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *, q8: bool = False
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *, q8: int = 0
 ) -> tuple[torch.Tensor | Q8Activation, torch.Tensor]:
     """Return (rms_norm(x + residual), x + residual); the native path works in place on x and residual.
 
-    ``q8=True``: as :func:`rms_norm`'s, the first element then a :class:`Q8Activation` where the kernel runs."""
+    ``q8``: as :func:`rms_norm`'s, the first element then a :class:`Q8Activation` where the kernel runs."""
     if x.dtype == residual.dtype == weight.dtype and native.ready(x, residual, weight):
         hidden = x.shape[-1]
         rows, code = x.numel() // hidden, native.dtype_code(x)
@@ -69,10 +69,10 @@ def fused_add_rms_norm(
             )
             return x, residual
         stream = native.stream(x.device)
-        if q8 and producer_supported(x, residual, weight):
-            act = codes_for(x)
+        if q8 and producer_supported(x, q8, residual, weight):
+            act = codes_for(x, q8)
             native.module().cuda_fused_add_rms_norm_q8(
-                native.ptr(x), native.ptr(residual), native.ptr(act.xq), native.ptr(act.xb), native.ptr(weight),
+                native.ptr(x), native.ptr(residual), native.ptr(act.xq), native.ptr(act.xb), q8, native.ptr(weight),
                 rows, hidden, eps, code, stream,
             )
             return act, residual

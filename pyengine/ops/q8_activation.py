@@ -5,6 +5,8 @@ own on the decode chain. When the input comes from a kernel we own (the RMSNorms
 SiLU-and-mul before down), that kernel already holds each value in registers as it writes it, so it also writes
 the codes (``native/cuda/q8_activation.cuh``: the same bytes the GEMV's quantizer would write) and the GEMV skips
 its quantizer. The dense output is always kept too: a consumer that cannot use the codes falls back to it.
+A consumer says which codes it takes: one scale per 32 values (the dp4a GEMV, the 32-element types' tensor-core
+product) or per 256 (the K-quants' tensor-core product, whose sums then stay integer over a whole block).
 ``CANDLE_VLLM_Q8_FUSION=0`` (read once) turns the fusion off, so benchmarks can A/B it.
 """
 
@@ -24,11 +26,13 @@ BLOCK = 32  # values per code block
 @dataclass(frozen=True, slots=True)
 class Q8Activation:
     """A dense activation ``x`` [..., K] with its int8 codes ``xq`` [rows, K] and blocks ``xb`` [rows, K / 32 * 8]
-    (uint8 bytes of the native 8-byte XBlocks), rows = x.numel() / K, all on one CUDA device, row-major."""
+    (uint8 bytes of the native 8-byte XBlocks), rows = x.numel() / K, all on one CUDA device, row-major; ``group``
+    values share one scale (32, or 256: every XBlock of a 256-value run then holds the same scale)."""
 
     x: torch.Tensor
     xq: torch.Tensor
     xb: torch.Tensor
+    group: int = BLOCK
 
     @property
     def rows(self) -> int:
@@ -36,7 +40,7 @@ class Q8Activation:
 
     def row_slice(self, start: int, stop: int) -> Q8Activation:
         """Rows [start, stop) of a 2-D activation (the GEMV's 8-row passes); views, no copies."""
-        return Q8Activation(self.x[start:stop], self.xq[start:stop], self.xb[start:stop])
+        return Q8Activation(self.x[start:stop], self.xq[start:stop], self.xb[start:stop], self.group)
 
 
 def dense(x: torch.Tensor | Q8Activation) -> torch.Tensor:
@@ -50,23 +54,25 @@ def fusion_enabled() -> bool:
     return os.environ.get("CANDLE_VLLM_Q8_FUSION", "1").strip() != "0"
 
 
-def producer_supported(out: torch.Tensor, *inputs: torch.Tensor) -> bool:
-    """Whether a native producer can write codes for ``out`` (f16/bf16 on a CUDA device with the kernels, last
-    dim a multiple of 32, every tensor contiguous and 16-byte aligned)."""
+def producer_supported(out: torch.Tensor, group: int, *inputs: torch.Tensor) -> bool:
+    """Whether a native producer can write codes of ``group`` (32 or 256) values per scale for ``out`` (f16/bf16
+    on a CUDA device with the kernels, last dim a multiple of the group, every tensor contiguous and 16-byte
+    aligned)."""
     return (
-        out.device.type == "cuda"
+        group in (BLOCK, 256)
+        and out.device.type == "cuda"
         and native.available(out.device)
         and out.dtype in (torch.float16, torch.bfloat16)
-        and out.shape[-1] % BLOCK == 0
+        and out.shape[-1] % group == 0
         and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (out, *inputs))
     )
 
 
-def codes_for(x: torch.Tensor) -> Q8Activation:
-    """Uninitialised code buffers for ``x`` (from torch's allocator: CUDA-graph capturable), for a producer to
-    fill as it writes x."""
+def codes_for(x: torch.Tensor, group: int) -> Q8Activation:
+    """Uninitialised code buffers for ``x`` with ``group`` values per scale (from torch's allocator: CUDA-graph
+    capturable), for a producer to fill as it writes x."""
     k = x.shape[-1]
     rows = x.numel() // k
     xq = torch.empty(rows, k, dtype=torch.int8, device=x.device)
     xb = torch.empty(rows, k // BLOCK * native.module().cuda_gguf_xblock_bytes, dtype=torch.uint8, device=x.device)
-    return Q8Activation(x, xq, xb)
+    return Q8Activation(x, xq, xb, group)

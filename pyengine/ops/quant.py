@@ -20,7 +20,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 
 from candle_vllm.pyengine.ops import cuda_gguf, native
-from candle_vllm.pyengine.ops.q8_activation import Q8Activation
+from candle_vllm.pyengine.ops.q8_activation import BLOCK, Q8Activation
 
 SUPPORTED_TYPES: frozenset[QT] = frozenset(
     {
@@ -376,6 +376,18 @@ def q8_max_rows(qtype: QT, in_features: int) -> int:
     return mod.cuda_gguf_mmq_max_m if mmq else GEMV_PASSES_MAX_ROWS
 
 
+def q8_group(qtype: QT, rows: int, out_features: int, in_features: int) -> int:
+    """The scale group of the int8 codes a CUDA decode batch of ``rows`` rows of this weight multiplies: the
+    tensor-core product's (``cuda_gguf.x_group``: 256 for the K-quants) where the batch takes it, else the dp4a
+    GEMV's 32; 0 past :func:`q8_max_rows`. A producer asked for these codes writes what the kernel would."""
+    most = q8_max_rows(qtype, in_features)
+    if not 1 <= rows <= most:
+        return 0
+    if most > GEMV_PASSES_MAX_ROWS and takes_tensor_cores(qtype, rows, out_features):
+        return cuda_gguf.x_group(qtype)
+    return BLOCK
+
+
 def _cuda_quant_matmul(
     x: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: int, in_features: int, q8: Q8Activation | None
 ) -> torch.Tensor:
@@ -386,7 +398,7 @@ def _cuda_quant_matmul(
     ``q8``'s codes (rows as x's) go to the int8 kernels. Larger batches (prefill): W dequantized into a scratch
     tensor from torch's allocator, then one cuBLAS GEMM."""
     x2 = x.reshape(-1, in_features).contiguous()
-    q8 = Q8Activation(x2, q8.xq, q8.xb) if q8 is not None else None
+    q8 = Q8Activation(x2, q8.xq, q8.xb, q8.group) if q8 is not None else None
     rows, per_pass = x2.shape[0], native.module().cuda_gguf_gemv_max_m
     if takes_mmq(x2, flat, qtype, out_features, in_features):
         y = cuda_gguf.mmq(q8 or x2, flat, qtype, out_features, in_features)

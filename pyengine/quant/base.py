@@ -31,10 +31,11 @@ class LinearMethod(nn.Module, ABC):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., in_features] -> x @ W.T [..., out_features]`` in x's dtype."""
 
-    def accepts_q8(self, rows: int) -> bool:
-        """Whether :meth:`forward` takes, for ``rows`` rows, an ``ops.q8_activation.Q8Activation`` (activations
-        with int8 codes written by their producer) and uses its codes; then the producer may be asked for them."""
-        return False
+    def q8_group(self, rows: int) -> int:
+        """0, or the scale group (32 or 256 values) of the int8 codes :meth:`forward` uses, for ``rows`` rows, from
+        an ``ops.q8_activation.Q8Activation`` (activations with codes written by their producer); the producer may
+        then be asked for such codes."""
+        return 0
 
     def forward_swiglu(self, x: torch.Tensor) -> torch.Tensor | None:
         """``silu(gate) * up`` of a fused gate/up weight in one kernel where this method has one (the SiLU then
@@ -52,7 +53,7 @@ class LinearMethod(nn.Module, ABC):
     def forward_rope_cache(self, x: torch.Tensor | Q8Activation, target: RopeCacheTarget) -> torch.Tensor | None:
         """A q/k/v projection with neox RoPE applied to q/k and k/v stored into the paged cache of ``target`` in
         the GEMM itself, or None where this method has no such kernel (the caller then projects, rotates and
-        stores). x is a ``Q8Activation`` only where :meth:`accepts_q8` said so."""
+        stores). x is a ``Q8Activation`` only where :meth:`q8_group` asked for its codes."""
         return None
 
 

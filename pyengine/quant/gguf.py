@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType
 
 from candle_vllm.pyengine.ops import cuda_gguf
 from candle_vllm.pyengine.ops.q8_activation import BLOCK, Q8Activation, dense, fusion_enabled
-from candle_vllm.pyengine.ops.quant import q8_max_rows, quant_matmul, takes_mmq
+from candle_vllm.pyengine.ops.quant import q8_group, quant_matmul, takes_mmq
 from candle_vllm.pyengine.ops.rotary import RopeCacheTarget
 from candle_vllm.pyengine.ops.row_pairs import interleave_halves
 from candle_vllm.pyengine.quant.base import LinearMethod
@@ -85,17 +85,19 @@ class GGUFLinear(LinearMethod):
         out = sum(w.shape[0] for w in weights)
         return cls(GGUFWeight(data, weights[0].qtype, (out, weights[0].shape[1])), device, rope_rows, head_dim)
 
-    def accepts_q8(self, rows: int) -> bool:
-        """True where a CUDA int8-activation kernel serves this weight for ``rows`` rows (the dp4a GEMV and its
-        passes, or the tensor-core product: ``ops.quant.q8_max_rows``): it then reads the codes a norm/SiLU kernel
-        wrote instead of quantizing the input itself. CANDLE_VLLM_Q8_FUSION=0 turns it off."""
-        return (
+    def q8_group(self, rows: int) -> int:
+        """Where a CUDA int8-activation kernel serves this weight for ``rows`` rows (the dp4a GEMV and its passes,
+        or the tensor-core product), the scale group of the codes it takes (``ops.quant.q8_group``): it then reads
+        the codes a norm/SiLU kernel wrote instead of quantizing the input itself; else 0.
+        CANDLE_VLLM_Q8_FUSION=0 turns it off."""
+        if not (
             self.in_features % BLOCK == 0
             and fusion_enabled()
             and cuda_gguf.type_supported_on(self.data.device, self.qtype)
             and cuda_gguf.dp4a_supported(self.qtype)
-            and 1 <= rows <= q8_max_rows(self.qtype, self.in_features)
-        )
+        ):
+            return 0
+        return q8_group(self.qtype, rows, self.out_features, self.in_features)
 
     def forward(self, x: torch.Tensor | Q8Activation) -> torch.Tensor:
         return quant_matmul(x, self.data, self.qtype, self.out_features, self.in_features)

@@ -95,11 +95,11 @@ def test_gathered_rows_equal_gguf(qtype: QT) -> None:
     assert torch.equal(got.cpu(), oracle(raw, qtype, rows, cols)[ids])
 
 
-def quantize_activations(x: torch.Tensor) -> torch.Tensor:
-    """x [M, K] rounded as the dp4a kernel does, as float64: per 32 values, f32 scale amax / 127, codes
-    round(x * (127 / amax)) with ties away from zero, all in f32."""
+def quantize_activations(x: torch.Tensor, group: int = 32) -> torch.Tensor:
+    """x [M, K] rounded as the int8 kernels do, as float64: per ``group`` values (32, or the K-quants' 256 on
+    tensor cores), f32 scale amax / 127, codes round(x * (127 / amax)) with ties away from zero, all in f32."""
     m, k = x.shape
-    xf = x.float().view(m, k // 32, 32)
+    xf = x.float().view(m, k // group, group)
     amax = xf.abs().amax(dim=-1, keepdim=True)
     # torch.full_like(...) / amax is an IEEE division (127.0 / amax would be 127 * reciprocal(amax) in torch).
     inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
@@ -108,13 +108,14 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
     return (codes.double() * (amax / 127.0).double()).reshape(m, k)
 
 
-def assert_dp4a_within(got: torch.Tensor, x: torch.Tensor, w64: torch.Tensor) -> None:
-    """The dp4a GEMV's bounds (module docstring) against x @ W64.T and x8 @ W64.T."""
+def assert_dp4a_within(got: torch.Tensor, x: torch.Tensor, w64: torch.Tensor, group: int = 32) -> None:
+    """The dp4a GEMV's bounds (module docstring) against x @ W64.T and x8 @ W64.T, x rounded per ``group``
+    values."""
     got = got.double().cpu()
     x64 = x.double()
     m, k = x.shape
-    amax = x64.abs().view(m, k // 32, 32).amax(dim=-1, keepdim=True).expand(m, k // 32, 32).reshape(m, k)
-    x8 = quantize_activations(x)
+    amax = x64.abs().view(m, k // group, group).amax(dim=-1, keepdim=True).expand(m, k // group, group).reshape(m, k)
+    x8 = quantize_activations(x, group)
     want, want8 = x64 @ w64.T, x8 @ w64.T
     rounding = 1e-5 * (x64.abs() @ w64.abs().T) + HALF_ULP[x.dtype] * 1.001 * want8.abs() + 1e-30
     for ref, bound in ((want8, rounding), (want, amax @ w64.abs().T / 254 * 1.001 + rounding)):

@@ -1,9 +1,10 @@
 """The int8 tensor-core GGUF product for decode batches (``cuda_gguf.mmq``, native/cuda/gguf_mmq.cu).
 
-Oracles: the `gguf` package's dequantizer (W64) and a torch re-implementation of the activation rounding (x8), with
-the dp4a GEMV's bounds (``assert_dp4a_within``: the same int8 codes, exact integer dot products per 32-element
-sub-block, f32 scaling). Properties: a token's result does not depend on the other tokens of its launch (bit for
-bit across batch compositions), codes handed over by a producer give the bits of the kernel's own quantizer, and
+Oracles: the `gguf` package's dequantizer (W64) and a torch re-implementation of the activation rounding (x8: one
+scale per 32 values, per 256 for the K-quants), with the dp4a GEMV's bounds (``assert_dp4a_within``: int8 codes,
+exact integer dot products, f32 scaling). Properties: a token's result does not depend on the other tokens of its
+launch (bit for bit across batch compositions), codes handed over by a producer give the bits of the kernel's own
+quantizer (and codes of the other scale group are not taken), and
 ``ops.quant.quant_matmul`` sends batches of ``mmq_min_rows(qtype, out_features)``..32 rows of a type with the kernel
 to it.
 """
@@ -25,6 +26,8 @@ pytestmark = pytest.mark.cuda
 DEV = torch.device("cuda")
 MMQ_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K]
 ROWS = [1, 2, 7, 8, 9, 15, 16, 17, 31, 32]
+K_QUANTS = {QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K}
+GROUP = {q: 256 if q in K_QUANTS else 32 for q in MMQ_TYPES}  # activation values per scale (Q8_K's rule for K)
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +54,7 @@ def test_mmq_matches_float64(qtype: QT, dtype: torch.dtype) -> None:
         poison_allocator(DEV, 32 * n * 4)
         got = cuda_gguf.mmq(x.to(DEV), data, qtype, n, k)
         assert got.shape == (m, n) and got.dtype == dtype
-        assert_dp4a_within(got, x, w64)
+        assert_dp4a_within(got, x, w64, GROUP[qtype])
 
 
 @pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
@@ -76,7 +79,7 @@ def test_row_tiling_keeps_the_bits_and_warps_keep_the_bounds(qtype: QT) -> None:
         x = torch.randn(m, k, generator=g).to(torch.bfloat16)
         for warps in (4, 8):
             want = cuda_gguf.mmq(x.to(DEV), data, qtype, n, k, row_tiles=1, warps=warps)
-            assert_dp4a_within(want, x, w64)
+            assert_dp4a_within(want, x, w64, GROUP[qtype])
             got = cuda_gguf.mmq(x.to(DEV), data, qtype, n, k, row_tiles=2, warps=warps)
             assert torch.equal(got, want), (m, warps)
     x = torch.randn(4, k, device=DEV, dtype=torch.bfloat16)
@@ -86,16 +89,26 @@ def test_row_tiling_keeps_the_bits_and_warps_keep_the_bounds(qtype: QT) -> None:
         cuda_gguf.mmq(x, data, qtype, n, k, warps=2)
 
 
+def test_the_scale_group_per_type() -> None:
+    assert {q: cuda_gguf.x_group(q) for q in MMQ_TYPES} == GROUP
+
+
 @pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
 def test_codes_from_a_producer_equal_the_own_quantizer(qtype: QT) -> None:
-    """RMSNorm's int8 codes (a Q8Activation) give the bits of mmq on the dense normed rows."""
+    """RMSNorm's int8 codes of the type's scale group (a Q8Activation) give the bits of mmq on the dense normed
+    rows; codes of the other group are not taken (the dense rows are quantized again, same bits)."""
     n, k, m = 520, 2048, 24
     data, _ = _weight(qtype, n, k, seed=9)
     g = torch.Generator().manual_seed(9)
-    act = rms_norm(torch.randn(m, k, generator=g).to(torch.bfloat16).to(DEV),
-                   (torch.rand(k, generator=g) + 0.5).to(torch.bfloat16).to(DEV), 1e-5, q8=True)
-    assert isinstance(act, Q8Activation)
-    assert torch.equal(cuda_gguf.mmq(act, data, qtype, n, k), cuda_gguf.mmq(act.x, data, qtype, n, k))
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(DEV)
+    w = (torch.rand(k, generator=g) + 0.5).to(torch.bfloat16).to(DEV)
+    act = rms_norm(x, w, 1e-5, q8=GROUP[qtype])
+    assert isinstance(act, Q8Activation) and act.group == GROUP[qtype]
+    want = cuda_gguf.mmq(act.x, data, qtype, n, k)
+    assert torch.equal(cuda_gguf.mmq(act, data, qtype, n, k), want)
+    other = rms_norm(x, w, 1e-5, q8=288 - GROUP[qtype])
+    assert isinstance(other, Q8Activation) and torch.equal(other.x, act.x)
+    assert torch.equal(cuda_gguf.mmq(other, data, qtype, n, k), want)
 
 
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q4_0, QT.Q5_0], ids=lambda t: t.name)
@@ -121,7 +134,7 @@ def test_quant_matmul_takes_mmq_from_its_min_rows_to_32(qtype: QT, monkeypatch: 
         got = quant.quant_matmul(x.to(DEV), data, qtype, n, k)
         assert calls == want, (m, calls)
         if m <= 32:
-            assert_dp4a_within(got, x, w64)
+            assert_dp4a_within(got, x, w64, GROUP[qtype] if m >= low else 32)
     monkeypatch.setenv("CANDLE_VLLM_GGUF_MMQ", "0")
     quant.mmq_enabled.cache_clear()
     try:
@@ -177,9 +190,9 @@ def test_misaligned_codes_are_requantized() -> None:
     n, k, m = 64, 512, 10
     data, _ = _weight(QT.Q4_K, n, k, seed=8)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16).to(DEV)
-    act = rms_norm(x, torch.ones(k, device=DEV, dtype=torch.bfloat16), 1e-5, q8=True)
+    act = rms_norm(x, torch.ones(k, device=DEV, dtype=torch.bfloat16), 1e-5, q8=256)
     assert isinstance(act, Q8Activation)
     shifted = torch.empty(act.xb.numel() + 8, device=DEV, dtype=torch.uint8)[8:].view(act.xb.shape)
     shifted.copy_(act.xb)
-    got = cuda_gguf.mmq(Q8Activation(act.x, act.xq, shifted), data, QT.Q4_K, n, k)
+    got = cuda_gguf.mmq(Q8Activation(act.x, act.xq, shifted, 256), data, QT.Q4_K, n, k)
     assert torch.equal(got, cuda_gguf.mmq(act.x, data, QT.Q4_K, n, k))

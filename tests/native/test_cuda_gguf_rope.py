@@ -165,7 +165,8 @@ def test_producer_codes_give_the_same_bits(qtype: QT, m: int, tensor_cores: bool
     again: a misaligned view covers that path)."""
     p = _problem(qtype, m, 8, 2, 128, 1024, torch.bfloat16, seed=m)
     norm_w = (torch.rand(p["k"], generator=torch.Generator().manual_seed(1)) + 0.5).to(torch.bfloat16).to(DEV)
-    act = rms_norm(p["x"], norm_w, 1e-5, q8=True)
+    group = cuda_gguf.x_group(qtype) if tensor_cores else 32
+    act = rms_norm(p["x"], norm_w, 1e-5, q8=group)
     assert isinstance(act, Q8Activation)
     p["x"] = act.x
     paired = _paired_blocks(p)
@@ -174,7 +175,7 @@ def test_producer_codes_give_the_same_bits(qtype: QT, m: int, tensor_cores: bool
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     if tensor_cores:  # codes whose XBlocks start 8 bytes off 16: quantized again, the same bits
         xb = torch.cat([act.xb.new_zeros(8), act.xb.reshape(-1)])[8:].view_as(act.xb)
-        shifted = Q8Activation(act.x, act.xq, xb)
+        shifted = Q8Activation(act.x, act.xq, xb, group)
         assert shifted.xb.data_ptr() % 16 != 0
         moved = _fused(p, shifted, paired, tensor_cores=True)
         assert torch.equal(moved[0], want[0]) and torch.equal(moved[1], want[1])

@@ -1,14 +1,17 @@
-"""Int8 activation codes written by RMSNorm / fused add+RMSNorm / SiLU-and-mul for the dp4a GGUF GEMV
-(``ops/q8_activation.py``, ``native/cuda/q8_activation.cuh``).
+"""Int8 activation codes written by RMSNorm / fused add+RMSNorm / SiLU-and-mul for the GGUF int8 kernels
+(``ops/q8_activation.py``, ``native/cuda/q8_activation.cuh``), one scale per 32 values (the dp4a GEMV) or per 256
+(the K-quants' tensor-core product).
 
 Oracles:
 - the producers' dense output equals the plain kernel's, bit for bit (the codes are an extra output);
-- the codes and blocks equal a torch re-implementation of the rule (per 32 values: amax, IEEE 127 / amax, codes
-  trunc(v * inv +- 0.5), scale amax / 127, int sums of the two 16-value halves), on random data plus blocks that
-  hit the corner cases (an all-zero block, exact ties);
-- the codes equal the bytes the GEMV's own quantizer writes into its scratch for the same dense values, so the
-  GEMV on pre-quantized activations equals the GEMV on the dense tensor bit for bit (q4k, q8_0, q4_0, q6k; 1, 3,
-  8 and 13 rows, 13 being two 8-row passes, or for q4k one launch of the tensor-core product);
+- the codes and blocks equal a torch re-implementation of the rule (per group of 32 or 256 values: amax, IEEE
+  127 / amax, codes trunc(v * inv +- 0.5), scale amax / 127 in every 32-value block of the group, int sums of each
+  block's two 16-value halves), on random data plus blocks that hit the corner cases (an all-zero block, exact
+  ties);
+- the codes equal the bytes the kernels' own quantizer writes into its scratch for the same dense values (the
+  dp4a GEMV's for 32, the K-quant tensor-core product's for 256), so the product on pre-quantized activations
+  equals the product on the dense tensor bit for bit (q4k, q8_0, q4_0, q6k; 1, 3, 8 and 13 rows, 13 being two
+  8-row passes or one launch of the tensor-core product, whose K-quant codes are per 256);
 - a tiny random Llama with ISQ weights: logits and greedy tokens (CUDA graphs included) identical with the fusion
   on and off (CANDLE_VLLM_Q8_FUSION=0), and the fused run really skips the quantizer launches.
 """
@@ -72,16 +75,17 @@ def _randn(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> to
     return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEV)
 
 
-def reference_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (codes int8 [M, K], scales f32 [M, K/32], half sums int [M, K/32, 2]) by the rule, on the CPU
-    with tensor/tensor divisions (IEEE; torch's division by a Python scalar may multiply by a reciprocal)."""
+def reference_codes(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (codes int8 [M, K], scales f32 [M, K/32], half sums int [M, K/32, 2]) by the rule with one
+    scale per ``group`` values, on the CPU with tensor/tensor divisions (IEEE; torch's division by a Python scalar
+    may multiply by a reciprocal)."""
     m, k = x.shape
-    xf = x.cpu().float().view(m, k // 32, 32)
+    xf = x.cpu().float().view(m, k // group, group)
     amax = xf.abs().amax(dim=-1, keepdim=True)
     inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
     scaled = xf * inv
     codes = torch.trunc(scaled + torch.where(scaled >= 0, 0.5, -0.5)).to(torch.int32)
-    d = (amax / torch.full_like(amax, 127.0)).squeeze(-1)
+    d = (amax / torch.full_like(amax, 127.0)).expand(m, k // group, group // 32).reshape(m, k // 32)
     return codes.to(torch.int8).view(m, k), d, codes.view(m, k // 32, 2, 16).sum(-1)
 
 
@@ -94,34 +98,43 @@ def unpack_blocks(xb: torch.Tensor, m: int, k: int) -> tuple[torch.Tensor, torch
 def assert_codes_follow_rule(act: Q8Activation) -> None:
     x = act.x.reshape(-1, act.x.shape[-1])
     m, k = x.shape
-    want_q, want_d, want_sums = reference_codes(x)
+    want_q, want_d, want_sums = reference_codes(x, act.group)
     got_d, got_sums = unpack_blocks(act.xb, m, k)
     assert torch.equal(act.xq.cpu(), want_q), f"{int((act.xq.cpu() != want_q).sum())} codes differ"
     assert torch.equal(got_d, want_d), "block scales differ"
     assert torch.equal(got_sums.to(torch.int32), want_sums.to(torch.int32)), "half sums differ"
 
 
-def gemv_quantizer_bytes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The codes and blocks the dp4a GEMV's own quantizer writes for x [M, K] (read back from its scratch)."""
+def quantizer_bytes(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The codes and blocks the kernels' own quantizer writes for x [M <= 32, K] (read back from its scratch): the
+    dp4a GEMV's (q8_0 weight) for group 32, the tensor-core product's for a K-quant (q4k weight) for group 256."""
     m, k = x.shape
-    w = quantize(_randn(4, k, dtype=torch.float32, seed=1), "q8_0")
+    w = quantize(_randn(16, k, dtype=torch.float32, seed=1), "q8_0" if group == 32 else "q4k")
     mod = native.module()
     xq = torch.empty(m, k, dtype=torch.int8, device=DEV)
     xb = torch.empty(m, k // 32 * mod.cuda_gguf_xblock_bytes, dtype=torch.uint8, device=DEV)
-    y = torch.empty(m, 4, dtype=x.dtype, device=DEV)
+    y = torch.empty(m, 16, dtype=x.dtype, device=DEV)
+    if group == 256:
+        mod.cuda_gguf_mmq(y.data_ptr(), x.data_ptr(), xq.data_ptr(), xb.data_ptr(), w.data_ptr(), m, 16, k,
+                          int(QT.Q4_K), native.dtype_code(x), native.stream(DEV), 0, 0)
+        return xq, xb
     for at in range(0, m, 8):  # the GEMV takes up to 8 rows
         rows = min(8, m - at)
         mod.cuda_gguf_gemv_q8(
-            y.data_ptr(), x[at:].data_ptr(), xq[at:].data_ptr(), xb[at:].data_ptr(), w.data_ptr(), rows, 4, k,
+            y.data_ptr(), x[at:].data_ptr(), xq[at:].data_ptr(), xb[at:].data_ptr(), w.data_ptr(), rows, 16, k,
             int(QT.Q8_0), native.dtype_code(x), native.stream(DEV),
         )
     return xq, xb
 
 
-def assert_codes_equal_gemv_quantizer(act: Q8Activation) -> None:
-    xq, xb = gemv_quantizer_bytes(act.x.reshape(-1, act.x.shape[-1]))
-    assert torch.equal(act.xq, xq), "codes differ from the GEMV quantizer's"
-    assert torch.equal(act.xb, xb), "blocks differ from the GEMV quantizer's"
+def assert_codes_equal_own_quantizer(act: Q8Activation) -> None:
+    xq, xb = quantizer_bytes(act.x.reshape(-1, act.x.shape[-1]), act.group)
+    assert torch.equal(act.xq, xq), "codes differ from the kernels' quantizer's"
+    assert torch.equal(act.xb, xb), "blocks differ from the kernels' quantizer's"
+
+
+def groups_for(k: int) -> list[int]:
+    return [g for g in (32, 256) if k % g == 0]
 
 
 def with_zero_block(x: torch.Tensor) -> torch.Tensor:
@@ -137,11 +150,12 @@ def test_rms_norm_codes(dtype: torch.dtype, hidden: int) -> None:
     for m in ROWS:
         x = with_zero_block(_randn(m, hidden, dtype=dtype, seed=m))
         w = _randn(hidden, dtype=dtype, seed=99, scale=0.5)
-        act = rms_norm(x, w, EPS, q8=True)
-        assert isinstance(act, Q8Activation)
-        assert torch.equal(act.x, rms_norm(x, w, EPS)), "the dense output changed"
-        assert_codes_follow_rule(act)
-        assert_codes_equal_gemv_quantizer(act)
+        for group in groups_for(hidden):
+            act = rms_norm(x, w, EPS, q8=group)
+            assert isinstance(act, Q8Activation) and act.group == group
+            assert torch.equal(act.x, rms_norm(x, w, EPS)), "the dense output changed"
+            assert_codes_follow_rule(act)
+            assert_codes_equal_own_quantizer(act)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -151,11 +165,12 @@ def test_fused_add_rms_norm_codes(dtype: torch.dtype, hidden: int) -> None:
         x, res = _randn(m, hidden, dtype=dtype, seed=m), _randn(m, hidden, dtype=dtype, seed=50 + m)
         w = _randn(hidden, dtype=dtype, seed=98, scale=0.5)
         want_x, want_res = fused_add_rms_norm(x.clone(), res.clone(), w, EPS)
-        act, got_res = fused_add_rms_norm(x.clone(), res.clone(), w, EPS, q8=True)
-        assert isinstance(act, Q8Activation)
-        assert torch.equal(act.x, want_x) and torch.equal(got_res, want_res), "the dense outputs changed"
-        assert_codes_follow_rule(act)
-        assert_codes_equal_gemv_quantizer(act)
+        for group in groups_for(hidden):
+            act, got_res = fused_add_rms_norm(x.clone(), res.clone(), w, EPS, q8=group)
+            assert isinstance(act, Q8Activation) and act.group == group
+            assert torch.equal(act.x, want_x) and torch.equal(got_res, want_res), "the dense outputs changed"
+            assert_codes_follow_rule(act)
+            assert_codes_equal_own_quantizer(act)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -163,11 +178,12 @@ def test_fused_add_rms_norm_codes(dtype: torch.dtype, hidden: int) -> None:
 def test_silu_and_mul_codes(dtype: torch.dtype, d: int) -> None:
     for m in ROWS:
         x = _randn(m, 2 * d, dtype=dtype, seed=m, scale=2.0)
-        act = silu_and_mul(x, q8=True)
-        assert isinstance(act, Q8Activation)
-        assert torch.equal(act.x, silu_and_mul(x)), "the dense output changed"
-        assert_codes_follow_rule(act)
-        assert_codes_equal_gemv_quantizer(act)
+        for group in groups_for(d):
+            act = silu_and_mul(x, q8=group)
+            assert isinstance(act, Q8Activation) and act.group == group
+            assert torch.equal(act.x, silu_and_mul(x)), "the dense output changed"
+            assert_codes_follow_rule(act)
+            assert_codes_equal_own_quantizer(act)
 
 
 def test_corner_blocks_follow_the_rule() -> None:
@@ -177,7 +193,7 @@ def test_corner_blocks_follow_the_rule() -> None:
     up = with_zero_block(_randn(2, 256, dtype=torch.bfloat16, seed=3))
     ties = torch.tensor([127.0, -127.0, 2.5, -2.5, 0.5, -0.5, 1.5, -1.5] * 4, dtype=up.dtype, device=DEV)
     up[0, 32:64] = ties
-    act = silu_and_mul(torch.cat([torch.full_like(up, 32.0), up], dim=-1), q8=True)
+    act = silu_and_mul(torch.cat([torch.full_like(up, 32.0), up], dim=-1), q8=32)
     assert isinstance(act, Q8Activation)
     assert torch.equal(act.x[0, 32:64], 32 * ties)
     got_d, _ = unpack_blocks(act.xb, 2, 256)
@@ -188,13 +204,17 @@ def test_corner_blocks_follow_the_rule() -> None:
 
 
 def test_unsupported_shapes_return_plain_tensors() -> None:
-    """q8 is a request: f32 rows, rows not a multiple of 32 values and CPU tensors give today's plain output."""
+    """q8 is a request: f32 rows, rows not a multiple of the group, other groups and CPU tensors give today's plain
+    output."""
     x32 = _randn(2, 256, dtype=torch.float32, seed=1)
-    assert isinstance(rms_norm(x32, torch.ones(256, device=DEV), EPS, q8=True), torch.Tensor)
+    assert isinstance(rms_norm(x32, torch.ones(256, device=DEV), EPS, q8=32), torch.Tensor)
     xodd = _randn(2, 2 * 48, dtype=torch.bfloat16, seed=2)
-    assert isinstance(silu_and_mul(xodd, q8=True), torch.Tensor)
+    assert isinstance(silu_and_mul(xodd, q8=32), torch.Tensor)
+    x1056 = _randn(2, 1056, dtype=torch.bfloat16, seed=4)
+    assert isinstance(rms_norm(x1056, torch.ones(1056, device=DEV, dtype=torch.bfloat16), EPS, q8=256), torch.Tensor)
+    assert isinstance(rms_norm(x1056, torch.ones(1056, device=DEV, dtype=torch.bfloat16), EPS, q8=64), torch.Tensor)
     xcpu = torch.randn(2, 256, dtype=torch.bfloat16)
-    assert isinstance(rms_norm(xcpu, torch.ones(256, dtype=torch.bfloat16), EPS, q8=True), torch.Tensor)
+    assert isinstance(rms_norm(xcpu, torch.ones(256, dtype=torch.bfloat16), EPS, q8=32), torch.Tensor)
 
 
 # The int8-activation launches that quantize x themselves, and those that read codes a producer wrote (the
@@ -242,8 +262,9 @@ def test_gemv_on_codes_equals_gemv_on_dense(qtype: QT, hidden: int) -> None:
     data = quantize(_randn(n, hidden, dtype=torch.float32, seed=int(qtype)), qtype)
     w = _randn(hidden, dtype=torch.bfloat16, seed=7, scale=0.5)
     for m in ROWS:
-        act = rms_norm(_randn(m, hidden, dtype=torch.bfloat16, seed=m), w, EPS, q8=True)
-        assert isinstance(act, Q8Activation)
+        group = quant.q8_group(qtype, m, n, hidden)  # the product's: 256 where a K-quant takes the tensor cores
+        act = rms_norm(_randn(m, hidden, dtype=torch.bfloat16, seed=m), w, EPS, q8=group)
+        assert isinstance(act, Q8Activation) and act.group == group
         want = quant.quant_matmul(act.x, data, qtype, n, hidden)
         with counting(*QUANTIZER_CALLS, *CODE_CALLS) as counts:
             got = quant.quant_matmul(act, data, qtype, n, hidden)

@@ -1,8 +1,9 @@
 // Host driver for the tile loaders of the int8 tensor-core GGUF product (native/cuda/gguf_mmq_*.cuh): for every
-// unit of every weight row and every lane t of a quad, fetch + pair (+ half_scales, half_mins) as multiply_unit
-// calls them, and each of the lane's codes times its scale (w = a * code - b; a * sc * code - b * m for the halves'
-// own scales and mins) written at the element the contract of gguf_mmq_tile.cuh gives it. Every element is written
-// by exactly one lane, so the output is the whole dequantized row as the loaders see it.
+// unit of every weight row and every lane t of a quad, fetch + pair (the 32-element types: w = a * code - b) or
+// codes + unit_scales + scales_mins / half_scales / half_mins (the K-quants: w = d * sc * code - dmin * m) as the
+// kernel calls them, and each of the lane's weights written at the element the contract of gguf_mmq_tile.cuh gives
+// it. Every element is written by exactly one lane, so the output is the whole dequantized row as the loaders see
+// it.
 //
 //   tile_weights IN OUT   IN: int32 qtype, rows, K; rows * row_bytes weight bytes
 //                         OUT: rows * K f64 weights (exit 3: the type has no tile loader)
@@ -23,6 +24,37 @@ int slot(int t, int i) {
   return 8 * t + i;
 }
 
+// The lane's weights of sub-blocks 2j (h = 0) and 2j + 1 as multiply_unit / multiply_unit_k take them: scale[h][half]
+// and offset[h][half] with w = scale * code - offset.
+template <class Q>
+void pair_weights(const Q& q, int j, int t, uint32_t (&lo)[2], uint32_t (&hi)[2], double (&scale)[2][2],
+                  double (&offset)[2][2]) {
+  if constexpr (Q::kUnitScales) {
+    q.codes(j, t, lo, hi);
+    float d, dmin;
+    q.unit_scales(d, dmin);
+    int sc[2][2], mins[2][2] = {};
+    if constexpr (Q::kHalfScales) {
+      q.half_scales(j, sc);
+    } else {
+      uint32_t scw, mw;
+      q.scales_mins(j, scw, mw);
+      for (int h = 0; h < 2; ++h)
+        for (int half = 0; half < 2; ++half)
+          sc[h][half] = (scw >> (8 * h)) & 0xFF, mins[h][half] = (mw >> (8 * h)) & 0xFF;
+    }
+    if constexpr (Q::kHalfMins) q.half_mins(j, mins);
+    for (int h = 0; h < 2; ++h)
+      for (int half = 0; half < 2; ++half)
+        scale[h][half] = static_cast<double>(d) * sc[h][half], offset[h][half] = static_cast<double>(dmin) * mins[h][half];
+  } else {
+    float a[2], b[2];
+    q.pair(j, t, lo, hi, a, b);
+    for (int h = 0; h < 2; ++h)
+      for (int half = 0; half < 2; ++half) scale[h][half] = a[h], offset[h][half] = b[h];
+  }
+}
+
 template <class Q>
 void tile_weights(const uint8_t* w, int rows, int k, double* out) {
   const int64_t row_bytes = static_cast<int64_t>(k / Q::kBlockElems) * Q::kBlockBytes;
@@ -33,18 +65,14 @@ void tile_weights(const uint8_t* w, int rows, int k, double* out) {
         q.fetch(w + r * row_bytes, u, t);
         for (int j = 0; j < Q::kPairs; ++j) {
           uint32_t lo[2], hi[2];
-          float a[2], b[2];
-          q.pair(j, t, lo, hi, a, b);
-          int sc[2][2] = {{1, 1}, {1, 1}}, mins[2][2] = {{1, 1}, {1, 1}};
-          if constexpr (Q::kHalfScales) q.half_scales(j, sc);
-          if constexpr (Q::kHalfMins) q.half_mins(j, mins);
+          double scale[2][2], offset[2][2];
+          pair_weights(q, j, t, lo, hi, scale, offset);
           for (int h = 0; h < 2; ++h) {
             const uint32_t(&words)[2] = h ? hi : lo;
             for (int i = 0; i < 8; ++i) {
               const int e = slot<Q>(t, i), code = static_cast<int8_t>(words[i / 4] >> (8 * (i % 4)));
-              const double scale = static_cast<double>(a[h]) * sc[h][e / 16];
               out[static_cast<int64_t>(r) * k + u * Q::kBlockElems + 64 * j + 32 * h + e] =
-                  scale * code - static_cast<double>(b[h]) * mins[h][e / 16];
+                  scale[h][e / 16] * code - offset[h][e / 16];
             }
           }
         }

@@ -1,4 +1,4 @@
-"""The q8 producer fusion's plumbing off the GPU: ``q8=True`` changes nothing on the CPU, linears that do not use
+"""The q8 producer fusion's plumbing off the GPU: ``q8=32/256`` changes nothing on the CPU, linears that do not use
 the int8 codes run on the dense tensor, and the CANDLE_VLLM_Q8_FUSION switch. (Codes and GEMVs on the GPU:
 tests/native/test_cuda_q8_fusion.py.)"""
 
@@ -31,13 +31,14 @@ def _x(rows: int, cols: int, seed: int) -> torch.Tensor:
     return torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed))
 
 
-def test_q8_is_a_no_op_on_cpu() -> None:
+@pytest.mark.parametrize("group", [32, 256])
+def test_q8_is_a_no_op_on_cpu(group: int) -> None:
     x, res, w = _x(3, 256, 1), _x(3, 256, 2), _x(1, 256, 3)[0]
-    assert torch.equal(rms_norm(x, w, 1e-5, q8=True), rms_norm(x, w, 1e-5))
-    got, got_res = fused_add_rms_norm(x.clone(), res.clone(), w, 1e-5, q8=True)
+    assert torch.equal(rms_norm(x, w, 1e-5, q8=group), rms_norm(x, w, 1e-5))
+    got, got_res = fused_add_rms_norm(x.clone(), res.clone(), w, 1e-5, q8=group)
     want, want_res = fused_add_rms_norm(x.clone(), res.clone(), w, 1e-5)
     assert isinstance(got, torch.Tensor) and torch.equal(got, want) and torch.equal(got_res, want_res)
-    assert torch.equal(silu_and_mul(_x(3, 512, 4), q8=True), silu_and_mul(_x(3, 512, 4)))
+    assert torch.equal(silu_and_mul(_x(3, 512, 4), q8=group), silu_and_mul(_x(3, 512, 4)))
 
 
 def _linear(quantized: bool, bias: bool) -> Linear:
@@ -57,7 +58,7 @@ def test_linear_without_q8_uses_the_dense_tensor(quantized: bool, bias: bool) ->
     lin = _linear(quantized, bias)
     assert isinstance(lin.methods[0], GGUFLinear) == quantized
     x = _x(4, 256, 5)
-    assert not lin.accepts_q8(4)
+    assert lin.q8_group(4) == 0
     garbage = Q8Activation(x, torch.full((4, 256), 77, dtype=torch.int8), torch.zeros(4, 64, dtype=torch.uint8))
     assert torch.equal(lin(garbage), lin(x))
 
@@ -73,7 +74,9 @@ def test_fusion_switch(monkeypatch: pytest.MonkeyPatch, fresh_switch: None) -> N
 
 def test_dense_and_row_slice() -> None:
     x = _x(13, 64, 6)
-    act = Q8Activation(x, torch.arange(13 * 64).to(torch.int8).view(13, 64), torch.zeros(13, 16, dtype=torch.uint8))
-    assert q8_activation.dense(act) is x and q8_activation.dense(x) is x
+    codes, blocks = torch.arange(13 * 64).to(torch.int8).view(13, 64), torch.zeros(13, 16, dtype=torch.uint8)
+    act = Q8Activation(x, codes, blocks)
+    assert q8_activation.dense(act) is x and q8_activation.dense(x) is x and act.group == 32
     part = act.row_slice(8, 13)
-    assert part.rows == 5 and torch.equal(part.x, x[8:]) and torch.equal(part.xq, act.xq[8:])
+    assert part.rows == 5 and torch.equal(part.x, x[8:]) and torch.equal(part.xq, act.xq[8:]) and part.group == 32
+    assert Q8Activation(x, codes, blocks, 256).row_slice(0, 4).group == 256
