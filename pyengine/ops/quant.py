@@ -315,23 +315,23 @@ GEMV_PASSES_MAX_ROWS = 16
 # number is the smallest batch from which it beat the dp4a GEMV (one 8-row pass, or two from 9 rows) on the H200,
 # separately for narrow weights and for wide ones (out_features >= MMQ_WIDE_FEATURES: their grid of 32-row CTAs is
 # several waves deep, which the product streams better). Measured per Llama-3-8B shape (us, mmq / dp4a;
-# benches/bench_quant_cuda.py --kernels mmq dp4a --m 3 4 5 6 7 8 9, benches/RESULTS.md sessions 9 and 10):
-#   - wide, 28672x4096: q4k at 3 36.1 / 40.9; q5k 41.4 / 48.0; q6k 56.9 / 62.5 (and the 128256x4096 LM head 233.6 /
-#     263.0); q4_1 at 5 56.8 / 69.3 (4: 54.9 / 38.8); q4_0, q5_1, q8_0 at 9 (q8_0 103.4 / 102.8, even).
-#   - narrow, 6144x4096 + 4096x4096 + 4096x14336 summed: q4k at 5 42.8 / 56.5 (3: 42.2 / 40.9); q5k at 3 44.1 /
-#     45.7; q6k at 9 87.5 / 109.7 (5-8 even: 76.8 / 76.1 .. 77.2 / 77.2); q4_0, q4_1, q5_1, q8_0 at 9 (q8_0 93.2 /
-#     93.1, even; 10 rows over the four shapes 194.2 / 202.6).
-#   - q2k / q3k (session 12, --m 2 3 4 6 8 9 12 16): wide at 3, 38.3 / 41.9 and 52.5 / 52.4 (even; 4: 38.6 / 42.1,
-#     52.4 / 52.5); narrow at 6 (dp4a at 5 costs what it does at 6), 54.2 / 58.0 and 63.6 / 66.0 (4: 53.8 / 40.0,
-#     63.1 / 47.5).
+# benches/bench_quant_cuda.py --kernels mmq dp4a --codes --m 2 3 4 5 6 ..., benches/RESULTS.md sessions 9, 10, 12):
+#   - the K-quants, on the integer product of session 12 (call 4; narrow = 6144x4096 + 4096x4096 + 4096x14336
+#     summed, wide = 28672x4096): q4k narrow at 3 34.0 / 38.6 (2: 33.9 / 34.3, even), wide at 3 34.6 / 41.0; q5k
+#     narrow at 3 38.3 / 43.5 (2: 37.6 / 36.8), wide at 2 35.2 / 39.2; q6k at 5 (dp4a at 5 costs what it does at
+#     6) 65.2 / 73.6 and 67.3 / 86.1 (4: 65.0 / 54.8, 66.9 / 61.7; the 128256x4096 LM head at 4 263.0 / 260.6, at
+#     8 268.6 / 363.4); q2k narrow at 5 50.7 / 56.3, wide at 2 34.9 / 37.9; q3k narrow at 9 (8: 66.8 / 66.7, even;
+#     9: 71.5 / 91.2 with 16 rows' product), wide at 3 51.7 / 51.8 (even; 5: 51.7 / 75.1).
+#   - the 32-element types (sessions 9 and 10): wide, q4_1 at 5 56.8 / 69.3 (4: 54.9 / 38.8); q4_0, q5_1, q8_0 at
+#     9 (q8_0 103.4 / 102.8, even); narrow, q4_0, q4_1, q5_1, q8_0 at 9 (q8_0 93.2 / 93.1, even; 10 rows over the
+#     four shapes 194.2 / 202.6).
 #   - q5_0 at 16 on both (9: 204.7 / 194.4 over the four shapes; 12 and 16 measured with an earlier kernel, 256.1 /
 #     248.8 and 262.0 / 279.0).
 # A token's bits depend on which kernel its batch takes (not on the other tokens within one kernel).
 MMQ_WIDE_FEATURES = 16384
 MMQ_MIN_ROWS: dict[QT, tuple[int, int]] = {  # (narrow, wide)
-    QT.Q4_K: (5, 3), QT.Q5_K: (3, 3), QT.Q6_K: (9, 3), QT.Q8_0: (9, 9), QT.Q4_0: (9, 9), QT.Q4_1: (9, 5),
-    QT.Q5_1: (9, 9), QT.Q5_0: (16, 16),
-    QT.Q2_K: (5, 3), QT.Q3_K: (5, 3),
+    QT.Q4_K: (3, 3), QT.Q5_K: (3, 2), QT.Q6_K: (5, 5), QT.Q2_K: (5, 2), QT.Q3_K: (9, 3),
+    QT.Q8_0: (9, 9), QT.Q4_0: (9, 9), QT.Q4_1: (9, 5), QT.Q5_1: (9, 9), QT.Q5_0: (16, 16),
 }
 
 
