@@ -67,7 +67,7 @@ static Registrar registrar([](py::module_& m) {
       py::arg("y"), py::arg("x"), py::arg("xq"), py::arg("xb"), py::arg("w"), py::arg("M"), py::arg("N"), py::arg("K"),
       py::arg("qtype"), py::arg("dtype"), py::arg("stream"), py::arg("row_tiles") = 0, py::arg("warps") = 0,
       "cuda_gguf_gemv_q8's product for up to cuda_gguf_mmq_max_m tokens on int8 tensor cores (x = 0: codes already "
-      "in xq/xb; row_tiles: 16-row tiles per CTA, warps: warps per CTA splitting K, 0 = default rules)");
+      "in xq/xb, of cuda_gguf_mmq_x_group's scale group; row_tiles: 16-row tiles per CTA, warps: warps per CTA splitting K, 0 = default rules)");
   m.def(
       "cuda_gguf_gemv_q8_rope_cache",
       [](uintptr_t y, uintptr_t x, uintptr_t xq, uintptr_t xb, uintptr_t w, int64_t M, int64_t N, int64_t K,
@@ -85,7 +85,8 @@ static Registrar registrar([](py::module_& m) {
       py::arg("qtype"), py::arg("dtype"), py::arg("positions"), py::arg("cos_sin"), py::arg("key_cache"),
       py::arg("value_cache"), py::arg("slots"), py::arg("q_rows"), py::arg("rot_rows"), py::arg("head_dim"),
       py::arg("kv_heads"), py::arg("stream"), py::arg("rows") = 0, py::arg("tensor_cores") = false,
-      "cuda_gguf_gemv_q8 (x = 0: codes already in xq/xb; tensor_cores: cuda_gguf_mmq's product) of a fused qkv weight "
+      "cuda_gguf_gemv_q8 (x = 0: codes already in xq/xb; tensor_cores: cuda_gguf_mmq's product, whose codes must then "
+      "be of cuda_gguf_mmq_x_group's scale group) of a fused qkv weight "
       "whose q/k heads have their halves interleaved in adjacent row pairs, with neox RoPE on q/k and the k/v cache "
       "store in the epilogue (y in the standard head layout)");
   m.def("cuda_gguf_gemv_q8_rows", &cuda::gguf_gemv_q8_rows, py::arg("qtype"), py::arg("M"), py::arg("N"),

@@ -1,5 +1,5 @@
 // SiLU-and-mul (SwiGLU) over the fused gate/up projection: one read of each input, one write, f32 maths. The _q8
-// variant also writes the output's int8 codes for the dp4a GGUF GEMV of the down projection (q8_activation.cuh);
+// variant also writes the output's int8 codes for the GGUF int8 kernel of the down projection (q8_activation.cuh);
 // the interleaved variant reads a projection whose gate and up features alternate in groups of 8 (the layout the
 // skinny GEMM's fused SiLU epilogue needs its weight in, seen by the prefill path).
 #include "cuda/activation.h"

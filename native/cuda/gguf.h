@@ -50,7 +50,8 @@ void gguf_gemv_q8_quantized(void* y, const int8_t* xq, const void* xb, const uin
 // so a CTA's even number of consecutive rows holds whole rotation pairs.
 using GgufRopeCache = SkinnyRopeCache;
 
-// gguf_gemv_q8 (x non-null: quantized first into xq/xb) or gguf_gemv_q8_quantized (x null: xq/xb hold the codes)
+// gguf_gemv_q8 (x non-null: quantized first into xq/xb) or gguf_gemv_q8_quantized (x null: xq/xb hold the codes;
+// with tensor_cores, of gguf_mmq_x_group's scale group)
 // whose epilogue rotates q and k (neox, cos/sin rounded to dtype as rotary_embedding does) and stores k and v at
 // the tokens' cache slots (< 0: not stored): y [M, N] in the standard head layout and the cache are left exactly as
 // the GEMV followed by rotary_embedding_cache (pair_group 1) would leave them. Any M <= 8; N = q_rows + 2 * kv_heads

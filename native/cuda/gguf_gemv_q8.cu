@@ -105,6 +105,9 @@ void quantize_activations(const char* what, const void* x, int8_t* xq, void* xb,
   if (!aligned16(x)) throw std::invalid_argument(std::string(what) + ": x must be 16-byte aligned");
   if (!gguf_gemv_q8_supported(qtype))
     throw std::invalid_argument(std::string(what) + ": no int8-activation kernel for GGUF type " + std::to_string(qtype));
+  if ((group != 32 && group != 256) || K % group != 0)
+    throw std::invalid_argument(std::string(what) + ": the activations' scale group must be 32 or 256 values and "
+                                "divide K");
   const int64_t vectors = M * K / 8;
   dispatch_float<false>(dtype, what, [&](auto t) {
     using T = decltype(t);

@@ -1,5 +1,6 @@
 // Batched decode product on int8 tensor cores for GGUF weights: y[M, N] = x[M, K] @ W[N, K]^T for
-// up to 32 tokens, x given as the int8 codes and XBlocks of q8_activation.cuh (the dp4a GEMV's inputs).
+// up to 32 tokens, x given as the int8 codes and XBlocks of q8_activation.cuh (one scale per 32 values, as the dp4a
+// GEMV takes them, or per 256 for the K-quants).
 //
 // Why: the dp4a GEMV decodes every weight once per token, so its integer work grows with M and from about 8 tokens
 // it is bound by instruction issue, far below the memory bandwidth. Here a weight is decoded once for all tokens:
@@ -81,6 +82,23 @@ __device__ __forceinline__ void a_fragment(const uint32_t (&c8)[2][2], uint32_t 
   frag[0] = c8[0][0], frag[1] = c8[1][0], frag[2] = c8[0][1], frag[3] = c8[1][1];
 }
 
+// f(h, mt, frag, bw) for sub-blocks 2j + h (h = 0, 1; e: 2j's first element) and each m-tile mt: the A fragment of
+// its codes (lo: sub-block 2j's, hi: 2j + 1's) and the B words of the token tile x.
+template <class Q, int MT, typename F>
+__device__ __forceinline__ void each_fragment(const TokenRows& x, int e, const uint32_t (&lo)[MT][2][2],
+                                              const uint32_t (&hi)[MT][2][2], F&& f) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint2 bw = token_codes<Q>(x, e + 32 * h);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      uint32_t frag[4];
+      a_fragment(h ? hi[mt] : lo[mt], frag);
+      f(h, mt, frag, bw);
+    }
+  }
+}
+
 // acc += one unit of this lane's weight rows (q: m-tile mt's rows g and g + 8) times the T token tiles, the unit's
 // first element being e0: the 32-element types, each sub-block's dot scaled in f32 (activations scaled per 32).
 template <class Q, int MT, int T>
@@ -101,25 +119,18 @@ __device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int e0, int t
       XScales xs[2];
 #pragma unroll
       for (int k = 0; k < 2; ++k) xs[k].load(x[i].blocks[k] + e / 32);
+      each_fragment<Q>(x[i], e, lo, hi, [&](int h, int mt, const uint32_t (&frag)[4], uint2 bw) {
+        int c[4];
+        mma_s8_16832(c, frag, bw.x, bw.y);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint2 bw = token_codes<Q>(x[i], e + 32 * h);
+        for (int k = 0; k < 2; ++k)
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          uint32_t frag[4];
-          a_fragment(h ? hi[mt] : lo[mt], frag);
-          int c[4];
-          mma_s8_16832(c, frag, bw.x, bw.y);
-#pragma unroll
-          for (int k = 0; k < 2; ++k)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              float& o = acc[mt][i][2 * r + k];
-              o = fmaf(a[mt][r][h] * xs[k].d[h], static_cast<float>(c[2 * r + k]), o);
-              if constexpr (Q::kMins) o = fmaf(-b[mt][r][h], xs[k].s[h], o);
-            }
-        }
-      }
+          for (int r = 0; r < 2; ++r) {
+            float& o = acc[mt][i][2 * r + k];
+            o = fmaf(a[mt][r][h] * xs[k].d[h], static_cast<float>(c[2 * r + k]), o);
+            if constexpr (Q::kMins) o = fmaf(-b[mt][r][h], xs[k].s[h], o);
+          }
+      });
     }
   }
 }
@@ -160,49 +171,43 @@ __device__ __forceinline__ void multiply_unit_k(const Q (&q)[MT][2], int e0, int
       if constexpr (Q::kMins)
 #pragma unroll
         for (int k = 0; k < 2; ++k) sums[k] = gguf::ld_x<uint4>(x[i].blocks[k] + e / 32);
+      each_fragment<Q>(x[i], e, lo, hi, [&](int h, int mt, const uint32_t (&frag)[4], uint2 bw) {
+        int c[4];
+        if constexpr (Q::kHalfScales) {
+          // Lanes 0, 1 hold elements 0..15 of the sub-block, lanes 2, 3 elements 16..31: one mma per half, the
+          // other half's lanes zeroed, then each half's dot times its scale.
+          const bool first = t < 2;
+          const uint32_t f0[4] = {first ? frag[0] : 0u, first ? frag[1] : 0u, first ? frag[2] : 0u,
+                                  first ? frag[3] : 0u};
+          const uint32_t f1[4] = {first ? 0u : frag[0], first ? 0u : frag[1], first ? 0u : frag[2],
+                                  first ? 0u : frag[3]};
+          int c0[4], c1[4];
+          mma_s8_16832(c0, f0, bw.x, bw.y);
+          mma_s8_16832(c1, f1, bw.x, bw.y);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint2 bw = token_codes<Q>(x[i], e + 32 * h);
+          for (int o = 0; o < 4; ++o) c[o] = sc[mt][o >> 1][h][0] * c0[o] + sc[mt][o >> 1][h][1] * c1[o];
+        } else {
+          mma_s8_16832(c, frag, bw.x, bw.y);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          uint32_t frag[4];
-          a_fragment(h ? hi[mt] : lo[mt], frag);
-          int c[4];
-          if constexpr (Q::kHalfScales) {
-            // Lanes 0, 1 hold elements 0..15 of the sub-block, lanes 2, 3 elements 16..31: one mma per half, the
-            // other half's lanes zeroed, then each half's dot times its scale.
-            const bool first = t < 2;
-            const uint32_t f0[4] = {first ? frag[0] : 0u, first ? frag[1] : 0u, first ? frag[2] : 0u,
-                                    first ? frag[3] : 0u};
-            const uint32_t f1[4] = {first ? 0u : frag[0], first ? 0u : frag[1], first ? 0u : frag[2],
-                                    first ? 0u : frag[3]};
-            int c0[4], c1[4];
-            mma_s8_16832(c0, f0, bw.x, bw.y);
-            mma_s8_16832(c1, f1, bw.x, bw.y);
+          for (int o = 0; o < 4; ++o) c[o] *= static_cast<int>((scw[mt][o >> 1] >> (8 * h)) & 0xFF);
+        }
 #pragma unroll
-            for (int o = 0; o < 4; ++o) c[o] = sc[mt][o >> 1][h][0] * c0[o] + sc[mt][o >> 1][h][1] * c1[o];
-          } else {
-            mma_s8_16832(c, frag, bw.x, bw.y);
+        for (int k = 0; k < 2; ++k)
 #pragma unroll
-            for (int o = 0; o < 4; ++o) c[o] *= static_cast<int>((scw[mt][o >> 1] >> (8 * h)) & 0xFF);
-          }
-#pragma unroll
-          for (int k = 0; k < 2; ++k)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              const int o = 2 * r + k;
-              dot[mt][i][o] += c[o];
+          for (int r = 0; r < 2; ++r) {
+            const int o = 2 * r + k;
+            dot[mt][i][o] += c[o];
+            if constexpr (Q::kMins) {
               const int xs = static_cast<int>(h ? sums[k].w : sums[k].y);
-              if constexpr (Q::kHalfMins) {
+              if constexpr (Q::kHalfMins)
                 low[mt][i][o] += mins[mt][r][h][0] * static_cast<int16_t>(xs & 0xFFFF) +
                                  mins[mt][r][h][1] * static_cast<int16_t>(static_cast<uint32_t>(xs) >> 16);
-              } else if constexpr (Q::kMins) {
+              else
                 low[mt][i][o] = h ? __dp2a_hi(xs, static_cast<int>(mw[mt][r]), low[mt][i][o])
                                   : __dp2a_lo(xs, static_cast<int>(mw[mt][r]), low[mt][i][o]);
-              }
             }
-        }
-      }
+          }
+      });
     }
   }
   float d[MT][2], dmin[MT][2];

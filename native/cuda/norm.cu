@@ -1,7 +1,7 @@
 // RMSNorm kernels: one CTA per row, 16-byte vectors when the row allows, f32 statistics.
 // The normalised value is rounded to the storage type before the weight multiplies it, as HF Llama's
-// RMSNorm (and ops/norm.py's reference) does. The _q8 variants also write the output's int8 codes for the dp4a
-// GGUF GEMV that consumes it (q8_activation.cuh), saving that GEMV its quantizer launch.
+// RMSNorm (and ops/norm.py's reference) does. The _q8 variants also write the output's int8 codes for the GGUF int8
+// kernel that consumes it (q8_activation.cuh), saving that kernel its quantizer launch.
 #include "cuda/common.cuh"
 #include "cuda/norm.h"
 #include "cuda/q8_activation.cuh"

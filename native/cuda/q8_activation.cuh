@@ -1,4 +1,5 @@
-// Int8 activations for the dp4a GGUF GEMV: the block format and the one quantization rule every producer uses.
+// Int8 activations for the GGUF int8 kernels (the dp4a GEMV, the tensor-core product): the block format and the one
+// quantization rule every producer uses.
 //
 // Each row of x is cut into 32-value blocks, each stored as 32 int8 codes (row-major, [rows, K], element e of a
 // row at byte e) plus an XBlock (at e / 32): the f32 scale d = amax / 127 and the integer sums of the codes of

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from candle_vllm.pyengine.ops import cuda
-from candle_vllm.pyengine.ops.q8_activation import Q8Activation
+from candle_vllm.pyengine.ops.q8_activation import Q8Activation, check_group
 from candle_vllm.pyengine.ops.row_pairs import deinterleave_halves, interleave_halves
 
 
@@ -18,6 +18,7 @@ def silu_and_mul(x: torch.Tensor, *, q8: int = 0) -> torch.Tensor | Q8Activation
     ``q8`` (0, or the scale group a GGUF linear that takes int8 activations asks for) it also writes the output's
     int8 codes and returns a :class:`Q8Activation` where it can, else the plain tensor.
     """
+    check_group(q8)
     if x.device.type == "cuda" and (out := cuda.silu_and_mul(x, q8=q8)) is not None:
         return out
     d = x.shape[-1] // 2

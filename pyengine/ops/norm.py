@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from candle_vllm.pyengine.ops import native
-from candle_vllm.pyengine.ops.q8_activation import Q8Activation, codes_for, producer_supported
+from candle_vllm.pyengine.ops.q8_activation import Q8Activation, check_group, codes_for, producer_supported
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -32,6 +32,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, q8: int = 0) 
     ``q8`` (0, or the scale group a GGUF linear that takes int8 activations asks for: ``Linear.q8_group``, see
     ``ops/q8_activation.py``): on CUDA with the native kernel, the same output wrapped in a :class:`Q8Activation`
     with its int8 codes; elsewhere the plain tensor."""
+    check_group(q8)
     if not x.is_contiguous() and native.available(x.device):
         x = x.contiguous()
     if x.dtype == weight.dtype and native.ready(x, weight):
@@ -60,6 +61,7 @@ def fused_add_rms_norm(
     """Return (rms_norm(x + residual), x + residual); the native path works in place on x and residual.
 
     ``q8``: as :func:`rms_norm`'s, the first element then a :class:`Q8Activation` where the kernel runs."""
+    check_group(q8)
     if x.dtype == residual.dtype == weight.dtype and native.ready(x, residual, weight):
         hidden = x.shape[-1]
         rows, code = x.numel() // hidden, native.dtype_code(x)

@@ -32,7 +32,7 @@ class Q8Activation:
     x: torch.Tensor
     xq: torch.Tensor
     xb: torch.Tensor
-    group: int = BLOCK
+    group: int
 
     @property
     def rows(self) -> int:
@@ -54,12 +54,22 @@ def fusion_enabled() -> bool:
     return os.environ.get("CANDLE_VLLM_Q8_FUSION", "1").strip() != "0"
 
 
+GROUPS = (BLOCK, 256)  # the scale groups the kernels take: per 32 values, or per 256 (the K-quants on tensor cores)
+
+
+def check_group(q8: int) -> None:
+    """A producer's ``q8`` request must be 0 (no codes) or one of :data:`GROUPS`: anything else (a bool, another
+    size) is refused, never silently ignored."""
+    if isinstance(q8, bool) or q8 not in (0, *GROUPS):
+        raise ValueError(f"q8 must be 0 (no codes) or a scale group of {' or '.join(map(str, GROUPS))} values, got {q8!r}")
+
+
 def producer_supported(out: torch.Tensor, group: int, *inputs: torch.Tensor) -> bool:
     """Whether a native producer can write codes of ``group`` (32 or 256) values per scale for ``out`` (f16/bf16
     on a CUDA device with the kernels, last dim a multiple of the group, every tensor contiguous and 16-byte
     aligned)."""
     return (
-        group in (BLOCK, 256)
+        group in GROUPS
         and out.device.type == "cuda"
         and native.available(out.device)
         and out.dtype in (torch.float16, torch.bfloat16)

@@ -378,8 +378,10 @@ def q8_max_rows(qtype: QT, in_features: int) -> int:
 
 def q8_group(qtype: QT, rows: int, out_features: int, in_features: int) -> int:
     """The scale group of the int8 codes a CUDA decode batch of ``rows`` rows of this weight multiplies: the
-    tensor-core product's (``cuda_gguf.x_group``: 256 for the K-quants) where the batch takes it, else the dp4a
-    GEMV's 32; 0 past :func:`q8_max_rows`. A producer asked for these codes writes what the kernel would."""
+    tensor-core product's (``cuda_gguf.x_group``: 256 for the K-quants) where the batch's size takes it, else the
+    dp4a GEMV's 32; 0 past :func:`q8_max_rows`. A producer asked for these codes writes what the kernel would. Where
+    the operands then refuse the product (:func:`takes_mmq`: alignment, layout), the dp4a GEMV reads the 256-value
+    codes: correctly (every XBlock holds its scale), with the rounding of the per-256 codes."""
     most = q8_max_rows(qtype, in_features)
     if not 1 <= rows <= most:
         return 0

@@ -84,7 +84,7 @@ def test_choices_on_quantized_activations(dtype: torch.dtype) -> None:
     mod.cuda_gguf_gemv_q8(want.data_ptr(), x.data_ptr(), xq.data_ptr(), xb.data_ptr(), data.data_ptr(), 1, n, k,
                           int(qtype), native.dtype_code(x), native.stream(DEV))
     assert_dp4a_within(want, x.cpu(), oracle(raw, qtype, n, k).double())
-    q8 = Q8Activation(x, xq, xb)
+    q8 = Q8Activation(x, xq, xb, 32)
     for rows in ROWS:
         got = cuda_gguf.gemv(q8, data, qtype, n, k, rows=rows)
         assert torch.equal(got, want), f"rows={rows}: bits differ"

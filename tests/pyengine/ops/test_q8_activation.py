@@ -59,8 +59,36 @@ def test_linear_without_q8_uses_the_dense_tensor(quantized: bool, bias: bool) ->
     assert isinstance(lin.methods[0], GGUFLinear) == quantized
     x = _x(4, 256, 5)
     assert lin.q8_group(4) == 0
-    garbage = Q8Activation(x, torch.full((4, 256), 77, dtype=torch.int8), torch.zeros(4, 64, dtype=torch.uint8))
+    garbage = Q8Activation(x, torch.full((4, 256), 77, dtype=torch.int8), torch.zeros(4, 64, dtype=torch.uint8), 32)
     assert torch.equal(lin(garbage), lin(x))
+
+
+def test_codes_of_another_group_are_not_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A method that takes codes gets a Q8Activation only when its group is the one it asked for; other codes are
+    dropped for the dense tensor (garbage codes would show in the product otherwise)."""
+    lin = Linear(256, [64], False, torch.float32, CPU)
+    lin.load_shard(0, isq_weight("model.layers.0.mlp.up_proj.weight", _x(64, 256, 12), resolve_qtype("q8_0"), CPU))
+    seen: list[object] = []
+    method = lin.methods[0]
+    monkeypatch.setattr(method, "q8_group", lambda rows: 256)
+    monkeypatch.setattr(method, "forward", lambda x: (seen.append(x), torch.zeros(x.rows if isinstance(x, Q8Activation)
+                                                                                else x.shape[0], 64))[1])
+    x = _x(4, 256, 13)
+    codes, blocks = torch.zeros(4, 256, dtype=torch.int8), torch.zeros(4, 64, dtype=torch.uint8)
+    lin(Q8Activation(x, codes, blocks, 32))
+    lin(Q8Activation(x, codes, blocks, 256))
+    assert seen[0] is x and isinstance(seen[1], Q8Activation) and seen[1].group == 256
+
+
+@pytest.mark.parametrize("bad", [True, 1, 64, 512])
+def test_a_group_the_kernels_do_not_take_is_refused(bad: int) -> None:
+    x, w = _x(2, 256, 1), _x(1, 256, 3)[0]
+    with pytest.raises(ValueError, match="scale group of 32 or 256"):
+        rms_norm(x, w, 1e-5, q8=bad)
+    with pytest.raises(ValueError, match="scale group of 32 or 256"):
+        fused_add_rms_norm(x.clone(), x.clone(), w, 1e-5, q8=bad)
+    with pytest.raises(ValueError, match="scale group of 32 or 256"):
+        silu_and_mul(_x(2, 512, 4), q8=bad)
 
 
 def test_fusion_switch(monkeypatch: pytest.MonkeyPatch, fresh_switch: None) -> None:
@@ -75,7 +103,7 @@ def test_fusion_switch(monkeypatch: pytest.MonkeyPatch, fresh_switch: None) -> N
 def test_dense_and_row_slice() -> None:
     x = _x(13, 64, 6)
     codes, blocks = torch.arange(13 * 64).to(torch.int8).view(13, 64), torch.zeros(13, 16, dtype=torch.uint8)
-    act = Q8Activation(x, codes, blocks)
+    act = Q8Activation(x, codes, blocks, 32)
     assert q8_activation.dense(act) is x and q8_activation.dense(x) is x and act.group == 32
     part = act.row_slice(8, 13)
     assert part.rows == 5 and torch.equal(part.x, x[8:]) and torch.equal(part.xq, act.xq[8:]) and part.group == 32
