@@ -28,6 +28,8 @@
 // 2-bit planes) they are given the sub-block's elements 8t..8t+7, so every lane reads 8 contiguous code bytes of its
 // row and 8 contiguous activation codes of its token; the 32-element nibble types, whose byte i holds elements i and
 // 16 + i, keep the slots' own elements, so a lane's 4 code bytes are one word (the loader's kSplitLanes).
+#include <type_traits>
+
 #include "cuda/common.cuh"
 #include "cuda/gguf_mmq.h"
 #include "cuda/gguf_mmq_loaders.cuh"
@@ -349,14 +351,27 @@ void launch_tokens(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const
 //    22.9, q8_0 60.5 -> 40.0 us. Elsewhere 4 warps (6144x4096 at 8 tokens: 12.8 against 14.7).
 // The warps split K, so they set the f32 summation order: the rule depends on N and the device's SM count only, so
 // a token's result does not depend on how many tokens share its launch (it may differ between GPU models).
-constexpr int kDefaultRowTiles = 2;
 int default_warps(int N) { return (N + 31) / 32 < device_sm_count() ? 8 : 4; }
+
+// Row tiles change only the speed (each row's sums are the same), so their rule may depend on the tokens. On the
+// integer K-quant product (session 12, call 6: --mmq-row-tiles 1 2 --mmq-warps 4 8 --m 3 4 8 16 32, us 2 tiles / 1
+// tile on the four shapes) one tile is faster for Q6_K up to 16 tokens (8: 17.76 / 14.59, 12.01 / 10.12, 69.28 /
+// 55.68, 36.48 / 31.45; the 128256x4096 LM head 269.7 / 226.5; 32: 28.33 / 33.71, ...) and for Q5_K up to 8 tokens
+// where 8 warps split K (8: 4096x4096 7.92 / 7.09, 4096x14336 23.00 / 20.18; with 4 warps 10.22 / 10.67, 38.03 /
+// 41.37); Q4_K keeps two (8: 10.38 / 12.62, 6.79 / 6.98, 37.03 / 40.68, 17.96 / 22.02). Q2_K and Q3_K (half-block
+// units as Q6_K's) were not measured and keep two.
+template <class Q>
+int default_row_tiles(int M, int warps) {
+  if constexpr (std::is_same_v<Q, mmq::MmqQ6K>) return M <= 16 ? 1 : 2;
+  else if constexpr (std::is_same_v<Q, mmq::MmqQ5K>) return M <= 8 && warps == 8 ? 1 : 2;
+  else return 2;
+}
 
 template <class Q>
 void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
             int row_tiles, int warps, const GgufRopeCache* rope, cudaStream_t s) {
-  const int mt = row_tiles != 0 ? row_tiles : kDefaultRowTiles;
   const int ws = warps != 0 ? warps : default_warps(N);
+  const int mt = row_tiles != 0 ? row_tiles : default_row_tiles<Q>(M, ws);
   if (mt == 1 && ws == 4) launch_tokens<Q, 1, 4>(y, bf16, xq, xb, w, M, N, K, rope, s);
   else if (mt == 1) launch_tokens<Q, 1, 8>(y, bf16, xq, xb, w, M, N, K, rope, s);
   else if (ws == 4) launch_tokens<Q, 2, 4>(y, bf16, xq, xb, w, M, N, K, rope, s);

@@ -159,7 +159,8 @@ def mmq(
     quantized again from its dense ``x``.
 
     ``row_tiles`` and ``warps`` exist so benchmarks can compare launches: 16-row weight tiles per CTA (1 or 2) and
-    warps per CTA splitting K (4 or 8); 0 = the kernel's default rules (which depend on the weight's shape only).
+    warps per CTA splitting K (4 or 8); 0 = the kernel's default rules (warps: by the weight's shape only; row
+    tiles: also by type and rows).
     ``row_tiles`` changes only the speed, ``warps`` also the f32 summation order."""
     q8 = x if isinstance(x, Q8Activation) else None
     x = q8.x if q8 is not None else x
