@@ -40,9 +40,8 @@ namespace {
 
 using gguf::XBlock;
 
-// c = a[16x32] (row, s8) * b[32x8] (col, s8), s32 (PTX fragment layouts of mma.m16n8k32).
+// c += a[16x32] (row, s8) * b[32x8] (col, s8), s32 (PTX fragment layouts of mma.m16n8k32).
 __device__ __forceinline__ void mma_s8_16832(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  c[0] = c[1] = c[2] = c[3] = 0;
   asm volatile(
       "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
@@ -122,7 +121,7 @@ __device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int e0, int t
 #pragma unroll
       for (int k = 0; k < 2; ++k) xs[k].load(x[i].blocks[k] + e / 32);
       each_fragment<Q>(x[i], e, lo, hi, [&](int h, int mt, const uint32_t (&frag)[4], uint2 bw) {
-        int c[4];
+        int c[4] = {};
         mma_s8_16832(c, frag, bw.x, bw.y);
 #pragma unroll
         for (int k = 0; k < 2; ++k)
@@ -139,9 +138,11 @@ __device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int e0, int t
 
 // The same for a K-quant (Q::kUnitScales) on activations scaled per 256 values: every weight of the unit is d * sc *
 // code - dmin * m with integer sc, m and one activation scale dx per token, so the unit's scaled dot products and
-// min terms (m against the sub-block's or half's code sums) add up in int32 and meet the floats once per unit:
-// acc += (d * dx) * dot - (dmin * dx) * low. Bounds per unit: |dot| <= 8 sub-blocks * 63 * 32 * 31 * 127 (Q5_K),
-// 8 halves * 128 * 16 * 32 * 127 (Q6_K); |low| <= 8 * 63 * 32 * 127: all far below 2^31.
+// min terms add up in int32 and meet the floats once per unit: acc += (d * dx) * dot - (dmin * dx) * low. The min
+// terms (m times the sum of the sub-block's or half's activation codes) run on the tensor cores too: one more mma
+// per sub-block whose A holds each lane's min (its half's, with kHalfMins) in every byte accumulates them into low.
+// Bounds per unit: |dot| <= 8 sub-blocks * 63 * 32 * 31 * 127 (Q5_K), 8 halves * 128 * 16 * 32 * 127 (Q6_K);
+// |low| <= 8 * 63 * 32 * 127: all far below 2^31.
 template <class Q, int MT, int T>
 __device__ __forceinline__ void multiply_unit_k(const Q (&q)[MT][2], int e0, int t, const TokenRows (&x)[T],
                                                 float (&acc)[MT][T][4]) {
@@ -150,31 +151,32 @@ __device__ __forceinline__ void multiply_unit_k(const Q (&q)[MT][2], int e0, int
 #pragma unroll
   for (int j = 0; j < Q::kPairs; ++j) {
     uint32_t lo[MT][2][2], hi[MT][2][2];
-    int sc[MT][2][2][2], mins[MT][2][2][2];  // kHalfScales, kHalfMins: [mt][r][sub-block][half]
-    uint32_t scw[MT][2], mw[MT][2];          // otherwise: sub-block 2j's in byte 0 (mw: 0, 1), 2j + 1's in 1 (2, 3)
+    int sc[MT][2][2][2];      // kHalfScales: [mt][r][sub-block][half]
+    uint32_t scw[MT][2];      // otherwise: sub-block 2j's in byte 0, 2j + 1's in byte 1
+    uint32_t minw[MT][2][2];  // kMins: [mt][r][sub-block], the lane's min in every byte
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         q[mt][r].codes(j, t, lo[mt][r], hi[mt][r]);
-        if constexpr (Q::kHalfScales) {
-          q[mt][r].half_scales(j, sc[mt][r]);
-        } else {
-          uint32_t m;
-          q[mt][r].scales_mins(j, scw[mt][r], m);
-          mw[mt][r] = __byte_perm(m, 0, 0x1100);  // each min twice: dp2a against its sub-block's two half sums
+        uint32_t m = 0;
+        if constexpr (Q::kHalfScales) q[mt][r].half_scales(j, sc[mt][r]);
+        else q[mt][r].scales_mins(j, scw[mt][r], m);
+        if constexpr (Q::kHalfMins) {
+          int hm[2][2];
+          q[mt][r].half_mins(j, hm);
+          const int half = t >> 1;  // lanes 0, 1 hold elements 0..15 of a sub-block, lanes 2, 3 elements 16..31
+#pragma unroll
+          for (int h = 0; h < 2; ++h) minw[mt][r][h] = static_cast<uint32_t>(hm[h][half]) * 0x01010101u;
+        } else if constexpr (Q::kMins) {
+          minw[mt][r][0] = __byte_perm(m, 0, 0x0000), minw[mt][r][1] = __byte_perm(m, 0, 0x1111);
         }
-        if constexpr (Q::kHalfMins) q[mt][r].half_mins(j, mins[mt][r]);
       }
     const int e = e0 + 64 * j;
 #pragma unroll
     for (int i = 0; i < T; ++i) {
-      uint4 sums[2];  // per token 2t + k: the XBlocks of sub-blocks 2j, 2j + 1 (.y, .w: half sums, int16 x 2)
-      if constexpr (Q::kMins)
-#pragma unroll
-        for (int k = 0; k < 2; ++k) sums[k] = gguf::ld_x<uint4>(x[i].blocks[k] + e / 32);
       each_fragment<Q>(x[i], e, lo, hi, [&](int h, int mt, const uint32_t (&frag)[4], uint2 bw) {
-        int c[4];
+        int c[4] = {};
         if constexpr (Q::kHalfScales) {
           // Lanes 0, 1 hold elements 0..15 of the sub-block, lanes 2, 3 elements 16..31: one mma per half, the
           // other half's lanes zeroed, then each half's dot times its scale.
@@ -183,7 +185,7 @@ __device__ __forceinline__ void multiply_unit_k(const Q (&q)[MT][2], int e0, int
                                   first ? frag[3] : 0u};
           const uint32_t f1[4] = {first ? 0u : frag[0], first ? 0u : frag[1], first ? 0u : frag[2],
                                   first ? 0u : frag[3]};
-          int c0[4], c1[4];
+          int c0[4] = {}, c1[4] = {};
           mma_s8_16832(c0, f0, bw.x, bw.y);
           mma_s8_16832(c1, f1, bw.x, bw.y);
 #pragma unroll
@@ -194,21 +196,11 @@ __device__ __forceinline__ void multiply_unit_k(const Q (&q)[MT][2], int e0, int
           for (int o = 0; o < 4; ++o) c[o] *= static_cast<int>((scw[mt][o >> 1] >> (8 * h)) & 0xFF);
         }
 #pragma unroll
-        for (int k = 0; k < 2; ++k)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int o = 2 * r + k;
-            dot[mt][i][o] += c[o];
-            if constexpr (Q::kMins) {
-              const int xs = static_cast<int>(h ? sums[k].w : sums[k].y);
-              if constexpr (Q::kHalfMins)
-                low[mt][i][o] += mins[mt][r][h][0] * static_cast<int16_t>(xs & 0xFFFF) +
-                                 mins[mt][r][h][1] * static_cast<int16_t>(static_cast<uint32_t>(xs) >> 16);
-              else
-                low[mt][i][o] = h ? __dp2a_hi(xs, static_cast<int>(mw[mt][r]), low[mt][i][o])
-                                  : __dp2a_lo(xs, static_cast<int>(mw[mt][r]), low[mt][i][o]);
-            }
-          }
+        for (int o = 0; o < 4; ++o) dot[mt][i][o] += c[o];
+        if constexpr (Q::kMins) {
+          const uint32_t mf[4] = {minw[mt][0][h], minw[mt][1][h], minw[mt][0][h], minw[mt][1][h]};
+          mma_s8_16832(low[mt][i], mf, bw.x, bw.y);
+        }
       });
     }
   }
