@@ -28,7 +28,6 @@
 // 2-bit planes) they are given the sub-block's elements 8t..8t+7, so every lane reads 8 contiguous code bytes of its
 // row and 8 contiguous activation codes of its token; the 32-element nibble types, whose byte i holds elements i and
 // 16 + i, keep the slots' own elements, so a lane's 4 code bytes are one word (the loader's kSplitLanes).
-#include <type_traits>
 
 #include "cuda/common.cuh"
 #include "cuda/gguf_mmq.h"
@@ -138,22 +137,26 @@ __device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int e0, int t
 
 // The same for a K-quant (Q::kUnitScales) on activations scaled per 256 values: every weight of the unit is d * sc *
 // code - dmin * m with integer sc, m and one activation scale dx per token, so the unit's scaled dot products and
-// min terms add up in int32 and meet the floats once per unit: acc += (d * dx) * dot - (dmin * dx) * low. The min
-// terms (m times the sum of the sub-block's or half's activation codes) run on the tensor cores too: one more mma
-// per sub-block whose A holds each lane's min (its half's, with kHalfMins) in every byte accumulates them into low.
-// Bounds per unit: |dot| <= 8 sub-blocks * 63 * 32 * 31 * 127 (Q5_K), 8 halves * 128 * 16 * 32 * 127 (Q6_K);
-// |low| <= 8 * 63 * 32 * 127: all far below 2^31.
+// min terms (m times the sum of the sub-block's or half's activation codes) add up in int32 and meet the floats once
+// per unit: acc += (d * dx) * dot - (dmin * dx) * low. The min terms run on the tensor cores (one more mma per
+// sub-block whose A holds each lane's min, its half's with kHalfMins, in every byte) except in the 2-tile x 4-token
+// kernels, whose registers that spills (session 13, call 1: q4k batch-32 decode 4,746 against 4,993 tok/s); they
+// take the XBlocks' int16 half sums by dp2a (kHalfMins: by IMAD). Bounds per unit: |dot| <= 8 sub-blocks * 63 * 32 *
+// 31 * 127 (Q5_K), 8 halves * 128 * 16 * 32 * 127 (Q6_K); |low| <= 8 * 63 * 32 * 127: all far below 2^31.
 template <class Q, int MT, int T>
 __device__ __forceinline__ void multiply_unit_k(const Q (&q)[MT][2], int e0, int t, const TokenRows (&x)[T],
                                                 float (&acc)[MT][T][4]) {
   static_assert(!Q::kHalfScales || !Q::kSplitLanes, "the halves are split by lanes holding elements 8t..8t+7");
+  constexpr bool kMinMma = Q::kMins && MT * T <= 4, kMinSums = Q::kMins && !kMinMma;
   int dot[MT][T][4] = {}, low[MT][T][4] = {};
 #pragma unroll
   for (int j = 0; j < Q::kPairs; ++j) {
     uint32_t lo[MT][2][2], hi[MT][2][2];
     int sc[MT][2][2][2];      // kHalfScales: [mt][r][sub-block][half]
     uint32_t scw[MT][2];      // otherwise: sub-block 2j's in byte 0, 2j + 1's in byte 1
-    uint32_t minw[MT][2][2];  // kMins: [mt][r][sub-block], the lane's min in every byte
+    int hm[MT][2][2][2];      // kHalfMins: [mt][r][sub-block][half]
+    uint32_t mw[MT][2];       // kMins otherwise: 2j's min in bytes 0 and 1, 2j + 1's in 2 and 3 (dp2a)
+    uint32_t minw[MT][2][2];  // kMinMma: [mt][r][sub-block], the lane's min in every byte
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -162,19 +165,20 @@ __device__ __forceinline__ void multiply_unit_k(const Q (&q)[MT][2], int e0, int
         uint32_t m = 0;
         if constexpr (Q::kHalfScales) q[mt][r].half_scales(j, sc[mt][r]);
         else q[mt][r].scales_mins(j, scw[mt][r], m);
-        if constexpr (Q::kHalfMins) {
-          int hm[2][2];
-          q[mt][r].half_mins(j, hm);
-          const int half = t >> 1;  // lanes 0, 1 hold elements 0..15 of a sub-block, lanes 2, 3 elements 16..31
+        if constexpr (Q::kHalfMins) q[mt][r].half_mins(j, hm[mt][r]);
+        else mw[mt][r] = __byte_perm(m, 0, 0x1100);
 #pragma unroll
-          for (int h = 0; h < 2; ++h) minw[mt][r][h] = static_cast<uint32_t>(hm[h][half]) * 0x01010101u;
-        } else if constexpr (Q::kMins) {
-          minw[mt][r][0] = __byte_perm(m, 0, 0x0000), minw[mt][r][1] = __byte_perm(m, 0, 0x1111);
-        }
+        for (int h = 0; h < 2; ++h)  // lanes 0, 1 hold elements 0..15 of a sub-block, lanes 2, 3 elements 16..31
+          minw[mt][r][h] = Q::kHalfMins ? static_cast<uint32_t>(hm[mt][r][h][t >> 1]) * 0x01010101u
+                                        : __byte_perm(m, 0, h ? 0x1111 : 0x0000);
       }
     const int e = e0 + 64 * j;
 #pragma unroll
     for (int i = 0; i < T; ++i) {
+      uint4 sums[2];  // kMinSums, per token 2t + k: the XBlocks of sub-blocks 2j, 2j + 1 (.y, .w: half sums)
+      if constexpr (kMinSums)
+#pragma unroll
+        for (int k = 0; k < 2; ++k) sums[k] = gguf::ld_x<uint4>(x[i].blocks[k] + e / 32);
       each_fragment<Q>(x[i], e, lo, hi, [&](int h, int mt, const uint32_t (&frag)[4], uint2 bw) {
         int c[4] = {};
         if constexpr (Q::kHalfScales) {
@@ -197,9 +201,22 @@ __device__ __forceinline__ void multiply_unit_k(const Q (&q)[MT][2], int e0, int
         }
 #pragma unroll
         for (int o = 0; o < 4; ++o) dot[mt][i][o] += c[o];
-        if constexpr (Q::kMins) {
+        if constexpr (kMinMma) {
           const uint32_t mf[4] = {minw[mt][0][h], minw[mt][1][h], minw[mt][0][h], minw[mt][1][h]};
           mma_s8_16832(low[mt][i], mf, bw.x, bw.y);
+        } else if constexpr (kMinSums) {
+#pragma unroll
+          for (int k = 0; k < 2; ++k)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const int xs = static_cast<int>(h ? sums[k].w : sums[k].y);
+              int& l = low[mt][i][2 * r + k];
+              if constexpr (Q::kHalfMins)
+                l += hm[mt][r][h][0] * static_cast<int16_t>(xs & 0xFFFF) +
+                     hm[mt][r][h][1] * static_cast<int16_t>(static_cast<uint32_t>(xs) >> 16);
+              else
+                l = h ? __dp2a_hi(xs, static_cast<int>(mw[mt][r]), l) : __dp2a_lo(xs, static_cast<int>(mw[mt][r]), l);
+            }
         }
       });
     }
@@ -346,24 +363,22 @@ void launch_tokens(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const
 int default_warps(int N) { return (N + 31) / 32 < device_sm_count() ? 8 : 4; }
 
 // Row tiles change only the speed (each row's sums are the same), so their rule may depend on the tokens. On the
-// integer K-quant product (session 12, call 6: --mmq-row-tiles 1 2 --mmq-warps 4 8 --m 3 4 8 16 32, us 2 tiles / 1
-// tile on the four shapes) one tile is faster for Q6_K up to 16 tokens (8: 17.76 / 14.59, 12.01 / 10.12, 69.28 /
-// 55.68, 36.48 / 31.45; the 128256x4096 LM head 269.7 / 226.5; 32: 28.33 / 33.71, ...) and for Q5_K up to 8 tokens
-// where 8 warps split K (8: 4096x4096 7.92 / 7.09, 4096x14336 23.00 / 20.18; with 4 warps 10.22 / 10.67, 38.03 /
-// 41.37); Q4_K keeps two (8: 10.38 / 12.62, 6.79 / 6.98, 37.03 / 40.68, 17.96 / 22.02). Q2_K and Q3_K (half-block
-// units as Q6_K's) were not measured and keep two.
+// K-quant product with its min terms on the tensor cores (session 13, call 1: --mmq-row-tiles 1 2 --m 3 4 8 16 32,
+// us one / two tiles summed over the four 8B shapes) one tile is faster up to 16 tokens for the half-block units
+// (q6k 16: 135.5 / 151.3, q3k 16: 119.9 / 140.6, q2k 16: 105.9 / 116.8; 32: 238.9 / 198.8, ...) and up to 8 for
+// Q4_K / Q5_K (q4k 3: 61.9 / 65.9, 8: 68.5 / 69.1, 16: 95.1 / 83.9; q5k 8: 73.6 / 78.5, 16: 108.1 / 94.7); the
+// 32-element types keep two (q4_0 16: 196.9 / 154.6; below 9 tokens they take the dp4a GEMV).
 template <class Q>
-int default_row_tiles(int M, int warps) {
-  if constexpr (std::is_same_v<Q, mmq::MmqQ6K>) return M <= 16 ? 1 : 2;
-  else if constexpr (std::is_same_v<Q, mmq::MmqQ5K>) return M <= 8 && warps == 8 ? 1 : 2;
-  else return 2;
+int default_row_tiles(int M) {
+  if constexpr (!Q::kUnitScales) return 2;
+  else return M <= (Q::kBlockElems == 128 ? 16 : 8) ? 1 : 2;
 }
 
 template <class Q>
 void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
             int row_tiles, int warps, const GgufRopeCache* rope, cudaStream_t s) {
   const int ws = warps != 0 ? warps : default_warps(N);
-  const int mt = row_tiles != 0 ? row_tiles : default_row_tiles<Q>(M, ws);
+  const int mt = row_tiles != 0 ? row_tiles : default_row_tiles<Q>(M);
   if (mt == 1 && ws == 4) launch_tokens<Q, 1, 4>(y, bf16, xq, xb, w, M, N, K, rope, s);
   else if (mt == 1) launch_tokens<Q, 1, 8>(y, bf16, xq, xb, w, M, N, K, rope, s);
   else if (ws == 4) launch_tokens<Q, 2, 4>(y, bf16, xq, xb, w, M, N, K, rope, s);
