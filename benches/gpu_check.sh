@@ -5,7 +5,8 @@
 # The GPU machine is offline and keeps nothing, so prepare here first:
 #   ../shared/scripts/device-wheels.sh                        # .whl/: the Python packages it lacks, and two it
 #   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_31_x86_64 \
-#     --platform any -d .whl llguidance sniffio                # also lacks since 2026-12 (that script skips them)
+#     --platform manylinux_2_17_x86_64 --platform any -d .whl llguidance sniffio jsonschema \
+#     jsonschema-specifications referencing rpds-py            # also lacks since 2026-12 (that script skips them)
 #   python3 tests/tools/cut_gguf.py "$(python3 -c 'from candle_vllm.pyengine.loader.embedded import \
 #     default_model_path as p; print(p())')" .devrun/smol3.gguf --layers 3   # the SmolLM2 GPU-vs-CPU tests' model
 # then, through the device tool: run(command="bash benches/gpu_check.sh tests memcheck", carry=[".whl", ".devrun"]).

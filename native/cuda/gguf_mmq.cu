@@ -24,10 +24,11 @@
 // its rule depends on N and the device only).
 //
 // The k order inside an mma is free as long as A and B agree: lane t of a quad (threadID_in_group) holds k slots
-// 4t..4t+3 and 16+4t..16+4t+3. Where a type's codes are bytes in element order (Q8_0, and the K-quants' nibble and
-// 2-bit planes) they are given the sub-block's elements 8t..8t+7, so every lane reads 8 contiguous code bytes of its
-// row and 8 contiguous activation codes of its token; the 32-element nibble types, whose byte i holds elements i and
-// 16 + i, keep the slots' own elements, so a lane's 4 code bytes are one word (the loader's kSplitLanes).
+// 4t..4t+3 and 16+4t..16+4t+3. Where a type's codes are bytes in element order (Q8_0, Q4_K, Q5_K) they are given the
+// sub-block's elements 8t..8t+7, so every lane reads 8 contiguous code bytes of its row and 8 contiguous activation
+// codes of its token; the 32-element nibble types, whose byte i holds elements i and 16 + i, and the K-quants with a
+// scale per 16 elements (Q2_K, Q3_K, Q6_K: one k16 mma per half) keep the slots' own elements (the loader's
+// kSplitLanes: a lane's code bytes are two words, one in each half).
 
 #include "cuda/common.cuh"
 #include "cuda/gguf_mmq.h"
@@ -47,11 +48,21 @@ __device__ __forceinline__ void mma_s8_16832(int (&c)[4], const uint32_t (&a)[4]
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// c += a[16x16] * b[16x8] (mma.m16n8k16: a0 row g, a1 row g + 8, b column g; each the k slots 4t..4t+3).
+__device__ __forceinline__ void mma_s8_16816(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+               : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+               : "r"(a0), "r"(a1), "r"(b));
+}
+
 // The activations of one token tile for this lane: B words of token 8i + g (from its element 8t, or 4t for a loader
 // with kSplitLanes), XBlocks of tokens 8i + 2t, 8i + 2t + 1.
 struct TokenRows {
   const int8_t* codes;
   const XBlock* blocks[2];
+  // Kept at the current unit's first element (moved n elements on per unit), so its loads take constant offsets
+  // instead of index math widened to 64 bits per load.
+  __device__ void advance(int n) { codes += n, blocks[0] += n / 32, blocks[1] += n / 32; }
 };
 
 // (dx, dx * sum of codes) of sub-blocks s and s + 1 of one token, from their two adjacent XBlocks (one 16-byte
@@ -99,10 +110,10 @@ __device__ __forceinline__ void each_fragment(const TokenRows& x, int e, const u
   }
 }
 
-// acc += one unit of this lane's weight rows (q: m-tile mt's rows g and g + 8) times the T token tiles, the unit's
-// first element being e0: the 32-element types, each sub-block's dot scaled in f32 (activations scaled per 32).
+// acc += one unit of this lane's weight rows (q: m-tile mt's rows g and g + 8) times the T token tiles (x: from the
+// unit's first element): the 32-element types, each sub-block's dot scaled in f32 (activations scaled per 32).
 template <class Q, int MT, int T>
-__device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int e0, int t, const TokenRows (&x)[T],
+__device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int t, const TokenRows (&x)[T],
                                               float (&acc)[MT][T][4]) {
 #pragma unroll
   for (int j = 0; j < Q::kPairs; ++j) {
@@ -113,7 +124,7 @@ __device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int e0, int t
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) q[mt][r].pair(j, t, lo[mt][r], hi[mt][r], a[mt][r], b[mt][r]);
-    const int e = e0 + 64 * j;
+    const int e = 64 * j;
 #pragma unroll
     for (int i = 0; i < T; ++i) {
       XScales xs[2];
@@ -139,14 +150,14 @@ __device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int e0, int t
 // code - dmin * m with integer sc, m and one activation scale dx per token, so the unit's scaled dot products and
 // min terms (m times the sum of the sub-block's or half's activation codes) add up in int32 and meet the floats once
 // per unit: acc += (d * dx) * dot - (dmin * dx) * low. The min terms run on the tensor cores (one more mma per
-// sub-block whose A holds each lane's min, its half's with kHalfMins, in every byte) except in the 2-tile x 4-token
+// sub-block whose A holds the row's min, each half's with kHalfMins, in every byte) except in the 2-tile x 4-token
 // kernels, whose registers that spills (session 13, call 1: q4k batch-32 decode 4,746 against 4,993 tok/s); they
 // take the XBlocks' int16 half sums by dp2a (kHalfMins: by IMAD). Bounds per unit: |dot| <= 8 sub-blocks * 63 * 32 *
 // 31 * 127 (Q5_K), 8 halves * 128 * 16 * 32 * 127 (Q6_K); |low| <= 8 * 63 * 32 * 127: all far below 2^31.
 template <class Q, int MT, int T>
-__device__ __forceinline__ void multiply_unit_k(const Q (&q)[MT][2], int e0, int t, const TokenRows (&x)[T],
+__device__ __forceinline__ void multiply_unit_k(const Q (&q)[MT][2], int t, const TokenRows (&x)[T],
                                                 float (&acc)[MT][T][4]) {
-  static_assert(!Q::kHalfScales || !Q::kSplitLanes, "the halves are split by lanes holding elements 8t..8t+7");
+  static_assert(!Q::kHalfScales || Q::kSplitLanes, "a lane's first word holds the first half, its second the second");
   constexpr bool kMinMma = Q::kMins && MT * T <= 4, kMinSums = Q::kMins && !kMinMma;
   int dot[MT][T][4] = {}, low[MT][T][4] = {};
 #pragma unroll
@@ -156,7 +167,7 @@ __device__ __forceinline__ void multiply_unit_k(const Q (&q)[MT][2], int e0, int
     uint32_t scw[MT][2];      // otherwise: sub-block 2j's in byte 0, 2j + 1's in byte 1
     int hm[MT][2][2][2];      // kHalfMins: [mt][r][sub-block][half]
     uint32_t mw[MT][2];       // kMins otherwise: 2j's min in bytes 0 and 1, 2j + 1's in 2 and 3 (dp2a)
-    uint32_t minw[MT][2][2];  // kMinMma: [mt][r][sub-block], the lane's min in every byte
+    uint32_t minw[MT][2][2][2];  // kMinMma: [mt][r][sub-block][half], the min in every byte
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -168,11 +179,13 @@ __device__ __forceinline__ void multiply_unit_k(const Q (&q)[MT][2], int e0, int
         if constexpr (Q::kHalfMins) q[mt][r].half_mins(j, hm[mt][r]);
         else mw[mt][r] = __byte_perm(m, 0, 0x1100);
 #pragma unroll
-        for (int h = 0; h < 2; ++h)  // lanes 0, 1 hold elements 0..15 of a sub-block, lanes 2, 3 elements 16..31
-          minw[mt][r][h] = Q::kHalfMins ? static_cast<uint32_t>(hm[mt][r][h][t >> 1]) * 0x01010101u
-                                        : __byte_perm(m, 0, h ? 0x1111 : 0x0000);
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+            minw[mt][r][h][half] = Q::kHalfMins ? static_cast<uint32_t>(hm[mt][r][h][half]) * 0x01010101u
+                                                : __byte_perm(m, 0, h ? 0x1111 : 0x0000);
       }
-    const int e = e0 + 64 * j;
+    const int e = 64 * j;
 #pragma unroll
     for (int i = 0; i < T; ++i) {
       uint4 sums[2];  // kMinSums, per token 2t + k: the XBlocks of sub-blocks 2j, 2j + 1 (.y, .w: half sums)
@@ -182,16 +195,11 @@ __device__ __forceinline__ void multiply_unit_k(const Q (&q)[MT][2], int e0, int
       each_fragment<Q>(x[i], e, lo, hi, [&](int h, int mt, const uint32_t (&frag)[4], uint2 bw) {
         int c[4] = {};
         if constexpr (Q::kHalfScales) {
-          // Lanes 0, 1 hold elements 0..15 of the sub-block, lanes 2, 3 elements 16..31: one mma per half, the
-          // other half's lanes zeroed, then each half's dot times its scale.
-          const bool first = t < 2;
-          const uint32_t f0[4] = {first ? frag[0] : 0u, first ? frag[1] : 0u, first ? frag[2] : 0u,
-                                  first ? frag[3] : 0u};
-          const uint32_t f1[4] = {first ? 0u : frag[0], first ? 0u : frag[1], first ? 0u : frag[2],
-                                  first ? 0u : frag[3]};
+          // A lane's first words (frag 0, 1; bw.x) hold its elements of the sub-block's first half, its second
+          // words the second half's: one k16 mma per half, then each half's dot times its scale.
           int c0[4] = {}, c1[4] = {};
-          mma_s8_16832(c0, f0, bw.x, bw.y);
-          mma_s8_16832(c1, f1, bw.x, bw.y);
+          mma_s8_16816(c0, frag[0], frag[1], bw.x);
+          mma_s8_16816(c1, frag[2], frag[3], bw.y);
 #pragma unroll
           for (int o = 0; o < 4; ++o) c[o] = sc[mt][o >> 1][h][0] * c0[o] + sc[mt][o >> 1][h][1] * c1[o];
         } else {
@@ -202,7 +210,7 @@ __device__ __forceinline__ void multiply_unit_k(const Q (&q)[MT][2], int e0, int
 #pragma unroll
         for (int o = 0; o < 4; ++o) dot[mt][i][o] += c[o];
         if constexpr (kMinMma) {
-          const uint32_t mf[4] = {minw[mt][0][h], minw[mt][1][h], minw[mt][0][h], minw[mt][1][h]};
+          const uint32_t mf[4] = {minw[mt][0][h][0], minw[mt][1][h][0], minw[mt][0][h][1], minw[mt][1][h][1]};
           mma_s8_16832(low[mt][i], mf, bw.x, bw.y);
         } else if constexpr (kMinSums) {
 #pragma unroll
@@ -230,7 +238,7 @@ __device__ __forceinline__ void multiply_unit_k(const Q (&q)[MT][2], int e0, int
   for (int i = 0; i < T; ++i)
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      const float dx = gguf::ld_x<float>(&x[i].blocks[k][e0 / 32].d);  // every XBlock of a 256-value run holds it
+      const float dx = gguf::ld_x<float>(&x[i].blocks[k]->d);  // every XBlock of a 256-value run holds it
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -261,12 +269,14 @@ __global__ void __launch_bounds__(W * 32) gguf_mmq_kernel(void* __restrict__ y, 
 #pragma unroll
     for (int r = 0; r < 2; ++r)
       rows[mt][r] = w + static_cast<int64_t>(min(row0 + 16 * mt + g + 8 * r, N - 1)) * row_bytes;
-  TokenRows x[T];
+  TokenRows x[T];  // at warp's first unit
+  const int e0 = warp * Q::kBlockElems;
 #pragma unroll
   for (int i = 0; i < T; ++i) {
-    x[i].codes = xq + static_cast<int64_t>(min(8 * i + g, M - 1)) * K + (Q::kSplitLanes ? 4 : 8) * t;
+    x[i].codes = xq + static_cast<int64_t>(min(8 * i + g, M - 1)) * K + e0 + (Q::kSplitLanes ? 4 : 8) * t;
 #pragma unroll
-    for (int k = 0; k < 2; ++k) x[i].blocks[k] = xb + static_cast<int64_t>(min(8 * i + 2 * t + k, M - 1)) * (K / 32);
+    for (int k = 0; k < 2; ++k)
+      x[i].blocks[k] = xb + static_cast<int64_t>(min(8 * i + 2 * t + k, M - 1)) * (K / 32) + e0 / 32;
   }
   float acc[MT][T][4] = {};
 
@@ -291,8 +301,10 @@ __global__ void __launch_bounds__(W * 32) gguf_mmq_kernel(void* __restrict__ y, 
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) cur[mt][0] = ring[s][mt][0], cur[mt][1] = ring[s][mt][1];
         if (u + kStride < units) fetch(ring[s], u + kStride);
-        if constexpr (Q::kUnitScales) multiply_unit_k(cur, u * Q::kBlockElems, t, x, acc);
-        else multiply_unit(cur, u * Q::kBlockElems, t, x, acc);
+        if constexpr (Q::kUnitScales) multiply_unit_k(cur, t, x, acc);
+        else multiply_unit(cur, t, x, acc);
+#pragma unroll
+        for (int i = 0; i < T; ++i) x[i].advance(W * Q::kBlockElems);
       }
     }
   }

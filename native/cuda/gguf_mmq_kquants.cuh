@@ -68,22 +68,45 @@ struct MmqQ5K {
 };
 
 // The 32-element sub-blocks of half n of a Q2_K/Q3_K block (elements 128n + 32q + [0, 32), q = 0..3) take bits 2q,
-// 2q + 1 of code bytes 32n + [0, 32) of the block's 2-bit plane; lane t's elements 8t..8t+7 of each are bytes 8t..
-// 8t+7 of the plane's 32, so one pair of words serves all four. Their 16-element halves are the 16 sub-blocks of
+// 2q + 1 of code bytes 32n + [0, 32) of the block's 2-bit plane; lane t's elements (kSplitLanes: 4t..4t+3 of the
+// first half, 16+4t..16+4t+3 of the second) of each are those bytes of the plane's 32, so one pair of words serves
+// all four. Their 16-element halves are the 16 sub-blocks of
 // the block's scales, sub-block q's half h being scale 8n + 2q + h (byte 2i + h of the n-th half's word j for
 // q = 2j + i).
 GGUF_HD uint32_t plane2(uint32_t w, int q) { return (w >> (2 * q)) & 0x03030303u; }
+
+// The 4-byte chunks a lane takes from a block that starts 2-byte aligned (Q3_K, Q6_K; at offsets that are multiples
+// of 4, so they all share the block's alignment, read once): each chunk is the aligned word holding its first bytes
+// and, for a block 2 bytes off a word, the 16 bits after it (a 16-bit load: nothing past the block is read);
+// word() funnels the pair into the chunk.
+struct A2Chunks {
+  const uint8_t* base;  // the block's first byte rounded down to a word
+  uint32_t shift;       // 16 when the block starts 2 bytes off a word, else 0
+  GGUF_HD explicit A2Chunks(const uint8_t* blk)
+      : base(blk - (gguf::odd_half(blk) ? 2 : 0)), shift(gguf::odd_half(blk) ? 16u : 0u) {}
+  GGUF_HD uint2 fetch(int off) const {
+    const uint8_t* p = base + off;
+    return uint2{gguf::ld<uint32_t>(p), shift ? gguf::ld<uint16_t>(p + 4) : 0u};
+  }
+  static GGUF_HD uint32_t word(uint2 c, uint32_t shift) {
+#ifdef __CUDA_ARCH__
+    return __funnelshift_r(c.x, c.y, shift);
+#else
+    return shift ? (c.x >> 16) | (c.y << 16) : c.x;
+#endif
+  }
+};
 
 // Q2_K (84 bytes: 16 scale bytes, the low nibble the sub-block's scale and the high its min; 64 code bytes; f16 d,
 // dmin; w = d * sc * code - dmin * m): half a block per unit, 4-byte aligned (blocks are 84 bytes apart).
 struct MmqQ2K {
   static constexpr int kBlockElems = 128, kBlockBytes = 42, kPairs = 2, kDepth = 1;
-  static constexpr bool kUnitScales = true, kMins = true, kSplitLanes = false, kHalfScales = true, kHalfMins = true;
+  static constexpr bool kUnitScales = true, kMins = true, kSplitLanes = true, kHalfScales = true, kHalfMins = true;
   uint32_t q[2], sm[2], dm;
   GGUF_HD void fetch(const uint8_t* row, int u, int t) {
     const uint8_t* blk = row + static_cast<int64_t>(u >> 1) * (2 * kBlockBytes);
     const int n = u & 1;
-    q[0] = gguf::ld<uint32_t>(blk + 16 + 32 * n + 8 * t), q[1] = gguf::ld<uint32_t>(blk + 20 + 32 * n + 8 * t);
+    q[0] = gguf::ld<uint32_t>(blk + 16 + 32 * n + 4 * t), q[1] = gguf::ld<uint32_t>(blk + 32 + 32 * n + 4 * t);
     sm[0] = gguf::ld<uint32_t>(blk + 8 * n), sm[1] = gguf::ld<uint32_t>(blk + 8 * n + 4);
     dm = gguf::ld<uint32_t>(blk + 80);
   }
@@ -107,29 +130,29 @@ struct MmqQ2K {
 // high - 4), the codes centered): half a block per unit, 2-byte aligned (A2Words).
 struct MmqQ3K {
   static constexpr int kBlockElems = 128, kBlockBytes = 55, kPairs = 2, kDepth = 1;
-  static constexpr bool kUnitScales = true, kMins = false, kSplitLanes = false, kHalfScales = true;
+  static constexpr bool kUnitScales = true, kMins = false, kSplitLanes = true, kHalfScales = true;
   static constexpr bool kHalfMins = false;
-  gguf::A2Words<2> ql, hm;
+  uint2 ql[2], hm[2];  // [k]: A2Chunks of the lane's bytes 4t.. (k = 0) and 16 + 4t.. (k = 1) of each 32
+  uint32_t shift;
   gguf::A2Words<3> sc;
   uint32_t dw;
   int n;
   GGUF_HD void fetch(const uint8_t* row, int u, int t) {
     const uint8_t* blk = row + static_cast<int64_t>(u >> 1) * (2 * kBlockBytes);
     n = u & 1;
-    gguf::fetch_a2(ql, blk + 32 + 32 * n + 8 * t);
-    gguf::fetch_a2(hm, blk + 8 * t);
+    const A2Chunks chunks(blk);
+    shift = chunks.shift;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) ql[k] = chunks.fetch(32 + 32 * n + 16 * k + 4 * t), hm[k] = chunks.fetch(16 * k + 4 * t);
     gguf::fetch_a2(sc, blk + 96);
     dw = gguf::fetch_f16_a2(blk + 108);
   }
   GGUF_HD void codes(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2]) const {
-    uint32_t q[2], h[2];
-    gguf::words_a2(ql, q);
-    gguf::words_a2(hm, h);
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      const uint32_t high = h[k] >> (4 * n);
-      lo[k] = centered<3>(plane2(q[k], 2 * j) | (((high >> (2 * j)) & 0x01010101u) << 2));
-      hi[k] = centered<3>(plane2(q[k], 2 * j + 1) | (((high >> (2 * j + 1)) & 0x01010101u) << 2));
+      const uint32_t q = A2Chunks::word(ql[k], shift), high = A2Chunks::word(hm[k], shift) >> (4 * n);
+      lo[k] = centered<3>(plane2(q, 2 * j) | (((high >> (2 * j)) & 0x01010101u) << 2));
+      hi[k] = centered<3>(plane2(q, 2 * j + 1) | (((high >> (2 * j + 1)) & 0x01010101u) << 2));
     }
   }
   GGUF_HD void unit_scales(float& d, float& dmin) const { d = gguf::f16_a2(dw), dmin = 0.f; }
@@ -146,32 +169,37 @@ struct MmqQ3K {
 // scale per 16 elements). A unit is half a block (n = u & 1: elements 128n.., sub-blocks 4n + q for q = 0..3):
 // sub-block q's element l takes nibble q >> 1 of ql byte 64n + 32 (q & 1) + l and bits 2q, 2q + 1 of qh byte
 // 32n + l, its halves scales 8n + 2q and 8n + 2q + 1; pair j holds q = 2j and 2j + 1, so both read the same
-// bytes. Blocks are 210 bytes apart, so every other one starts 2 bytes off a word (A2Words: the words around each
-// 8-byte chunk; every chunk has its block's alignment).
+// bytes. Blocks are 210 bytes apart, so every other one starts 2 bytes off a word (A2Chunks: the lane's bytes 4t..
+// and 16 + 4t.. of each 32; A2Words for the scales).
 struct MmqQ6K {
   static constexpr int kBlockElems = 128, kBlockBytes = 105, kPairs = 2, kDepth = 1;  // bytes: half a block's
-  static constexpr bool kUnitScales = true, kMins = false, kSplitLanes = false, kHalfScales = true;
+  static constexpr bool kUnitScales = true, kMins = false, kSplitLanes = true, kHalfScales = true;
   static constexpr bool kHalfMins = false;
-  gguf::A2Words<2> ql[2], qh, sc;
+  uint2 ql[2][2], qh[2];  // [k]: A2Chunks of the lane's bytes 4t.. (k = 0) and 16 + 4t.. (k = 1) of each 32
+  uint32_t shift;
+  gguf::A2Words<2> sc;
   uint32_t dw;
   GGUF_HD void fetch(const uint8_t* row, int u, int t) {
     const uint8_t* blk = row + static_cast<int64_t>(u >> 1) * (2 * kBlockBytes);
     const int n = u & 1;
-    gguf::fetch_a2(ql[0], blk + 64 * n + 8 * t);
-    gguf::fetch_a2(ql[1], blk + 64 * n + 32 + 8 * t);
-    gguf::fetch_a2(qh, blk + 128 + 32 * n + 8 * t);
+    const A2Chunks chunks(blk);
+    shift = chunks.shift;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      ql[0][k] = chunks.fetch(64 * n + 16 * k + 4 * t);
+      ql[1][k] = chunks.fetch(64 * n + 32 + 16 * k + 4 * t);
+      qh[k] = chunks.fetch(128 + 32 * n + 16 * k + 4 * t);
+    }
     gguf::fetch_a2(sc, blk + 192 + 8 * n);
     dw = gguf::fetch_f16_a2(blk + 208);
   }
   GGUF_HD void codes(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2]) const {
-    uint32_t l0[2], l1[2], h[2];
-    gguf::words_a2(ql[0], l0);
-    gguf::words_a2(ql[1], l1);
-    gguf::words_a2(qh, h);
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      lo[k] = centered<6>(((l0[k] >> (4 * j)) & gguf::kNib) | (((h[k] >> (4 * j)) & 0x03030303u) << 4));
-      hi[k] = centered<6>(((l1[k] >> (4 * j)) & gguf::kNib) | (((h[k] >> (4 * j + 2)) & 0x03030303u) << 4));
+      const uint32_t l0 = A2Chunks::word(ql[0][k], shift), l1 = A2Chunks::word(ql[1][k], shift);
+      const uint32_t h = A2Chunks::word(qh[k], shift);
+      lo[k] = centered<6>(((l0 >> (4 * j)) & gguf::kNib) | (((h >> (4 * j)) & 0x03030303u) << 4));
+      hi[k] = centered<6>(((l1 >> (4 * j)) & gguf::kNib) | (((h >> (4 * j + 2)) & 0x03030303u) << 4));
     }
   }
   GGUF_HD void unit_scales(float& d, float& dmin) const { d = gguf::f16_a2(dw), dmin = 0.f; }

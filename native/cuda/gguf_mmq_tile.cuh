@@ -13,9 +13,10 @@
 // - the K-quants (kUnitScales): codes(j, t, lo, hi); unit_scales(d, dmin), the unit's two floats; integer scales and
 //   mins, w = d * sc * code - dmin * m: scales_mins(j, sc, m) per sub-block (bytes 0 and 1 of sc and m for 2j and
 //   2j + 1), or with kHalfScales half_scales(j, sc) per 16-element half (sc[sub-block][half]: the kernel then takes
-//   each half's dot on its own, so the lanes must hold elements 8t..8t+7, not kSplitLanes), and with kHalfMins
-//   half_mins(j, m) likewise (kMins without kHalfMins: per sub-block). The kernel keeps the unit's sums in int32 and
-//   meets the floats once per unit, which needs the activations scaled per 256 values (q8_activation.cuh).
+//   each half's dot on its own by an m16n8k16 mma per half, so the lanes must hold kSplitLanes' elements, a word of
+//   each half), and with kHalfMins half_mins(j, m) likewise (kMins without kHalfMins: per sub-block). The kernel
+//   keeps the unit's sums in int32 and meets the floats once per unit, which needs the activations scaled per 256
+//   values (q8_activation.cuh).
 // Loaders are plain integer code (GGUF_HD), so they also run on the host, where tests/native/host_parts/
 // tile_weights.cpp rebuilds each lane's weights from them.
 //
