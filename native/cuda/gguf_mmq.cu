@@ -30,6 +30,8 @@
 // scale per 16 elements (Q2_K, Q3_K, Q6_K: one k16 mma per half) keep the slots' own elements (the loader's
 // kSplitLanes: a lane's code bytes are two words, one in each half).
 
+#include <type_traits>
+
 #include "cuda/common.cuh"
 #include "cuda/gguf_mmq.h"
 #include "cuda/gguf_mmq_loaders.cuh"
@@ -374,23 +376,32 @@ void launch_tokens(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const
 // a token's result does not depend on how many tokens share its launch (it may differ between GPU models).
 int default_warps(int N) { return (N + 31) / 32 < device_sm_count() ? 8 : 4; }
 
-// Row tiles change only the speed (each row's sums are the same), so their rule may depend on the tokens. On the
-// K-quant product with its min terms on the tensor cores (session 13, call 1: --mmq-row-tiles 1 2 --m 3 4 8 16 32,
-// us one / two tiles summed over the four 8B shapes) one tile is faster up to 16 tokens for the half-block units
-// (q6k 16: 135.5 / 151.3, q3k 16: 119.9 / 140.6, q2k 16: 105.9 / 116.8; 32: 238.9 / 198.8, ...) and up to 8 for
-// Q4_K / Q5_K (q4k 3: 61.9 / 65.9, 8: 68.5 / 69.1, 16: 95.1 / 83.9; q5k 8: 73.6 / 78.5, 16: 108.1 / 94.7); the
-// 32-element types keep two (q4_0 16: 196.9 / 154.6; below 9 tokens they take the dp4a GEMV).
+// Row tiles change only the speed (each row's sums are the same), so their rule may depend on the tokens and the
+// shape. On the K-quant product (session 13, call 8: --mmq-row-tiles 1 2 --m 2 4 8 16; us one / two tiles, narrow =
+// 6144x4096 + 4096x4096 + 4096x14336 summed, wide = 28672x4096) one tile is faster for few tokens: on wide weights
+// up to 4 (q4k 27.9 / 29.6, q3k 44.9 / 47.4; q6k 53.5 / 53.0 and q2k 30.5 / 29.7 even; 8: q6k 61.5 / 54.8, q2k
+// 37.3 / 30.5), on narrow ones up to 4 for Q4_K (8: 32.7 / 31.5), 8 for Q5_K and Q2_K (q5k 37.6 / 38.6, q2k 41.5 /
+// 43.8; 16: 52.9 / 44.4, 57.3 / 52.2) and 16 for Q3_K and Q6_K (60.8 / 64.2, 67.8 / 69.3); the 32-element types keep
+// two (q4_0 16: 196.9 / 154.6 in call 1; below 9 tokens they take the dp4a GEMV).
+constexpr int kWideRows = 16384;  // a grid of 16-row CTAs this tall is many waves deep
+
 template <class Q>
-int default_row_tiles(int M) {
-  if constexpr (!Q::kUnitScales) return 2;
-  else return M <= (Q::kBlockElems == 128 ? 16 : 8) ? 1 : 2;
+int default_row_tiles(int M, int N) {
+  int one_tile_max = 0;
+  if constexpr (Q::kUnitScales) {
+    if (N >= kWideRows) one_tile_max = 4;
+    else if constexpr (std::is_same_v<Q, mmq::MmqQ4K>) one_tile_max = 4;
+    else if constexpr (std::is_same_v<Q, mmq::MmqQ3K> || std::is_same_v<Q, mmq::MmqQ6K>) one_tile_max = 16;
+    else one_tile_max = 8;
+  }
+  return M <= one_tile_max ? 1 : 2;
 }
 
 template <class Q>
 void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
             int row_tiles, int warps, const GgufRopeCache* rope, cudaStream_t s) {
   const int ws = warps != 0 ? warps : default_warps(N);
-  const int mt = row_tiles != 0 ? row_tiles : default_row_tiles<Q>(M);
+  const int mt = row_tiles != 0 ? row_tiles : default_row_tiles<Q>(M, N);
   if (mt == 1 && ws == 4) launch_tokens<Q, 1, 4>(y, bf16, xq, xb, w, M, N, K, rope, s);
   else if (mt == 1) launch_tokens<Q, 1, 8>(y, bf16, xq, xb, w, M, N, K, rope, s);
   else if (ws == 4) launch_tokens<Q, 2, 4>(y, bf16, xq, xb, w, M, N, K, rope, s);

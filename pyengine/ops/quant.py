@@ -316,12 +316,12 @@ GEMV_PASSES_MAX_ROWS = 16
 # separately for narrow weights and for wide ones (out_features >= MMQ_WIDE_FEATURES: their grid of 32-row CTAs is
 # several waves deep, which the product streams better). Measured per Llama-3-8B shape (us, mmq / dp4a;
 # benches/bench_quant_cuda.py --kernels mmq dp4a --codes --m 2 3 4 5 6 ..., benches/RESULTS.md sessions 9, 10, 13):
-#   - the K-quants, on the integer product with its min terms on the tensor cores and one row tile up to 8 / 16
-#     tokens (session 13, call 3; narrow = 6144x4096 + 4096x4096 + 4096x14336 summed, wide = 28672x4096): q4k at 2
-#     29.3 / 34.3 and 32.0 / 34.3; q5k at 2 34.8 / 36.6 and 30.3 / 39.3; q6k narrow at 5 55.4 / 73.6 (4: 55.9 /
-#     54.9), wide at 3 55.1 / 61.3 (2: 54.6 / 48.1); q2k narrow at 5 41.3 / 56.3 (4: 41.2 / 39.1), wide at 2 34.3 /
-#     37.8; q3k narrow at 5 50.6 / 64.9 (4: 50.7 / 46.6), wide at 3 51.6 / 51.2 and 4 51.6 / 51.3 (even; 5: 51.7 /
-#     75.0). dp4a runs 3-4 rows as 4 and 5-8 as 8, hence the steps.
+#   - the K-quants (session 13, call 7: the min terms and the 16-element halves on the tensor cores, one row tile up
+#     to 8 / 16 tokens; narrow = 6144x4096 + 4096x4096 + 4096x14336 summed, wide = 28672x4096): q4k at 2 28.4 / 34.1
+#     and 27.9 / 33.9; q5k at 2 33.6 / 36.7 and 32.9 / 39.5; q6k at 3 48.3 / 55.3 and 52.3 / 61.8 (2: 48.1 / 47.3,
+#     51.4 / 48.6); q2k narrow at 3 34.8 / 39.2 (2: 34.5 / 34.5, even), wide at 2 27.9 / 38.1; q3k narrow at 5 48.5
+#     / 65.1 (3: 47.6 / 47.1, 4: 48.0 / 46.7), wide at 3 44.9 / 51.5 (2: 44.6 / 43.3). dp4a runs 3-4 rows as 4 and
+#     5-8 as 8, hence the steps.
 #   - the 32-element types (sessions 9 and 10): wide, q4_1 at 5 56.8 / 69.3 (4: 54.9 / 38.8); q4_0, q5_1, q8_0 at
 #     9 (q8_0 103.4 / 102.8, even); narrow, q4_0, q4_1, q5_1, q8_0 at 9 (q8_0 93.2 / 93.1, even; 10 rows over the
 #     four shapes 194.2 / 202.6).
@@ -330,7 +330,7 @@ GEMV_PASSES_MAX_ROWS = 16
 # A token's bits depend on which kernel its batch takes (not on the other tokens within one kernel).
 MMQ_WIDE_FEATURES = 16384
 MMQ_MIN_ROWS: dict[QT, tuple[int, int]] = {  # (narrow, wide)
-    QT.Q4_K: (2, 2), QT.Q5_K: (2, 2), QT.Q6_K: (5, 3), QT.Q2_K: (5, 2), QT.Q3_K: (5, 3),
+    QT.Q4_K: (2, 2), QT.Q5_K: (2, 2), QT.Q6_K: (3, 3), QT.Q2_K: (3, 2), QT.Q3_K: (5, 3),
     QT.Q8_0: (9, 9), QT.Q4_0: (9, 9), QT.Q4_1: (9, 5), QT.Q5_1: (9, 9), QT.Q5_0: (16, 16),
 }
 
