@@ -173,20 +173,24 @@ def test_quant_matmul_dispatch_on_cuda(m: int, monkeypatch: pytest.MonkeyPatch) 
         assert rel_error(got, x.double() @ w64.T) < REL_TOL[torch.bfloat16]
 
 
-def test_gemv_inside_a_cuda_graph() -> None:
-    """Captured once, replayed on new inputs: launches on the capturing stream, no host sync, same results."""
+@pytest.mark.parametrize("tensor_cores", [False, True], ids=["dp4a", "mmq"])
+def test_gemv_inside_a_cuda_graph(tensor_cores: bool) -> None:
+    """Captured once, replayed on new inputs: launches on the capturing stream, no host sync, the results of the
+    same call made eagerly; a batch just below the type's tensor-core threshold (the dp4a GEMV) and one at it."""
     qtype, n, k = QT.Q6_K, 1024, 2048
+    rows = quant.mmq_min_rows(qtype, n) - (0 if tensor_cores else 1)
+    assert rows >= 1 and quant.takes_tensor_cores(qtype, rows, n) == tensor_cores
     data = torch.from_numpy(random_blocks(qtype, n, k, seed=9)).to(DEV)
-    x = torch.randn(4, k, device=DEV, dtype=torch.bfloat16)
+    x = torch.randn(rows, k, device=DEV, dtype=torch.bfloat16)
     quant.quant_matmul(x, data, qtype, n, k)  # warm-up outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y = quant.quant_matmul(x, data, qtype, n, k)
     for seed in range(3):
-        x.copy_(torch.randn(4, k, device=DEV, generator=torch.Generator(DEV).manual_seed(seed)))
+        x.copy_(torch.randn(rows, k, device=DEV, generator=torch.Generator(DEV).manual_seed(seed)))
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(y, cuda_gguf.gemv(x, data, qtype, n, k))
+        assert torch.equal(y, quant.quant_matmul(x, data, qtype, n, k))
 
 
 def _smollm2_path() -> Path:
