@@ -10,6 +10,7 @@
 #   python3 tests/tools/cut_gguf.py "$(python3 -c 'from candle_vllm.pyengine.loader.embedded import \
 #     default_model_path as p; print(p())')" .devrun/smol3.gguf --layers 3   # the SmolLM2 GPU-vs-CPU tests' model
 # then, through the device tool: run(command="bash benches/gpu_check.sh tests memcheck", carry=[".whl", ".devrun"]).
+# The logs come back in one archive, $OUT/results.tgz.
 #
 # Stages (build always runs first):
 #   tests      every GPU test (pytest -m cuda over tests/native, tests/pyengine, tests/actors)
@@ -18,6 +19,8 @@
 #              the caching allocator its capture calls cudaMalloc, fails, and leaves torch's generator broken)
 #   racecheck  racecheck over the GGUF tensor-core product, the paged attention and the flash prefill tests
 #   kernels    bench_quant_cuda.py: every GGUF type's dp4a GEMV and tensor-core product on the 8B shapes
+#   mmq        the K-quants' tensor-core launch choices and thresholds: one / two row tiles at 2-32 tokens, and dp4a
+#              against the product at 2-8 (what gguf_mmq.cu default_row_tiles and ops/quant.py MMQ_MIN_ROWS follow)
 #   decode     bench_decode.py: bf16 and --isq q4k / q8_0 decode at batch 1 (4k) and 16 / 64 (1k)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -61,6 +64,11 @@ for stage in "$@"; do
     kernels)
       run_stage kernels python3 benches/bench_quant_cuda.py --types q4_0 q4_1 q5_0 q5_1 q8_0 q2k q3k q4k q5k q6k \
         --kernels dp4a mmq --m 1 4 8 16 --m8-types --codes --no-dequant --no-dense --json "$OUT/kernels.json" ;;
+    mmq)
+      run_stage mmq_tiles python3 benches/bench_quant_cuda.py --types q2k q3k q4k q5k q6k --kernels mmq \
+        --m 2 4 8 16 32 --codes --no-dequant --no-dense --mmq-row-tiles 1 2 --json "$OUT/mmq_tiles.json"
+      run_stage mmq_thresholds python3 benches/bench_quant_cuda.py --types q2k q3k q4k q5k q6k --kernels dp4a mmq \
+        --m 2 3 4 5 6 8 --codes --no-dequant --no-dense --json "$OUT/mmq_thresholds.json" ;;
     decode)
       run_stage decode_bf16 "${DECODE[@]}" --output-len 256 --batch 64 --batch-context 1024 --batch-output-len 64 \
         --ttft-repeats 3
@@ -68,6 +76,8 @@ for stage in "$@"; do
         run_stage "decode_$isq" "${DECODE[@]}" --isq "$isq" --output-len 128 --batch 16 --batch-context 1024 \
           --batch-output-len 32 --ttft-repeats 0
       done ;;
-    *) say "unknown stage $stage (tests, memcheck, racecheck, kernels, decode)" ;;
+    *) say "unknown stage $stage (tests, memcheck, racecheck, kernels, mmq, decode)" ;;
   esac
 done
+# The device tool brings back only a few files per call: everything in one archive.
+(cd "$OUT" && tar czf results.tgz --exclude results.tgz -- * && find . -maxdepth 1 -type f ! -name results.tgz -delete)
