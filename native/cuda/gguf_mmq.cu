@@ -153,8 +153,8 @@ __device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int t, const 
 // min terms (m times the sum of the sub-block's or half's activation codes) add up in int32 and meet the floats once
 // per unit: acc += (d * dx) * dot - (dmin * dx) * low. The min terms run on the tensor cores (one more mma per
 // sub-block whose A holds the row's min, each half's with kHalfMins, in every byte) except in the 2-tile x 4-token
-// kernels, whose registers that spills (session 13, call 1: q4k batch-32 decode 4,746 against 4,993 tok/s); they
-// take the XBlocks' int16 half sums by dp2a (kHalfMins: by IMAD). Bounds per unit: |dot| <= 8 sub-blocks * 63 * 32 *
+// kernels, where that form spills registers (session 13, call 1: q4k batch-32 decode 4,746 against 4,993 tok/s);
+// those take the XBlocks' int16 half sums by dp2a (kHalfMins: by IMAD). Bounds per unit: |dot| <= 8 sub-blocks * 63 * 32 *
 // 31 * 127 (Q5_K), 8 halves * 128 * 16 * 32 * 127 (Q6_K); |low| <= 8 * 63 * 32 * 127: all far below 2^31.
 template <class Q, int MT, int T>
 __device__ __forceinline__ void multiply_unit_k(const Q (&q)[MT][2], int t, const TokenRows (&x)[T],
