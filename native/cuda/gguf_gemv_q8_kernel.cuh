@@ -111,6 +111,10 @@ __global__ void __launch_bounds__(cta_threads<Q>(), (PIPE ? 1 : min_ctas<Q, M, R
     gemv_q8_kernel(void* __restrict__ y, bool bf16, const int8_t* __restrict__ xq, const XBlock* __restrict__ xb,
                    const uint8_t* __restrict__ w, int rows_m, int N, int K, int64_t row_bytes,
                    const GgufRopeCache rope) {
+  // The one-token kernels of the latency-bound types trigger the next grid at entry (see pdl_wait in common.cuh):
+  // its CTAs take the SM room this grid's last wave leaves and run their prologue while it streams.
+  constexpr bool kTriggerAtEntry = M == 1 && type_of<Q>() != gguf::Q8_0;
+  if constexpr (kTriggerAtEntry) pdl_launch_dependents();
   using Raw = typename Q::Raw;
   constexpr int kThreads = cta_threads<Q>();
   const int row0 = blockIdx.x * R;
@@ -178,7 +182,7 @@ __global__ void __launch_bounds__(cta_threads<Q>(), (PIPE ? 1 : min_ctas<Q, M, R
     }
   }
 
-  pdl_launch_dependents();  // the next kernel's prologue overlaps the reduction
+  if constexpr (!kTriggerAtEntry) pdl_launch_dependents();  // the next kernel's prologue overlaps the reduction
   RopeLane in{-1, 0.f, 0.f};
   if constexpr (ROPE) {
     if (threadIdx.x < R * M)  // warp 0's epilogue lanes (rows and tokens past the end read the last ones)
