@@ -382,16 +382,18 @@ int default_warps(int N) { return (N + 31) / 32 < device_sm_count() ? 8 : 4; }
 // up to 4 (q4k 27.9 / 29.6, q3k 44.9 / 47.4; q6k 53.5 / 53.0 and q2k 30.5 / 29.7 even; 8: q6k 61.5 / 54.8, q2k
 // 37.3 / 30.5), on narrow ones up to 4 for Q4_K (8: 32.7 / 31.5), 8 for Q5_K and Q2_K (q5k 37.6 / 38.6, q2k 41.5 /
 // 43.8; 16: 52.9 / 44.4, 57.3 / 52.2) and 16 for Q3_K and Q6_K (60.8 / 64.2, 67.8 / 69.3); the 32-element types keep
-// two (q4_0 16: 196.9 / 154.6 in call 1; below 9 tokens they take the dp4a GEMV). Wide Q4_K / Q5_K weights take one
-// tile at 5-8 and 17-32 tokens too, where their two-tile kernels hold more registers (the 4-token-tile ones spill)
-// (session 15, 28672x4096, us one / two tiles: q4k 8 29.8 / 32.0, 24 63.3 / 71.7, 32 69.4 / 77.2; q5k 8 35.0 /
-// 36.4, 16 52.0 / 48.3, 24 66.6 / 73.3, 32 72.7 / 81.0; q6k 24-32 and the narrow shapes even or two tiles ahead).
+// two (q4_0 16: 196.9 / 154.6 in call 1; below 9 tokens they take the dp4a GEMV). Wide Q4_K weights take one tile at
+// 5-8 and 17-32 tokens too, where the two-tile kernels hold more registers (the 4-token-tile one spills 120 bytes):
+// session 15, 28672x4096, us one / two tiles: 8 29.8 / 32.0, 24 63.3 / 71.7, 32 69.4 / 77.2; decode in one build
+// (the old rule patched in) batch 32 5,034.8 vs 4,955.4 tok/s, batch 8 2,683.3 / 2,680.5 vs 2,644.1 / 2,682.8.
+// Q5_K's kernel times moved the same way (8: 35.0 / 36.4, 32: 72.7 / 81.0 us) but its decode did not: batch 8
+// 2,320.6 / 2,313.8 vs 2,376.5 / 2,374.7, batch 24 and 32 even; so it keeps the rule above.
 constexpr int kWideRows = 16384;  // a grid of 16-row CTAs this tall is many waves deep
 
 template <class Q>
 int default_row_tiles(int M, int N) {
   int one_tile_max = 0;
-  if constexpr (std::is_same_v<Q, mmq::MmqQ4K> || std::is_same_v<Q, mmq::MmqQ5K>) {
+  if constexpr (std::is_same_v<Q, mmq::MmqQ4K>) {
     if (N >= kWideRows) return M <= 8 || M > 16 ? 1 : 2;
   }
   if constexpr (Q::kUnitScales) {
