@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from candle_vllm.pyengine.ops import cuda, cuda_paged, cuda_rotary, norm
+from candle_vllm.pyengine.ops import cuda, cuda_paged, cuda_rotary, cuda_wide, norm
 
 DEV = torch.device("cuda")
 BF16 = torch.bfloat16
@@ -112,6 +112,30 @@ def gemm_rows(peak: float, results: list[dict], ms: tuple[int, ...] = GEMM_MS) -
                                         splits=splits, us=t * 1e6, pct=100 * n * k * 2 / t / peak))
             auto = cuda.skinny_gemm_splits(n, k, cuda.sm_count(0))
             print(f"{name} {n}x{k} M={m} (auto s{auto}): " + "  ".join(cells))
+
+
+def wide_rows(peak: float, results: list[dict]) -> None:
+    """The Hopper GEMM for 17..64 rows against cuBLAS on the 8B shapes (dispatched: where UnquantizedLinear sends
+    those batches to it, the weights with more 256-row tiles than SMs)."""
+    shapes = [("qkv", 6144, 4096), ("o_proj", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336),
+              ("lm_head", 128256, 4096)]
+    print(f"\n== wide GEMM bf16, TMA + wgmma (copy ceiling {peak / 1e9:.0f} GB/s) ==")
+    for name, n, k in shapes:
+        copies = copies_for(n * k * 2)
+        ws = [torch.randn(n, k, device=DEV).to(BF16) for _ in range(copies)]
+        nbytes = n * k * 2
+        for m in (32, 64):
+            x = torch.randn(m, k, device=DEV).to(BF16)
+            want = x.double() @ ws[0].double().T
+            err = ((cuda_wide.wide_gemm(x, ws[0]).double() - want).norm() / want.norm()).item()
+            ours = graph_seconds(lambda i: cuda_wide.wide_gemm(x, ws[i % copies]))
+            blas = graph_seconds(lambda i: F.linear(x, ws[i % copies]))
+            used = cuda_wide.wide_gemm_preferred(x, ws[0])
+            results.append(dict(kernel="wide_gemm", shape=f"{name} {n}x{k}", m=m, us=ours * 1e6, cublas_us=blas * 1e6,
+                                dispatched=used, rel_err=err))
+            print(f"{name} {n}x{k} M={m}: {ours * 1e6:.1f} us ({100 * nbytes / ours / peak:.0f} %), cuBLAS "
+                  f"{blas * 1e6:.1f} us ({100 * nbytes / blas / peak:.0f} %), x{blas / ours:.2f}, err {err:.1e}"
+                  f"{' (dispatched)' if used else ''}")
 
 
 def attention_rows(peak: float, results: list[dict]) -> None:
@@ -390,7 +414,7 @@ def _report(results: list[dict], case: str, ours: float, nbytes: int, ref: float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", help="write all rows to this file")
-    parser.add_argument("--only", help="comma-separated sections: elementwise, rotary, attention, gemm, prefill")
+    parser.add_argument("--only", help="comma-separated sections: elementwise, rotary, attention, gemm, prefill, wide")
     parser.add_argument("--gemm-m", default=",".join(map(str, GEMM_MS)), help="skinny GEMM row counts to time")
     args = parser.parse_args()
     only = set(args.only.split(",")) if args.only else None
@@ -402,7 +426,7 @@ def main() -> None:
           f"copy bandwidth {peak / 1e9:.0f} GB/s (read + write)")
     results: list[dict] = [dict(kernel="copy", gbps=peak / 1e9, device=props.name)]
     sections = {"elementwise": elementwise_rows, "rotary": rotary_rows, "attention": attention_rows,
-                "gemm": lambda p, r: gemm_rows(p, r, ms), "prefill": prefill_rows}
+                "gemm": lambda p, r: gemm_rows(p, r, ms), "prefill": prefill_rows, "wide": wide_rows}
     if only and not only <= sections.keys():
         parser.error(f"unknown sections {sorted(only - sections.keys())}; choose from {sorted(sections)}")
     for name, section in sections.items():

@@ -10,6 +10,7 @@
 #include "cuda/paged_attention.h"
 #include "cuda/rotary.h"
 #include "cuda/skinny_gemm.h"
+#include "cuda/wide_gemm.h"
 
 namespace py = pybind11;
 using namespace candle_vllm;
@@ -40,6 +41,19 @@ static Registrar registrar([](py::module_& m) {
       },
       "cuda_skinny_gemm of a fused qkv weight whose q/k heads have their halves interleaved in groups of 8, with "
       "neox RoPE on q/k and the k/v cache store in the epilogue (y in the standard head layout)");
+  m.def(
+      "cuda_wide_gemm",
+      [](uintptr_t y, uintptr_t x, uintptr_t w, int64_t M, int64_t N, int64_t K, bool silu_mul, int dtype,
+         uintptr_t stream) {
+        cuda::wide_gemm(as_ptr<void>(y), as_ptr<const void>(x), as_ptr<const void>(w), M, N, K, silu_mul,
+                        to_dtype(dtype), stream);
+      },
+      "y[M,N] = x[M,K] @ W[N,K]^T for M <= 64 on TMA + wgmma (Hopper, sm_90a build), 256 weight rows per CTA; "
+      "with silu_mul W is an 8-row-interleaved gate/up projection and y[M,N/2] = silu(gate) * up");
+  m.def("cuda_wide_gemm_available", &cuda::wide_gemm_available,
+        "whether this device runs cuda_wide_gemm (a Hopper GPU, module built for sm_90a)");
+  m.attr("cuda_wide_max_m") = cuda::kWideMaxM;
+  m.attr("cuda_wide_rows") = cuda::kWideRows;
   m.attr("cuda_skinny_max_m") = cuda::kSkinnyMaxM;
   m.attr("cuda_skinny_chunk_k") = cuda::kSkinnyChunkK;
   m.def(

@@ -1,5 +1,6 @@
 """Dense weights (safetensors, or F32/F16/BF16 GGUF tensors) multiplied with ``F.linear``, or on CUDA with
-the skinny GEMM kernel for decode-sized batches (M <= 16 rows, f16/bf16), which reads the weight once."""
+the native decode GEMMs that read the weight once: the skinny kernel up to 16 rows, and up to 64 the TMA/wgmma
+kernel on Hopper for weights taller than its one-wave grid (the LM head), both f16/bf16."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from candle_vllm.pyengine.ops import cuda
+from candle_vllm.pyengine.ops import cuda, cuda_wide
 from candle_vllm.pyengine.ops.activation import (
     deinterleave_gate_up,
     interleave_gate_up,
@@ -45,9 +46,23 @@ class UnquantizedLinear(LinearMethod):
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.out_features, self.in_features = weight.shape
 
+    def _decode_kernel(self, x: torch.Tensor) -> str | None:
+        """Which native GEMM takes this batch: the skinny one up to 16 rows, the wide one up to 64 where it beats
+        cuBLASLt (``cuda_wide.wide_gemm_preferred``), else none (cuBLAS through torch)."""
+        if x.device.type != "cuda":
+            return None
+        if cuda.skinny_gemm_supported(x, self.weight):
+            return "skinny"
+        if cuda_wide.wide_gemm_preferred(x, self.weight):
+            return "wide"
+        return None
+
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cuda" and cuda.skinny_gemm_supported(x, self.weight):
+        kernel = self._decode_kernel(x)
+        if kernel == "skinny":
             return cuda.skinny_gemm(x, self.weight)
+        if kernel == "wide":
+            return cuda_wide.wide_gemm(x, self.weight)
         return F.linear(x, self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -66,10 +81,13 @@ class UnquantizedLinear(LinearMethod):
         return cuda.skinny_gemm_rope_cache(x, self.weight, self.head_dim, *target)
 
     def forward_swiglu(self, x: torch.Tensor) -> torch.Tensor | None:
-        """silu(gate) * up: decode batches take the skinny GEMM with the SiLU in its epilogue, larger ones the
+        """silu(gate) * up: decode batches take a native GEMM with the SiLU in its epilogue, larger ones the
         GEMM then the interleaved SiLU kernel; None for a weight that is not an interleaved gate/up pair."""
         if not self.gate_up_interleaved:
             return None
-        if x.device.type == "cuda" and cuda.skinny_gemm_supported(x, self.weight):
+        kernel = self._decode_kernel(x)
+        if kernel == "skinny":
             return cuda.skinny_gemm(x, self.weight, silu_mul=True)
+        if kernel == "wide":
+            return cuda_wide.wide_gemm(x, self.weight, silu_mul=True)
         return silu_and_mul_interleaved(F.linear(x, self.weight))
