@@ -51,9 +51,9 @@ def _split_counters(device_index: int) -> torch.Tensor:
 # ---- skinny GEMM (decode linear layers) -------------------------------------------------------------------
 
 
-def skinny_gemm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """True when ``x @ weight.T`` can run on the skinny kernel: 2-D x [M<=16, K], weight [N, K], both f16/bf16
-    of one dtype on a CUDA device, contiguous, 16-byte aligned, K a multiple of 8."""
+def gemm_operands_ok(x: torch.Tensor, weight: torch.Tensor, max_m: int) -> bool:
+    """What the native decode GEMMs need of ``x @ weight.T``: 2-D x [1..max_m, K], weight [N, K], both f16/bf16 of
+    one dtype on one CUDA device, contiguous, 16-byte aligned, K a multiple of 8."""
     return (
         available(x.device)
         and x.dim() == 2
@@ -61,13 +61,18 @@ def skinny_gemm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and x.dtype in HALF_DTYPES
         and weight.dtype == x.dtype
         and weight.device == x.device
-        and 1 <= x.shape[0] <= native.module().cuda_skinny_max_m
+        and 1 <= x.shape[0] <= max_m
         and x.shape[1] == weight.shape[1]
         and x.shape[1] % 8 == 0
         and x.is_contiguous()
         and weight.is_contiguous()
         and _aligned(x, weight)
     )
+
+
+def skinny_gemm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """True when ``x @ weight.T`` can run on the skinny kernel (:func:`gemm_operands_ok` with M <= 16)."""
+    return available(x.device) and gemm_operands_ok(x, weight, native.module().cuda_skinny_max_m)
 
 
 def skinny_gemm_splits(n: int, k: int, sms: int, warps: int = 4) -> int:

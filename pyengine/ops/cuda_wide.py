@@ -16,7 +16,7 @@ import os
 import torch
 
 from candle_vllm.pyengine.ops import native
-from candle_vllm.pyengine.ops.cuda import HALF_DTYPES, _aligned, _device_index, available, sm_count
+from candle_vllm.pyengine.ops.cuda import _device_index, available, gemm_operands_ok, sm_count
 
 ENV = "CANDLE_VLLM_WIDE_GEMM"
 
@@ -31,17 +31,7 @@ def wide_gemm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
     16-byte aligned f16/bf16 of one dtype on a Hopper GPU with an sm_90a build, K % 8 == 0."""
     return (
         available(x.device)
-        and x.dim() == 2
-        and weight.dim() == 2
-        and x.dtype in HALF_DTYPES
-        and weight.dtype == x.dtype
-        and weight.device == x.device
-        and 1 <= x.shape[0] <= native.module().cuda_wide_max_m
-        and x.shape[1] == weight.shape[1]
-        and x.shape[1] % 8 == 0
-        and x.is_contiguous()
-        and weight.is_contiguous()
-        and _aligned(x, weight)
+        and gemm_operands_ok(x, weight, native.module().cuda_wide_max_m)
         and _device_ok(_device_index(x.device))
     )
 

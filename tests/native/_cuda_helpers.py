@@ -18,6 +18,14 @@ def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
+def gemm_case(m: int, n: int, k: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random x [m, k] and weight [n, k] (scaled by 1/sqrt(k), so outputs stay O(1)) on the GPU."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, k, generator=g, device="cuda").to(dtype)
+    w = (torch.randn(n, k, generator=g, device="cuda") / k**0.5).to(dtype)
+    return x, w
+
+
 def poison_allocator(device: torch.device, numel: int) -> None:
     """Fill and free a block of NaNs, so the next allocations of the caching allocator start as NaN and an
     element a kernel forgets to write shows up as NaN instead of a plausible stale value."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _cuda_helpers import REL_TOL, poison_allocator, rel_error
+from _cuda_helpers import REL_TOL, gemm_case, poison_allocator, rel_error
 
 from candle_vllm.pyengine.ops import cuda, cuda_wide
 from candle_vllm.pyengine.ops.activation import interleave_gate_up
@@ -24,19 +24,12 @@ def _needs_hopper() -> None:
         pytest.skip("the wide GEMM runs on Hopper GPUs only")
 
 
-def _case(m: int, n: int, k: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    x = torch.randn(m, k, generator=g, device=DEV).to(dtype)
-    w = (torch.randn(n, k, generator=g, device=DEV) / k**0.5).to(dtype)
-    return x, w
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m", [1, 17, 33, 64])
 @pytest.mark.parametrize("n,k", [(64, 64), (200, 264), (6144, 4096), (4096, 4104)])
 def test_wide_gemm_matches_float64(dtype: torch.dtype, m: int, n: int, k: int) -> None:
     """Odd N (a partial last tile), K not a multiple of the 64-wide stage, tokens past M zero-filled by TMA."""
-    x, w = _case(m, n, k, dtype, seed=m + n + k)
+    x, w = gemm_case(m, n, k, dtype, seed=m + n + k)
     poison_allocator(DEV, m * n * 4)
     assert cuda_wide.wide_gemm_supported(x, w)
     got = cuda_wide.wide_gemm(x, w)
@@ -45,20 +38,20 @@ def test_wide_gemm_matches_float64(dtype: torch.dtype, m: int, n: int, k: int) -
 
 
 def test_repeats_bit_for_bit() -> None:
-    x, w = _case(48, 1000, 264, torch.bfloat16, seed=7)
+    x, w = gemm_case(48, 1000, 264, torch.bfloat16, seed=7)
     assert torch.equal(cuda_wide.wide_gemm(x, w), cuda_wide.wide_gemm(x, w))
 
 
 @pytest.mark.parametrize("m,i,k", [(64, 14336, 4096), (20, 200, 264), (1, 16, 64)])
 def test_silu_mul_epilogue_equals_gemm_then_silu(m: int, i: int, k: int) -> None:
-    x, w = _case(m, 2 * i, k, torch.bfloat16, seed=i)
+    x, w = gemm_case(m, 2 * i, k, torch.bfloat16, seed=i)
     fused = cuda_wide.wide_gemm(x, interleave_gate_up(w), silu_mul=True)
     want = cuda.silu_and_mul(cuda_wide.wide_gemm(x, w))
     assert fused.shape == (m, i) and torch.equal(fused, want)
 
 
 def test_graph_replay_follows_new_inputs() -> None:
-    x, w = _case(64, 4096, 4096, torch.bfloat16, seed=3)
+    x, w = gemm_case(64, 4096, 4096, torch.bfloat16, seed=3)
     cuda_wide.wide_gemm(x, w)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -70,11 +63,11 @@ def test_graph_replay_follows_new_inputs() -> None:
 
 def test_linear_layer_sends_tall_weights_of_17_to_64_rows_here(monkeypatch: pytest.MonkeyPatch) -> None:
     tall = 256 * cuda.sm_count(0) + 16  # one 256-row tile more than the SMs: several waves, as the LM head
-    _, w = _case(1, tall, 64, torch.bfloat16, seed=5)
+    _, w = gemm_case(1, tall, 64, torch.bfloat16, seed=5)
     gate_up = UnquantizedLinear(w, gate_up_interleaved=True)
-    short = UnquantizedLinear(_case(1, 512, 64, torch.bfloat16, seed=6)[1])
+    short = UnquantizedLinear(gemm_case(1, 512, 64, torch.bfloat16, seed=6)[1])
     for m, kernel in [(16, "skinny"), (17, "wide"), (64, "wide"), (65, None)]:
-        x, _ = _case(m, 1, 64, torch.bfloat16, seed=m)
+        x, _ = gemm_case(m, 1, 64, torch.bfloat16, seed=m)
         assert gate_up._decode_kernel(x) == kernel
         want = (x.double() @ w.double().T).float()
         assert rel_error(gate_up(x), want) < REL_TOL[torch.bfloat16]
@@ -82,14 +75,14 @@ def test_linear_layer_sends_tall_weights_of_17_to_64_rows_here(monkeypatch: pyte
         assert rel_error(gate_up.forward_swiglu(x), ref) < REL_TOL[torch.bfloat16]
         assert short._decode_kernel(x) == ("skinny" if m <= 16 else None)
     monkeypatch.setenv(cuda_wide.ENV, "0")
-    assert gate_up._decode_kernel(_case(32, 1, 64, torch.bfloat16, seed=1)[0]) is None
+    assert gate_up._decode_kernel(gemm_case(32, 1, 64, torch.bfloat16, seed=1)[0]) is None
 
 
 def test_refuses_what_it_cannot_do() -> None:
-    x, w = _case(65, 64, 64, torch.bfloat16, seed=1)
+    x, w = gemm_case(65, 64, 64, torch.bfloat16, seed=1)
     assert not cuda_wide.wide_gemm_supported(x, w)
     with pytest.raises(ValueError, match="M<=64"):
         cuda_wide.wide_gemm(x, w)
-    x, w = _case(8, 24, 64, torch.bfloat16, seed=2)
+    x, w = gemm_case(8, 24, 64, torch.bfloat16, seed=2)
     with pytest.raises(ValueError, match="16k rows"):
         cuda_wide.wide_gemm(x, w, silu_mul=True)
