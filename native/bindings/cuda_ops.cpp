@@ -53,7 +53,6 @@ static Registrar registrar([](py::module_& m) {
   m.def("cuda_wide_gemm_available", &cuda::wide_gemm_available,
         "whether this device runs cuda_wide_gemm (a Hopper GPU, module built for sm_90a)");
   m.attr("cuda_wide_max_m") = cuda::kWideMaxM;
-  m.attr("cuda_wide_rows") = cuda::kWideRows;
   m.attr("cuda_skinny_max_m") = cuda::kSkinnyMaxM;
   m.attr("cuda_skinny_chunk_k") = cuda::kSkinnyChunkK;
   m.def(

@@ -1,8 +1,8 @@
 """The Hopper decode GEMM for 17..64 tokens (native/cuda/wide_gemm.cu): checks, the dispatch rule, pointer passing.
 
-Batches above the skinny GEMM's 16 rows go to cuBLASLt, except on weights with more 256-row tiles than the GPU has
-SMs (the LM head): there this TMA + wgmma kernel, one 256-row CTA per SM in several full waves, streams the weight
-at ~95 % of the copy ceiling where cuBLASLt reaches 87-94 % (H200, 128256x4096 at 64 rows: 263 vs 270-286 us).
+Batches above the skinny GEMM's 16 rows go to cuBLASLt, except on weights of several nearly full waves of 256-row
+tiles (the LM head): there this TMA + wgmma kernel, one 256-row CTA per SM, streams the weight at 97-100 % of the
+copy ceiling where cuBLASLt reaches 88-94 % (H200, 128256x4096: 258 vs 285 us at 64 rows, 250 vs 266 at 32).
 On narrower weights its one-wave grids (split-K or not) measured slower than cuBLASLt, so they are not sent here
 (benches/RESULTS.md, 2026-12-02, session 16).
 """
@@ -19,6 +19,7 @@ from candle_vllm.pyengine.ops import native
 from candle_vllm.pyengine.ops.cuda import _device_index, available, gemm_operands_ok, sm_count
 
 ENV = "CANDLE_VLLM_WIDE_GEMM"
+CTA_ROWS = 256  # weight rows per CTA (kWideRows in native/cuda/wide_gemm.h)
 
 
 @functools.cache
@@ -36,14 +37,21 @@ def wide_gemm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
+def fills_waves(n: int, sms: int) -> bool:
+    """Whether N rows make more 256-row tiles than SMs and fill their waves to 90 % on average: the kernel only
+    outruns cuBLASLt while every SM streams (a 1.7-wave grid idles a third of the GPU in its last wave)."""
+    tiles = math.ceil(n / CTA_ROWS)
+    return tiles > sms and 10 * tiles >= 9 * math.ceil(tiles / sms) * sms
+
+
 def wide_gemm_preferred(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether a 17..64-row batch should take the wide kernel instead of cuBLASLt: it can run it and the weight has
-    more 256-row tiles than SMs (see the module docstring). ``CANDLE_VLLM_WIDE_GEMM=0`` keeps cuBLASLt (an A/B
-    switch for benchmarks)."""
+    """Whether a 17..64-row batch should take the wide kernel instead of cuBLASLt: it can run it and the weight
+    :func:`fills_waves` (see the module docstring). ``CANDLE_VLLM_WIDE_GEMM=0`` keeps cuBLASLt (an A/B switch for
+    benchmarks)."""
     return (
         os.environ.get(ENV, "1") != "0"
         and wide_gemm_supported(x, weight)
-        and math.ceil(weight.shape[0] / native.module().cuda_wide_rows) > sm_count(_device_index(x.device))
+        and fills_waves(weight.shape[0], sm_count(_device_index(x.device)))
     )
 
 

@@ -62,7 +62,8 @@ def test_graph_replay_follows_new_inputs() -> None:
 
 
 def test_linear_layer_sends_tall_weights_of_17_to_64_rows_here(monkeypatch: pytest.MonkeyPatch) -> None:
-    tall = 256 * cuda.sm_count(0) + 16  # one 256-row tile more than the SMs: several waves, as the LM head
+    tall = 2 * 256 * cuda.sm_count(0)  # two full waves of 256-row tiles, as the LM head
+    assert not cuda_wide.fills_waves(256 * cuda.sm_count(0) + 16, cuda.sm_count(0))  # a second wave of one tile
     _, w = gemm_case(1, tall, 64, torch.bfloat16, seed=5)
     gate_up = UnquantizedLinear(w, gate_up_interleaved=True)
     short = UnquantizedLinear(gemm_case(1, 512, 64, torch.bfloat16, seed=6)[1])
