@@ -1,6 +1,6 @@
 """Dense weights (safetensors, or F32/F16/BF16 GGUF tensors) multiplied with ``F.linear``, or on CUDA with
 the native decode GEMMs that read the weight once: the skinny kernel up to 16 rows, and up to 64 the TMA/wgmma
-kernel on Hopper for weights taller than its one-wave grid (the LM head), both f16/bf16."""
+kernel on Hopper for weights whose row tiles fill several waves (the LM head), both f16/bf16."""
 
 from __future__ import annotations
 
