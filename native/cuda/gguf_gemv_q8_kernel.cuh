@@ -60,11 +60,13 @@ __host__ __device__ constexpr int cta_threads() {
 //     bandwidth);
 //   - Q4_K/Q5_K (64-thread CTAs): 4 / 1 / 1, i.e. 8 CTAs at R = 2 (at most 128 registers), the compiler's
 //     120-123 / 208-217 registers at R = 4 / 8 (8 and 4 CTAs per SM);
-//   - Q6_K (64-thread CTAs): 8 / 1 / 1, i.e. 16 CTAs at R = 2 (64 registers), 128 / 228 at R = 4 / 8 (tighter
-//     bounds spilled);
-//   - Q2_K/Q3_K (64-thread CTAs, not yet measured): Q4_K's 4 / 1 / 1 (Q6_K's 64 registers at R = 2 spilled 44-108
+//   - Q6_K: Q4_K's 4 / 1 / 1 since its codes stay 0..63 (the -32 from the code sums: R = 2 no longer fits 64
+//     registers, spilling 104 bytes; it ran 8 / 1 / 1 before, and R = 4, its default, kept the compiler's choice);
+//   - Q2_K/Q3_K (64-thread CTAs, not yet measured): Q4_K's 4 / 1 / 1 (64 registers at R = 2 spilled 44-108
 //     bytes), 87-90 / 128-141 / 244-248 registers at R = 2 / 4 / 8.
-// Several tokens keep the compiler's choice.
+// Several tokens keep the compiler's choice, but Q6_K at two tokens (R = 2) asks for 9 CTAs of 64 threads: the
+// compiler's 122 registers there (106 with centred codes) left 8 and ran 4-6 % slower (session 17, call 1).
+constexpr int kQ6KTwoTokenCtas = 9;
 struct OneTokenBounds {
   int r2, r4, r8;
 };
@@ -74,14 +76,15 @@ constexpr OneTokenBounds one_token_bounds(int type) {
     case gguf::Q4_K:
     case gguf::Q5_K:
     case gguf::Q2_K:
-    case gguf::Q3_K: return {4, 1, 1};
-    case gguf::Q6_K: return {8, 1, 1};
+    case gguf::Q3_K:
+    case gguf::Q6_K: return {4, 1, 1};
     default: return {8, 8, 4};  // the 32-element types
   }
 }
 
 template <class Q, int M, int R>
 constexpr int min_ctas() {
+  if (M == 2 && type_of<Q>() == gguf::Q6_K) return kQ6KTwoTokenCtas;
   if (M != 1) return 1;
   const OneTokenBounds b = one_token_bounds(type_of<Q>());
   return (R == 2 ? b.r2 : R == 4 ? b.r4 : b.r8) * 128 / cta_threads<Q>();

@@ -40,7 +40,7 @@ struct Q8Dot<Q2_K> : SixteenPieces {
   struct Raw {
     uint32_t q[4], sc[2], dm;
   };
-  uint32_t c[4][4];  // piece q: four words of 4 codes (0..3)
+  uint32_t c[4][4];  // piece q: four words of its codes in place (bits 2q, 2q + 1: 4^q times the code)
   float a[4], b[4];
   GGUF_HD static void fetch(Raw& raw, const uint8_t* blk, int p) {
     const int h = p >> 1, s = p & 1;
@@ -55,7 +55,7 @@ struct Q8Dot<Q2_K> : SixteenPieces {
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
 #pragma unroll
-      for (int k = 0; k < 4; ++k) c[q][k] = (raw.q[k] >> (2 * q)) & 0x03030303u;
+      for (int k = 0; k < 4; ++k) c[q][k] = raw.q[k] & (0x03030303u << (2 * q));
       const uint32_t sm = scale_byte(raw.sc, q, p);
       a[q] = d * static_cast<float>(sm & 0xF);
       b[q] = dmin * static_cast<float>(sm >> 4);
@@ -65,7 +65,10 @@ struct Q8Dot<Q2_K> : SixteenPieces {
     float s = 0.f;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const int t = piece_dot(c[q], x.q[q], 0);
+      int t = 0;  // 4^q times the codes' dot: bytes up to 192, so unsigned
+#pragma unroll
+      for (int k = 0; k < 4; ++k) t = dp4a_us(c[q][k], x.q[q][k], t);
+      t >>= 2 * q;  // exact
       s += x.d[q] * (a[q] * static_cast<float>(t) - b[q] * static_cast<float>(x.sum[q]));
     }
     return s;
@@ -122,12 +125,11 @@ struct Q8Dot<Q3_K> : SixteenPieces {
   }
 };
 
-// Codes 0..63 per byte -> code - 32 as int8 lanes (no carries: code + 96 < 256).
-GGUF_HD uint32_t minus32(uint32_t c) { return (c + 0x60606060u) ^ 0x80808080u; }
-
 // Q6_K (210 bytes: ql[128] low nibbles, qh[64] top two bits, 16 int8 scales, f16 d; w = d * sc * (code - 32)):
 // sub-block 8h + 2q + s takes nibble q / 2 of plane q % 2 (ql bytes 64h + 32 (q % 2) + 16s + [0, 16)) and bits 2q,
-// 2q + 1 of qh bytes 32h + 16s + [0, 16).
+// 2q + 1 of qh bytes 32h + 16s + [0, 16). The dot takes the codes as they are (0..63) and starts from -32 times
+// the piece's activation code sum, which the XBlock load brings anyway: the same integer as centering each code,
+// two instructions per code word fewer (one-token loop at 4 rows: 965 -> 850 SASS instructions).
 template <>
 struct Q8Dot<Q6_K> : SixteenPieces {
   static constexpr int kBlockElems = 256, kBlockBytes = 210, kParts = 4;
@@ -136,7 +138,7 @@ struct Q8Dot<Q6_K> : SixteenPieces {
     A2Words<2> sc;
     uint32_t d;
   };
-  uint32_t c[4][4];  // piece q: four words of 4 signed codes
+  uint32_t c[4][4];  // piece q: four words of 4 codes 0..63 (the -32 is taken from the code sums)
   float a[4];
   GGUF_HD static void fetch(Raw& raw, const uint8_t* blk, int p) {
     const int h = p >> 1, l0 = 16 * (p & 1);
@@ -155,10 +157,10 @@ struct Q8Dot<Q6_K> : SixteenPieces {
     const float d = f16_a2(raw.d);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      c[0][k] = minus32((qa[k] & kNib) | ((qh[k] << 4) & 0x30303030u));
-      c[1][k] = minus32((qb[k] & kNib) | ((qh[k] << 2) & 0x30303030u));
-      c[2][k] = minus32(((qa[k] >> 4) & kNib) | (qh[k] & 0x30303030u));
-      c[3][k] = minus32(((qb[k] >> 4) & kNib) | ((qh[k] >> 2) & 0x30303030u));
+      c[0][k] = (qa[k] & kNib) | ((qh[k] << 4) & 0x30303030u);
+      c[1][k] = (qb[k] & kNib) | ((qh[k] << 2) & 0x30303030u);
+      c[2][k] = ((qa[k] >> 4) & kNib) | (qh[k] & 0x30303030u);
+      c[3][k] = ((qb[k] >> 4) & kNib) | ((qh[k] >> 2) & 0x30303030u);
     }
 #pragma unroll
     for (int q = 0; q < 4; ++q) a[q] = d * static_cast<float>(static_cast<int8_t>(scale_byte(sc, q, p)));
@@ -167,7 +169,7 @@ struct Q8Dot<Q6_K> : SixteenPieces {
     float s = 0.f;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      s += a[q] * x.d[q] * static_cast<float>(piece_dot(c[q], x.q[q], 0));
+      s += a[q] * x.d[q] * static_cast<float>(piece_dot(c[q], x.q[q], -32 * x.sum[q]));
     }
     return s;
   }
