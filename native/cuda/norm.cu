@@ -16,9 +16,16 @@ __global__ void rms_norm_kernel(T* __restrict__ out, T* __restrict__ x, T* __res
                                 int hidden, float eps) {
   using Vt = Vec<T, V>;
   pdl_launch_dependents();
-  pdl_wait();
   const size_t row = blockIdx.x;
   const int nvec = hidden / V;
+  const Vt* wv = reinterpret_cast<const Vt*>(weight);
+  // The thread's first vector of the row is kept in registers for the second pass (the row's only one up to
+  // blockDim vectors: 8192 bf16 values), and its weights are loaded before the wait (they do not depend on the
+  // kernel before), so that pass waits on no memory: the norm after a GEMM is a chain of latencies, not bytes.
+  const bool first_live = static_cast<int>(threadIdx.x) < nvec;
+  Vt held, w_first;
+  if (first_live) w_first = wv[threadIdx.x];
+  pdl_wait();
   const Vt* xin = reinterpret_cast<const Vt*>(x + row * hidden);
   Vt* res = reinterpret_cast<Vt*>(kFused ? residual + row * hidden : nullptr);
   float sq = 0.f;
@@ -30,6 +37,7 @@ __global__ void rms_norm_kernel(T* __restrict__ out, T* __restrict__ x, T* __res
       for (int j = 0; j < V; ++j) a.v[j] = from_f32<T>(to_f32(a.v[j]) + to_f32(b.v[j]));
       res[i] = a;
     }
+    if (i == static_cast<int>(threadIdx.x)) held = a;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const float f = to_f32(a.v[j]);
@@ -37,17 +45,16 @@ __global__ void rms_norm_kernel(T* __restrict__ out, T* __restrict__ x, T* __res
     }
   }
   const float inv = rsqrtf(block_sum(sq) / static_cast<float>(hidden) + eps);
-  // Second pass re-reads the row this CTA just touched (L1/L2 hits); each thread reads what it wrote. Every
-  // thread takes the same number of trips (the code blocks' shuffles need the whole warp).
+  // Later trips (rows over blockDim vectors) re-read the row this CTA just touched (L1/L2 hits); each thread reads
+  // what it wrote. Every thread takes the same number of trips (the code blocks' shuffles need the whole warp).
   const Vt* src = kFused ? res : xin;
   Vt* dst = reinterpret_cast<Vt*>((kFused ? x : out) + row * hidden);
-  const Vt* wv = reinterpret_cast<const Vt*>(weight);
   for (int base = 0; base < nvec; base += blockDim.x) {
     const int i = base + threadIdx.x;
     const bool live = i < nvec;
     Vt o;
     if (live) {
-      const Vt a = src[i], wt = wv[i];
+      const Vt a = base == 0 ? held : src[i], wt = base == 0 ? w_first : wv[i];
 #pragma unroll
       for (int j = 0; j < V; ++j) o.v[j] = from_f32<T>(round_to<T>(to_f32(a.v[j]) * inv) * to_f32(wt.v[j]));
       dst[i] = o;

@@ -37,7 +37,7 @@ def test_rms_norm_matches_reference(dtype: torch.dtype, rows: int, hidden: int) 
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows,hidden", [(9, 300), (4, 4096)])
+@pytest.mark.parametrize("rows,hidden", [(9, 300), (4, 4096), (2, 20480)])
 def test_fused_add_rms_norm_matches_reference(dtype: torch.dtype, rows: int, hidden: int) -> None:
     g = _gen(hidden)
     x = torch.randn(rows, hidden, generator=g, device=DEV).to(dtype)
