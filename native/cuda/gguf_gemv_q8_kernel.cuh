@@ -65,7 +65,8 @@ __host__ __device__ constexpr int cta_threads() {
 //   - Q2_K/Q3_K (64-thread CTAs, not yet measured): Q4_K's 4 / 1 / 1 (64 registers at R = 2 spilled 44-108
 //     bytes), 87-90 / 128-141 / 244-248 registers at R = 2 / 4 / 8.
 // Several tokens keep the compiler's choice, but Q6_K at two tokens (R = 2) asks for 9 CTAs of 64 threads: the
-// compiler's 122 registers there (106 with centred codes) left 8 and ran 4-6 % slower (session 17, call 1).
+// compiler's 122 registers there (106 with centred codes) left 8, and batch-2 decode ran 1.9 % slower; with 9 (96
+// registers, no spill) it is within 1 % (session 17, calls 1 and 2).
 constexpr int kQ6KTwoTokenCtas = 9;
 struct OneTokenBounds {
   int r2, r4, r8;
