@@ -61,7 +61,8 @@ __host__ __device__ constexpr int cta_threads() {
 //   - Q4_K/Q5_K (64-thread CTAs): 4 / 1 / 1, i.e. 8 CTAs at R = 2 (at most 128 registers), the compiler's
 //     120-123 / 208-217 registers at R = 4 / 8 (8 and 4 CTAs per SM);
 //   - Q6_K: Q4_K's 4 / 1 / 1 since its codes stay 0..63 (the -32 from the code sums: R = 2 no longer fits 64
-//     registers, spilling 104 bytes; it ran 8 / 1 / 1 before, and R = 4, its default, kept the compiler's choice);
+//     registers, spilling 104 bytes; it ran 8 / 1 / 1 before; R = 4, its default, keeps the compiler's choice, and
+//     R = 2 under the new bound is not measured);
 //   - Q2_K/Q3_K (64-thread CTAs, not yet measured): Q4_K's 4 / 1 / 1 (64 registers at R = 2 spilled 44-108
 //     bytes), 87-90 / 128-141 / 244-248 registers at R = 2 / 4 / 8.
 // Several tokens keep the compiler's choice, but Q6_K at two tokens (R = 2) asks for 9 CTAs of 64 threads: the

@@ -20,8 +20,8 @@ __global__ void rms_norm_kernel(T* __restrict__ out, T* __restrict__ x, T* __res
   const int nvec = hidden / V;
   const Vt* wv = reinterpret_cast<const Vt*>(weight);
   // The thread's first vector of the row is kept in registers for the second pass (the row's only one up to
-  // blockDim vectors: 8192 bf16 values), and its weights are loaded before the wait (they do not depend on the
-  // kernel before), so that pass waits on no memory: the norm after a GEMM is a chain of latencies, not bytes.
+  // blockDim vectors: 8192 bf16 values), and its weights are loaded before the wait (a model parameter, written at
+  // load like the GEMVs' weights, never by the kernel before), so that pass waits on no memory.
   const bool first_live = static_cast<int>(threadIdx.x) < nvec;
   Vt held, w_first;
   if (first_live) w_first = wv[threadIdx.x];

@@ -6,9 +6,9 @@ iteration" figures are made, so a decode-loop edit can be sized before it reache
     python tests/tools/sass_loop.py /tmp/gemv.o 'Q8DotILi14EEELi1ELi4ELb0ELb0E'   # Q6_K, one token, 4 rows
 
 cuobjdump and nvdisasm come from the CUDA toolkit or the ``nvidia-cuda-cuobjdump`` / ``nvidia-cuda-nvdisasm``
-wheels (their ``bin`` folder on PATH). The loop is the longest backward branch of the function; each kernel whose
-mangled name contains the given text gets one line: the function's instruction count, the loop's, and the loop's
-most frequent opcodes.
+wheels (their ``bin`` folder on PATH). The loop is the span of the function's longest backward branch (with nested
+loops, the outermost); each kernel whose mangled name contains the given text gets its name, then a line with the
+function's instruction count, the loop's, and the loop's most frequent opcodes.
 """
 
 from __future__ import annotations
