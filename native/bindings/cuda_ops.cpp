@@ -105,10 +105,13 @@ static Registrar registrar([](py::module_& m) {
       "out = silu(x[:, :d]) * x[:, d:]");
   m.def(
       "cuda_silu_and_mul_interleaved",
-      [](uintptr_t out, uintptr_t x, int64_t tokens, int64_t d, int dtype, uintptr_t stream) {
-        cuda::silu_and_mul_interleaved(as_ptr<void>(out), as_ptr<const void>(x), tokens, d, to_dtype(dtype), stream);
+      [](uintptr_t out, uintptr_t x, int64_t tokens, int64_t d, int dtype, uintptr_t stream, uintptr_t norm_rows,
+         int64_t norm_stride, int64_t hidden, float eps) {
+        cuda::silu_and_mul_interleaved(as_ptr<void>(out), as_ptr<const void>(x), tokens, d, to_dtype(dtype), stream,
+                                       {as_ptr<const void>(norm_rows), norm_stride, hidden, eps});
       },
-      "cuda_silu_and_mul over gate/up features interleaved in groups of 8");
+      "cuda_silu_and_mul over gate/up features interleaved in groups of 8; norm_rows (0: none) [tokens, hidden] "
+      "with token stride norm_stride: gate and up are first scaled by each token's 1/rms of its row (eps)");
   m.def(
       "cuda_rotary_embedding",
       [](uintptr_t q, uintptr_t k, uintptr_t positions, uintptr_t cos_sin, int64_t tokens, int64_t q_heads,
@@ -125,14 +128,17 @@ static Registrar registrar([](py::module_& m) {
       [](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t positions, uintptr_t cos_sin, uintptr_t key_cache,
          uintptr_t value_cache, uintptr_t slots, int64_t tokens, int64_t q_heads, int64_t k_heads, int64_t head_dim,
          int64_t q_stride, int64_t k_stride, int64_t v_stride, int style, int pair_group, int dtype,
-         uintptr_t stream) {
-        cuda::rotary_embedding_cache(as_ptr<void>(q), as_ptr<void>(k), as_ptr<const void>(v),
+         uintptr_t stream, uintptr_t norm_rows, int64_t norm_stride, int64_t hidden, float eps) {
+        cuda::rotary_embedding_cache(as_ptr<void>(q), as_ptr<void>(k), as_ptr<void>(v),
                                      as_ptr<const int64_t>(positions), as_ptr<const float>(cos_sin),
                                      as_ptr<void>(key_cache), as_ptr<void>(value_cache), as_ptr<const int64_t>(slots),
                                      tokens, q_heads, k_heads, head_dim, q_stride, k_stride, v_stride, style,
-                                     pair_group, to_dtype(dtype), stream);
+                                     pair_group, to_dtype(dtype), stream,
+                                     {as_ptr<const void>(norm_rows), norm_stride, hidden, eps});
       },
-      "RoPE in place on q and k (whole heads), rotated k and v stored into the paged cache at their slots");
+      "RoPE in place on q and k (whole heads), rotated k and v stored into the paged cache at their slots; "
+      "norm_rows (0: none) [tokens, hidden] with token stride norm_stride: q, k and v are first scaled by each "
+      "token's 1/rms of its row (eps), v in place too");
   m.def(
       "cuda_paged_attention_decode",
       [](uintptr_t out, uintptr_t q, uintptr_t key_cache, uintptr_t value_cache, uintptr_t block_tables,

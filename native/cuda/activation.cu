@@ -1,22 +1,26 @@
 // SiLU-and-mul (SwiGLU) over the fused gate/up projection: one read of each input, one write, f32 maths. The _q8
 // variant also writes the output's int8 codes for the GGUF int8 kernel of the down projection (q8_activation.cuh);
 // the interleaved variant reads a projection whose gate and up features alternate in groups of 8 (the layout the
-// skinny GEMM's fused SiLU epilogue needs its weight in, seen by the prefill path).
+// skinny GEMM's fused SiLU epilogue needs its weight in, seen by the prefill path). With a deferred norm
+// (deferred_norm.h) each CTA first computes its token's 1/rms and scales gate and up by it.
 #include "cuda/activation.h"
 #include "cuda/common.cuh"
+#include "cuda/deferred_norm.cuh"
 #include "cuda/q8_activation.cuh"
 
 namespace candle_vllm::cuda {
 namespace {
 
 // G: 0, or the scale group (32 or 256 values, q8_activation.cuh) of the int8 codes the kernel also writes.
-template <typename T, int V, int G, bool kInter = false>
+template <typename T, int V, int G, bool kInter = false, bool kNorm = false>
 __global__ void silu_and_mul_kernel(T* __restrict__ out, const T* x, int8_t* __restrict__ xq,
-                                    gguf::XBlock* __restrict__ xb, int d) {  // x: not the read-only path (PDL)
+                                    gguf::XBlock* __restrict__ xb, int d,
+                                    const DeferredNorm norm) {  // x: not the read-only path (PDL)
   using Vt = Vec<T, V>;
   pdl_launch_dependents();
   pdl_wait();
   const size_t t = blockIdx.y;
+  const float scale = kNorm ? block_inv_rms<T>(norm, static_cast<int64_t>(t)) : 1.f;
   const int nvec = d / V;
   const Vt* gate = reinterpret_cast<const Vt*>(x + t * 2 * d);
   const Vt* up = reinterpret_cast<const Vt*>(x + t * 2 * d + d);
@@ -31,7 +35,7 @@ __global__ void silu_and_mul_kernel(T* __restrict__ out, const T* x, int8_t* __r
       const Vt a = kInter ? gate[2 * i] : gate[i], b = kInter ? gate[2 * i + 1] : up[i];
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        r.v[j] = from_f32<T>(silu_mul(to_f32(a.v[j]), to_f32(b.v[j])));
+        r.v[j] = from_f32<T>(silu_mul(to_f32(a.v[j]) * scale, to_f32(b.v[j]) * scale));
       }
       o[i] = r;
     }
@@ -40,7 +44,7 @@ __global__ void silu_and_mul_kernel(T* __restrict__ out, const T* x, int8_t* __r
 }
 
 void launch(void* out, const void* x, int8_t* xq, void* xb, int group, int64_t tokens, int64_t d, bool interleaved,
-            DType dtype, std::uintptr_t stream) {
+            DType dtype, std::uintptr_t stream, const DeferredNorm& norm = {}) {
   const char* what = xq ? "silu_and_mul_q8" : interleaved ? "silu_and_mul_interleaved" : "silu_and_mul";
   if (tokens == 0 || d == 0) return;
   if (tokens > 65535) throw std::invalid_argument(std::string(what) + ": at most 65535 tokens per call");
@@ -52,13 +56,15 @@ void launch(void* out, const void* x, int8_t* xq, void* xb, int group, int64_t t
       const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(64, (nvec + threads - 1) / threads)));
       launch_pdl(what, kernel, dim3(blocks, static_cast<unsigned>(tokens)), dim3(threads), 0, as_stream(stream),
                  static_cast<T*>(out), static_cast<const T*>(x), xq, static_cast<gguf::XBlock*>(xb),
-                 static_cast<int>(d));
+                 static_cast<int>(d), norm);
     };
     const bool vec = d % kVec == 0 && aligned16(out, x);
     if (interleaved) {
       if constexpr (kVec == 8) {
         if (!vec) throw std::invalid_argument(std::string(what) + ": needs d % 8 == 0 and 16-byte aligned x, out");
-        go(silu_and_mul_kernel<T, kVec, 0, true>, d / kVec);
+        check_deferred_norm(what, norm, sizeof(T));
+        if (norm.rows != nullptr) go(silu_and_mul_kernel<T, kVec, 0, true, true>, d / kVec);
+        else go(silu_and_mul_kernel<T, kVec, 0, true>, d / kVec);
         return;
       }
       throw std::invalid_argument(std::string(what) + ": f16/bf16 only");
@@ -86,8 +92,8 @@ void silu_and_mul(void* out, const void* x, int64_t tokens, int64_t d, DType dty
 }
 
 void silu_and_mul_interleaved(void* out, const void* x, int64_t tokens, int64_t d, DType dtype,
-                              std::uintptr_t stream) {
-  launch(out, x, nullptr, nullptr, 0, tokens, d, true, dtype, stream);
+                              std::uintptr_t stream, const DeferredNorm& norm) {
+  launch(out, x, nullptr, nullptr, 0, tokens, d, true, dtype, stream, norm);
 }
 
 void silu_and_mul_q8(void* out, int8_t* xq, void* xb, int group, const void* x, int64_t tokens, int64_t d,

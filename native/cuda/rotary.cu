@@ -5,8 +5,11 @@
 // whole batch, so a 4k-token prefill fills the GPU and a decode step is a couple of CTAs. A thread owns V =
 // 16 / sizeof(T) pairs: neox channels [i, i+V) and [i+half, i+half+V), gptj the 2V adjacent channels. Its
 // variant with the cache also gives threads to the v heads and stores rotated k and v at their slots.
-// Shapes that do not split into 16-byte vectors fall back to the scalar kernel (one CTA per token).
+// Shapes that do not split into 16-byte vectors fall back to the scalar kernel (one CTA per token). With a deferred
+// norm (deferred_norm.h) each warp first computes 1/rms for the tokens its lanes cover, scales q, k and v by it,
+// and writes v back scaled too, so q, k and v in the buffer all come out normed.
 #include "cuda/common.cuh"
+#include "cuda/deferred_norm.cuh"
 #include "cuda/rotary.h"
 
 namespace candle_vllm::cuda {
@@ -51,7 +54,7 @@ template <typename T>
 struct RotaryArgs {
   T* q;
   T* k;
-  const T* v;
+  T* v;
   const int64_t* positions;
   const float* cos_sin;
   T* key_cache;
@@ -59,24 +62,48 @@ struct RotaryArgs {
   const int64_t* slots;
   int64_t tokens, q_stride, k_stride, v_stride;
   int q_heads, k_heads, head_dim, rotary_dim;
+  DeferredNorm norm;
 };
+
+// The deferred norm's scale for element e's token, computed by the calling warp for every token its lanes cover
+// (lane 0's element is the warp's first: kThreads is a whole number of warps). All 32 lanes must call it.
+template <typename T>
+__device__ __forceinline__ float token_inv_rms(const RotaryArgs<T>& a, int64_t e, int64_t total, int64_t per_token) {
+  const int64_t first = e - (threadIdx.x & 31);
+  if (first >= total) return 1.f;
+  const int64_t last = first + 31 < total ? first + 31 : total - 1, mine = (e < total ? e : total - 1) / per_token;
+  float scale = 1.f;
+  for (int64_t t = first / per_token; t <= last / per_token; ++t) {
+    const float s = warp_inv_rms<T>(a.norm, t);
+    if (t == mine) scale = s;
+  }
+  return scale;
+}
 
 // GROUP 0: the standard layout of STYLE; GROUP 1 or 8 (neox only): the head's halves stored interleaved in
 // groups of GROUP channels (first-half channels GROUP*j.., then their partners half+GROUP*j..), read as they are
-// stored and written back in the standard layout.
-template <typename T, int STYLE, int GROUP, bool CACHE>
+// stored and written back in the standard layout. NORM (with CACHE only): a.norm is applied first.
+template <typename T, int STYLE, int GROUP, bool CACHE, bool NORM>
 __global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T> a) {
   constexpr int V = kVec<T>;
   constexpr bool NEOX = STYLE != kRopeGptj, PAIRED = GROUP > 0;
   constexpr int G = PAIRED ? GROUP : 1;
   static_assert(!PAIRED || (NEOX && V == 8 && V % G == 0),
                 "a paired layout holds a thread's 8 pairs in one 16-byte vector pair of f16/bf16");
+  static_assert(!NORM || CACHE, "the deferred norm comes with the cache variant");
   pdl_launch_dependents();
   const int half = a.rotary_dim / 2, groups = half / V;
   const int heads = a.q_heads + a.k_heads * (CACHE ? 2 : 1);
   const int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (e >= a.tokens * heads * groups) {
+  const int64_t total = a.tokens * heads * groups;
+  // The norm's rows are the previous kernel's output: with NORM the wait comes first, else after the table loads.
+  float scale = 1.f;
+  if constexpr (NORM) {
     pdl_wait();
+    scale = token_inv_rms(a, e, total, static_cast<int64_t>(heads) * groups);
+  }
+  if (e >= total) {
+    if constexpr (!NORM) pdl_wait();
     return;
   }
   const int gi = static_cast<int>(e % groups);
@@ -86,14 +113,26 @@ __global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T
   const int o1 = NEOX ? gi * V : 2 * gi * V, o2 = NEOX ? half + gi * V : 2 * gi * V + V;
   const int r1 = PAIRED ? 2 * gi * V : o1, r2 = PAIRED ? 2 * gi * V + V : o2;
   const int64_t slot = CACHE ? a.slots[tok] : -1;
-  if (CACHE && h >= a.q_heads + a.k_heads) {  // a v head: copied into the cache
-    pdl_wait();
-    if (slot < 0) return;
+  if (CACHE && h >= a.q_heads + a.k_heads) {  // a v head: copied into the cache (scaled in place first with NORM)
+    if constexpr (!NORM) pdl_wait();
+    if (!NORM && slot < 0) return;
     const int hv = h - a.q_heads - a.k_heads;
-    const T* src = a.v + tok * a.v_stride + static_cast<int64_t>(hv) * a.head_dim;
+    T* src = a.v + tok * a.v_stride + static_cast<int64_t>(hv) * a.head_dim;
+    Vec16<T> v1 = *reinterpret_cast<const Vec16<T>*>(src + o1);
+    Vec16<T> v2 = *reinterpret_cast<const Vec16<T>*>(src + o2);
+    if constexpr (NORM) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        v1.v[i] = from_f32<T>(to_f32(v1.v[i]) * scale);
+        v2.v[i] = from_f32<T>(to_f32(v2.v[i]) * scale);
+      }
+      *reinterpret_cast<Vec16<T>*>(src + o1) = v1;
+      *reinterpret_cast<Vec16<T>*>(src + o2) = v2;
+      if (slot < 0) return;
+    }
     T* dst = a.value_cache + (slot * a.k_heads + hv) * a.head_dim;
-    *reinterpret_cast<Vec16<T>*>(dst + o1) = *reinterpret_cast<const Vec16<T>*>(src + o1);
-    *reinterpret_cast<Vec16<T>*>(dst + o2) = *reinterpret_cast<const Vec16<T>*>(src + o2);
+    *reinterpret_cast<Vec16<T>*>(dst + o1) = v1;
+    *reinterpret_cast<Vec16<T>*>(dst + o2) = v2;
     return;
   }
   const bool is_k = h >= a.q_heads;
@@ -110,14 +149,14 @@ __global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T
     s[i] = round_to<T>(sv.x), s[i + 1] = round_to<T>(sv.y), s[i + 2] = round_to<T>(sv.z), s[i + 3] = round_to<T>(sv.w);
   }
   // Positions, slots and the cos/sin table are inputs of the step, not outputs of the kernel before.
-  pdl_wait();
+  if constexpr (!NORM) pdl_wait();
   Vec16<T> v1 = *reinterpret_cast<const Vec16<T>*>(head + r1);
   Vec16<T> v2 = *reinterpret_cast<const Vec16<T>*>(head + r2);
   // Pair p among the 2V values v1 v2: neox (p, V + p); gptj (2p, 2p + 1); paired, first-half channel p sits at
   // (p / GROUP) * 2 GROUP + p % GROUP and its partner GROUP after it.
   float x[2 * V];
 #pragma unroll
-  for (int i = 0; i < V; ++i) x[i] = to_f32(v1.v[i]), x[V + i] = to_f32(v2.v[i]);
+  for (int i = 0; i < V; ++i) x[i] = to_f32(v1.v[i]) * scale, x[V + i] = to_f32(v2.v[i]) * scale;
   auto first = [](int p) { return PAIRED ? p / G * 2 * G + p % G : NEOX ? p : 2 * p; };
   auto second = [](int p) { return PAIRED ? p / G * 2 * G + p % G + G : NEOX ? V + p : 2 * p + 1; };
 #pragma unroll
@@ -144,19 +183,22 @@ __global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T
   }
 }
 
-template <typename T, bool CACHE>
+template <typename T, bool CACHE, bool NORM = false>
 void launch_vec(const RotaryArgs<T>& a, int style, int pair_group, std::uintptr_t stream) {
+  if constexpr (CACHE && !NORM) {
+    if (a.norm.rows != nullptr) return launch_vec<T, true, true>(a, style, pair_group, stream);
+  }
   const int64_t heads = a.q_heads + a.k_heads * (CACHE ? 2 : 1);
   const int64_t threads = a.tokens * heads * (a.rotary_dim / 2 / kVec<T>);
   const auto blocks = static_cast<unsigned>((threads + kThreads - 1) / kThreads);
   const char* what = CACHE ? "rotary_embedding_cache" : "rotary_embedding";
   auto launch = [&](auto kernel) { launch_pdl(what, kernel, dim3(blocks), dim3(kThreads), 0, as_stream(stream), a); };
   if (pair_group == 0) {
-    if (style == kRopeGptj) launch(rotary_vec_kernel<T, kRopeGptj, 0, CACHE>);
-    else launch(rotary_vec_kernel<T, kRopeNeox, 0, CACHE>);
+    if (style == kRopeGptj) launch(rotary_vec_kernel<T, kRopeGptj, 0, CACHE, NORM>);
+    else launch(rotary_vec_kernel<T, kRopeNeox, 0, CACHE, NORM>);
   } else if constexpr (kVec<T> == 8) {
-    if (pair_group == 8) launch(rotary_vec_kernel<T, kRopeNeox, 8, CACHE>);
-    else launch(rotary_vec_kernel<T, kRopeNeox, 1, CACHE>);
+    if (pair_group == 8) launch(rotary_vec_kernel<T, kRopeNeox, 8, CACHE, NORM>);
+    else launch(rotary_vec_kernel<T, kRopeNeox, 1, CACHE, NORM>);
   }
 }
 
@@ -197,7 +239,7 @@ void rotary_embedding(void* q, void* k, const int64_t* positions, const float* c
     if (vectorizable(sizeof(T), head_dim, rotary_dim, {q_stride, k_stride}, {q, k, cos_sin})) {
       const RotaryArgs<T> a{static_cast<T*>(q), static_cast<T*>(k), nullptr, positions, cos_sin, nullptr, nullptr,
                             nullptr, tokens, q_stride, k_stride, 0, static_cast<int>(q_heads),
-                            static_cast<int>(k_heads), static_cast<int>(head_dim), static_cast<int>(rotary_dim)};
+                            static_cast<int>(k_heads), static_cast<int>(head_dim), static_cast<int>(rotary_dim), {}};
       launch_vec<T, false>(a, style, pair_group, stream);
       return;
     }
@@ -212,10 +254,10 @@ void rotary_embedding(void* q, void* k, const int64_t* positions, const float* c
   });
 }
 
-void rotary_embedding_cache(void* q, void* k, const void* v, const int64_t* positions, const float* cos_sin,
+void rotary_embedding_cache(void* q, void* k, void* v, const int64_t* positions, const float* cos_sin,
                             void* key_cache, void* value_cache, const int64_t* slots, int64_t tokens, int64_t q_heads,
                             int64_t k_heads, int64_t head_dim, int64_t q_stride, int64_t k_stride, int64_t v_stride,
-                            int style, int pair_group, DType dtype, std::uintptr_t stream) {
+                            int style, int pair_group, DType dtype, std::uintptr_t stream, const DeferredNorm& norm) {
   check_style("rotary_embedding_cache", style, pair_group, head_dim, head_dim, dtype);
   if (tokens == 0) return;
   dispatch_float<true>(dtype, "rotary_embedding_cache", [&](auto tag) {
@@ -224,10 +266,11 @@ void rotary_embedding_cache(void* q, void* k, const void* v, const int64_t* posi
                       {q, k, v, cos_sin, key_cache, value_cache}))
       throw std::invalid_argument(
           "rotary_embedding_cache: pointers, token strides and head_dim/2 must be whole 16-byte vectors");
-    const RotaryArgs<T> a{static_cast<T*>(q), static_cast<T*>(k), static_cast<const T*>(v), positions, cos_sin,
+    check_deferred_norm("rotary_embedding_cache", norm, sizeof(T));
+    const RotaryArgs<T> a{static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), positions, cos_sin,
                           static_cast<T*>(key_cache), static_cast<T*>(value_cache), slots, tokens, q_stride,
                           k_stride, v_stride, static_cast<int>(q_heads), static_cast<int>(k_heads),
-                          static_cast<int>(head_dim), static_cast<int>(head_dim)};
+                          static_cast<int>(head_dim), static_cast<int>(head_dim), norm};
     launch_vec<T, true>(a, style, pair_group, stream);
   });
 }

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "bindings/tensor_arg.h"
+#include "cuda/deferred_norm.h"
 
 namespace candle_vllm::cuda {
 
@@ -26,10 +27,12 @@ void rotary_embedding(void* q, void* k, const int64_t* positions, const float* c
 // rotary_embedding with rotary_dim == head_dim that also stores the rotated k and v [tokens, k_heads, head_dim]
 // (token stride v_stride) into the paged cache halves [slots, k_heads, head_dim] at `slots` (int64 [tokens],
 // negative = skip): the decode step's reshape_and_cache folded into the RoPE launch. Needs 16-byte aligned
-// pointers and strides/head_dim in whole 16-byte vectors (rotary_vectorizable).
-void rotary_embedding_cache(void* q, void* k, const void* v, const int64_t* positions, const float* cos_sin,
+// pointers and strides/head_dim in whole 16-byte vectors (rotary_vectorizable). With norm.rows set, q, k and v are
+// first scaled by their token's 1/rms of those rows (deferred_norm.h), and v is written back scaled as well.
+void rotary_embedding_cache(void* q, void* k, void* v, const int64_t* positions, const float* cos_sin,
                             void* key_cache, void* value_cache, const int64_t* slots, int64_t tokens, int64_t q_heads,
                             int64_t k_heads, int64_t head_dim, int64_t q_stride, int64_t k_stride, int64_t v_stride,
-                            int style, int pair_group, DType dtype, std::uintptr_t stream);
+                            int style, int pair_group, DType dtype, std::uintptr_t stream,
+                            const DeferredNorm& norm = {});
 
 }  // namespace candle_vllm::cuda

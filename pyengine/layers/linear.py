@@ -9,9 +9,10 @@ from torch import nn
 
 from candle_vllm.pyengine.layers.embedding import VocabEmbedding
 from candle_vllm.pyengine.ops.activation import silu_and_mul
+from candle_vllm.pyengine.ops.norm import DeferredRMSNorm
 from candle_vllm.pyengine.ops.q8_activation import Q8Activation
 from candle_vllm.pyengine.ops.rotary import RopeCacheTarget
-from candle_vllm.pyengine.quant import WeightData, build_linear_methods
+from candle_vllm.pyengine.quant import UnquantizedLinear, WeightData, build_linear_methods
 
 
 class Linear(nn.Module):
@@ -94,15 +95,38 @@ class Linear(nn.Module):
         y = methods[0](x) if len(methods) == 1 else torch.cat([m(x) for m in methods], dim=-1)
         return y + self.bias if self.bias is not None else y
 
-    def forward_swiglu(self, x: torch.Tensor | Q8Activation, *, q8: int = 0) -> torch.Tensor | Q8Activation:
+    def forward_swiglu(
+        self, x: torch.Tensor | Q8Activation, *, q8: int = 0, norm: DeferredRMSNorm | None = None
+    ) -> torch.Tensor | Q8Activation:
         """``silu_and_mul(self(x))`` for a gate/up layer (``gated``), in one kernel where the weight method has one
         (dense f16/bf16 on CUDA); ``q8`` asks the separate SiLU for int8 codes of that scale group (the next
-        linear's :meth:`q8_group`)."""
+        linear's :meth:`q8_group`). ``norm``: x is raw rows whose RMSNorm is deferred to the SiLU
+        (:class:`DeferredRMSNorm`)."""
         if self.bias is None and len(self.methods) == 1 and isinstance(x, torch.Tensor):
-            y = self.methods[0].forward_swiglu(x)
+            y = self.methods[0].forward_swiglu(x, norm)
             if y is not None:
                 return y
-        return silu_and_mul(self(x), q8=q8)
+        y = self(x)
+        return silu_and_mul(y if norm is None else norm.apply(y), q8=q8)
+
+    def add_into(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out += self(x)`` in place, inside the GEMM where the weight method can (``LinearMethod.add_into``);
+        returns out."""
+        if not (self.bias is None and len(self.methods) == 1 and self.methods[0].add_into(x, out)):
+            out += self(x)
+        return out
+
+    @property
+    def dense(self) -> bool:
+        """Whether every weight method holds a plain dense matrix (no quantized blocks)."""
+        return self.loaded and all(isinstance(m, UnquantizedLinear) for m in self.methods)
+
+    def fold_input_scale(self, scale: torch.Tensor) -> None:
+        """``W[:, k] *= scale[k]`` (an RMSNorm's weight moved into this layer); dense weights only."""
+        if not self.dense:
+            raise ValueError("fold_input_scale: only dense weights can take a norm's weight into their columns")
+        for m in self.methods:
+            m.scale_input_columns(scale)  # type: ignore[operator]
 
 
     @property

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from candle_vllm.pyengine.ops import cuda
+from candle_vllm.pyengine.ops.norm import DeferredRMSNorm
 from candle_vllm.pyengine.ops.q8_activation import Q8Activation, check_group
 from candle_vllm.pyengine.ops.row_pairs import deinterleave_halves, interleave_halves
 
@@ -32,15 +33,19 @@ def interleave_gate_up(weight: torch.Tensor) -> torch.Tensor:
     return interleave_halves(weight, weight.shape[0])
 
 
-def silu_and_mul_interleaved(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul_interleaved(x: torch.Tensor, norm: DeferredRMSNorm | None = None) -> torch.Tensor:
     """:func:`silu_and_mul` of the output of an :func:`interleave_gate_up` weight: x [..., 2I] holds gate and up
-    features alternating in groups of 8 -> silu(gate) * up [..., I]."""
-    if x.device.type == "cuda" and (out := cuda.silu_and_mul_interleaved(x)) is not None:
+    features alternating in groups of 8 -> silu(gate) * up [..., I]. ``norm``: x is the projection of raw rows
+    whose RMSNorm was deferred (:class:`DeferredRMSNorm`); gate and up are scaled per token first."""
+    if x.device.type == "cuda" and (out := cuda.silu_and_mul_interleaved(x, norm)) is not None:
         return out
+    dtype = x.dtype
+    if norm is not None:
+        x = x.float() * norm.inv_rms()
     pairs = x.view(*x.shape[:-1], x.shape[-1] // 16, 2, 8)
     d = x.shape[-1] // 2
     gate, up = pairs[..., 0, :].reshape(*x.shape[:-1], d), pairs[..., 1, :].reshape(*x.shape[:-1], d)
-    return F.silu(gate) * up
+    return (F.silu(gate) * up).to(dtype)
 
 
 def deinterleave_gate_up(y: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ import math
 import torch
 
 from candle_vllm.pyengine.ops import native
+from candle_vllm.pyengine.ops.norm import DeferredRMSNorm
 from candle_vllm.pyengine.ops.q8_activation import Q8Activation, codes_for, producer_supported
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -29,6 +30,23 @@ def available(device: torch.device) -> bool:
 
 def _aligned(*tensors: torch.Tensor) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def deferred_norm_ok(norm: DeferredRMSNorm | None, like: torch.Tensor, tokens: int) -> bool:
+    """Whether a kernel consuming ``like`` (its output of ``tokens`` rows) can apply ``norm`` (None: nothing to
+    apply): rows [tokens, H] of like's dtype and device, H and the token stride in 16-byte vectors, aligned."""
+    if norm is None:
+        return True
+    rows, vec = norm.rows, 16 // like.element_size()
+    return (rows.dim() == 2 and rows.shape[0] == tokens and rows.dtype == like.dtype and rows.device == like.device
+            and rows.stride(1) == 1 and rows.shape[1] % vec == 0 and rows.stride(0) % vec == 0 and _aligned(rows))
+
+
+def deferred_norm_args(norm: DeferredRMSNorm | None) -> tuple[int, int, int, float]:
+    """The kernels' (rows pointer, token stride, hidden, eps) of ``norm``; a null pointer for none."""
+    if norm is None:
+        return 0, 0, 0, 0.0
+    return norm.rows.data_ptr(), norm.rows.stride(0), norm.rows.shape[1], norm.eps
 
 
 @functools.cache
@@ -249,19 +267,21 @@ def silu_and_mul(x: torch.Tensor, *, q8: int = 0) -> torch.Tensor | Q8Activation
     return out
 
 
-def silu_and_mul_interleaved(x: torch.Tensor) -> torch.Tensor | None:
+def silu_and_mul_interleaved(x: torch.Tensor, norm: DeferredRMSNorm | None = None) -> torch.Tensor | None:
     """:func:`silu_and_mul` of a projection whose gate and up features alternate in groups of 8
-    (``ops.activation.interleave_gate_up``), or None when x is not a contiguous, 16-byte aligned f16/bf16 CUDA
-    tensor with d % 8 == 0."""
+    (``ops.activation.interleave_gate_up``), gate and up first scaled per token by ``norm`` where given; None when
+    x is not a contiguous, 16-byte aligned f16/bf16 CUDA tensor with d % 8 == 0 (or the norm's rows do not fit
+    :func:`deferred_norm_ok`)."""
     if not (available(x.device) and x.dtype in HALF_DTYPES and x.is_contiguous() and x.shape[-1] % 16 == 0):
         return None
     d = x.shape[-1] // 2
     tokens = x.numel() // max(1, x.shape[-1])
     out = torch.empty(*x.shape[:-1], d, dtype=x.dtype, device=x.device)
-    if tokens > 65535 or not _aligned(x, out):
+    if tokens > 65535 or not _aligned(x, out) or not deferred_norm_ok(norm, x, tokens):
         return None
     native.module().cuda_silu_and_mul_interleaved(
-        out.data_ptr(), x.data_ptr(), tokens, d, native.dtype_code(x), native.stream(x.device)
+        out.data_ptr(), x.data_ptr(), tokens, d, native.dtype_code(x), native.stream(x.device),
+        *deferred_norm_args(norm),
     )
     return out
 

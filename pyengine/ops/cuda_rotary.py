@@ -7,7 +7,16 @@ from __future__ import annotations
 import torch
 
 from candle_vllm.pyengine.ops import native
-from candle_vllm.pyengine.ops.cuda import HALF_DTYPES, _aligned, _cache_halves, _heads_view_ok, available
+from candle_vllm.pyengine.ops.cuda import (
+    HALF_DTYPES,
+    _aligned,
+    _cache_halves,
+    _heads_view_ok,
+    available,
+    deferred_norm_args,
+    deferred_norm_ok,
+)
+from candle_vllm.pyengine.ops.norm import DeferredRMSNorm
 from candle_vllm.pyengine.ops.row_pairs import PAIR_GROUPS
 
 
@@ -84,10 +93,11 @@ def rotary_cache_supported(
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     pair_group: int = 0,
+    norm: DeferredRMSNorm | None = None,
 ) -> bool:
     """True when :func:`rotary_embedding_cache_` can rotate q/k and store k/v into ``kv_cache`` in one launch:
     whole heads rotate, k/v match the cache [2, blocks, block_size, Hk, D], and every row is made of 16-byte
-    vectors (aligned pointers, token strides and D/2 in whole vectors)."""
+    vectors (aligned pointers, token strides and D/2 in whole vectors), the norm's rows too."""
     if not rotary_supported(q, k, positions, cos_sin_cache, pair_group):
         return False
     vec = 16 // q.element_size()
@@ -108,6 +118,7 @@ def rotary_cache_supported(
         and slot_mapping.is_contiguous()
         and slot_mapping.numel() == q.shape[0]
         and slot_mapping.device == q.device
+        and deferred_norm_ok(norm, q, q.shape[0])
     )
 
 
@@ -121,15 +132,18 @@ def rotary_embedding_cache_(
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     pair_group: int = 0,
+    norm: DeferredRMSNorm | None = None,
 ) -> None:
     """:func:`rotary_embedding_` and :func:`reshape_and_cache` in one launch: q and k rotate in place, the rotated
-    k and v are stored at ``slot_mapping`` (negative slots skipped). One launch fewer per layer and decode step."""
-    if not rotary_cache_supported(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping, pair_group):
+    k and v are stored at ``slot_mapping`` (negative slots skipped). One launch fewer per layer and decode step.
+    ``norm``: q, k and v are first scaled per token by it (v in place too), see :class:`DeferredRMSNorm`."""
+    if not rotary_cache_supported(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping, pair_group, norm):
         raise ValueError("rotary_embedding_cache_: unsupported tensors (see rotary_cache_supported)")
     kp, vp = _cache_halves(kv_cache)
     native.module().cuda_rotary_embedding_cache(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), positions.data_ptr(), cos_sin_cache.data_ptr(), kp, vp,
         slot_mapping.data_ptr(), q.shape[0], q.shape[1], k.shape[1], q.shape[2], q.stride(0), k.stride(0),
         v.stride(0), _rope_style(is_neox, pair_group), pair_group, native.dtype_code(q), native.stream(q.device),
+        *deferred_norm_args(norm),
     )
 

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import torch
 
 from candle_vllm.pyengine.ops import cuda_rotary
+from candle_vllm.pyengine.ops.norm import DeferredRMSNorm
 from candle_vllm.pyengine.ops.row_pairs import deinterleave_halves
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -171,17 +172,19 @@ def apply_rotary_and_cache(
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     pair_group: int = 0,
+    norm: DeferredRMSNorm | None = None,
 ) -> bool:
     """Rotate q and k in place and store the rotated k and v into the paged ``kv_cache`` at ``slot_mapping`` in
     one CUDA launch, saving the attention's separate cache write (the caller then tells it the cache is written).
     Returns False, having done nothing, where that kernel does not apply (CPU, partial rotary, unaligned views,
     more than ``FUSED_CACHE_MAX_TOKENS`` tokens); the caller then runs :func:`apply_rotary` and the attention's
-    own cache write. ``pair_group`` as in :func:`apply_rotary`."""
+    own cache write. ``pair_group`` as in :func:`apply_rotary`. ``norm``: q, k and v are first scaled per token by
+    it, v in place too (:class:`DeferredRMSNorm`); on False nothing is scaled either."""
     if q.shape[0] > FUSED_CACHE_MAX_TOKENS or q.device.type != "cuda" or not cuda_rotary.rotary_cache_supported(
-        q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping, pair_group
+        q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping, pair_group, norm
     ):
         return False
     cuda_rotary.rotary_embedding_cache_(
-        q, k, v, positions, cos_sin_cache, is_neox, kv_cache, slot_mapping, pair_group
+        q, k, v, positions, cos_sin_cache, is_neox, kv_cache, slot_mapping, pair_group, norm
     )
     return True

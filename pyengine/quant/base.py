@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
+    from candle_vllm.pyengine.ops.norm import DeferredRMSNorm
     from candle_vllm.pyengine.ops.q8_activation import Q8Activation
     from candle_vllm.pyengine.ops.rotary import RopeCacheTarget
     from candle_vllm.pyengine.quant.gguf import GGUFWeight
@@ -37,11 +38,16 @@ class LinearMethod(nn.Module, ABC):
         then be asked for such codes."""
         return 0
 
-    def forward_swiglu(self, x: torch.Tensor) -> torch.Tensor | None:
+    def forward_swiglu(self, x: torch.Tensor, norm: DeferredRMSNorm | None = None) -> torch.Tensor | None:
         """``silu(gate) * up`` of a fused gate/up weight in one kernel where this method has one (the SiLU then
-        costs no launch of its own); None when it has none, and the caller applies ``silu_and_mul`` to
-        :meth:`forward`'s output."""
+        costs no launch of its own), gate and up scaled per token by ``norm`` where given; None when it has none,
+        and the caller applies ``silu_and_mul`` to :meth:`forward`'s output."""
         return None
+
+    def add_into(self, x: torch.Tensor, out: torch.Tensor) -> bool:
+        """``out += x @ W.T`` inside the GEMM (the residual add of o_proj / down_proj, no launch of its own) where
+        this method can; False, having done nothing, where it cannot."""
+        return False
 
     @property
     def rope_pair_group(self) -> int:

@@ -14,6 +14,7 @@ from candle_vllm.pyengine.ops.activation import (
     interleave_gate_up,
     silu_and_mul_interleaved,
 )
+from candle_vllm.pyengine.ops.norm import DeferredRMSNorm
 from candle_vllm.pyengine.ops.rotary import RopeCacheTarget
 from candle_vllm.pyengine.ops.row_pairs import interleave_halves
 from candle_vllm.pyengine.quant.base import LinearMethod
@@ -80,14 +81,30 @@ class UnquantizedLinear(LinearMethod):
             return None
         return cuda.skinny_gemm_rope_cache(x, self.weight, self.head_dim, *target)
 
-    def forward_swiglu(self, x: torch.Tensor) -> torch.Tensor | None:
-        """silu(gate) * up: decode batches take a native GEMM with the SiLU in its epilogue, larger ones the
-        GEMM then the interleaved SiLU kernel; None for a weight that is not an interleaved gate/up pair."""
+    def forward_swiglu(self, x: torch.Tensor, norm: DeferredRMSNorm | None = None) -> torch.Tensor | None:
+        """silu(gate) * up: decode batches take a native GEMM with the SiLU in its epilogue, larger ones (and a
+        deferred ``norm``, which those epilogues lack) the GEMM then the interleaved SiLU kernel; None for a weight
+        that is not an interleaved gate/up pair."""
         if not self.gate_up_interleaved:
             return None
-        kernel = self._decode_kernel(x)
+        kernel = self._decode_kernel(x) if norm is None else None
         if kernel == "skinny":
             return cuda.skinny_gemm(x, self.weight, silu_mul=True)
         if kernel == "wide":
             return cuda_wide.wide_gemm(x, self.weight, silu_mul=True)
-        return silu_and_mul_interleaved(F.linear(x, self.weight))
+        return silu_and_mul_interleaved(self._matmul(x), norm)
+
+    def add_into(self, x: torch.Tensor, out: torch.Tensor) -> bool:
+        """``out += x @ W.T`` as one cuBLAS GEMM with beta = 1 (batches the native decode GEMMs do not take)."""
+        if self.gate_up_interleaved or x.dim() != 2 or self._decode_kernel(x) is not None:
+            return False
+        out.addmm_(x, self.weight.t())
+        return True
+
+    def scale_input_columns(self, scale: torch.Tensor) -> None:
+        """``W[:, k] *= scale[k]`` in place (an RMSNorm's weight moved into the linear after it, see
+        ``ops.norm.DeferredRMSNorm``): in f32, rounded once, in chunks of rows (no f32 copy of a 28k-row weight)."""
+        w, s = self.weight.data, scale.to(self.weight.device, torch.float32)
+        for start in range(0, w.shape[0], 4096):
+            rows = w[start : start + 4096]
+            rows.copy_(rows.float() * s)

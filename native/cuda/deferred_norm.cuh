@@ -1,0 +1,42 @@
+// Device side of deferred_norm.h: 1 / rms of a row, by one warp or by the whole CTA, with the f32 statistics of the
+// RMSNorm kernels (norm.cu): rsqrt(sum(x^2) / hidden + eps).
+#pragma once
+#include "cuda/common.cuh"
+#include "cuda/deferred_norm.h"
+
+namespace candle_vllm::cuda {
+
+// Sum of squares of the row's 16-byte vectors first, first + step, ... (hidden % (16 / sizeof(T)) == 0).
+template <typename T>
+__device__ __forceinline__ float row_sum_sq(const T* row, int hidden, int first, int step) {
+  constexpr int V = 16 / sizeof(T);
+  const Vec<T, V>* vecs = reinterpret_cast<const Vec<T, V>*>(row);
+  float sq = 0.f;
+  for (int i = first; i < hidden / V; i += step) {
+    const Vec<T, V> a = vecs[i];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float f = to_f32(a.v[j]);
+      sq += f * f;
+    }
+  }
+  return sq;
+}
+
+// 1 / rms of token t's row, computed by the calling warp (all 32 lanes, every lane gets it).
+template <typename T>
+__device__ __forceinline__ float warp_inv_rms(const DeferredNorm& n, int64_t t) {
+  const T* row = static_cast<const T*>(n.rows) + t * n.stride;
+  const int hidden = static_cast<int>(n.hidden);
+  return rsqrtf(warp_sum(row_sum_sq(row, hidden, threadIdx.x & 31, 32)) / static_cast<float>(hidden) + n.eps);
+}
+
+// 1 / rms of token t's row, computed by the whole CTA (every thread calls it and gets it).
+template <typename T>
+__device__ __forceinline__ float block_inv_rms(const DeferredNorm& n, int64_t t) {
+  const T* row = static_cast<const T*>(n.rows) + t * n.stride;
+  const int hidden = static_cast<int>(n.hidden);
+  return rsqrtf(block_sum(row_sum_sq(row, hidden, threadIdx.x, blockDim.x)) / static_cast<float>(hidden) + n.eps);
+}
+
+}  // namespace candle_vllm::cuda

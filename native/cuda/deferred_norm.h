@@ -1,0 +1,30 @@
+// A decode step's RMSNorm deferred past the linear it feeds (declared in plain C++ for the bindings).
+//
+// With the norm's weight folded into the linear's columns (pyengine/models/llama.py fold_norms), the linear can take
+// the raw residual rows: its output then lacks only each token's 1 / rms(row), a per-row scale that commutes with
+// the linear. The kernel that consumes the output (the RoPE + cache write after qkv, the SiLU after gate/up)
+// computes that scale from the rows and applies it, so the norm needs no launch of its own.
+#pragma once
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace candle_vllm::cuda {
+
+struct DeferredNorm {
+  const void* rows = nullptr;  // [tokens, hidden] in the consumer's dtype, token stride `stride`; null: no norm
+  int64_t stride = 0;
+  int64_t hidden = 0;
+  float eps = 0.f;
+};
+
+// Throws std::invalid_argument naming `what` unless the rows are whole 16-byte vectors (the kernels' loads).
+inline void check_deferred_norm(const char* what, const DeferredNorm& n, int64_t elem_size) {
+  if (n.rows == nullptr) return;
+  const int64_t vec = 16 / elem_size;
+  if (n.hidden <= 0 || n.hidden % vec != 0 || n.stride % vec != 0 || reinterpret_cast<std::uintptr_t>(n.rows) % 16 != 0)
+    throw std::invalid_argument(std::string(what) + ": the deferred norm's rows need a 16-byte aligned start and a "
+                                "hidden size and token stride in whole 16-byte vectors");
+}
+
+}  // namespace candle_vllm::cuda

@@ -1,0 +1,138 @@
+"""Norm weights folded into qkv_proj / gate_up_proj (``LlamaForCausalLM.fold_norms``): steps of 17..256 tokens then
+run the layers with each RMSNorm deferred past its linear (``forward_folded``), the others with unit-weight norms.
+Both must still give transformers' logits: fp32 on the CPU (torch fallbacks, 1e-4), bf16 on the GPU (the RoPE + cache
+and SiLU kernels apply the deferred scale; no worse against transformers than the same model left unfolded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import hf_logits, make_hf_model, save_hf_model
+
+from candle_vllm.pyengine.loader import load_model, resolve_model_source
+from candle_vllm.pyengine.models import llama
+from candle_vllm.pyengine.models.llama import LlamaForCausalLM
+from candle_vllm.pyengine.ops import cuda_rotary
+from candle_vllm.pyengine.ops.attention import AttentionMetadata
+
+TOL = 1e-4
+BLOCK_SIZE, NUM_BLOCKS = 4, 24
+# Two sequences of 40 and 36 tokens: steps of 37 and 35 tokens (deferred norms) between 2-token decode steps.
+SCHEDULES = [[20, 1, 18, 1], [17, 1, 17, 1]]
+
+
+def _load(path: Path, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+    return load_model(resolve_model_source(str(path)), dtype, torch.device(device)).model
+
+
+def _run_schedule(model: LlamaForCausalLM, seqs: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Logits of every token of both sequences, advanced together through a paged cache by ``SCHEDULES``."""
+    cfg = model.config
+    g = torch.Generator().manual_seed(8)
+    dtype = model.model.norm.weight.dtype
+    model.kv_caches = [
+        torch.randn(2, NUM_BLOCKS, BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim, generator=g).to(device, dtype)
+        for _ in range(cfg.num_layers)
+    ]
+    tables = [list(range(0, 10)), list(range(10, 19))]
+    done, got = [0, 0], [[], []]
+    for step in range(len(SCHEDULES[0])):
+        qlens = [SCHEDULES[i][step] for i in range(2)]
+        meta = AttentionMetadata.build(
+            qlens, [done[i] + q for i, q in enumerate(qlens)], str(device), tables, BLOCK_SIZE
+        )
+        ids = torch.cat([seqs[i][done[i] : done[i] + q] for i, q in enumerate(qlens)]).to(device)
+        pos = torch.cat([torch.arange(done[i], done[i] + q) for i, q in enumerate(qlens)]).to(device)
+        with torch.inference_mode():
+            logits = model.compute_logits(model(ids, pos, meta)).cpu()
+        for i, part in enumerate(logits.split(qlens)):
+            got[i].append(part)
+            done[i] += qlens[i]
+    return [torch.cat(parts) for parts in got]
+
+
+def _norm_calls(model: LlamaForCausalLM) -> list[int]:
+    """Token counts of every call of a decoder layer's norm (the final norm not counted)."""
+    calls: list[int] = []
+    for layer in model.model.layers:
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            norm.register_forward_hook(lambda _m, args, _out: calls.append(args[0].shape[0]))
+    return calls
+
+
+def _sequences() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    return [torch.randint(0, 256, (sum(s),), generator=g) for s in SCHEDULES]
+
+
+@pytest.mark.parametrize("case", ["llama3_rope", "mistral_sliding", "smollm_tied"])
+def test_folded_norms_match_transformers_on_cpu(case: str, tmp_path: Path) -> None:
+    hf = make_hf_model(case, seed=4)
+    model = _load(save_hf_model(hf, tmp_path), torch.float32, torch.device("cpu"))
+    assert not model.norms_folded, "the CPU path keeps its norms unless asked"
+    qkv_before = model.model.layers[0].self_attn.qkv_proj.methods[0].weight.clone()
+    assert model.fold_norms()
+    layer = model.model.layers[0]
+    assert torch.equal(layer.input_layernorm.weight, torch.ones_like(layer.input_layernorm.weight))
+    assert not torch.allclose(layer.self_attn.qkv_proj.methods[0].weight, qkv_before)
+    calls = _norm_calls(model)
+    seqs = _sequences()
+    got = _run_schedule(model, seqs, torch.device("cpu"))
+    layers = model.config.num_layers
+    assert calls == [2] * (2 * layers) * 2, f"norms ran in the deferred steps, or not in the 2-token ones: {calls}"
+    for i, seq in enumerate(seqs):
+        assert (got[i] - hf_logits(hf, seq)).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("case", ["qwen3_qk_norm", "qwen2_bias"])
+def test_fold_refused_where_something_sits_after_the_projection(case: str, tmp_path: Path) -> None:
+    """q/k norms and a qkv bias would need the deferred scale before them: those models keep their norms."""
+    model = _load(save_hf_model(make_hf_model(case), tmp_path), torch.float32, torch.device("cpu"))
+    weight = model.model.layers[0].input_layernorm.weight.clone()
+    assert not model.fold_norms()
+    assert not model.norms_folded
+    assert torch.equal(model.model.layers[0].input_layernorm.weight, weight)
+
+
+def test_output_rows_with_folded_norms(tmp_path: Path) -> None:
+    """``output_rows`` in a deferred step: the last layer's o_proj and MLP add into the chosen rows only."""
+    hf = make_hf_model("llama3_rope", seed=5)
+    model = _load(save_hf_model(hf, tmp_path), torch.float32, torch.device("cpu"))
+    assert model.fold_norms()
+    seq = torch.randint(0, 256, (21,), generator=torch.Generator().manual_seed(6))
+    rows = torch.tensor([20, 4, 9])
+    with torch.inference_mode():
+        got = model.compute_logits(model(seq, torch.arange(21), AttentionMetadata.build([21]), output_rows=rows))
+    assert (got - hf_logits(hf, seq)[rows]).abs().max().item() <= TOL
+
+
+@pytest.mark.cuda
+def test_folded_norms_on_the_gpu_are_as_close_to_transformers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 on CUDA: loading folds the norms; the deferred steps use the RoPE + cache kernel with the norm, and the
+    logits are as close to transformers' (fp32) as those of the same model with its norms kept."""
+    hf = make_hf_model("llama3_rope", seed=7)
+    path = save_hf_model(hf, tmp_path)
+    seqs = _sequences()
+    want = [hf_logits(hf, s) for s in seqs]
+    folded = _load(path, torch.bfloat16, torch.device("cuda"))
+    assert folded.norms_folded
+    fused_norms: list[bool] = []
+    kernel = cuda_rotary.rotary_embedding_cache_
+
+    def counting(*args: object, **kwargs: object) -> None:
+        fused_norms.append(len(args) > 9 and args[9] is not None)
+        kernel(*args, **kwargs)
+
+    monkeypatch.setattr(cuda_rotary, "rotary_embedding_cache_", counting)
+    got = _run_schedule(folded, seqs, torch.device("cuda"))
+    assert sum(fused_norms) == 2 * folded.config.num_layers, "the deferred steps did not take the fused kernel"
+    monkeypatch.setattr(llama.LlamaForCausalLM, "fold_norms", lambda self: False)
+    kept = _run_schedule(_load(path, torch.bfloat16, torch.device("cuda")), seqs, torch.device("cuda"))
+
+    def err(a: list[torch.Tensor]) -> float:
+        return max(((x - w).norm() / w.norm()).item() for x, w in zip(a, want, strict=True))
+
+    assert err(got) <= 1.5 * err(kept) + 1e-3, (err(got), err(kept))
+    assert err(got) < 3e-2
