@@ -20,25 +20,31 @@ __global__ void silu_and_mul_kernel(T* __restrict__ out, const T* x, int8_t* __r
   pdl_launch_dependents();
   pdl_wait();
   const size_t t = blockIdx.y;
-  const float scale = kNorm ? block_inv_rms<T>(norm, static_cast<int64_t>(t)) : 1.f;
-  const int nvec = d / V;
+  const int nvec = d / V, stride = gridDim.x * blockDim.x;
   const Vt* gate = reinterpret_cast<const Vt*>(x + t * 2 * d);
   const Vt* up = reinterpret_cast<const Vt*>(x + t * 2 * d + d);
   Vt* o = reinterpret_cast<Vt*>(out + t * d);
+  // Interleaved (V == 8): output vector i = gate vector 2i, up vector 2i + 1 of the row. Each trip's inputs are
+  // loaded a trip ahead, the first ones before the deferred norm's reduction (the two round trips overlap).
+  Vt a, b;
+  auto load = [&](int i) {
+    if (i < nvec) a = kInter ? gate[2 * i] : gate[i], b = kInter ? gate[2 * i + 1] : up[i];
+  };
+  load(blockIdx.x * blockDim.x + threadIdx.x);
+  const float scale = kNorm ? block_inv_rms<T>(norm, static_cast<int64_t>(t)) : 1.f;
   // Every thread of a CTA takes the same number of trips (the code blocks' shuffles need the whole warp).
-  for (int base = blockIdx.x * blockDim.x; base < nvec; base += gridDim.x * blockDim.x) {
+  for (int base = blockIdx.x * blockDim.x; base < nvec; base += stride) {
     const int i = base + threadIdx.x;
     const bool live = i < nvec;
     Vt r;
     if (live) {
-      // Interleaved (V == 8): output vector i = gate vector 2i, up vector 2i + 1 of the row.
-      const Vt a = kInter ? gate[2 * i] : gate[i], b = kInter ? gate[2 * i + 1] : up[i];
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         r.v[j] = from_f32<T>(silu_mul(to_f32(a.v[j]) * scale, to_f32(b.v[j]) * scale));
       }
       o[i] = r;
     }
+    load(i + stride);
     if constexpr (G != 0) q8_store_vec<G>(r, live, xq, xb, t * d + static_cast<size_t>(i) * V);
   }
 }
