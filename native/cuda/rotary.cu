@@ -96,62 +96,55 @@ __global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T
   const int heads = a.q_heads + a.k_heads * (CACHE ? 2 : 1);
   const int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t total = a.tokens * heads * groups;
-  // The norm's rows are the previous kernel's output: with NORM the wait comes first, else after the table loads.
-  float scale = 1.f;
-  if constexpr (NORM) {
-    pdl_wait();
-    scale = token_inv_rms(a, e, total, static_cast<int64_t>(heads) * groups);
-  }
-  if (e >= total) {
-    if constexpr (!NORM) pdl_wait();
-    return;
-  }
+  const bool live = e < total;  // a lane past the end only joins the deferred norm's warp reduction
   const int gi = static_cast<int>(e % groups);
   const int h = static_cast<int>((e / groups) % heads);
   const int64_t tok = e / (static_cast<int64_t>(groups) * heads);
   // Offsets of the thread's two vectors within a head (as stored: the paired layout holds them side by side).
   const int o1 = NEOX ? gi * V : 2 * gi * V, o2 = NEOX ? half + gi * V : 2 * gi * V + V;
   const int r1 = PAIRED ? 2 * gi * V : o1, r2 = PAIRED ? 2 * gi * V + V : o2;
-  const int64_t slot = CACHE ? a.slots[tok] : -1;
-  if (CACHE && h >= a.q_heads + a.k_heads) {  // a v head: copied into the cache (scaled in place first with NORM)
-    if constexpr (!NORM) pdl_wait();
-    if (!NORM && slot < 0) return;
-    const int hv = h - a.q_heads - a.k_heads;
-    T* src = a.v + tok * a.v_stride + static_cast<int64_t>(hv) * a.head_dim;
-    Vec16<T> v1 = *reinterpret_cast<const Vec16<T>*>(src + o1);
-    Vec16<T> v2 = *reinterpret_cast<const Vec16<T>*>(src + o2);
+  const bool is_v = CACHE && h >= a.q_heads + a.k_heads, is_k = !is_v && h >= a.q_heads;
+  const int hh = is_v ? h - a.q_heads - a.k_heads : is_k ? h - a.q_heads : h;
+  T* head = is_v ? a.v + tok * a.v_stride : is_k ? a.k + tok * a.k_stride : a.q + tok * a.q_stride;
+  head += static_cast<int64_t>(hh) * a.head_dim;
+  // Positions, slots and the cos/sin table are inputs of the step, not outputs of the kernel before.
+  const int64_t slot = CACHE && live ? a.slots[tok] : -1;
+  float c[V], s[V];
+  if (live && !is_v) {
+    const float* cs = a.cos_sin + a.positions[tok] * a.rotary_dim + gi * V;
+#pragma unroll
+    for (int i = 0; i < V; i += 4) {
+      const float4 cv = *reinterpret_cast<const float4*>(cs + i);
+      const float4 sv = *reinterpret_cast<const float4*>(cs + half + i);
+      c[i] = round_to<T>(cv.x), c[i + 1] = round_to<T>(cv.y), c[i + 2] = round_to<T>(cv.z), c[i + 3] = round_to<T>(cv.w);
+      s[i] = round_to<T>(sv.x), s[i + 1] = round_to<T>(sv.y), s[i + 2] = round_to<T>(sv.z), s[i + 3] = round_to<T>(sv.w);
+    }
+  }
+  pdl_wait();
+  // The head's vectors and the deferred norm's rows are loaded together: one round trip before the reduction.
+  Vec16<T> v1, v2;
+  if (live) {
+    v1 = *reinterpret_cast<const Vec16<T>*>(head + (is_v ? o1 : r1));
+    v2 = *reinterpret_cast<const Vec16<T>*>(head + (is_v ? o2 : r2));
+  }
+  const float scale = NORM ? token_inv_rms(a, e, total, static_cast<int64_t>(heads) * groups) : 1.f;
+  if (!live) return;
+  if (is_v) {  // a v head: copied into the cache (scaled in place first with NORM)
     if constexpr (NORM) {
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         v1.v[i] = from_f32<T>(to_f32(v1.v[i]) * scale);
         v2.v[i] = from_f32<T>(to_f32(v2.v[i]) * scale);
       }
-      *reinterpret_cast<Vec16<T>*>(src + o1) = v1;
-      *reinterpret_cast<Vec16<T>*>(src + o2) = v2;
-      if (slot < 0) return;
+      *reinterpret_cast<Vec16<T>*>(head + o1) = v1;
+      *reinterpret_cast<Vec16<T>*>(head + o2) = v2;
     }
-    T* dst = a.value_cache + (slot * a.k_heads + hv) * a.head_dim;
+    if (slot < 0) return;
+    T* dst = a.value_cache + (slot * a.k_heads + hh) * a.head_dim;
     *reinterpret_cast<Vec16<T>*>(dst + o1) = v1;
     *reinterpret_cast<Vec16<T>*>(dst + o2) = v2;
     return;
   }
-  const bool is_k = h >= a.q_heads;
-  const int hh = is_k ? h - a.q_heads : h;
-  T* head = is_k ? a.k + tok * a.k_stride + static_cast<int64_t>(hh) * a.head_dim
-                 : a.q + tok * a.q_stride + static_cast<int64_t>(hh) * a.head_dim;
-  const float* cs = a.cos_sin + a.positions[tok] * a.rotary_dim + gi * V;
-  float c[V], s[V];
-#pragma unroll
-  for (int i = 0; i < V; i += 4) {
-    const float4 cv = *reinterpret_cast<const float4*>(cs + i);
-    const float4 sv = *reinterpret_cast<const float4*>(cs + half + i);
-    c[i] = round_to<T>(cv.x), c[i + 1] = round_to<T>(cv.y), c[i + 2] = round_to<T>(cv.z), c[i + 3] = round_to<T>(cv.w);
-    s[i] = round_to<T>(sv.x), s[i + 1] = round_to<T>(sv.y), s[i + 2] = round_to<T>(sv.z), s[i + 3] = round_to<T>(sv.w);
-  }
-  // Positions, slots and the cos/sin table are inputs of the step, not outputs of the kernel before.
-  if constexpr (!NORM) pdl_wait();
-  Vec16<T> v1 = *reinterpret_cast<const Vec16<T>*>(head + r1);
-  Vec16<T> v2 = *reinterpret_cast<const Vec16<T>*>(head + r2);
   // Pair p among the 2V values v1 v2: neox (p, V + p); gptj (2p, 2p + 1); paired, first-half channel p sits at
   // (p / GROUP) * 2 GROUP + p % GROUP and its partner GROUP after it.
   float x[2 * V];
