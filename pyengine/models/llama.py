@@ -7,6 +7,7 @@ loader maps llama.cpp names onto these (``GGUF_NAMES``).
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
 
@@ -43,6 +44,7 @@ GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.n
 # folded: over the skinny GEMM's 16 rows, whose fused epilogues (SiLU, RoPE + cache) take no deferred norm, and up to
 # where the RoPE kernel still stores the cache (it applies the deferred scale).
 DEFERRED_NORM_TOKENS = range(17, FUSED_CACHE_MAX_TOKENS + 1)
+FOLD_NORMS_ENV = "CANDLE_VLLM_FOLD_NORMS"  # "0": loading on CUDA keeps the norms (an A/B switch for benchmarks)
 _GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _HF_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 # HF projection name -> (fused layer attribute path, shard index)
@@ -331,10 +333,10 @@ class LlamaForCausalLM(nn.Module):
 
     def finish_loading(self) -> None:
         """Called once all weights are in: binds a tied LM head to the embedding; on CUDA folds the norms
-        (:meth:`fold_norms`: the batch-64 decode step spends ~0.26 ms of ~6.8 on norm launches, RESULTS.md)."""
+        (:meth:`fold_norms`; batch-64 decode +2 %, RESULTS.md) unless ``CANDLE_VLLM_FOLD_NORMS=0``."""
         if self.config.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)
-        if self.model.norm.weight.device.type == "cuda":
+        if self.model.norm.weight.device.type == "cuda" and os.environ.get(FOLD_NORMS_ENV, "1").strip() != "0":
             self.fold_norms()
 
     def _load_one(self, name: str, w: WeightData) -> None:

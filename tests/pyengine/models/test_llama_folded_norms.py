@@ -128,8 +128,10 @@ def test_folded_norms_on_the_gpu_are_as_close_to_transformers(tmp_path: Path, mo
     monkeypatch.setattr(cuda_rotary, "rotary_embedding_cache_", counting)
     got = _run_schedule(folded, seqs, torch.device("cuda"))
     assert sum(fused_norms) == 2 * folded.config.num_layers, "the deferred steps did not take the fused kernel"
-    monkeypatch.setattr(llama.LlamaForCausalLM, "fold_norms", lambda self: False)
-    kept = _run_schedule(_load(path, torch.bfloat16, torch.device("cuda")), seqs, torch.device("cuda"))
+    monkeypatch.setenv(llama.FOLD_NORMS_ENV, "0")
+    kept_model = _load(path, torch.bfloat16, torch.device("cuda"))
+    assert not kept_model.norms_folded
+    kept = _run_schedule(kept_model, seqs, torch.device("cuda"))
 
     def err(a: list[torch.Tensor]) -> float:
         return max(((x - w).norm() / w.norm()).item() for x, w in zip(a, want, strict=True))
