@@ -42,7 +42,8 @@ GGUF_LAYER_NAMES = {
 GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # Step sizes whose layers run with their norms deferred (LlamaDecoderLayer.forward_folded) once the norm weights are
 # folded: over the skinny GEMM's 16 rows, whose fused epilogues (SiLU, RoPE + cache) take no deferred norm, and up to
-# where the RoPE kernel still stores the cache (it applies the deferred scale).
+# where the RoPE kernel still stores the cache (it applies the deferred scale). The wide GEMM's SiLU epilogue (17-64
+# rows, weights that fill several waves) takes none either: such a gate_up runs its SiLU kernel in these steps.
 DEFERRED_NORM_TOKENS = range(17, FUSED_CACHE_MAX_TOKENS + 1)
 FOLD_NORMS_ENV = "CANDLE_VLLM_FOLD_NORMS"  # "0": loading on CUDA keeps the norms (an A/B switch for benchmarks)
 _GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
@@ -190,7 +191,8 @@ class LlamaDecoderLayer(nn.Module):
         """:meth:`forward` over the residual stream alone, for a layer whose norm weights sit in qkv_proj and
         gate_up_proj (:meth:`LlamaForCausalLM.fold_norms`): the projections take the raw residual, the RoPE +
         cache kernel and the SiLU apply each norm's 1/rms, and o_proj / down_proj add into the residual in their
-        GEMMs. Two launches fewer per layer; updates ``residual`` in place (or its ``rows``) and returns it."""
+        GEMMs. Two launches fewer per layer; updates ``residual`` in place and returns it (with ``rows``: a new
+        tensor of those rows, updated, ``residual`` left as it was)."""
         attn_norm = DeferredRMSNorm(residual, self.input_layernorm.eps)
         out = residual if rows is None else residual[rows]
         out = self.self_attn(positions, residual, kv_cache, meta, rows, norm=attn_norm, add_to=out)
@@ -268,9 +270,10 @@ class LlamaForCausalLM(nn.Module):
         and leave unit weights, so steps of ``DEFERRED_NORM_TOKENS`` tokens run the layers without norm launches
         (:meth:`LlamaDecoderLayer.forward_folded`) while the others run the norms as before. Only for dense
         projections, and without q/k norms or a qkv bias (nothing may sit between the projection and the kernel
-        that applies the deferred scale). Returns whether the norms are folded."""
+        that applies the deferred scale); not in f16, whose range the unscaled projections (rms(x) times the
+        normed ones, often 50 and more on a BOS token) could overflow. Returns whether the norms are folded."""
         c, layers = self.config, self.model.layers
-        if self.norms_folded or c.qk_norm or c.attention_bias:
+        if self.norms_folded or c.qk_norm or c.attention_bias or self.model.norm.weight.dtype == torch.float16:
             return self.norms_folded
         if not all(layer.self_attn.qkv_proj.dense and layer.mlp.gate_up_proj.dense for layer in layers):
             return False

@@ -34,9 +34,9 @@ def _inv_rms(rows: torch.Tensor) -> torch.Tensor:
     return torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
 
 
-def _rope64(x: torch.Tensor, pos: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """float64 neox rotation of whole heads x [T, H, D] (cos/sin rounded to x's dtype first)."""
-    cos, sin = table[pos].to(x.dtype).double().unsqueeze(1).chunk(2, dim=-1)
+def _rope64(x: torch.Tensor, pos: torch.Tensor, table: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 neox rotation of whole heads x [T, H, D] (cos/sin rounded to the activations' dtype first)."""
+    cos, sin = table[pos].to(dtype).double().unsqueeze(1).chunk(2, dim=-1)
     x = x.double()
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
@@ -68,7 +68,7 @@ def test_rotary_cache_applies_the_deferred_norm(
     slots[tokens // 2] = -1
     cache = torch.randn(2, blocks, block_size, hk, d, generator=g, device=DEV).to(dtype)
     before = cache.clone()
-    want_q, want_k = _rope64(q_std.double() * inv, pos, table), _rope64(k_std.double() * inv, pos, table)
+    want_q, want_k = _rope64(q_std.double() * inv, pos, table, dtype), _rope64(k_std.double() * inv, pos, table, dtype)
     want_v = v_in.double() * inv
     norm = DeferredRMSNorm(rows, EPS)
     assert cuda_rotary.rotary_cache_supported(q, k, v, pos, table, cache, slots, pair_group, norm)
@@ -100,8 +100,8 @@ def test_silu_interleaved_applies_the_deferred_norm(dtype: torch.dtype, tokens: 
 
 
 def test_rows_the_kernels_cannot_read_are_refused() -> None:
-    """Rows of a hidden size or stride off whole 16-byte vectors: the kernels are not asked (the callers then
-    scale in torch)."""
+    """Rows of a hidden size off whole 16-byte vectors, or of another dtype: the kernels are not asked (the callers
+    then scale in torch)."""
     tokens, d = 5, 64
     q, k, v = (torch.randn(tokens, 2, d, device=DEV).to(torch.bfloat16) for _ in range(3))
     table = torch.randn(100, d, device=DEV)

@@ -14,7 +14,7 @@ from tiny_models import hf_logits, make_hf_model, save_hf_model
 from candle_vllm.pyengine.loader import load_model, resolve_model_source
 from candle_vllm.pyengine.models import llama
 from candle_vllm.pyengine.models.llama import LlamaForCausalLM
-from candle_vllm.pyengine.ops import cuda_rotary
+from candle_vllm.pyengine.ops import cuda, cuda_rotary
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 
 TOL = 1e-4
@@ -86,10 +86,12 @@ def test_folded_norms_match_transformers_on_cpu(case: str, tmp_path: Path) -> No
         assert (got[i] - hf_logits(hf, seq)).abs().max().item() <= TOL
 
 
-@pytest.mark.parametrize("case", ["qwen3_qk_norm", "qwen2_bias"])
-def test_fold_refused_where_something_sits_after_the_projection(case: str, tmp_path: Path) -> None:
-    """q/k norms and a qkv bias would need the deferred scale before them: those models keep their norms."""
-    model = _load(save_hf_model(make_hf_model(case), tmp_path), torch.float32, torch.device("cpu"))
+@pytest.mark.parametrize("case,dtype", [("qwen3_qk_norm", torch.float32), ("qwen2_bias", torch.float32),
+                                        ("llama", torch.float16)])
+def test_fold_refused_where_it_would_not_hold(case: str, dtype: torch.dtype, tmp_path: Path) -> None:
+    """q/k norms and a qkv bias would need the deferred scale before them, and f16 could overflow on the unscaled
+    projections: those models keep their norms."""
+    model = _load(save_hf_model(make_hf_model(case), tmp_path), dtype, torch.device("cpu"))
     weight = model.model.layers[0].input_layernorm.weight.clone()
     assert not model.fold_norms()
     assert not model.norms_folded
@@ -97,15 +99,28 @@ def test_fold_refused_where_something_sits_after_the_projection(case: str, tmp_p
 
 
 def test_output_rows_with_folded_norms(tmp_path: Path) -> None:
-    """``output_rows`` in a deferred step: the last layer's o_proj and MLP add into the chosen rows only."""
+    """``output_rows`` in a deferred prefill through the paged cache (as the runner's chunked prefill asks): the
+    last layer's o_proj and MLP add into the chosen rows only, and every token's K/V reach the cache (the decode
+    step after it is checked too)."""
     hf = make_hf_model("llama3_rope", seed=5)
     model = _load(save_hf_model(hf, tmp_path), torch.float32, torch.device("cpu"))
     assert model.fold_norms()
-    seq = torch.randint(0, 256, (21,), generator=torch.Generator().manual_seed(6))
+    cfg = model.config
+    g = torch.Generator().manual_seed(6)
+    model.kv_caches = [
+        torch.randn(2, NUM_BLOCKS, BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim, generator=g) for _ in range(cfg.num_layers)
+    ]
+    seq = torch.randint(0, 256, (22,), generator=g)
+    want = hf_logits(hf, seq)
+    tables = [list(range(6))]
     rows = torch.tensor([20, 4, 9])
     with torch.inference_mode():
-        got = model.compute_logits(model(seq, torch.arange(21), AttentionMetadata.build([21]), output_rows=rows))
-    assert (got - hf_logits(hf, seq)[rows]).abs().max().item() <= TOL
+        meta = AttentionMetadata.build([21], [21], "cpu", tables, BLOCK_SIZE)
+        got = model.compute_logits(model(seq[:21], torch.arange(21), meta, output_rows=rows))
+        assert (got - want[rows]).abs().max().item() <= TOL
+        meta = AttentionMetadata.build([1], [22], "cpu", tables, BLOCK_SIZE)
+        got = model.compute_logits(model(seq[21:], torch.tensor([21]), meta))
+    assert (got - want[21:]).abs().max().item() <= TOL
 
 
 @pytest.mark.cuda
@@ -118,16 +133,25 @@ def test_folded_norms_on_the_gpu_are_as_close_to_transformers(tmp_path: Path, mo
     want = [hf_logits(hf, s) for s in seqs]
     folded = _load(path, torch.bfloat16, torch.device("cuda"))
     assert folded.norms_folded
-    fused_norms: list[bool] = []
-    kernel = cuda_rotary.rotary_embedding_cache_
+    rope_norms: list[bool] = []
+    silu_norms: list[bool] = []
+    rope, silu = cuda_rotary.rotary_embedding_cache_, cuda.silu_and_mul_interleaved
 
-    def counting(*args: object, **kwargs: object) -> None:
-        fused_norms.append(len(args) > 9 and args[9] is not None)
-        kernel(*args, **kwargs)
+    def counting_rope(*args: object, **kwargs: object) -> None:
+        rope_norms.append(len(args) > 9 and args[9] is not None)
+        rope(*args, **kwargs)
 
-    monkeypatch.setattr(cuda_rotary, "rotary_embedding_cache_", counting)
+    def counting_silu(x: torch.Tensor, norm: object = None) -> torch.Tensor | None:
+        out = silu(x, norm)
+        silu_norms.append(norm is not None and out is not None)
+        return out
+
+    monkeypatch.setattr(cuda_rotary, "rotary_embedding_cache_", counting_rope)
+    monkeypatch.setattr(cuda, "silu_and_mul_interleaved", counting_silu)
     got = _run_schedule(folded, seqs, torch.device("cuda"))
-    assert sum(fused_norms) == 2 * folded.config.num_layers, "the deferred steps did not take the fused kernel"
+    layers = folded.config.num_layers
+    assert sum(rope_norms) == 2 * layers, "the deferred steps did not take the RoPE + cache kernel with the norm"
+    assert sum(silu_norms) == 2 * layers, "the deferred steps did not take the SiLU kernel with the norm"
     monkeypatch.setenv(llama.FOLD_NORMS_ENV, "0")
     kept_model = _load(path, torch.bfloat16, torch.device("cuda"))
     assert not kept_model.norms_folded
