@@ -250,18 +250,18 @@ class LlamaForCausalLM(nn.Module):
         residual: torch.Tensor | None = None
         if stack is not None and stack.step_supported(x, positions, self.kv_caches, attn):
             x, residual = stack.run(x, positions, self.kv_caches, attn, output_rows)
-        elif self.norms_folded and x.shape[0] in DEFERRED_NORM_TOKENS:
-            residual = x
-            last = len(self.model.layers) - 1
-            for i, layer in enumerate(self.model.layers):
-                kv_cache = self.kv_caches[i] if self.kv_caches else None
-                residual = layer.forward_folded(positions, residual, kv_cache, attn, output_rows if i == last else None)
-            return self.model.norm(residual)
         else:
+            folded = self.norms_folded and x.shape[0] in DEFERRED_NORM_TOKENS
             last = len(self.model.layers) - 1
             for i, layer in enumerate(self.model.layers):
                 kv_cache = self.kv_caches[i] if self.kv_caches else None
-                x, residual = layer(positions, x, residual, kv_cache, attn, output_rows if i == last else None)
+                rows = output_rows if i == last else None
+                if folded:
+                    x = layer.forward_folded(positions, x, kv_cache, attn, rows)  # x: the residual stream
+                else:
+                    x, residual = layer(positions, x, residual, kv_cache, attn, rows)
+            if folded:
+                return self.model.norm(x)
         x, _ = self.model.norm(x, residual)
         return x
 
