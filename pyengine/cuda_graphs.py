@@ -72,7 +72,7 @@ def unsupported_reason(model: nn.Module, kv_caches: list[torch.Tensor], device: 
 class _Captured:
     graph: torch.cuda.CUDAGraph
     hidden: torch.Tensor  # [bucket, H], written by every replay
-    logits: torch.Tensor  # f32 [bucket, V]
+    logits: torch.Tensor  # [bucket, V] in the LM head's dtype
 
 
 @dataclass(slots=True)
@@ -144,7 +144,7 @@ class DecodeGraphs:
             max_decode_seq_len=self.max_context,
         )
         hidden = self.model(self._tokens[0, :size], self._tokens[1, :size], meta)
-        return hidden, self.model.compute_logits(hidden)
+        return hidden, self.model.compute_logits(hidden, f32=False)
 
     def bucket_for(self, num_seqs: int, max_seq_len: int, table_width: int) -> int | None:
         """The captured batch size that serves ``num_seqs`` decode rows whose longest context is ``max_seq_len``
@@ -163,8 +163,8 @@ class DecodeGraphs:
         seq_lens: np.ndarray,
         block_tables: np.ndarray,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Replay the ``bucket`` graph for B = len(seq_lens) decode rows; returns views (hidden [B, H], f32 logits
-        [B, V]) of its outputs, valid until the next call. ``input_ids`` may be a device tensor (ids gathered on
+        """Replay the ``bucket`` graph for B = len(seq_lens) decode rows; returns views (hidden [B, H], logits
+        [B, V] in the LM head's dtype) of its outputs, valid until the next call. ``input_ids`` may be a device tensor (ids gathered on
         the device from a step not yet read back): it is copied device to device, never through the host."""
         b = seq_lens.shape[0]
         staging = self._staging[self._turn]

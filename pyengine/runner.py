@@ -220,11 +220,11 @@ class ModelRunner:
             # The model's last layer runs for the sampled rows alone: hidden holds just those rows.
             rows = self._tensor(plan.sample_indices, torch.int64)
             hidden = self.model(ids_t, pos, self._attention_metadata(plan), output_rows=rows)
-            self._sample(plan.sampled_requests, self.model.compute_logits(hidden), step)
+            self._sample(plan.sampled_requests, self.model.compute_logits(hidden, f32=False), step)
             return
         hidden = self.model(ids_t, pos, self._attention_metadata(plan))
         if plan.sampled_requests:
-            logits = self.model.compute_logits(hidden[self._tensor(plan.sample_indices, torch.int64)])
+            logits = self.model.compute_logits(hidden[self._tensor(plan.sample_indices, torch.int64)], f32=False)
             self._sample(plan.sampled_requests, logits, step)
         self._prompt_logprobs(plan, hidden, step)
 

@@ -11,6 +11,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int64_t kMinSlice = 2048;  // elements per CTA at least: below it the atomics outweigh the scan
+constexpr int kLoads = 4;            // 16-byte loads a thread issues before scanning them
 
 struct Best {
   float v;
@@ -51,7 +52,19 @@ __global__ void __launch_bounds__(kThreads) argmax_slices_kernel(unsigned long l
   // slice is a multiple of kVec, so a vectorized slice starts aligned.
   const int64_t vec_end = vectorize ? begin + (end - begin) / kVec * kVec : begin;
   const Vec<T, kVec>* rv = reinterpret_cast<const Vec<T, kVec>*>(row + begin);
-  for (int64_t i = threadIdx.x; begin + i * kVec < vec_end; i += kThreads) {
+  const int64_t nvec = (vec_end - begin) / kVec;
+  int64_t i = threadIdx.x;
+  // kLoads vectors in flight per thread: one at a time, the scan waits a DRAM round trip per vector.
+  for (; i + (kLoads - 1) * kThreads < nvec; i += kLoads * kThreads) {
+    Vec<T, kVec> x[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) x[u] = rv[i + u * kThreads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u)
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) take(best, to_f32(x[u].v[e]), begin + (i + u * kThreads) * kVec + e);
+  }
+  for (; i < nvec; i += kThreads) {
     const Vec<T, kVec> x = rv[i];
 #pragma unroll
     for (int e = 0; e < kVec; ++e) take(best, to_f32(x.v[e]), begin + i * kVec + e);

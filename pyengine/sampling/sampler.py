@@ -1,4 +1,4 @@
-"""The batched sampler: one call per step turns f32 logits [B, V] into a token per row (plus logprobs).
+"""The batched sampler: one call per step turns logits [B, V] into a token per row (plus logprobs).
 
 Order, as vLLM: the grammar mask of structured-output rows (before the raw logprobs, as vLLM applies its
 bitmask to the model's logits), logit_bias, min_tokens, penalties; greedy rows take the argmax there; the others divide by
@@ -46,6 +46,9 @@ class Sampler:
                 f"logits of shape {tuple(logits.shape)} do not match the batch "
                 f"({batch.num_rows} rows, vocab {batch.vocab_size})"
             )
+        if self._argmax_only(batch):
+            # argmax is the same over the LM head's bf16/f16 values as over their exact f32 copy: skip the copy
+            return SamplerOutput(sampled_token_ids=greedy_argmax(logits), logprobs=None)
         raw = logits.float()
         if batch.token_mask is not None:
             if raw is logits:  # never write into the caller's tensor
@@ -57,6 +60,12 @@ class Sampler:
         if batch.max_num_logprobs is not None:
             logprobs = compute_logprobs(raw, token_ids, batch.max_num_logprobs)
         return SamplerOutput(sampled_token_ids=token_ids, logprobs=logprobs)
+
+    @staticmethod
+    def _argmax_only(batch: SamplingBatch) -> bool:
+        """Every row greedy, and nothing (grammar mask, bias, min_tokens, penalties, logprobs) reads the logits."""
+        return (batch.all_greedy and batch.token_mask is None and batch.max_num_logprobs is None
+                and batch.logit_bias is None and batch.banned_stops is None and batch.penalties is None)
 
     @staticmethod
     def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -111,7 +111,7 @@ class ScriptedForCausalLM(nn.Module):
             self.prompts.append(input_ids.tolist())
         return positions.to(torch.float32).unsqueeze(1)  # the "hidden state" is the position
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, *, f32: bool = True) -> torch.Tensor:
         logits = torch.full((hidden.shape[0], self.vocab_size), -1e4, dtype=torch.float32)
         for row, pos in enumerate(hidden[:, 0].long().tolist()):
             k = pos + 1 - self.start

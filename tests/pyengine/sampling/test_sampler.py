@@ -40,6 +40,29 @@ def test_temperature_zero_is_argmax() -> None:
     assert got.tolist() == np.argmax(logits.numpy(), axis=1).tolist()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(temperature=0), SamplingParams(temperature=0, logprobs=3),
+     SamplingParams(temperature=0, repetition_penalty=1.3), SamplingParams(temperature=0, logit_bias={5: 40.0})],
+)
+def test_half_precision_logits_sample_as_their_f32_copy(dtype: torch.dtype, params: SamplingParams) -> None:
+    """The LM head's bf16/f16 logits come to the sampler unconverted: a plain greedy batch takes their argmax
+    directly (a tie planted at the top: the lower index wins), the others convert first; every token and logprob
+    equals what the f32 copy gives."""
+    logits = random_logits(6, 700, 3).to(dtype)
+    logits[:, 200] = logits[:, 600] = logits.float().max() + 1
+    rows = [SamplingRow(params, [5, 200, 7]) for _ in range(6)]
+    got = Sampler()(logits, SamplingBatch.build(rows, 700, "cpu"))
+    want = Sampler()(logits.float(), SamplingBatch.build(rows, 700, "cpu"))
+    assert torch.equal(got.sampled_token_ids, want.sampled_token_ids)
+    assert (got.logprobs is None) == (params.logprobs is None)
+    if got.logprobs is not None and want.logprobs is not None:
+        assert torch.equal(got.logprobs.logprobs, want.logprobs.logprobs)
+    if params.logit_bias is None and params.repetition_penalty == 1.0:
+        assert got.sampled_token_ids.tolist() == [200] * 6
+
+
 def test_top_k_one_equals_greedy_for_seeded_and_unseeded_rows() -> None:
     logits = random_logits(8, 500, 1)
     rows = [
