@@ -65,13 +65,13 @@ class Sampler:
     def _argmax_only(batch: SamplingBatch) -> bool:
         """Every row greedy, and nothing (grammar mask, bias, min_tokens, penalties, logprobs) reads the logits."""
         return (batch.all_greedy and batch.token_mask is None and batch.max_num_logprobs is None
-                and batch.logit_bias is None and batch.banned_stops is None and batch.penalties is None)
+                and not _has_processors(batch))
 
     @staticmethod
     def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """``logits`` with logit_bias, min_tokens and penalties applied, in a copy; greedy rows argmax it.
         A batch with none of them gets ``logits`` itself back (no [B, V] copy): treat the result as read-only."""
-        if batch.logit_bias is None and batch.banned_stops is None and batch.penalties is None:
+        if not _has_processors(batch):
             return logits
         out = logits.clone()
         apply_logit_bias(out, batch)
@@ -106,6 +106,11 @@ class Sampler:
                 noise[row].exponential_(generator=gen)
         # A draw of exactly 0 would turn p / q into inf or nan and could pick a masked token.
         return noise.clamp_min_(torch.finfo(noise.dtype).tiny)
+
+
+def _has_processors(batch: SamplingBatch) -> bool:
+    """Whether any row's logits are changed before choosing: logit_bias, min_tokens, penalties."""
+    return batch.logit_bias is not None or batch.banned_stops is not None or batch.penalties is not None
 
 
 def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:

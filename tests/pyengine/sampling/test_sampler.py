@@ -42,14 +42,18 @@ def test_temperature_zero_is_argmax() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
-    "params",
-    [SamplingParams(temperature=0), SamplingParams(temperature=0, logprobs=3),
-     SamplingParams(temperature=0, repetition_penalty=1.3), SamplingParams(temperature=0, logit_bias={5: 40.0})],
+    "params,token",
+    [(SamplingParams(temperature=0), 200), (SamplingParams(temperature=0, logprobs=3), 200),
+     (SamplingParams(temperature=0, repetition_penalty=1.3), 600),
+     (SamplingParams(temperature=0, logit_bias={5: 40.0}), 5)],
 )
-def test_half_precision_logits_sample_as_their_f32_copy(dtype: torch.dtype, params: SamplingParams) -> None:
+def test_half_precision_logits_sample_as_their_f32_copy(
+    dtype: torch.dtype, params: SamplingParams, token: int
+) -> None:
     """The LM head's bf16/f16 logits come to the sampler unconverted: a plain greedy batch takes their argmax
-    directly (a tie planted at the top: the lower index wins), the others convert first; every token and logprob
-    equals what the f32 copy gives."""
+    directly, the others convert first. A tie is planted at the top (tokens 200 and 600): the lower index wins,
+    unless the penalty on the already generated 200 or the bias on 5 decides. Every token and logprob also equals
+    what the f32 copy gives."""
     logits = random_logits(6, 700, 3).to(dtype)
     logits[:, 200] = logits[:, 600] = logits.float().max() + 1
     rows = [SamplingRow(params, [5, 200, 7]) for _ in range(6)]
@@ -59,8 +63,7 @@ def test_half_precision_logits_sample_as_their_f32_copy(dtype: torch.dtype, para
     assert (got.logprobs is None) == (params.logprobs is None)
     if got.logprobs is not None and want.logprobs is not None:
         assert torch.equal(got.logprobs.logprobs, want.logprobs.logprobs)
-    if params.logit_bias is None and params.repetition_penalty == 1.0:
-        assert got.sampled_token_ids.tolist() == [200] * 6
+    assert got.sampled_token_ids.tolist() == [token] * 6
 
 
 def test_top_k_one_equals_greedy_for_seeded_and_unseeded_rows() -> None:
