@@ -18,6 +18,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -75,18 +76,31 @@ class _Captured:
     logits: torch.Tensor  # [bucket, V] in the LM head's dtype
 
 
-@dataclass(slots=True)
-class _Staging:
-    """Pinned host copies of the static inputs, and the event after the copies that last read them."""
+class _Inputs(NamedTuple):
+    """The static inputs of the decode graphs as views of one int32 buffer, so a step's inputs are one copy:
+    ids, positions and slots (int64 [3, n]), then seq_lens [n], then the block tables [n, max_blocks]."""
 
+    buffer: torch.Tensor
     tokens: torch.Tensor
     seq_lens: torch.Tensor
     tables: torch.Tensor
-    copied: torch.cuda.Event | None = None
 
     @classmethod
-    def like(cls, tokens: torch.Tensor, seq_lens: torch.Tensor, tables: torch.Tensor) -> _Staging:
-        return cls(tokens.cpu().pin_memory(), seq_lens.cpu().pin_memory(), tables.cpu().pin_memory())
+    def over(cls, buffer: torch.Tensor, n: int, max_blocks: int) -> _Inputs:
+        return cls(buffer, buffer[: 6 * n].view(torch.int64).view(3, n), buffer[6 * n : 7 * n],
+                   buffer[7 * n :].view(n, max_blocks))
+
+    def prefix(self, rows: int) -> torch.Tensor:
+        """The buffer up to the end of the first ``rows`` table rows: what a step of ``rows`` rows must copy."""
+        return self.buffer[: self.tables.storage_offset() + rows * self.tables.shape[1]]
+
+
+@dataclass(slots=True)
+class _Staging:
+    """Pinned host copies of the static inputs, and the event after the copy that last read them."""
+
+    inputs: _Inputs
+    copied: torch.cuda.Event | None = None
 
 
 class DecodeGraphs:
@@ -106,15 +120,17 @@ class DecodeGraphs:
         self.max_context = min(max_model_len, MAX_CAPTURED_CONTEXT)
         self.max_blocks = math.ceil(self.max_context / block_size)
         n = self.max_batch
-        # ids, positions, slots share one int64 buffer so a step is three host-to-device copies.
-        self._tokens = torch.zeros(3, n, dtype=torch.int64, device=device)
-        self._seq_lens = torch.ones(n, dtype=torch.int32, device=device)
-        self._tables = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=device)
+        size = 7 * n + n * self.max_blocks
+        self._inputs = _Inputs.over(torch.zeros(size, dtype=torch.int32, device=device), n, self.max_blocks)
+        self._tokens, self._seq_lens, self._tables = self._inputs.tokens, self._inputs.seq_lens, self._inputs.tables
         self._qsl = torch.arange(n + 1, dtype=torch.int32, device=device)
         self._tokens[2].fill_(-1)
-        # Two pinned staging sets, used in turn: a step may be staged while the previous step's copies are still
+        self._seq_lens.fill_(1)
+        # Two pinned staging sets, used in turn: a step may be staged while the previous step's copy is still
         # queued behind the device's work (the runner launches step N+1 before reading step N back).
-        self._staging = [_Staging.like(self._tokens, self._seq_lens, self._tables) for _ in range(2)]
+        self._staging = [
+            _Staging(_Inputs.over(self._inputs.buffer.cpu().pin_memory(), n, self.max_blocks)) for _ in range(2)
+        ]
         self._turn = 0
         self._graphs: dict[int, _Captured] = {}
 
@@ -171,19 +187,17 @@ class DecodeGraphs:
         self._turn ^= 1
         if staging.copied is not None:
             staging.copied.synchronize()  # its copies of two steps ago have run: free to overwrite
-        tokens = staging.tokens.numpy()
+        tokens = staging.inputs.tokens.numpy()
         on_device = isinstance(input_ids, torch.Tensor)
         tokens[0, :b] = 0 if on_device else input_ids
         tokens[1, :b], tokens[2, :b] = positions, slot_mapping
         tokens[:2, b:bucket] = 0
         tokens[2, b:bucket] = -1  # padding rows write no K/V
-        lens = staging.seq_lens.numpy()
+        lens = staging.inputs.seq_lens.numpy()
         lens[:b] = seq_lens
         lens[b:bucket] = 1  # padding rows attend to one token of whatever block their (stale, valid) table names
-        staging.tables.numpy()[:b, : block_tables.shape[1]] = block_tables
-        self._tokens.copy_(staging.tokens, non_blocking=True)
-        self._seq_lens.copy_(staging.seq_lens, non_blocking=True)
-        self._tables[:bucket].copy_(staging.tables[:bucket], non_blocking=True)
+        staging.inputs.tables.numpy()[:b, : block_tables.shape[1]] = block_tables
+        self._inputs.prefix(bucket).copy_(staging.inputs.prefix(bucket), non_blocking=True)  # one copy per step
         if staging.copied is None:
             staging.copied = torch.cuda.Event()
         staging.copied.record()
