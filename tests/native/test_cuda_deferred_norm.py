@@ -44,7 +44,12 @@ def _rope64(x: torch.Tensor, pos: torch.Tensor, table: torch.Tensor, dtype: torc
 
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("pair_group", [0, 8])
-@pytest.mark.parametrize("tokens,hq,hk,d,hidden", [(37, 6, 2, 64, 576), (20, 32, 8, 128, 4096), (1, 4, 4, 256, 1024)])
+@pytest.mark.parametrize(
+    "tokens,hq,hk,d,hidden",
+    # 40 / 384 / 192 / 224 threads per token (224: warps and CTAs spanning two tokens); 2056 = 257 vectors, a
+    # row past a whole number of load rounds
+    [(37, 6, 2, 64, 576), (20, 32, 8, 128, 4096), (1, 4, 4, 256, 1024), (17, 20, 4, 128, 2056)],
+)
 def test_rotary_cache_applies_the_deferred_norm(
     dtype: torch.dtype, pair_group: int, tokens: int, hq: int, hk: int, d: int, hidden: int
 ) -> None:
