@@ -14,7 +14,8 @@ negligible); the fraction is of the 4.26 TB/s copy ceiling. The bf16 skinny GEMM
 baseline (2 bytes per weight).
 
 "mmq" (--kernels mmq) is the int8 tensor-core product for decode batches up to 32 rows (x rounded as for dp4a,
-its quantizer launch included; --mmq-row-tiles / --mmq-warps time its launch choices); dp4a and mma run batches
+its quantizer launch included; --mmq-row-tiles / --mmq-warps / --mmq-staging time its launch choices, the last
+its two kernels: weights in flight in registers or streamed through shared memory); dp4a and mma run batches
 above 8 rows in 8-row passes, as ops.quant does.
 
 --sweep-rows times the dp4a GEMV at one token for every launch choice (weight rows per CTA 2/4/8; all give the
@@ -49,6 +50,7 @@ ROW_CHOICES = (2, 4, 8)
 LAYERS_8B = 32
 LM_HEAD = (128256, 4096)
 DEV = torch.device("cuda")
+STAGING_LABELS = {0: "auto", 1: "reg", 2: "smem"}
 
 
 def random_blocks(qtype: QT, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
@@ -88,10 +90,11 @@ def copies_for(nbytes: int) -> int:
 
 def bench_gemv(
     qtype: QT, n: int, k: int, m: int, kernel: str, gen: torch.Generator, row_tiles: int = 0, warps: int = 0,
-    codes: bool = False,
+    codes: bool = False, staging: int = 0,
 ) -> dict[str, float]:
     """One GEMV kernel: "dp4a" / "mma" (above 8 rows in 8-row passes, as ops.quant runs them) or "mmq" (with
-    ``row_tiles`` 16-row tiles and ``warps`` warps per CTA, 0 = its default rules); ``codes``: the int8 kernels read
+    ``row_tiles`` 16-row tiles, ``warps`` warps per CTA and ``staging`` its kernel, 0 = its default rules); ``codes``:
+    the int8 kernels read
     codes an RMSNorm wrote before the timed graph (no quantizer launch), of the scale group the kernel takes."""
     w = [random_blocks(qtype, n, k, gen) for _ in range(copies_for(n * k // 2))]
     x: torch.Tensor | Q8Activation = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
@@ -100,7 +103,8 @@ def bench_gemv(
         x = rms_norm(x, torch.ones(k, device=DEV, dtype=torch.bfloat16), 1e-5, q8=group)
         assert isinstance(x, Q8Activation), "RMSNorm wrote no int8 codes for this shape"
     if kernel == "mmq":
-        return figures(w, lambda d: cuda_gguf.mmq(x, d, qtype, n, k, row_tiles=row_tiles, warps=warps))
+        return figures(w, lambda d: cuda_gguf.mmq(x, d, qtype, n, k, row_tiles=row_tiles, warps=warps,
+                                                  staging=staging))
     per_pass = 8
     parts = ([x.row_slice(i, i + per_pass) for i in range(0, m, per_pass)] if isinstance(x, Q8Activation)
              else [x[i : i + per_pass] for i in range(0, m, per_pass)])
@@ -190,6 +194,9 @@ def main() -> None:
                     help="mmq launches to time: 16-row tiles per CTA (1, 2; 0 = default rule)")
     ap.add_argument("--mmq-warps", nargs="+", type=int, default=[0],
                     help="mmq launches to time: warps per CTA splitting K (4, 8; 0 = default rule)")
+    ap.add_argument("--mmq-staging", nargs="+", type=int, default=[0],
+                    help="mmq kernels to time: 1 weights in flight in registers, 2 streamed through shared memory "
+                         "(up to 8 rows, Hopper); 0 = default rule")
     ap.add_argument("--codes", action="store_true",
                     help="dp4a/mmq on int8 codes written beforehand (as the decode path's producers write them)")
     ap.add_argument("--no-dequant", action="store_true", help="skip the dequantize throughput rows")
@@ -223,11 +230,14 @@ def main() -> None:
         for kernel in kernels:
             for n, k in shapes:
                 for m in sorted(set(args.m) | ({8} if name in args.m8_types else set())):
-                    launches = ([(rt, ws) for rt in args.mmq_row_tiles for ws in args.mmq_warps] if kernel == "mmq"
-                                else [(0, 0)])
-                    for rt, ws in launches:
-                        label = f"mmq/{rt or 'auto'}x{ws or 'auto'}" if kernel == "mmq" else kernel
-                        emit(label, name, (n, k), m, bench_gemv(qtype, n, k, m, kernel, gen, rt, ws, args.codes))
+                    launches = ([(rt, ws, st) for rt in args.mmq_row_tiles for ws in args.mmq_warps
+                                 for st in args.mmq_staging if st != 2 or (m <= 8 and rt < 2)]
+                                if kernel == "mmq" else [(0, 0, 0)])
+                    for rt, ws, st in launches:
+                        label = (f"mmq/{rt or 'auto'}x{ws or 'auto'}/{STAGING_LABELS[st]}" if kernel == "mmq"
+                                 else kernel)
+                        emit(label, name, (n, k), m,
+                             bench_gemv(qtype, n, k, m, kernel, gen, rt, ws, args.codes, st))
         if not args.no_dequant:
             emit("dequant", name, (28672, 4096), 0, bench_dequant(qtype, 28672, 4096, gen))
     if args.json:

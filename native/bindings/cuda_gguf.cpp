@@ -60,14 +60,18 @@ static Registrar registrar([](py::module_& m) {
   m.def(
       "cuda_gguf_mmq",
       [](uintptr_t y, uintptr_t x, uintptr_t xq, uintptr_t xb, uintptr_t w, int64_t M, int64_t N, int64_t K,
-         int qtype, int dtype, uintptr_t stream, int row_tiles, int warps) {
+         int qtype, int dtype, uintptr_t stream, int row_tiles, int warps, int staging) {
         cuda::gguf_mmq(as_ptr<void>(y), as_ptr<const void>(x), as_ptr<int8_t>(xq), as_ptr<void>(xb),
-                       as_ptr<const uint8_t>(w), M, N, K, qtype, to_dtype(dtype), stream, row_tiles, warps);
+                       as_ptr<const uint8_t>(w), M, N, K, qtype, to_dtype(dtype), stream, row_tiles, warps, staging);
       },
       py::arg("y"), py::arg("x"), py::arg("xq"), py::arg("xb"), py::arg("w"), py::arg("M"), py::arg("N"), py::arg("K"),
       py::arg("qtype"), py::arg("dtype"), py::arg("stream"), py::arg("row_tiles") = 0, py::arg("warps") = 0,
+      py::arg("staging") = 0,
       "cuda_gguf_gemv_q8's product for up to cuda_gguf_mmq_max_m tokens on int8 tensor cores (x = 0: codes already "
-      "in xq/xb, of cuda_gguf_mmq_x_group's scale group; row_tiles: 16-row tiles per CTA, warps: warps per CTA splitting K, 0 = default rules)");
+      "in xq/xb, of cuda_gguf_mmq_x_group's scale group; row_tiles: 16-row tiles per CTA, warps: warps per CTA splitting K, "
+      "staging: 1 the register kernel, 2 the shared-memory kernel (up to cuda_gguf_mmq_staged_max_m tokens, Hopper); "
+      "0 = default rules)");
+  m.attr("cuda_gguf_mmq_staged_max_m") = cuda::kGgufMmqStagedMaxM;
   m.def(
       "cuda_gguf_gemv_q8_rope_cache",
       [](uintptr_t y, uintptr_t x, uintptr_t xq, uintptr_t xb, uintptr_t w, int64_t M, int64_t N, int64_t K,

@@ -2,6 +2,7 @@
 // launch choices (rows per CTA, the pipelined Q4_K loop) and the entry points declared in gguf.h.
 #include "cuda/gguf_gemv_q8_kernel.cuh"
 #include "cuda/gguf_mmq.h"
+#include "cuda/gguf_mmq_staged.h"
 
 namespace candle_vllm::cuda {
 namespace {
@@ -161,7 +162,8 @@ void launch_q8(const char* what, void* y, const int8_t* xq, const XBlock* xb, co
 
 // The tensor-core product (plain store, or the RoPE + cache epilogue when rope is non-null), after its checks.
 void run_mmq(const char* what, void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N,
-             int64_t K, int qtype, DType dtype, int row_tiles, int warps, const GgufRopeCache* rope, cudaStream_t s) {
+             int64_t K, int qtype, DType dtype, int row_tiles, int warps, int staging, const GgufRopeCache* rope,
+             cudaStream_t s) {
   if (!gguf_mmq_supported(qtype))
     throw std::invalid_argument(std::string(what) + ": no tensor-core kernel for GGUF type " + std::to_string(qtype));
   // Every refusal before the quantizer launch: a refused call enqueues nothing.
@@ -172,11 +174,19 @@ void run_mmq(const char* what, void* y, const void* x, int8_t* xq, void* xb, con
     throw std::invalid_argument(std::string(what) + ": row_tiles must be 0 (the default rule), 1 or 2");
   if (warps != 0 && warps != 4 && warps != 8)
     throw std::invalid_argument(std::string(what) + ": warps must be 0 (the default rule), 4 or 8");
+  if (staging != kMmqStagingAuto && staging != kMmqStagingRegisters && staging != kMmqStagingShared)
+    throw std::invalid_argument(std::string(what) + ": staging must be 0 (the default rule), 1 (registers) or 2 "
+                                "(shared memory)");
+  const bool staged_fits = M >= 1 && M <= kGgufMmqStagedMaxM && K > 0 && K <= INT32_MAX &&
+                           gguf_mmq_staged_fits(qtype, static_cast<int>(M), static_cast<int>(K));
+  if (staging == kMmqStagingShared && (!staged_fits || row_tiles > 1))
+    throw std::invalid_argument(std::string(what) + ": the staged kernel takes 1..8 tokens on a Hopper GPU, rows a "
+                                "multiple of 16 bytes long and one row tile; give staging 0 or 1");
   if (x != nullptr)
     quantize_activations(what, x, xq, xb, w, M, N, K, qtype, dtype, 0, s, kGgufMmqMaxM, gguf_mmq_x_group(qtype));
   else check_gemv_args(what, M, N, K, w, xq, xb, dtype, kGgufMmqMaxM);
   launch_gguf_mmq(y, dtype == DType::BF16, xq, static_cast<const XBlock*>(xb), w, static_cast<int>(M),
-                  static_cast<int>(N), static_cast<int>(K), qtype, row_tiles, warps, rope, s);
+                  static_cast<int>(N), static_cast<int>(K), qtype, row_tiles, warps, staging, rope, s);
   check_launch(what);
 }
 
@@ -220,7 +230,7 @@ void gguf_gemv_q8_rope_cache(void* y, const void* x, int8_t* xq, void* xb, const
   if (tensor_cores) {
     if (rows != 0)
       throw std::invalid_argument(std::string(what) + ": rows is a dp4a launch choice; give 0 with tensor_cores");
-    run_mmq(what, y, x, xq, xb, w, M, N, K, qtype, dtype, 0, 0, &rope, s);
+    run_mmq(what, y, x, xq, xb, w, M, N, K, qtype, dtype, 0, 0, kMmqStagingAuto, &rope, s);
     return;
   }
   if (x != nullptr) quantize_activations(what, x, xq, xb, w, M, N, K, qtype, dtype, rows, s);
@@ -229,8 +239,8 @@ void gguf_gemv_q8_rope_cache(void* y, const void* x, int8_t* xq, void* xb, const
 }
 
 void gguf_mmq(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
-              int qtype, DType dtype, std::uintptr_t stream, int row_tiles, int warps) {
-  run_mmq("gguf_mmq", y, x, xq, xb, w, M, N, K, qtype, dtype, row_tiles, warps, nullptr, as_stream(stream));
+              int qtype, DType dtype, std::uintptr_t stream, int row_tiles, int warps, int staging) {
+  run_mmq("gguf_mmq", y, x, xq, xb, w, M, N, K, qtype, dtype, row_tiles, warps, staging, nullptr, as_stream(stream));
 }
 
 }  // namespace candle_vllm::cuda

@@ -8,8 +8,9 @@
 
 namespace candle_vllm::cuda::mmq {
 
-GGUF_HD uint32_t word(const uint8_t* unit, int i) {
-  return gguf::ld<uint32_t>(reinterpret_cast<const uint32_t*>(unit) + i);
+template <class P>
+GGUF_HD uint32_t word(P unit, int i) {
+  return gguf::ld<uint32_t>(unit + 4 * i);
 }
 
 // Q8_0 (34 bytes: f16 d, 32 int8 codes): block 0's codes are bytes 2..33 (the lane's 8 in words 2t..2t+2), block
@@ -18,8 +19,9 @@ struct MmqQ8_0 {
   static constexpr int kBlockElems = 64, kBlockBytes = 68, kPairs = 1, kDepth = 4;
   static constexpr bool kUnitScales = false, kMins = false, kSplitLanes = false;
   uint32_t e[3], o[2], d0, d1;
-  GGUF_HD void fetch(const uint8_t* row, int u, int t) {
-    const uint8_t* unit = row + static_cast<int64_t>(u) * kBlockBytes;
+  template <class P>
+  GGUF_HD void fetch(P row, int u, int t) {
+    const P unit = row + static_cast<int64_t>(u) * kBlockBytes;
 #pragma unroll
     for (int k = 0; k < 3; ++k) e[k] = word(unit, 2 * t + k);
     o[0] = word(unit, 9 + 2 * t), o[1] = word(unit, 10 + 2 * t);
@@ -54,8 +56,9 @@ struct MmqQ4_0 {
   static constexpr int kBlockElems = 64, kBlockBytes = 36, kPairs = 1, kDepth = 4;
   static constexpr bool kUnitScales = false, kMins = false, kSplitLanes = true;
   uint32_t e[2], o, d0, d1;
-  GGUF_HD void fetch(const uint8_t* row, int u, int t) {
-    const uint8_t* unit = row + static_cast<int64_t>(u) * kBlockBytes;
+  template <class P>
+  GGUF_HD void fetch(P row, int u, int t) {
+    const P unit = row + static_cast<int64_t>(u) * kBlockBytes;
     e[0] = word(unit, t), e[1] = word(unit, t + 1), o = word(unit, 5 + t);
     d0 = word(unit, 0), d1 = word(unit, 4);
   }
@@ -72,8 +75,9 @@ struct MmqQ4_1 {
   static constexpr int kBlockElems = 64, kBlockBytes = 40, kPairs = 1, kDepth = 4;
   static constexpr bool kUnitScales = false, kMins = true, kSplitLanes = true;
   uint32_t e, o, dm0, dm1;
-  GGUF_HD void fetch(const uint8_t* row, int u, int t) {
-    const uint8_t* unit = row + static_cast<int64_t>(u) * kBlockBytes;
+  template <class P>
+  GGUF_HD void fetch(P row, int u, int t) {
+    const P unit = row + static_cast<int64_t>(u) * kBlockBytes;
     e = word(unit, 1 + t), o = word(unit, 6 + t);
     dm0 = word(unit, 0), dm1 = word(unit, 5);
   }
@@ -92,8 +96,9 @@ struct MmqQ5_0 {
   static constexpr int kBlockElems = 64, kBlockBytes = 44, kPairs = 1, kDepth = 4;
   static constexpr bool kUnitScales = false, kMins = false, kSplitLanes = true;
   uint32_t w0, w1, e[2], w5, qh1, o;
-  GGUF_HD void fetch(const uint8_t* row, int u, int t) {
-    const uint8_t* unit = row + static_cast<int64_t>(u) * kBlockBytes;
+  template <class P>
+  GGUF_HD void fetch(P row, int u, int t) {
+    const P unit = row + static_cast<int64_t>(u) * kBlockBytes;
     w0 = word(unit, 0), w1 = word(unit, 1);
     e[0] = word(unit, 1 + t), e[1] = word(unit, 2 + t);
     w5 = word(unit, 5), qh1 = word(unit, 6), o = word(unit, 7 + t);
@@ -114,8 +119,9 @@ struct MmqQ5_1 {
   static constexpr bool kUnitScales = false, kMins = true, kSplitLanes = true;
   uint2 h0, h1;
   uint32_t e, o;
-  GGUF_HD void fetch(const uint8_t* row, int u, int t) {
-    const uint8_t* unit = row + static_cast<int64_t>(u) * kBlockBytes;
+  template <class P>
+  GGUF_HD void fetch(P row, int u, int t) {
+    const P unit = row + static_cast<int64_t>(u) * kBlockBytes;
     h0 = gguf::ld<uint2>(unit), e = word(unit, 2 + t);
     h1 = gguf::ld<uint2>(unit + 24), o = word(unit, 8 + t);
   }

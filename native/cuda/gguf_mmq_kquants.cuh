@@ -25,8 +25,9 @@ struct MmqQ4K {
   static constexpr bool kHalfMins = false;
   uint2 q[kPairs];
   uint4 h;
-  GGUF_HD void fetch(const uint8_t* row, int u, int t) {
-    const uint8_t* blk = row + static_cast<int64_t>(u) * kBlockBytes;
+  template <class P>
+  GGUF_HD void fetch(P row, int u, int t) {
+    const P blk = row + static_cast<int64_t>(u) * kBlockBytes;
     h = gguf::ld<uint4>(blk);
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) q[j] = gguf::ld<uint2>(blk + 16 + 32 * j + 8 * t);
@@ -48,8 +49,9 @@ struct MmqQ5K {
   static constexpr bool kHalfMins = false;
   uint2 q[kPairs], e;
   uint4 h;
-  GGUF_HD void fetch(const uint8_t* row, int u, int t) {
-    const uint8_t* blk = row + static_cast<int64_t>(u) * kBlockBytes;
+  template <class P>
+  GGUF_HD void fetch(P row, int u, int t) {
+    const P blk = row + static_cast<int64_t>(u) * kBlockBytes;
     h = gguf::ld<uint4>(blk);
     e = gguf::ld<uint2>(blk + 16 + 8 * t);
 #pragma unroll
@@ -78,24 +80,26 @@ GGUF_HD uint32_t plane2(uint32_t w, int q) { return (w >> (2 * q)) & 0x03030303u
 // The 4-byte chunks a lane takes from a block that starts 2-byte aligned (Q3_K, Q6_K; at offsets that are multiples
 // of 4, so they all share the block's alignment, read once): each chunk is the aligned word holding its first bytes
 // and, for a block 2 bytes off a word, the 16 bits after it (a 16-bit load: nothing past the block is read);
-// word() funnels the pair into the chunk.
+// chunk_word() funnels the pair into the chunk. P: a global row pointer or gguf::StagedBytes.
+template <class P>
 struct A2Chunks {
-  const uint8_t* base;  // the block's first byte rounded down to a word
-  uint32_t shift;       // 16 when the block starts 2 bytes off a word, else 0
-  GGUF_HD explicit A2Chunks(const uint8_t* blk)
-      : base(blk - (gguf::odd_half(blk) ? 2 : 0)), shift(gguf::odd_half(blk) ? 16u : 0u) {}
+  P base;          // the block's first byte rounded down to a word
+  uint32_t shift;  // 16 when the block starts 2 bytes off a word, else 0
+  GGUF_HD explicit A2Chunks(P blk) : base(blk - (gguf::odd_half(blk) ? 2 : 0)), shift(gguf::odd_half(blk) ? 16u : 0u) {}
   GGUF_HD uint2 fetch(int off) const {
-    const uint8_t* p = base + off;
+    const P p = base + off;
     return uint2{gguf::ld<uint32_t>(p), shift ? gguf::ld<uint16_t>(p + 4) : 0u};
   }
-  static GGUF_HD uint32_t word(uint2 c, uint32_t shift) {
-#ifdef __CUDA_ARCH__
-    return __funnelshift_r(c.x, c.y, shift);
-#else
-    return shift ? (c.x >> 16) | (c.y << 16) : c.x;
-#endif
-  }
 };
+
+// The chunk (a fetch() pair) as the word at the block's offset.
+GGUF_HD uint32_t chunk_word(uint2 c, uint32_t shift) {
+#ifdef __CUDA_ARCH__
+  return __funnelshift_r(c.x, c.y, shift);
+#else
+  return shift ? (c.x >> 16) | (c.y << 16) : c.x;
+#endif
+}
 
 // Q2_K (84 bytes: 16 scale bytes, the low nibble the sub-block's scale and the high its min; 64 code bytes; f16 d,
 // dmin; w = d * sc * code - dmin * m): half a block per unit, 4-byte aligned (blocks are 84 bytes apart).
@@ -103,8 +107,9 @@ struct MmqQ2K {
   static constexpr int kBlockElems = 128, kBlockBytes = 42, kPairs = 2, kDepth = 1;
   static constexpr bool kUnitScales = true, kMins = true, kSplitLanes = true, kHalfScales = true, kHalfMins = true;
   uint32_t q[2], sm[2], dm;
-  GGUF_HD void fetch(const uint8_t* row, int u, int t) {
-    const uint8_t* blk = row + static_cast<int64_t>(u >> 1) * (2 * kBlockBytes);
+  template <class P>
+  GGUF_HD void fetch(P row, int u, int t) {
+    const P blk = row + static_cast<int64_t>(u >> 1) * (2 * kBlockBytes);
     const int n = u & 1;
     q[0] = gguf::ld<uint32_t>(blk + 16 + 32 * n + 4 * t), q[1] = gguf::ld<uint32_t>(blk + 32 + 32 * n + 4 * t);
     sm[0] = gguf::ld<uint32_t>(blk + 8 * n), sm[1] = gguf::ld<uint32_t>(blk + 8 * n + 4);
@@ -137,10 +142,11 @@ struct MmqQ3K {
   gguf::A2Words<3> sc;
   uint32_t dw;
   int n;
-  GGUF_HD void fetch(const uint8_t* row, int u, int t) {
-    const uint8_t* blk = row + static_cast<int64_t>(u >> 1) * (2 * kBlockBytes);
+  template <class P>
+  GGUF_HD void fetch(P row, int u, int t) {
+    const P blk = row + static_cast<int64_t>(u >> 1) * (2 * kBlockBytes);
     n = u & 1;
-    const A2Chunks chunks(blk);
+    const A2Chunks<P> chunks(blk);
     shift = chunks.shift;
 #pragma unroll
     for (int k = 0; k < 2; ++k) ql[k] = chunks.fetch(32 + 32 * n + 16 * k + 4 * t), hm[k] = chunks.fetch(16 * k + 4 * t);
@@ -150,7 +156,7 @@ struct MmqQ3K {
   GGUF_HD void codes(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2]) const {
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      const uint32_t q = A2Chunks::word(ql[k], shift), high = A2Chunks::word(hm[k], shift) >> (4 * n);
+      const uint32_t q = chunk_word(ql[k], shift), high = chunk_word(hm[k], shift) >> (4 * n);
       lo[k] = centered<3>(plane2(q, 2 * j) | (((high >> (2 * j)) & 0x01010101u) << 2));
       hi[k] = centered<3>(plane2(q, 2 * j + 1) | (((high >> (2 * j + 1)) & 0x01010101u) << 2));
     }
@@ -179,10 +185,11 @@ struct MmqQ6K {
   uint32_t shift;
   gguf::A2Words<2> sc;
   uint32_t dw;
-  GGUF_HD void fetch(const uint8_t* row, int u, int t) {
-    const uint8_t* blk = row + static_cast<int64_t>(u >> 1) * (2 * kBlockBytes);
+  template <class P>
+  GGUF_HD void fetch(P row, int u, int t) {
+    const P blk = row + static_cast<int64_t>(u >> 1) * (2 * kBlockBytes);
     const int n = u & 1;
-    const A2Chunks chunks(blk);
+    const A2Chunks<P> chunks(blk);
     shift = chunks.shift;
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -196,8 +203,8 @@ struct MmqQ6K {
   GGUF_HD void codes(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2]) const {
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      const uint32_t l0 = A2Chunks::word(ql[0][k], shift), l1 = A2Chunks::word(ql[1][k], shift);
-      const uint32_t h = A2Chunks::word(qh[k], shift);
+      const uint32_t l0 = chunk_word(ql[0][k], shift), l1 = chunk_word(ql[1][k], shift);
+      const uint32_t h = chunk_word(qh[k], shift);
       lo[k] = centered<6>(((l0 >> (4 * j)) & gguf::kNib) | (((h >> (4 * j)) & 0x03030303u) << 4));
       hi[k] = centered<6>(((l1 >> (4 * j)) & gguf::kNib) | (((h >> (4 * j + 2)) & 0x03030303u) << 4));
     }

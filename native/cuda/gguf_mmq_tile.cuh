@@ -2,8 +2,9 @@
 //
 // A tile loader (one struct per type, e.g. MmqQ4K) is a lane's share of one unit of a weight row: kBlockElems elements
 // (kPairs pairs of 32-element sub-blocks; kBlockBytes bytes of the row per unit on average). fetch(row, u, t) only
-// issues the loads of unit u of the row (the kernel keeps kDepth units in flight while it multiplies one more, the
-// first kDepth before griddepcontrol.wait: small units need more of them to cover the memory latency). For sub-blocks
+// issues the loads of unit u of the row: a global row pointer (gguf_mmq.cu keeps kDepth units in flight while it
+// multiplies one more, the first kDepth before griddepcontrol.wait: small units need more of them to cover the memory
+// latency), or gguf::StagedBytes, the row's chunk that gguf_mmq_staged.cu staged in shared memory. For sub-blocks
 // 2j (lo) and 2j + 1 (hi) the loader then gives the lane's two A-fragment words of each (the sub-block's elements
 // 8t..8t+7 as int8 lanes, t = the lane's threadID_in_group; with kSplitLanes elements 4t..4t+3 and 16+4t..16+4t+3,
 // the mma's own slots), and their scales, in one of two forms:

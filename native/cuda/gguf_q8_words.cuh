@@ -68,7 +68,22 @@ GGUF_HD V ld(const void* p) {
 #endif
 }
 
+// Weight bytes a kernel staged in shared memory (the streamed tensor-core product): the tile loaders take it where
+// they take a global row pointer, and ld() then reads with plain loads (the read-only path is global memory only).
+// The staging keeps each byte's offset from a 16-byte boundary, so the loaders' alignment rules hold unchanged.
+struct StagedBytes {
+  const uint8_t* p;
+  GGUF_HD StagedBytes operator+(int64_t n) const { return {p + n}; }
+  GGUF_HD StagedBytes operator-(int64_t n) const { return {p - n}; }
+};
+
+template <typename V>
+GGUF_HD V ld(StagedBytes s) {
+  return *reinterpret_cast<const V*>(s.p);
+}
+
 GGUF_HD bool odd_half(const uint8_t* p) { return (reinterpret_cast<std::uintptr_t>(p) & 2) != 0; }
+GGUF_HD bool odd_half(StagedBytes s) { return odd_half(s.p); }
 
 // The aligned words holding bytes [p, p + 4N) of a 2-byte aligned p (N + 1 when p is not 4-byte aligned; the last
 // one then holds only the final two bytes, read by a 16-bit load so nothing past p + 4N is read: at a tensor's last
@@ -79,13 +94,13 @@ struct A2Words {
   bool odd;  // p % 4 == 2: the bytes straddle w[0..N]
 };
 
-template <int N>
-GGUF_HD void fetch_a2(A2Words<N>& raw, const uint8_t* p) {
+template <int N, class P>
+GGUF_HD void fetch_a2(A2Words<N>& raw, P p) {
   const bool odd = odd_half(p);
-  const uint32_t* a = reinterpret_cast<const uint32_t*>(p - (odd ? 2 : 0));
+  const P a = p - (odd ? 2 : 0);
 #pragma unroll
-  for (int i = 0; i < N; ++i) raw.w[i] = ld<uint32_t>(a + i);
-  raw.w[N] = odd ? ld<uint16_t>(a + N) : 0u;  // mid16 takes only its low half
+  for (int i = 0; i < N; ++i) raw.w[i] = ld<uint32_t>(a + 4 * i);
+  raw.w[N] = odd ? ld<uint16_t>(a + 4 * N) : 0u;  // mid16 takes only its low half
   raw.odd = odd;
 }
 
@@ -108,7 +123,10 @@ GGUF_HD float half_hi(uint32_t w) { return half_lo(w >> 16); }
 
 // The f16 at a 2-byte aligned p (its bits in the low half; one 16-bit load, so a block's d never reads past the
 // tensor's last byte), and that f16 as f32.
-GGUF_HD uint32_t fetch_f16_a2(const uint8_t* p) { return ld<uint16_t>(p); }
+template <class P>
+GGUF_HD uint32_t fetch_f16_a2(P p) {
+  return ld<uint16_t>(p);
+}
 GGUF_HD float f16_a2(uint32_t w) { return half_lo(w); }
 
 // Bit 4 of byte j = bit j of the low 4 bits of n (the fifth bit of 4 adjacent 5-bit codes).

@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
+#include "cuda/mbarrier.cuh"
 #include "cuda/smem_pipe.cuh"
 #include "cuda/wide_gemm.h"
 
@@ -46,27 +47,6 @@ static_assert(kTokens * kRedStride * 4 <= kStages * kStageBytes, "the f32 tile r
 #endif
 
 #ifdef CANDLE_VLLM_WGMMA
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nWAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-
 // One box of a 2-D tensor map (coordinates: k, then row) into shared memory, completing bytes on `bar`.
 __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap& map, uint32_t bar, int k, int row) {
   asm volatile(
@@ -125,7 +105,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(smem_addr(&full[s]), 1);
       mbar_init(smem_addr(&empty[s]), kConsumers * 4);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_fence_init();
   }
   __syncthreads();
 

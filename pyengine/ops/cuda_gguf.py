@@ -148,7 +148,7 @@ def _codes_taken(q8: Q8Activation | None, qtype: QT) -> Q8Activation | None:
 
 def mmq(
     x: torch.Tensor | Q8Activation, data: torch.Tensor, qtype: QT, out_features: int, in_features: int,
-    row_tiles: int = 0, warps: int = 0,
+    row_tiles: int = 0, warps: int = 0, staging: int = 0,
 ) -> torch.Tensor:
     """y [M, N] = x [M, K] @ W.T for decode batches up to 32 rows on int8 tensor cores: x rounded to int8 with one
     scale per :func:`x_group` values (or a :class:`Q8Activation`'s codes of that group), each weight decoded once
@@ -158,10 +158,12 @@ def mmq(
     are rounded per 256 values. A :class:`Q8Activation` whose codes the kernel cannot read (``_codes_taken``) is
     quantized again from its dense ``x``.
 
-    ``row_tiles`` and ``warps`` exist so benchmarks can compare launches: 16-row weight tiles per CTA (1 or 2) and
-    warps per CTA splitting K (4 or 8); 0 = the kernel's default rules (warps: by the weight's shape only; row
-    tiles: also by type and rows).
-    ``row_tiles`` changes only the speed, ``warps`` also the f32 summation order."""
+    ``row_tiles``, ``warps`` and ``staging`` exist so benchmarks can compare launches: 16-row weight tiles per CTA
+    (1 or 2), warps per CTA splitting K (4 or 8) and the kernel (1: weights in flight in registers; 2: streamed
+    through shared memory, up to ``cuda_gguf_mmq_staged_max_m`` rows on Hopper, one row tile); 0 = the default
+    rules (warps: by the weight's shape only; row tiles: also by type and rows; the kernel: the staged one where it
+    fits and no row tiles are given). ``row_tiles`` and ``staging`` change only the speed, ``warps`` also the f32
+    summation order."""
     q8 = x if isinstance(x, Q8Activation) else None
     x = q8.x if q8 is not None else x
     q8 = _codes_taken(q8, qtype)
@@ -178,7 +180,7 @@ def mmq(
     native.module().cuda_gguf_mmq(
         y.data_ptr(), 0 if to_quantize is None else to_quantize.data_ptr(), xq.data_ptr(), xb.data_ptr(),
         data.data_ptr(), m, out_features, in_features, int(qtype), native.dtype_code(x), native.stream(x.device),
-        row_tiles, warps,
+        row_tiles, warps, staging,
     )
     return y
 

@@ -311,27 +311,25 @@ def quant_matmul(
 # even (benches/RESULTS.md).
 GEMV_PASSES_MAX_ROWS = 16
 # Types with the int8 tensor-core product (cuda_gguf.mmq) take it from a number of rows up to its maximum (32): it
-# decodes each weight once for all rows, where the dp4a GEMV decodes it once per row (and runs 5-8 rows as 8). The
-# number is the smallest batch from which it beat the dp4a GEMV (one 8-row pass, or two from 9 rows) on the H200,
-# separately for narrow weights and for wide ones (out_features >= MMQ_WIDE_FEATURES: their grid of 32-row CTAs is
-# several waves deep, which the product streams better). Measured per Llama-3-8B shape (us, mmq / dp4a;
-# benches/bench_quant_cuda.py --kernels mmq dp4a --codes --m 2 3 4 5 6 ..., benches/RESULTS.md sessions 9, 10, 13):
-#   - the K-quants (session 13, call 7: the min terms and the 16-element halves on the tensor cores, one row tile up
-#     to 8 / 16 tokens; narrow = 6144x4096 + 4096x4096 + 4096x14336 summed, wide = 28672x4096): q4k at 2 28.4 / 34.1
-#     and 27.9 / 33.9; q5k at 2 33.6 / 36.7 and 32.9 / 39.5; q6k at 3 48.3 / 55.3 and 52.3 / 61.8 (2: 48.1 / 47.3,
-#     51.4 / 48.6); q2k narrow at 3 34.8 / 39.2 (2: 34.5 / 34.5, even), wide at 2 27.9 / 38.1; q3k narrow at 5 48.5
-#     / 65.1 (3: 47.6 / 47.1, 4: 48.0 / 46.7), wide at 3 44.9 / 51.5 (2: 44.6 / 43.3). dp4a runs 3-4 rows as 4 and
-#     5-8 as 8, hence the steps.
-#   - the 32-element types (sessions 9 and 10): wide, q4_1 at 5 56.8 / 69.3 (4: 54.9 / 38.8); q4_0, q5_1, q8_0 at
-#     9 (q8_0 103.4 / 102.8, even); narrow, q4_0, q4_1, q5_1, q8_0 at 9 (q8_0 93.2 / 93.1, even; 10 rows over the
-#     four shapes 194.2 / 202.6).
-#   - q5_0 at 16 on both (9: 204.7 / 194.4 over the four shapes; 12 and 16 measured with an earlier kernel, 256.1 /
-#     248.8 and 262.0 / 279.0).
-# A token's bits depend on which kernel its batch takes (not on the other tokens within one kernel).
+# decodes each weight once for all rows, where the dp4a GEMV decodes it once per row (and runs 3-4 rows as 4, 5-8
+# as 8). The number is the smallest batch from which it beat the dp4a GEMV on the H200, separately for narrow weights
+# and for wide ones (out_features >= MMQ_WIDE_FEATURES). Since session 21 batches of up to 8 rows take its staged
+# kernel (weights streamed through shared memory, gguf_mmq_staged.cu), which moved most numbers down. Measured on the
+# final kernels (benches/bench_quant_cuda.py --kernels dp4a mmq --mmq-staging 0 1 --codes --m 1 2 3 4 5 6 8,
+# benches/RESULTS.md session 21, call 6; us summed over the narrow 8B shapes 6144x4096 + 4096x4096 + 4096x14336 /
+# the wide 28672x4096, dp4a against the staged kernel, at the number and one row below it):
+#   - q4k at 2: 35 / 27 and 34 / 25; q5k at 2: 37 / 34 and 40 / 28; q6k at 2: 50 / 47 and 48 / 40; q2k at 2: 35 / 31
+#     and 38 / 25; q3k narrow at 3: 48 / 46 (2: 41 / 44), wide at 2: 44 / 39.
+#   - q5_0 at 3: 56 / 48 and 68 / 37 (2: 30 / 44, 33 / 36); q8_0 narrow at 5: 57 / 46 (4: 40 / 46), wide at 3: 46 /
+#     44 (2: 35 / 43); q4_0 narrow at 5: 54 / 41 (4: 34 / 41), wide at 3: 40 / 36 (2: 27 / 35); q4_1 and q5_1 wide at
+#     3: 38 / 34, 42 / 37 (2: 31 / 34, 30 / 36); narrow they keep 9 (at 8: 53 / 58, 50 / 57), from where the register
+#     kernel takes them (sessions 9 and 10).
+# A token's bits depend on which kernel its batch takes (dp4a or the product; not on the other tokens within one, and
+# the product's two kernels give the same bits).
 MMQ_WIDE_FEATURES = 16384
 MMQ_MIN_ROWS: dict[QT, tuple[int, int]] = {  # (narrow, wide)
-    QT.Q4_K: (2, 2), QT.Q5_K: (2, 2), QT.Q6_K: (3, 3), QT.Q2_K: (3, 2), QT.Q3_K: (5, 3),
-    QT.Q8_0: (9, 9), QT.Q4_0: (9, 9), QT.Q4_1: (9, 5), QT.Q5_1: (9, 9), QT.Q5_0: (16, 16),
+    QT.Q4_K: (2, 2), QT.Q5_K: (2, 2), QT.Q6_K: (2, 2), QT.Q2_K: (2, 2), QT.Q3_K: (3, 2),
+    QT.Q8_0: (5, 3), QT.Q4_0: (5, 3), QT.Q4_1: (9, 3), QT.Q5_1: (9, 3), QT.Q5_0: (3, 3),
 }
 
 

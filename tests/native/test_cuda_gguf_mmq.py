@@ -1,11 +1,12 @@
-"""The int8 tensor-core GGUF product for decode batches (``cuda_gguf.mmq``, native/cuda/gguf_mmq.cu).
+"""The int8 tensor-core GGUF product for decode batches (``cuda_gguf.mmq``, native/cuda/gguf_mmq.cu and, for up to
+8 tokens, gguf_mmq_staged.cu).
 
 Oracles: the `gguf` package's dequantizer (W64) and a torch re-implementation of the activation rounding (x8: one
 scale per 32 values, per 256 for the K-quants), with the dp4a GEMV's bounds (``assert_dp4a_within``: int8 codes,
 exact integer dot products, f32 scaling). Properties: a token's result does not depend on the other tokens of its
 launch (bit for bit across batch compositions), codes handed over by a producer give the bits of the kernel's own
-quantizer (and codes of the other scale group are not taken), and
-``ops.quant.quant_matmul`` sends batches of ``mmq_min_rows(qtype, out_features)``..32 rows of a type with the kernel
+quantizer (and codes of the other scale group are not taken), the staged kernel gives the register kernel's bits,
+and ``ops.quant.quant_matmul`` sends batches of ``mmq_min_rows(qtype, out_features)``..32 rows of a type with the kernel
 to it.
 """
 
@@ -14,8 +15,10 @@ from __future__ import annotations
 import pytest
 import torch
 from _cuda_helpers import poison_allocator
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 from test_cuda_gguf import assert_dp4a_within, oracle, random_blocks
+from torch.profiler import ProfilerActivity, profile
 
 from candle_vllm.pyengine.ops import cuda_gguf, native, quant
 from candle_vllm.pyengine.ops.cuda import available
@@ -87,6 +90,84 @@ def test_row_tiling_keeps_the_bits_and_warps_keep_the_bounds(qtype: QT) -> None:
         cuda_gguf.mmq(x, data, qtype, n, k, row_tiles=4)
     with pytest.raises(ValueError, match="warps must be"):
         cuda_gguf.mmq(x, data, qtype, n, k, warps=2)
+
+
+def _row_bytes_fit(qtype: QT, k: int) -> bool:
+    """Whether a row of k values is a whole number of 16-byte granules (the staged kernel's bulk copies)."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    return k // block * size % 16 == 0
+
+
+@pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
+def test_staged_kernel_gives_the_register_kernels_bits(qtype: QT) -> None:
+    """The kernel that streams the weights through shared memory (staging 2) sums as the register kernel (staging 1)
+    with the same warps: 1-8 tokens, N = 333 (a partial 16-row tile), K of 14336 (the ring wraps several times)
+    and 10240 (a partial last stage with 8 warps), bit for bit, within the float64 bounds."""
+    n = 333
+    g = torch.Generator().manual_seed(40 + int(qtype))
+    for k in (14336, 10240):
+        assert _row_bytes_fit(qtype, k)
+        data, w64 = _weight(qtype, n, k, seed=int(qtype) + k)
+        for m in (1, 2, 3, 5, 8):
+            x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+            for warps in (4, 8):
+                poison_allocator(DEV, 8 * n * 4)
+                got = cuda_gguf.mmq(x.to(DEV), data, qtype, n, k, warps=warps, staging=2)
+                want = cuda_gguf.mmq(x.to(DEV), data, qtype, n, k, row_tiles=1, warps=warps, staging=1)
+                assert torch.equal(got, want), (k, m, warps)
+            assert_dp4a_within(got, x, w64, GROUP[qtype])
+
+
+@pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
+def test_staged_kernel_on_wide_weights(qtype: QT) -> None:
+    """Weights of 16384 rows or more take the wide staging (32-row CTAs for most types): N = 16400 leaves a partial
+    tile; still the register kernel's bits, and rows sampled across the weight within the float64 bounds."""
+    n, k = 16400, 2048
+    raw = random_blocks(qtype, n, k, seed=70 + int(qtype))
+    data = torch.from_numpy(raw).to(DEV)
+    rows = torch.tensor([0, 1, 15, 16, 31, 8191, 16383, 16384, 16399])
+    w64 = oracle(raw[rows.numpy()], qtype, len(rows), k).double()
+    g = torch.Generator().manual_seed(71)
+    for m in (1, 3, 8):
+        x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+        got = cuda_gguf.mmq(x.to(DEV), data, qtype, n, k, staging=2)
+        assert torch.equal(got, cuda_gguf.mmq(x.to(DEV), data, qtype, n, k, row_tiles=1, staging=1)), m
+        assert_dp4a_within(got[:, rows.to(DEV)], x, w64, GROUP[qtype])
+
+
+def test_batches_up_to_8_take_the_staged_kernel() -> None:
+    """The default rule: the staged kernel for 1-8 tokens whose rows it can copy, the register kernel above 8 tokens
+    and for rows that are no whole number of 16-byte granules (Q3_K at K = 1280: 550 bytes)."""
+    def kernels(qtype: QT, m: int, k: int) -> set[str]:
+        data, _ = _weight(qtype, 64, k, seed=11)
+        x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            cuda_gguf.mmq(x, data, qtype, 64, k)
+            torch.cuda.synchronize()
+        return {e.name for e in prof.events() if "gguf_mmq" in e.name and "kernel" in e.name}
+
+    assert not _row_bytes_fit(QT.Q3_K, 1280)
+    for qtype, m, k, staged in ((QT.Q4_K, 1, 1024, True), (QT.Q4_K, 8, 1024, True), (QT.Q4_K, 9, 1024, False),
+                                (QT.Q3_K, 4, 2048, True), (QT.Q3_K, 4, 1280, False)):
+        names = kernels(qtype, m, k)
+        assert len(names) == 1 and ("gguf_mmq_staged_kernel" in next(iter(names))) == staged, (qtype, m, k, names)
+
+
+def test_the_staged_kernel_refuses_what_it_cannot_do() -> None:
+    """Asked for by name (staging 2), the staged kernel refuses more than 8 tokens, two row tiles and rows that are no
+    whole number of 16-byte granules, each with its reason; staging takes 0, 1 or 2."""
+    data, _ = _weight(QT.Q3_K, 16, 1280, seed=12)
+    x = torch.randn(4, 1280, device=DEV, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"staged kernel takes 1\.\.8 tokens"):
+        cuda_gguf.mmq(x, data, QT.Q3_K, 16, 1280, staging=2)
+    data, _ = _weight(QT.Q4_K, 16, 1280, seed=12)
+    with pytest.raises(ValueError, match=r"staged kernel takes 1\.\.8 tokens"):
+        cuda_gguf.mmq(torch.randn(9, 1280, device=DEV, dtype=torch.bfloat16), data, QT.Q4_K, 16, 1280, staging=2)
+    with pytest.raises(ValueError, match="one row tile"):
+        cuda_gguf.mmq(x, data, QT.Q4_K, 16, 1280, row_tiles=2, staging=2)
+    with pytest.raises(ValueError, match="staging must be"):
+        cuda_gguf.mmq(x, data, QT.Q4_K, 16, 1280, staging=3)
+    assert cuda_gguf.mmq(x, data, QT.Q4_K, 16, 1280, staging=2).shape == (4, 16)
 
 
 def test_the_scale_group_per_type() -> None:

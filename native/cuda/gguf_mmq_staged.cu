@@ -1,0 +1,217 @@
+// The int8 tensor-core GGUF product for decode batches of up to 8 tokens with its weights streamed through shared
+// memory: y[M, N] = x[M, K] @ W[N, K]^T, x as the int8 codes and XBlocks of q8_activation.cuh.
+//
+// Why: gguf_mmq.cu's kernel keeps its weights in flight in registers, a unit or a few per warp, so at 1-8 tokens its
+// one-wave grids wait on memory and stream the 8B shapes at 15-55 % of the H200's bandwidth (benches/RESULTS.md,
+// session 20). Here the bytes in flight live in shared memory: a CTA owns 16 or 32 weight rows (layout() below), one
+// warp only issues bulk copies of the rows' next chunks into a ring of stages (each row's chunk one contiguous copy,
+// completing on the stage's mbarrier; a stage is refilled as soon as the multiplying warps release it), and 4 or 8
+// warps multiply each stage as gguf_mmq.cu does (the same tile loaders, reading shared memory through
+// gguf::StagedBytes, and the same unit arithmetic, gguf_mmq_multiply.cuh). Weights do not depend on the kernel
+// before, so under programmatic dependent launch the ring fills while that kernel still runs; the multiplying warps
+// wait for it before reading the codes.
+//
+// With W multiplying warps (4 or 8: gguf_mmq.cu's rule or launch choice), warp w takes units w, w + W, ... of K as
+// the register kernel's warps do, and the warps' sums meet in the same order, so a row's result equals that
+// kernel's with the same warps, bit for bit (the tests compare them): which of the two a batch takes does not change
+// a token's result.
+// Rows sit kRowStride bytes apart in a stage, a stride of 4 (mod 8) words, so the 8 rows a warp's lanes read at once
+// fall on distinct groups of 4 banks. A stage's row chunk is a multiple of 16 bytes (a bulk copy's granule) and of
+// whole blocks for the half-block units, so a row's bytes keep their offsets mod 16 and the loaders' alignment rules
+// hold; hence rows must be a multiple of 16 bytes long (gguf_mmq_staged_fits).
+#include <atomic>
+#include <type_traits>
+
+#include "cuda/common.cuh"
+#include "cuda/gguf_mmq_multiply.cuh"
+#include "cuda/gguf_mmq_staged.h"
+#include "cuda/mbarrier.cuh"
+#include "cuda/smem_pipe.cuh"
+
+namespace candle_vllm::cuda {
+namespace {
+
+constexpr int kMaxStages = 8;
+
+// A loader's staging with W warps multiplying (one more issues the copies) and MT m-tiles of 16 rows: units per
+// multiplying warp per stage (a row chunk of at least kChunkTarget bytes), the rows' stride, the stages (a ring of
+// about kRingTarget bytes).
+template <class Q, int W, int MT, int kChunkTarget, int kRingTarget>
+struct Staging {
+  static constexpr int kThreads = (W + 1) * 32, kRows = 16 * MT;
+  static constexpr bool fits(int u) {
+    const int units = W * u, bytes = units * Q::kBlockBytes;
+    return bytes % 16 == 0 && bytes >= kChunkTarget && (Q::kBlockElems != 128 || units % 2 == 0);
+  }
+  static constexpr int units_per_warp() {
+    int u = 1;
+    while (!fits(u)) ++u;
+    return u;
+  }
+  static constexpr int kUnitsPerWarp = units_per_warp();
+  static constexpr int kChunkUnits = W * kUnitsPerWarp;
+  static constexpr int kChunkBytes = kChunkUnits * Q::kBlockBytes;
+  static constexpr int kRowStride = kChunkBytes + ((kChunkBytes / 4) % 8 == 4 ? 0 : 16);
+  static constexpr int kStageBytes = kRows * kRowStride;
+  static constexpr int kRingStages = kRingTarget / kStageBytes;
+  static constexpr int kStages = kRingStages < 2 ? 2 : kRingStages > kMaxStages ? kMaxStages : kRingStages;
+  static constexpr int kSmemBytes = kStages * kStageBytes;
+};
+
+template <class Q, int W, int MT, int kChunk, int kRing, bool kRope>
+__global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing>::kThreads)
+    gguf_mmq_staged_kernel(void* __restrict__ y, bool bf16, const int8_t* xq, const XBlock* xb,
+                           const uint8_t* __restrict__ w, int M, int N, int K, int64_t row_bytes,
+                           const GgufRopeCache rope) {
+#ifdef CANDLE_VLLM_MBARRIER
+  using S = Staging<Q, W, MT, kChunk, kRing>;
+  constexpr int kRows = S::kRows;
+  extern __shared__ __align__(16) uint8_t ring[];
+  __shared__ alignas(8) uint64_t full[S::kStages], empty[S::kStages];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row0 = blockIdx.x * kRows, units = K / Q::kBlockElems;
+  const int chunks = (units + S::kChunkUnits - 1) / S::kChunkUnits;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S::kStages; ++s) {
+      mbar_init(smem_addr(&full[s]), 1);
+      mbar_init(smem_addr(&empty[s]), W);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  float acc[MT][1][4] = {};
+  if (warp == W) {
+    // Lane r < kRows copies row r's chunks (rows past N copy the last row; their sums are dropped).
+    const uint8_t* src = w + static_cast<int64_t>(min(row0 + lane, N - 1)) * row_bytes;
+    for (int c = 0; c < chunks; ++c) {
+      const int s = c % S::kStages;
+      if (c >= S::kStages) mbar_wait(smem_addr(&empty[s]), (c / S::kStages - 1) & 1);
+      const uint32_t bytes = min(S::kChunkUnits, units - c * S::kChunkUnits) * Q::kBlockBytes;
+      if (lane == 0) mbar_expect_tx(smem_addr(&full[s]), kRows * bytes);
+      __syncwarp();
+      if (lane < kRows)
+        bulk_copy(smem_addr(ring + s * S::kStageBytes + lane * S::kRowStride),
+                  src + static_cast<int64_t>(c) * S::kChunkBytes, bytes, smem_addr(&full[s]));
+    }
+    pdl_wait();  // before the store below writes y, which the kernel before may still read
+  } else {
+    const int g = lane >> 2, t = lane & 3;
+    TokenRows x[1];
+    token_rows<Q>(x, xq, xb, M, K, warp * Q::kBlockElems, g, t);
+    pdl_wait();  // xq/xb are written by the kernel before
+    for (int c = 0; c < chunks; ++c) {
+      const int s = c % S::kStages;
+      mbar_wait(smem_addr(&full[s]), (c / S::kStages) & 1);
+      const int in_chunk = min(S::kChunkUnits, units - c * S::kChunkUnits);
+      const uint8_t* stage = ring + s * S::kStageBytes;
+#pragma unroll
+      for (int i = 0; i < S::kUnitsPerWarp; ++i) {
+        const int u = warp + W * i;
+        if (u < in_chunk) {
+          Q q[MT][2];
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+              q[mt][r].fetch(gguf::StagedBytes{stage + (16 * mt + 8 * r + g) * S::kRowStride}, u, t);
+          if constexpr (Q::kUnitScales) multiply_unit_k(q, t, x, acc);
+          else multiply_unit(q, t, x, acc);
+          x[0].advance(W * Q::kBlockElems);
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
+    }
+  }
+  pdl_launch_dependents();
+  store_rows<MT, 1, W, S::kThreads, kRope>(acc, y, bf16, row0, M, N, rope);
+#endif
+}
+
+// Whether the current device runs the staged kernels: a Hopper or later, and a module built for it.
+bool staged_kernels_run() {
+  static std::atomic<int> cache[kMaxDevices];
+  return per_device(cache, "gguf_mmq_staged", [](int dev) {
+           int major = 0;
+           check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "gguf_mmq_staged");
+           cudaFuncAttributes attr{};
+           check_cuda(cudaFuncGetAttributes(&attr, gguf_mmq_staged_kernel<mmq::MmqQ4K, 4, 1, 512, 16384, false>), "gguf_mmq_staged");
+           return major >= 9 && attr.binaryVersion >= 90 ? 1 : 2;
+         }) == 1;
+}
+
+// The staging per type and weight width, measured on the H200 (session 21, calls 2 and 3; benches/RESULTS.md: us over
+// 2, 4 and 8 tokens on the narrow 8B shapes (6144x4096, 4096x4096, 4096x14336) / the wide one (28672x4096), for
+// m-tiles x chunk x ring of 1 x 1024 x 64K, 1 x 512 x 32K, 1 x 512 x 16K, 2 x 1024 x 64K, 2 x 512 x 32K):
+//   q4k narrow 88 / 86 / 85 / 89 / 88, wide 97 / 86 / 85 / 99 / 78; q2k narrow 106 / 100 / 99 / 98 / 97, wide 112 /
+//   87 / 86 / 110 / 76; q6k narrow 147 / 146 / 145 / 157 / 157, wide 138 / 137 / 135 / 155 / 156; q8_0 narrow 138 /
+//   149 / 172 / 145 / 171, wide 156 / 145 / 140 / 148 / 133; q4_0 narrow 126 / 132 / 135 / 133 / 139, wide 138 / 110 /
+//   121 / 125 / 112.
+// So wide weights take two m-tiles (32 rows a CTA: a token load serves twice the rows), 512-byte chunks and a 32 KB
+// ring, except the types whose half-block units hold the most per row (Q6_K, Q3_K: one m-tile and a 16 KB ring);
+// narrow ones one m-tile, the K-quants 512-byte chunks in a 16 KB ring, the 32-element types 1 KB chunks in 64 KB.
+// (Q5_K follows Q4_K, Q3_K Q6_K, the other 32-element types Q8_0 and Q4_0: not measured separately.) In every one
+// the weights stream at 68-97 % of the copy ceiling when the warps only wait and release the stages (probe builds
+// of call 3): the multiplying warps set the pace.
+struct Layout {
+  int m_tiles, chunk, ring;
+};
+constexpr int kStagedWideRows = 16384;
+
+template <class Q>
+constexpr Layout layout(bool wide) {
+  constexpr bool kHeavyHalves = std::is_same_v<Q, mmq::MmqQ6K> || std::is_same_v<Q, mmq::MmqQ3K>;
+  if (wide) return kHeavyHalves ? Layout{1, 512, 16384} : Layout{2, 512, 32768};
+  return Q::kUnitScales ? Layout{1, 512, 16384} : Layout{1, 1024, 65536};
+}
+
+template <class Q, int W, int MT, int kChunk, int kRing, bool kRope>
+void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
+            const GgufRopeCache& rope, cudaStream_t s) {
+  using S = Staging<Q, W, MT, kChunk, kRing>;
+  auto kernel = gguf_mmq_staged_kernel<Q, W, MT, kChunk, kRing, kRope>;
+  static std::atomic<int> sized[kMaxDevices];  // more than 48 KB of dynamic shared memory, once per device
+  per_device(sized, "gguf_mmq_staged", [&](int) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
+               "gguf_mmq_staged: shared-memory limit");
+    return 1;
+  });
+  const int64_t row_bytes = static_cast<int64_t>(K / Q::kBlockElems) * Q::kBlockBytes;
+  launch_pdl(kRope ? "gguf_mmq_staged_rope_cache" : "gguf_mmq_staged", kernel, dim3((N + S::kRows - 1) / S::kRows),
+             dim3(S::kThreads), S::kSmemBytes, s, y, bf16, xq, xb, w, M, N, K, row_bytes, rope);
+}
+
+}  // namespace
+
+bool gguf_mmq_staged_fits(int qtype, int M, int K) {
+  bool rows_fit = false;
+  const bool known = mmq::dispatch(qtype, [&](auto loader) {
+    using Q = decltype(loader);
+    rows_fit = K % Q::kBlockElems == 0 && static_cast<int64_t>(K / Q::kBlockElems) * Q::kBlockBytes % 16 == 0;
+  });
+  return known && rows_fit && M >= 1 && M <= kGgufMmqStagedMaxM && staged_kernels_run();
+}
+
+void launch_gguf_mmq_staged(void* y, bool bf16, const int8_t* xq, const gguf::XBlock* xb, const uint8_t* w, int M,
+                            int N, int K, int qtype, int warps, const GgufRopeCache* rope, cudaStream_t stream) {
+  mmq::dispatch(qtype, [&](auto loader) {
+    using Q = decltype(loader);
+    const GgufRopeCache& r = rope != nullptr ? *rope : GgufRopeCache{};
+    auto go = [&](auto w_tag, auto layout_tag) {
+      constexpr int kW = decltype(w_tag)::value;
+      constexpr Layout L = layout<Q>(decltype(layout_tag)::value);
+      if (rope != nullptr) launch<Q, kW, L.m_tiles, L.chunk, L.ring, true>(y, bf16, xq, xb, w, M, N, K, r, stream);
+      else launch<Q, kW, L.m_tiles, L.chunk, L.ring, false>(y, bf16, xq, xb, w, M, N, K, r, stream);
+    };
+    using Wide = std::true_type;
+    using Narrow = std::false_type;
+    const bool wide = N >= kStagedWideRows;
+    if (warps == 8 && wide) go(std::integral_constant<int, 8>{}, Wide{});
+    else if (warps == 8) go(std::integral_constant<int, 8>{}, Narrow{});
+    else if (wide) go(std::integral_constant<int, 4>{}, Wide{});
+    else go(std::integral_constant<int, 4>{}, Narrow{});
+  });
+}
+
+}  // namespace candle_vllm::cuda
