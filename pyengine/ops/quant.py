@@ -322,8 +322,9 @@ GEMV_PASSES_MAX_ROWS = 16
 #     and 38 / 25; q3k narrow at 3: 48 / 46 (2: 41 / 44), wide at 2: 44 / 39.
 #   - q5_0 at 3: 56 / 48 and 68 / 37 (2: 30 / 44, 33 / 36); q8_0 narrow at 5: 57 / 46 (4: 40 / 46), wide at 3: 46 /
 #     44 (2: 35 / 43); q4_0 narrow at 5: 54 / 41 (4: 34 / 41), wide at 3: 40 / 36 (2: 27 / 35); q4_1 and q5_1 wide at
-#     3: 38 / 34, 42 / 37 (2: 31 / 34, 30 / 36); narrow they keep 9 (at 8: 53 / 58, 50 / 57), from where the register
-#     kernel takes them (sessions 9 and 10).
+#     3: 38 / 34, 42 / 37 (2: 31 / 34, 30 / 36); narrow they keep 9, from where the register kernel takes them
+#     (sessions 9 and 10): the staged kernel wins there only at 5 rows (53 / 49, 50 / 49) and loses at 8 (53 / 58,
+#     50 / 57).
 # A token's bits depend on which kernel its batch takes (dp4a or the product; not on the other tokens within one, and
 # the product's two kernels give the same bits).
 MMQ_WIDE_FEATURES = 16384
