@@ -231,7 +231,7 @@ def main() -> None:
             for n, k in shapes:
                 for m in sorted(set(args.m) | ({8} if name in args.m8_types else set())):
                     launches = ([(rt, ws, st) for rt in args.mmq_row_tiles for ws in args.mmq_warps
-                                 for st in args.mmq_staging if st != 2 or (m <= 8 and rt < 2)]
+                                 for st in args.mmq_staging if st != 2 or (m <= 8 and rt == 0)]
                                 if kernel == "mmq" else [(0, 0, 0)])
                     for rt, ws, st in launches:
                         label = (f"mmq/{rt or 'auto'}x{ws or 'auto'}/{STAGING_LABELS[st]}" if kernel == "mmq"

@@ -68,10 +68,13 @@ static Registrar registrar([](py::module_& m) {
       py::arg("qtype"), py::arg("dtype"), py::arg("stream"), py::arg("row_tiles") = 0, py::arg("warps") = 0,
       py::arg("staging") = 0,
       "cuda_gguf_gemv_q8's product for up to cuda_gguf_mmq_max_m tokens on int8 tensor cores (x = 0: codes already "
-      "in xq/xb, of cuda_gguf_mmq_x_group's scale group; row_tiles: 16-row tiles per CTA, warps: warps per CTA splitting K, "
-      "staging: 1 the register kernel, 2 the shared-memory kernel (up to cuda_gguf_mmq_staged_max_m tokens, Hopper); "
-      "0 = default rules)");
+      "in xq/xb, of cuda_gguf_mmq_x_group's scale group; row_tiles: 16-row tiles per CTA, warps: warps per CTA "
+      "splitting K, staging: 1 the register kernel, 2 the shared-memory kernel (up to cuda_gguf_mmq_staged_max_m "
+      "tokens, Hopper, no row_tiles); 0 = default rules)");
   m.attr("cuda_gguf_mmq_staged_max_m") = cuda::kGgufMmqStagedMaxM;
+  m.def("cuda_gguf_mmq_staged_fits", &cuda::gguf_mmq_staged_fits, py::arg("qtype"), py::arg("M"), py::arg("K"),
+        "whether cuda_gguf_mmq's staged kernel takes M tokens of a qtype weight with K columns on the current device "
+        "(Hopper, M <= cuda_gguf_mmq_staged_max_m, rows a whole number of 16-byte granules)");
   m.def(
       "cuda_gguf_gemv_q8_rope_cache",
       [](uintptr_t y, uintptr_t x, uintptr_t xq, uintptr_t xb, uintptr_t w, int64_t M, int64_t N, int64_t K,

@@ -63,10 +63,16 @@ void gguf_gemv_q8_rope_cache(void* y, const void* x, int8_t* xq, void* xb, const
 
 constexpr int kGgufMmqMaxM = 32;
 
-// gguf_mmq's kernels: the default rule (the staged kernel where it fits and no row tiles are asked for), the kernel that keeps its weights in flight in registers (gguf_mmq.cu), or the one that streams them
-// through shared memory (gguf_mmq_staged.cu: up to 8 tokens on Hopper).
+// gguf_mmq's kernels: the default rule (the staged kernel where it fits and no row tiles are asked for), the kernel
+// that keeps its weights in flight in registers (gguf_mmq.cu), or the one that streams them through shared memory
+// (gguf_mmq_staged.cu: up to 8 tokens on Hopper).
 enum MmqStaging : int { kMmqStagingAuto = 0, kMmqStagingRegisters = 1, kMmqStagingShared = 2 };
 constexpr int kGgufMmqStagedMaxM = 8;
+
+// Whether gguf_mmq's staged kernel takes a call of M tokens of a qtype weight with K columns on the current device:
+// a Hopper GPU running the module's sm_90a code (bulk copies and mbarriers), 1 <= M <= kGgufMmqStagedMaxM, and rows
+// whose bytes are a multiple of 16 (a bulk copy's granule; e.g. Q3_K and Q6_K need K a multiple of 2048).
+bool gguf_mmq_staged_fits(int qtype, int M, int K);
 
 // True for the types gguf_mmq has a kernel for (those of gguf_gemv_q8: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K).
 bool gguf_mmq_supported(int qtype);
@@ -83,8 +89,8 @@ int gguf_mmq_x_group(int qtype);
 // differs from the dp4a GEMV's by f32 rounding only (the same integer dot products, scaled and summed in another
 // order); the K-quants' activations are rounded per 256 values. row_tiles, warps and staging are launch choices for
 // benchmarks (16-row tiles per CTA, 1 or 2; warps per CTA splitting K, 4 or 8; 0: the default rules; staging: the
-// kernel, MmqStaging): row_tiles changes only the speed, warps also the f32 summation order; the staged kernel sums
-// as the register kernel with the same warps does.
+// kernel, MmqStaging; the staged kernel takes no row_tiles): row_tiles changes only the speed, warps also the f32
+// summation order; the staged kernel sums as the register kernel with the same warps does.
 void gguf_mmq(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
               int qtype, DType dtype, std::uintptr_t stream, int row_tiles = 0, int warps = 0,
               int staging = kMmqStagingAuto);

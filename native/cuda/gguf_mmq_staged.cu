@@ -126,18 +126,23 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing>::kThreads)
   }
   pdl_launch_dependents();
   store_rows<MT, 1, W, S::kThreads, kRope>(acc, y, bf16, row0, M, N, rope);
+#else
+  __trap();  // compiled for a GPU without bulk copies: staged_kernels_run() keeps launches away
 #endif
 }
 
-// Whether the current device runs the staged kernels: a Hopper or later, and a module built for it.
+// Whether the current device runs the staged kernels: a Hopper running the module's sm_90a code (wide_gemm.cu's
+// rule). A later GPU would JIT-compile the module's compute_89 PTX, whose body is empty, so it keeps the register
+// kernel.
 bool staged_kernels_run() {
   static std::atomic<int> cache[kMaxDevices];
   return per_device(cache, "gguf_mmq_staged", [](int dev) {
            int major = 0;
            check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "gguf_mmq_staged");
            cudaFuncAttributes attr{};
-           check_cuda(cudaFuncGetAttributes(&attr, gguf_mmq_staged_kernel<mmq::MmqQ4K, 4, 1, 512, 16384, false>), "gguf_mmq_staged");
-           return major >= 9 && attr.binaryVersion >= 90 ? 1 : 2;
+           check_cuda(cudaFuncGetAttributes(&attr, gguf_mmq_staged_kernel<mmq::MmqQ4K, 4, 1, 512, 16384, false>),
+                      "gguf_mmq_staged");
+           return major == 9 && attr.binaryVersion == 90 ? 1 : 2;
          }) == 1;
 }
 

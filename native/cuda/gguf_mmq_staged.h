@@ -10,13 +10,8 @@
 
 namespace candle_vllm::cuda {
 
-// Whether the staged kernel takes a call of M tokens of a qtype weight with K columns on the current device: a
-// Hopper (bulk copies and mbarriers), M <= kGgufMmqStagedMaxM (gguf.h), and rows whose bytes are a multiple of 16 (a bulk
-// copy's granule; e.g. Q3_K and Q6_K need K a multiple of 2048).
-bool gguf_mmq_staged_fits(int qtype, int M, int K);
-
-// launch_gguf_mmq's contract (gguf_mmq.h) for a call gguf_mmq_staged_fits accepts, w 16-byte aligned; warps (4 or
-// 8) split K as the register kernel's do, so the results are that kernel's with the same warps.
+// launch_gguf_mmq's contract (gguf_mmq.h) for a call gguf_mmq_staged_fits (gguf.h) accepts, w 16-byte aligned;
+// warps (4 or 8) split K as the register kernel's do, so the results are that kernel's with the same warps.
 void launch_gguf_mmq_staged(void* y, bool bf16, const int8_t* xq, const gguf::XBlock* xb, const uint8_t* w, int M,
                             int N, int K, int qtype, int warps, const GgufRopeCache* rope, cudaStream_t stream);
 

@@ -160,7 +160,7 @@ def mmq(
 
     ``row_tiles``, ``warps`` and ``staging`` exist so benchmarks can compare launches: 16-row weight tiles per CTA
     (1 or 2), warps per CTA splitting K (4 or 8) and the kernel (1: weights in flight in registers; 2: streamed
-    through shared memory, up to ``cuda_gguf_mmq_staged_max_m`` rows on Hopper, one row tile); 0 = the default
+    through shared memory, up to ``cuda_gguf_mmq_staged_max_m`` rows on Hopper, no ``row_tiles``); 0 = the default
     rules (warps: by the weight's shape only; row tiles: also by type and rows; the kernel: the staged one where it
     fits and no row tiles are given). ``row_tiles`` and ``staging`` change only the speed, ``warps`` also the f32
     summation order."""

@@ -313,18 +313,32 @@ GEMV_PASSES_MAX_ROWS = 16
 # Types with the int8 tensor-core product (cuda_gguf.mmq) take it from a number of rows up to its maximum (32): it
 # decodes each weight once for all rows, where the dp4a GEMV decodes it once per row (and runs 3-4 rows as 4, 5-8
 # as 8). The number is the smallest batch from which it beat the dp4a GEMV on the H200, separately for narrow weights
-# and for wide ones (out_features >= MMQ_WIDE_FEATURES). Since session 21 batches of up to 8 rows take its staged
-# kernel (weights streamed through shared memory, gguf_mmq_staged.cu), which moved most numbers down. Measured on the
-# final kernels (benches/bench_quant_cuda.py --kernels dp4a mmq --mmq-staging 0 1 --codes --m 1 2 3 4 5 6 8,
-# benches/RESULTS.md session 21, call 6; us summed over the narrow 8B shapes 6144x4096 + 4096x4096 + 4096x14336 /
-# the wide 28672x4096, dp4a against the staged kernel, at the number and one row below it):
+# and for wide ones (out_features >= MMQ_WIDE_FEATURES), in two tables: one for weights its staged kernel (up to 8
+# rows: weights streamed through shared memory, gguf_mmq_staged.cu; Hopper, rows a whole number of 16-byte granules)
+# takes, one for those only its register kernel takes.
+#
+# MMQ_MIN_ROWS, with the staged kernel (session 21, call 6: benches/bench_quant_cuda.py --kernels dp4a mmq
+# --mmq-staging 0 1 --codes --m 1 2 3 4 5 6 8, benches/RESULTS.md; us summed over the narrow 8B shapes 6144x4096 +
+# 4096x4096 + 4096x14336 / the wide 28672x4096, dp4a against the staged kernel, at the number and one row below it):
 #   - q4k at 2: 35 / 27 and 34 / 25; q5k at 2: 37 / 34 and 40 / 28; q6k at 2: 50 / 47 and 48 / 40; q2k at 2: 35 / 31
 #     and 38 / 25; q3k narrow at 3: 48 / 46 (2: 41 / 44), wide at 2: 44 / 39.
 #   - q5_0 at 3: 56 / 48 and 68 / 37 (2: 30 / 44, 33 / 36); q8_0 narrow at 5: 57 / 46 (4: 40 / 46), wide at 3: 46 /
 #     44 (2: 35 / 43); q4_0 narrow at 5: 54 / 41 (4: 34 / 41), wide at 3: 40 / 36 (2: 27 / 35); q4_1 and q5_1 wide at
-#     3: 38 / 34, 42 / 37 (2: 31 / 34, 30 / 36); narrow they keep 9, from where the register kernel takes them
-#     (sessions 9 and 10): the staged kernel wins there only at 5 rows (53 / 49, 50 / 49) and loses at 8 (53 / 58,
-#     50 / 57).
+#     3: 38 / 34, 42 / 37 (2: 31 / 34, 30 / 36); narrow they keep 9, from where the register kernel takes them: the
+#     staged kernel wins there only at 5 rows (53 / 49, 50 / 49) and loses at 8 (53 / 58, 50 / 57).
+#
+# MMQ_MIN_ROWS_REGISTERS, the register kernel alone (us, mmq / dp4a; --kernels mmq dp4a --codes --m 2 3 4 5 6 ...,
+# benches/RESULTS.md sessions 9, 10, 13; the same shape sums):
+#   - the K-quants (session 13, call 7: the min terms and the 16-element halves on the tensor cores, one row tile up
+#     to 8 / 16 tokens): q4k at 2 28.4 / 34.1 and 27.9 / 33.9; q5k at 2 33.6 / 36.7 and 32.9 / 39.5; q6k at 3 48.3 /
+#     55.3 and 52.3 / 61.8 (2: 48.1 / 47.3, 51.4 / 48.6); q2k narrow at 3 34.8 / 39.2 (2: 34.5 / 34.5, even), wide at
+#     2 27.9 / 38.1; q3k narrow at 5 48.5 / 65.1 (3: 47.6 / 47.1, 4: 48.0 / 46.7), wide at 3 44.9 / 51.5 (2: 44.6 /
+#     43.3).
+#   - the 32-element types (sessions 9 and 10): wide, q4_1 at 5 56.8 / 69.3 (4: 54.9 / 38.8); q4_0, q5_1, q8_0 at
+#     9 (q8_0 103.4 / 102.8, even); narrow, q4_0, q4_1, q5_1, q8_0 at 9 (q8_0 93.2 / 93.1, even; 10 rows over the
+#     four shapes 194.2 / 202.6).
+#   - q5_0 at 16 on both (9: 204.7 / 194.4 over the four shapes; 12 and 16 measured with an earlier kernel, 256.1 /
+#     248.8 and 262.0 / 279.0).
 # A token's bits depend on which kernel its batch takes (dp4a or the product; not on the other tokens within one, and
 # the product's two kernels give the same bits).
 MMQ_WIDE_FEATURES = 16384
@@ -332,12 +346,33 @@ MMQ_MIN_ROWS: dict[QT, tuple[int, int]] = {  # (narrow, wide)
     QT.Q4_K: (2, 2), QT.Q5_K: (2, 2), QT.Q6_K: (2, 2), QT.Q2_K: (2, 2), QT.Q3_K: (3, 2),
     QT.Q8_0: (5, 3), QT.Q4_0: (5, 3), QT.Q4_1: (9, 3), QT.Q5_1: (9, 3), QT.Q5_0: (3, 3),
 }
+MMQ_MIN_ROWS_REGISTERS: dict[QT, tuple[int, int]] = {
+    QT.Q4_K: (2, 2), QT.Q5_K: (2, 2), QT.Q6_K: (3, 3), QT.Q2_K: (3, 2), QT.Q3_K: (5, 3),
+    QT.Q8_0: (9, 9), QT.Q4_0: (9, 9), QT.Q4_1: (9, 5), QT.Q5_1: (9, 9), QT.Q5_0: (16, 16),
+}
 
 
-def mmq_min_rows(qtype: QT, out_features: int) -> int | None:
-    """The rows from which a CUDA decode batch of a ``qtype`` weight with ``out_features`` rows takes the int8
-    tensor-core product (None: the type has none)."""
-    narrow_wide = MMQ_MIN_ROWS.get(qtype)
+def staged_mmq_runs(qtype: QT, in_features: int) -> bool:
+    """Whether the tensor-core product's staged kernel takes batches of a ``qtype`` weight with ``in_features``
+    columns on the current CUDA device (a Hopper GPU, rows a whole number of 16-byte granules); False without CUDA
+    kernels."""
+    mod = native.module()
+    if not (mod.built_with_cuda and torch.cuda.is_available()):
+        return False
+    return _staged_mmq_runs(int(qtype), in_features, torch.cuda.current_device())
+
+
+@functools.cache
+def _staged_mmq_runs(qtype: int, in_features: int, device: int) -> bool:
+    return bool(native.module().cuda_gguf_mmq_staged_fits(qtype, 1, in_features))
+
+
+def mmq_min_rows(qtype: QT, out_features: int, in_features: int) -> int | None:
+    """The rows from which a CUDA decode batch of a ``qtype`` weight [out_features, in_features] takes the int8
+    tensor-core product (None: the type has none): MMQ_MIN_ROWS where its staged kernel runs, else
+    MMQ_MIN_ROWS_REGISTERS."""
+    table = MMQ_MIN_ROWS if staged_mmq_runs(qtype, in_features) else MMQ_MIN_ROWS_REGISTERS
+    narrow_wide = table.get(qtype)
     return None if narrow_wide is None else narrow_wide[out_features >= MMQ_WIDE_FEATURES]
 
 
@@ -348,18 +383,18 @@ def mmq_enabled() -> bool:
     return os.environ.get("CANDLE_VLLM_GGUF_MMQ", "1").strip() != "0"
 
 
-def takes_tensor_cores(qtype: QT, rows: int, out_features: int) -> bool:
-    """Whether a CUDA decode batch of ``rows`` rows of a ``qtype`` weight with ``out_features`` rows takes the int8
+def takes_tensor_cores(qtype: QT, rows: int, out_features: int, in_features: int) -> bool:
+    """Whether a CUDA decode batch of ``rows`` rows of a ``qtype`` weight [out_features, in_features] takes the int8
     tensor-core product (where its operands allow it): from :func:`mmq_min_rows` to the product's maximum rows,
     unless switched off."""
-    low = mmq_min_rows(qtype, out_features)
+    low = mmq_min_rows(qtype, out_features, in_features)
     return low is not None and low <= rows <= native.module().cuda_gguf_mmq_max_m and mmq_enabled()
 
 
 def takes_mmq(x2: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: int, in_features: int) -> bool:
     """Whether the decode batch x2 [rows, in_features] of this weight takes the int8 tensor-core product: its size
     (:func:`takes_tensor_cores`) and its operands (``cuda_gguf.mmq_supported``)."""
-    return takes_tensor_cores(qtype, x2.shape[0], out_features) and cuda_gguf.mmq_supported(
+    return takes_tensor_cores(qtype, x2.shape[0], out_features, in_features) and cuda_gguf.mmq_supported(
         x2, flat, qtype, out_features, in_features
     )
 
@@ -384,7 +419,7 @@ def q8_group(qtype: QT, rows: int, out_features: int, in_features: int) -> int:
     most = q8_max_rows(qtype, in_features)
     if not 1 <= rows <= most:
         return 0
-    if most > GEMV_PASSES_MAX_ROWS and takes_tensor_cores(qtype, rows, out_features):
+    if most > GEMV_PASSES_MAX_ROWS and takes_tensor_cores(qtype, rows, out_features, in_features):
         return cuda_gguf.x_group(qtype)
     return BLOCK
 
@@ -392,12 +427,12 @@ def q8_group(qtype: QT, rows: int, out_features: int, in_features: int) -> int:
 def _cuda_quant_matmul(
     x: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: int, in_features: int, q8: Q8Activation | None
 ) -> torch.Tensor:
-    """Decode batches: from ``mmq_min_rows(qtype, out_features)`` to 32 rows of f16/bf16 the int8 tensor-core
-    product where the type has one; else up to 8 rows the fused dp4a GEMV and up to 16 rows that GEMV in passes of 8
-    rows, each reading the quantized bytes once. Within each kernel a row's arithmetic does not depend on the other
-    rows (and the passes are the 8-row GEMV's), so results are batch invariant for batches that take the same kernel.
-    ``q8``'s codes (rows as x's) go to the int8 kernels. Larger batches (prefill): W dequantized into a scratch
-    tensor from torch's allocator, then one cuBLAS GEMM."""
+    """Decode batches: from ``mmq_min_rows(qtype, out_features, in_features)`` to 32 rows of f16/bf16 the int8
+    tensor-core product where the type has one; else up to 8 rows the fused dp4a GEMV and up to 16 rows that GEMV in
+    passes of 8 rows, each reading the quantized bytes once. Within each kernel a row's arithmetic does not depend on
+    the other rows (and the passes are the 8-row GEMV's), so results are batch invariant for batches that take the
+    same kernel. ``q8``'s codes (rows as x's) go to the int8 kernels. Larger batches (prefill): W dequantized into a
+    scratch tensor from torch's allocator, then one cuBLAS GEMM."""
     x2 = x.reshape(-1, in_features).contiguous()
     q8 = Q8Activation(x2, q8.xq, q8.xb, q8.group) if q8 is not None else None
     rows, per_pass = x2.shape[0], native.module().cuda_gguf_gemv_max_m

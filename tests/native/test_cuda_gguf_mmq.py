@@ -137,7 +137,8 @@ def test_staged_kernel_on_wide_weights(qtype: QT) -> None:
 
 def test_batches_up_to_8_take_the_staged_kernel() -> None:
     """The default rule: the staged kernel for 1-8 tokens whose rows it can copy, the register kernel above 8 tokens
-    and for rows that are no whole number of 16-byte granules (Q3_K at K = 1280: 550 bytes)."""
+    and for rows that are no whole number of 16-byte granules (Q3_K at K = 1280: 550 bytes), where ops.quant then
+    reads the register kernel's thresholds."""
     def kernels(qtype: QT, m: int, k: int) -> set[str]:
         data, _ = _weight(qtype, 64, k, seed=11)
         x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
@@ -147,6 +148,9 @@ def test_batches_up_to_8_take_the_staged_kernel() -> None:
         return {e.name for e in prof.events() if "gguf_mmq" in e.name and "kernel" in e.name}
 
     assert not _row_bytes_fit(QT.Q3_K, 1280)
+    assert quant.staged_mmq_runs(QT.Q3_K, 2048) and not quant.staged_mmq_runs(QT.Q3_K, 1280)
+    assert quant.mmq_min_rows(QT.Q3_K, 64, 2048) == quant.MMQ_MIN_ROWS[QT.Q3_K][0]
+    assert quant.mmq_min_rows(QT.Q3_K, 64, 1280) == quant.MMQ_MIN_ROWS_REGISTERS[QT.Q3_K][0]
     for qtype, m, k, staged in ((QT.Q4_K, 1, 1024, True), (QT.Q4_K, 8, 1024, True), (QT.Q4_K, 9, 1024, False),
                                 (QT.Q3_K, 4, 2048, True), (QT.Q3_K, 4, 1280, False)):
         names = kernels(qtype, m, k)
@@ -154,8 +158,8 @@ def test_batches_up_to_8_take_the_staged_kernel() -> None:
 
 
 def test_the_staged_kernel_refuses_what_it_cannot_do() -> None:
-    """Asked for by name (staging 2), the staged kernel refuses more than 8 tokens, two row tiles and rows that are no
-    whole number of 16-byte granules, each with its reason; staging takes 0, 1 or 2."""
+    """Asked for by name (staging 2), the staged kernel refuses more than 8 tokens, a row-tile choice and rows that are
+    no whole number of 16-byte granules, each with its reason; staging takes 0, 1 or 2."""
     data, _ = _weight(QT.Q3_K, 16, 1280, seed=12)
     x = torch.randn(4, 1280, device=DEV, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"staged kernel takes 1\.\.8 tokens"):
@@ -163,8 +167,9 @@ def test_the_staged_kernel_refuses_what_it_cannot_do() -> None:
     data, _ = _weight(QT.Q4_K, 16, 1280, seed=12)
     with pytest.raises(ValueError, match=r"staged kernel takes 1\.\.8 tokens"):
         cuda_gguf.mmq(torch.randn(9, 1280, device=DEV, dtype=torch.bfloat16), data, QT.Q4_K, 16, 1280, staging=2)
-    with pytest.raises(ValueError, match="one row tile"):
-        cuda_gguf.mmq(x, data, QT.Q4_K, 16, 1280, row_tiles=2, staging=2)
+    for row_tiles in (1, 2):
+        with pytest.raises(ValueError, match="row_tiles is the register kernel's launch choice"):
+            cuda_gguf.mmq(x, data, QT.Q4_K, 16, 1280, row_tiles=row_tiles, staging=2)
     with pytest.raises(ValueError, match="staging must be"):
         cuda_gguf.mmq(x, data, QT.Q4_K, 16, 1280, staging=3)
     assert cuda_gguf.mmq(x, data, QT.Q4_K, 16, 1280, staging=2).shape == (4, 16)
@@ -206,7 +211,7 @@ def test_quant_matmul_takes_mmq_from_its_min_rows_to_32(qtype: QT, monkeypatch: 
         real = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, _r=real, _n=name: (calls.append(_n), _r(*a))[1])
     g = torch.Generator().manual_seed(1)
-    low = quant.mmq_min_rows(qtype, n)
+    low = quant.mmq_min_rows(qtype, n, k)
     below = ["cuda_gguf_gemv_q8"] * -(-(low - 1) // mod.cuda_gguf_gemv_max_m)
     for m, want in ((low - 1, below), (low, ["cuda_gguf_mmq"]), (32, ["cuda_gguf_mmq"]),
                     (33, ["cuda_gguf_dequantize"])):

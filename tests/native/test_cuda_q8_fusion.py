@@ -232,7 +232,7 @@ def launches(qtype: QT, rows: int, n: int, k: int) -> int:
     mod = native.module()
     mmq = (
         quant.mmq_enabled() and mod.cuda_gguf_mmq_supported(int(qtype)) and k % 256 == 0
-        and quant.mmq_min_rows(qtype, n) <= rows <= mod.cuda_gguf_mmq_max_m
+        and quant.mmq_min_rows(qtype, n, k) <= rows <= mod.cuda_gguf_mmq_max_m
     )
     return 1 if mmq else -(-rows // 8)
 

@@ -234,13 +234,27 @@ def test_unsupported_inputs_raise_clear_errors() -> None:
         )
 
 
-def test_every_type_below_its_tensor_core_threshold_has_a_gemv_path() -> None:
+@pytest.mark.parametrize("staged", [True, False])
+def test_every_type_below_its_tensor_core_threshold_has_a_gemv_path(
+    staged: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A CUDA decode batch below its tensor-core threshold (quant.mmq_min_rows: per type, for narrow and for wide
-    weights) runs the dp4a GEMV (in 8-row passes up to GEMV_PASSES_MAX_ROWS), so every threshold must lie within
-    that reach; producers size their int8 codes by q8_max_rows, which assumes it."""
-    assert quant.MMQ_MIN_ROWS, "no type takes the tensor-core product"
-    for qtype, (narrow, wide) in quant.MMQ_MIN_ROWS.items():
+    weights, from the staged kernel's table where that kernel runs, else the register kernel's) runs the dp4a GEMV
+    (in 8-row passes up to GEMV_PASSES_MAX_ROWS), so every threshold must lie within that reach; producers size their
+    int8 codes by q8_max_rows, which assumes it."""
+    monkeypatch.setattr(quant, "staged_mmq_runs", lambda qtype, in_features: staged)
+    table = quant.MMQ_MIN_ROWS if staged else quant.MMQ_MIN_ROWS_REGISTERS
+    assert set(table) == set(quant.MMQ_MIN_ROWS_REGISTERS), "both tables cover the same types"
+    for qtype, (narrow, wide) in table.items():
         assert all(1 < rows <= quant.GEMV_PASSES_MAX_ROWS + 1 for rows in (narrow, wide)), qtype
-        assert quant.mmq_min_rows(qtype, quant.MMQ_WIDE_FEATURES - 1) == narrow
-        assert quant.mmq_min_rows(qtype, quant.MMQ_WIDE_FEATURES) == wide
-    assert quant.mmq_min_rows(QT.IQ4_NL, 4096) is None
+        assert quant.mmq_min_rows(qtype, quant.MMQ_WIDE_FEATURES - 1, 4096) == narrow
+        assert quant.mmq_min_rows(qtype, quant.MMQ_WIDE_FEATURES, 4096) == wide
+    assert quant.mmq_min_rows(QT.IQ4_NL, 4096, 4096) is None
+
+
+def test_without_cuda_kernels_the_register_kernels_thresholds_apply(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where no CUDA device runs the staged kernel (this CPU-only check: torch sees no GPU), mmq_min_rows reads
+    MMQ_MIN_ROWS_REGISTERS: q5_0's 16 rows, not the staged kernel's 3."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not quant.staged_mmq_runs(QT.Q5_0, 4096)
+    assert quant.mmq_min_rows(QT.Q5_0, 4096, 4096) == quant.MMQ_MIN_ROWS_REGISTERS[QT.Q5_0][0] == 16
