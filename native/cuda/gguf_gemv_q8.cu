@@ -177,14 +177,15 @@ void run_mmq(const char* what, void* y, const void* x, int8_t* xq, void* xb, con
   if (staging != kMmqStagingAuto && staging != kMmqStagingRegisters && staging != kMmqStagingShared)
     throw std::invalid_argument(std::string(what) + ": staging must be 0 (the default rule), 1 (registers) or 2 "
                                 "(shared memory)");
-  const bool staged_fits = M >= 1 && M <= kGgufMmqStagedMaxM && K > 0 && K <= INT32_MAX &&
-                           gguf_mmq_staged_fits(qtype, static_cast<int>(M), static_cast<int>(K));
-  if (staging == kMmqStagingShared && !staged_fits)
-    throw std::invalid_argument(std::string(what) + ": the staged kernel takes 1..8 tokens on a Hopper GPU and rows a "
-                                "multiple of 16 bytes long; give staging 0 or 1");
-  if (staging == kMmqStagingShared && row_tiles != 0)
-    throw std::invalid_argument(std::string(what) + ": row_tiles is the register kernel's launch choice (the staged "
-                                "kernel sizes its own tiles); give 0 with staging 2");
+  if (staging == kMmqStagingShared) {
+    if (M > kGgufMmqStagedMaxM || K > INT32_MAX ||
+        !gguf_mmq_staged_fits(qtype, static_cast<int>(M), static_cast<int>(K)))
+      throw std::invalid_argument(std::string(what) + ": the staged kernel takes 1..8 tokens on a Hopper GPU and rows "
+                                  "a multiple of 16 bytes long; give staging 0 or 1");
+    if (row_tiles != 0)
+      throw std::invalid_argument(std::string(what) + ": row_tiles is the register kernel's launch choice (the staged "
+                                  "kernel sizes its own tiles); give 0 with staging 2");
+  }
   if (x != nullptr)
     quantize_activations(what, x, xq, xb, w, M, N, K, qtype, dtype, 0, s, kGgufMmqMaxM, gguf_mmq_x_group(qtype));
   else check_gemv_args(what, M, N, K, w, xq, xb, dtype, kGgufMmqMaxM);
