@@ -178,8 +178,8 @@ def test_gemv_inside_a_cuda_graph(tensor_cores: bool) -> None:
     """Captured once, replayed on new inputs: launches on the capturing stream, no host sync, the results of the
     same call made eagerly; a batch just below the type's tensor-core threshold (the dp4a GEMV) and one at it."""
     qtype, n, k = QT.Q6_K, 1024, 2048
-    rows = quant.mmq_min_rows(qtype, n) - (0 if tensor_cores else 1)
-    assert rows >= 1 and quant.takes_tensor_cores(qtype, rows, n) == tensor_cores
+    rows = quant.mmq_min_rows(qtype, n, k) - (0 if tensor_cores else 1)
+    assert rows >= 1 and quant.takes_tensor_cores(qtype, rows, n, k) == tensor_cores
     data = torch.from_numpy(random_blocks(qtype, n, k, seed=9)).to(DEV)
     x = torch.randn(rows, k, device=DEV, dtype=torch.bfloat16)
     quant.quant_matmul(x, data, qtype, n, k)  # warm-up outside capture
@@ -217,10 +217,12 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, i
 @pytest.mark.parametrize("batch", [3, 12], ids=["dp4a-batch", "tensor-core-batch"])
 def test_smollm2_gguf_on_gpu_matches_cpu_greedy(batch: int) -> None:
     """Greedy decoding of the (Q4_1) SmolLM2 GGUF on the GPU agrees with the CPU path: 3 sequences decode through
-    the dp4a GEMV, 12 through the int8 tensor-core product (quant.MMQ_MIN_ROWS, narrow and wide weights alike)."""
+    the dp4a GEMV, 12 through the int8 tensor-core product (quant.mmq_min_rows of each of its Q4_1 weights)."""
     path = str(_smollm2_path())
     prompts = PROMPTS[:batch]
-    assert all((batch >= rows) == (batch == 12) for rows in quant.MMQ_MIN_ROWS[QT.Q4_1])
+    shapes = {(int(t.shape[1]), int(t.shape[0])) for t in gguf.GGUFReader(path).tensors
+              if t.tensor_type == QT.Q4_1 and len(t.shape) == 2}
+    assert shapes and all((batch >= quant.mmq_min_rows(QT.Q4_1, n, k)) == (batch == 12) for n, k in shapes)
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     common = dict(dtype="bf16", mem=64, max_num_seqs=16, seed=0)
     cpu = LLM(model=path, cpu=True, **common).generate(prompts, params)

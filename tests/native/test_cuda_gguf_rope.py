@@ -219,7 +219,7 @@ def test_method_stores_pairs_only_where_the_epilogue_runs(gguf_rope: Callable[[b
     (fused,) = build_linear_methods(shards, torch.bfloat16, DEV, rope_head_dim=p["d"])
     assert isinstance(fused, GGUFLinear) and fused.rope_pair_group == 1
     assert torch.equal(fused.data, _paired_blocks(p))
-    tensor_cores = takes_tensor_cores(QT.Q4_K, p["x"].shape[0], p["n"])
+    tensor_cores = takes_tensor_cores(QT.Q4_K, p["x"].shape[0], p["n"], p["k"])
     want_y, want_cache = _gemv_then_rotary(p, fused.data, 1, tensor_cores=tensor_cores)
     cache = p["cache"].clone()
     got = fused.forward_rope_cache(p["x"], RopeCacheTarget(p["hk"], p["pos"], p["table"], cache, p["slots"]))
