@@ -29,20 +29,29 @@ __device__ __forceinline__ void mma_s8_16816(int (&c)[4], uint32_t a0, uint32_t 
 
 // The activations of one token tile for this lane: B words of token 8i + g (from its element 8t, or 4t for a loader
 // with kSplitLanes), XBlocks of tokens 8i + 2t, 8i + 2t + 1.
-struct TokenRows {
+template <bool kStaged>
+struct TokenRowsOf {
   const int8_t* codes;
   const XBlock* blocks[2];
   // Kept at the current unit's first element (moved n elements on per unit), so its loads take constant offsets
   // instead of index math widened to 64 bits per load.
   __device__ void advance(int n) { codes += n, blocks[0] += n / 32, blocks[1] += n / 32; }
+  // A V at p: plain loads where the codes were staged in shared memory, else ordinary cached global loads (ld_x).
+  template <typename V>
+  __device__ static V ld(const void* p) {
+    if constexpr (kStaged) return *static_cast<const V*>(p);
+    else return gguf::ld_x<V>(p);
+  }
 };
+using TokenRows = TokenRowsOf<false>;
 
 // (dx, dx * sum of codes) of sub-blocks s and s + 1 of one token, from their two adjacent XBlocks (one 16-byte
 // load).
 struct XScales {
   float d[2], s[2];
+  template <class X>
   __device__ void load(const XBlock* p) {
-    const uint4 raw = gguf::ld_x<uint4>(p);
+    const uint4 raw = X::template ld<uint4>(p);
     const uint32_t words[2][2] = {{raw.x, raw.y}, {raw.z, raw.w}};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -54,10 +63,11 @@ struct XScales {
 };
 
 // The B fragment words of one token tile for sub-block (e / 32): the lane's codes of token 8i + g.
-template <class Q>
-__device__ __forceinline__ uint2 token_codes(const TokenRows& x, int e) {
+template <class Q, class X>
+__device__ __forceinline__ uint2 token_codes(const X& x, int e) {
   const int8_t* p = x.codes + e;
-  return Q::kSplitLanes ? make_uint2(gguf::ld_x<uint32_t>(p), gguf::ld_x<uint32_t>(p + 16)) : gguf::ld_x<uint2>(p);
+  return Q::kSplitLanes ? make_uint2(X::template ld<uint32_t>(p), X::template ld<uint32_t>(p + 16))
+                        : X::template ld<uint2>(p);
 }
 
 // The A fragment of m-tile rows g (codes r = 0) and g + 8 (r = 1): a0/a2 row g (slots 4t.., 16+4t..), a1/a3 row g + 8.
@@ -67,8 +77,8 @@ __device__ __forceinline__ void a_fragment(const uint32_t (&c8)[2][2], uint32_t 
 
 // f(h, mt, frag, bw) for sub-blocks 2j + h (h = 0, 1; e: 2j's first element) and each m-tile mt: the A fragment of
 // its codes (lo: sub-block 2j's, hi: 2j + 1's) and the B words of the token tile x.
-template <class Q, int MT, typename F>
-__device__ __forceinline__ void each_fragment(const TokenRows& x, int e, const uint32_t (&lo)[MT][2][2],
+template <class Q, int MT, class X, typename F>
+__device__ __forceinline__ void each_fragment(const X& x, int e, const uint32_t (&lo)[MT][2][2],
                                               const uint32_t (&hi)[MT][2][2], F&& f) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -84,8 +94,8 @@ __device__ __forceinline__ void each_fragment(const TokenRows& x, int e, const u
 
 // acc += one unit of this lane's weight rows (q: m-tile mt's rows g and g + 8) times the T token tiles (x: from the
 // unit's first element): the 32-element types, each sub-block's dot scaled in f32 (activations scaled per 32).
-template <class Q, int MT, int T>
-__device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int t, const TokenRows (&x)[T],
+template <class Q, int MT, int T, class X>
+__device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int t, const X (&x)[T],
                                               float (&acc)[MT][T][4]) {
 #pragma unroll
   for (int j = 0; j < Q::kPairs; ++j) {
@@ -101,7 +111,7 @@ __device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int t, const 
     for (int i = 0; i < T; ++i) {
       XScales xs[2];
 #pragma unroll
-      for (int k = 0; k < 2; ++k) xs[k].load(x[i].blocks[k] + e / 32);
+      for (int k = 0; k < 2; ++k) xs[k].template load<X>(x[i].blocks[k] + e / 32);
       each_fragment<Q>(x[i], e, lo, hi, [&](int h, int mt, const uint32_t (&frag)[4], uint2 bw) {
         int c[4] = {};
         mma_s8_16832(c, frag, bw.x, bw.y);
@@ -126,12 +136,12 @@ __device__ __forceinline__ void multiply_unit(const Q (&q)[MT][2], int t, const 
 // kernels, where that form spills registers (session 13, call 1: q4k batch-32 decode 4,746 against 4,993 tok/s);
 // those take the XBlocks' int16 half sums by dp2a (kHalfMins: by IMAD). Bounds per unit: |dot| <= 8 sub-blocks * 63 * 32 *
 // 31 * 127 (Q5_K), 8 halves * 128 * 16 * 32 * 127 (Q6_K); |low| <= 8 * 63 * 32 * 127: all far below 2^31.
-template <class Q, int MT, int T>
-__device__ __forceinline__ void multiply_unit_k(const Q (&q)[MT][2], int t, const TokenRows (&x)[T],
+template <class Q, int MT, int T, class X, bool kSplitLow = false>
+__device__ __forceinline__ void multiply_unit_k(const Q (&q)[MT][2], int t, const X (&x)[T],
                                                 float (&acc)[MT][T][4]) {
   static_assert(!Q::kHalfScales || Q::kSplitLanes, "a lane's first word holds the first half, its second the second");
   constexpr bool kMinMma = Q::kMins && MT * T <= 4, kMinSums = Q::kMins && !kMinMma;
-  int dot[MT][T][4] = {}, low[MT][T][4] = {};
+  int dot[MT][T][4] = {}, low[MT][T][4] = {}, low_hi[MT][T][4] = {};  // low_hi: kSplitLow's second chain
 #pragma unroll
   for (int j = 0; j < Q::kPairs; ++j) {
     uint32_t lo[MT][2][2], hi[MT][2][2];
@@ -163,7 +173,7 @@ __device__ __forceinline__ void multiply_unit_k(const Q (&q)[MT][2], int t, cons
       uint4 sums[2];  // kMinSums, per token 2t + k: the XBlocks of sub-blocks 2j, 2j + 1 (.y, .w: half sums)
       if constexpr (kMinSums)
 #pragma unroll
-        for (int k = 0; k < 2; ++k) sums[k] = gguf::ld_x<uint4>(x[i].blocks[k] + e / 32);
+        for (int k = 0; k < 2; ++k) sums[k] = X::template ld<uint4>(x[i].blocks[k] + e / 32);
       each_fragment<Q>(x[i], e, lo, hi, [&](int h, int mt, const uint32_t (&frag)[4], uint2 bw) {
         int c[4] = {};
         if constexpr (Q::kHalfScales) {
@@ -183,7 +193,8 @@ __device__ __forceinline__ void multiply_unit_k(const Q (&q)[MT][2], int t, cons
         for (int o = 0; o < 4; ++o) dot[mt][i][o] += c[o];
         if constexpr (kMinMma) {
           const uint32_t mf[4] = {minw[mt][0][h][0], minw[mt][1][h][0], minw[mt][0][h][1], minw[mt][1][h][1]};
-          mma_s8_16832(low[mt][i], mf, bw.x, bw.y);
+          if (kSplitLow && h) mma_s8_16832(low_hi[mt][i], mf, bw.x, bw.y);
+          else mma_s8_16832(low[mt][i], mf, bw.x, bw.y);
         } else if constexpr (kMinSums) {
 #pragma unroll
           for (int k = 0; k < 2; ++k)
@@ -210,14 +221,15 @@ __device__ __forceinline__ void multiply_unit_k(const Q (&q)[MT][2], int t, cons
   for (int i = 0; i < T; ++i)
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      const float dx = gguf::ld_x<float>(&x[i].blocks[k]->d);  // every XBlock of a 256-value run holds it
+      const float dx = X::template ld<float>(&x[i].blocks[k]->d);  // every XBlock of a 256-value run holds it
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           float& o = acc[mt][i][2 * r + k];
           o = fmaf(d[mt][r] * dx, static_cast<float>(dot[mt][i][2 * r + k]), o);
-          if constexpr (Q::kMins) o = fmaf(-dmin[mt][r] * dx, static_cast<float>(low[mt][i][2 * r + k]), o);
+          if constexpr (Q::kMins)
+            o = fmaf(-dmin[mt][r] * dx, static_cast<float>(low[mt][i][2 * r + k] + low_hi[mt][i][2 * r + k]), o);
         }
     }
 }

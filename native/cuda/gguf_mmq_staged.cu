@@ -19,6 +19,9 @@
 // fall on distinct groups of 4 banks. A stage's row chunk is a multiple of 16 bytes (a bulk copy's granule) and of
 // whole blocks for the half-block units, so a row's bytes keep their offsets mod 16 and the loaders' alignment rules
 // hold; hence rows must be a multiple of 16 bytes long (gguf_mmq_staged_fits).
+// Two options per type and row length (layout() below): the tokens' codes and XBlocks of each chunk bulk-copied
+// into the stage too (after the PDL wait), so no unit waits on a global load; and the Q4_K/Q5_K min terms summed in
+// two IMMA chains instead of one. Neither changes the bits.
 #include <atomic>
 #include <type_traits>
 
@@ -35,8 +38,8 @@ constexpr int kMaxStages = 8;
 
 // A loader's staging with W warps multiplying (one more issues the copies) and MT m-tiles of 16 rows: units per
 // multiplying warp per stage (a row chunk of at least kChunkTarget bytes), the rows' stride, the stages (a ring of
-// about kRingTarget bytes).
-template <class Q, int W, int MT, int kChunkTarget, int kRingTarget>
+// about kRingTarget bytes, each with the chunk's token codes where kStagedTokens).
+template <class Q, int W, int MT, int kChunkTarget, int kRingTarget, bool kStagedTokens>
 struct Staging {
   static constexpr int kThreads = (W + 1) * 32, kRows = 16 * MT;
   static constexpr bool fits(int u) {
@@ -52,19 +55,27 @@ struct Staging {
   static constexpr int kChunkUnits = W * kUnitsPerWarp;
   static constexpr int kChunkBytes = kChunkUnits * Q::kBlockBytes;
   static constexpr int kRowStride = kChunkBytes + ((kChunkBytes / 4) % 8 == 4 ? 0 : 16);
-  static constexpr int kStageBytes = kRows * kRowStride;
+  static constexpr int kWeightBytes = kRows * kRowStride;
+  // The stage's token codes: up to 8 tokens' codes of the chunk's elements, rows kTokenStride apart (8-byte lane
+  // loads conflict-free per half warp at 8 (mod 32) words, the split lanes' 4-byte loads per warp at 4), then their
+  // XBlocks, rows kBlockStride apart.
+  static constexpr int kTokenElems = kChunkUnits * Q::kBlockElems;
+  static constexpr int kTokenWords = Q::kSplitLanes ? 4 : 8;
+  static constexpr int kTokenStride = kTokenElems + ((kTokenWords - (kTokenElems / 4) % 32 + 32) % 32) * 4;
+  static constexpr int kBlockStride = kTokenElems / 4 + 16;
+  static constexpr int kStageBytes = kWeightBytes + (kStagedTokens ? 8 * kTokenStride + 8 * kBlockStride : 0);
   static constexpr int kRingStages = kRingTarget / kStageBytes;
   static constexpr int kStages = kRingStages < 2 ? 2 : kRingStages > kMaxStages ? kMaxStages : kRingStages;
   static constexpr int kSmemBytes = kStages * kStageBytes;
 };
 
-template <class Q, int W, int MT, int kChunk, int kRing, bool kRope>
-__global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing>::kThreads)
+template <class Q, int W, int MT, int kChunk, int kRing, bool kStagedTokens, bool kSplitLow, bool kRope>
+__global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens>::kThreads)
     gguf_mmq_staged_kernel(void* __restrict__ y, bool bf16, const int8_t* xq, const XBlock* xb,
                            const uint8_t* __restrict__ w, int M, int N, int K, int64_t row_bytes,
                            const GgufRopeCache rope) {
 #ifdef CANDLE_VLLM_MBARRIER
-  using S = Staging<Q, W, MT, kChunk, kRing>;
+  using S = Staging<Q, W, MT, kChunk, kRing, kStagedTokens>;
   constexpr int kRows = S::kRows;
   extern __shared__ __align__(16) uint8_t ring[];
   __shared__ alignas(8) uint64_t full[S::kStages], empty[S::kStages];
@@ -73,7 +84,7 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing>::kThreads)
   const int chunks = (units + S::kChunkUnits - 1) / S::kChunkUnits;
   if (threadIdx.x == 0) {
     for (int s = 0; s < S::kStages; ++s) {
-      mbar_init(smem_addr(&full[s]), 1);
+      mbar_init(smem_addr(&full[s]), kStagedTokens ? 2 : 1);  // the weights', then the tokens' (after the wait)
       mbar_init(smem_addr(&empty[s]), W);
     }
     mbar_fence_init();
@@ -81,30 +92,57 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing>::kThreads)
   __syncthreads();
 
   float acc[MT][1][4] = {};
+  auto units_in = [&](int c) { return min(S::kChunkUnits, units - c * S::kChunkUnits); };
+  auto stage_at = [&](int c) { return ring + (c % S::kStages) * S::kStageBytes; };
   if (warp == W) {
-    // Lane r < kRows copies row r's chunks (rows past N copy the last row; their sums are dropped).
+    // Lane r < kRows copies row r's chunks (rows past N copy the last row; their sums are dropped); lanes m and 8 + m
+    // copy token m's codes and XBlocks (tokens past M are not copied: the readers take token M - 1 instead).
     const uint8_t* src = w + static_cast<int64_t>(min(row0 + lane, N - 1)) * row_bytes;
-    for (int c = 0; c < chunks; ++c) {
-      const int s = c % S::kStages;
-      if (c >= S::kStages) mbar_wait(smem_addr(&empty[s]), (c / S::kStages - 1) & 1);
-      const uint32_t bytes = min(S::kChunkUnits, units - c * S::kChunkUnits) * Q::kBlockBytes;
-      if (lane == 0) mbar_expect_tx(smem_addr(&full[s]), kRows * bytes);
+    auto weights = [&](int c) {
+      const uint32_t bytes = units_in(c) * Q::kBlockBytes, bar = smem_addr(&full[c % S::kStages]);
+      if (lane == 0) mbar_expect_tx(bar, kRows * bytes);
       __syncwarp();
       if (lane < kRows)
-        bulk_copy(smem_addr(ring + s * S::kStageBytes + lane * S::kRowStride),
-                  src + static_cast<int64_t>(c) * S::kChunkBytes, bytes, smem_addr(&full[s]));
+        bulk_copy(smem_addr(stage_at(c) + lane * S::kRowStride), src + static_cast<int64_t>(c) * S::kChunkBytes,
+                  bytes, bar);
+    };
+    auto tokens = [&](int c) {
+      const uint32_t elems = units_in(c) * Q::kBlockElems, bar = smem_addr(&full[c % S::kStages]);
+      if (lane == 0) mbar_expect_tx(bar, M * (elems + elems / 4));
+      __syncwarp();
+      const int m = lane & 7;
+      const int64_t e0 = static_cast<int64_t>(c) * S::kTokenElems;
+      uint8_t* dst = stage_at(c) + S::kWeightBytes;
+      if (lane < 8 && m < M)
+        bulk_copy(smem_addr(dst + m * S::kTokenStride), xq + static_cast<int64_t>(m) * K + e0, elems, bar);
+      else if (lane < 16 && m < M)
+        bulk_copy(smem_addr(dst + 8 * S::kTokenStride + m * S::kBlockStride),
+                  xb + static_cast<int64_t>(m) * (K / 32) + e0 / 32, elems / 4, bar);
+    };
+    const int first = min(S::kStages, chunks);
+    for (int c = 0; c < first; ++c) weights(c);
+    if constexpr (kStagedTokens) {
+      pdl_wait();  // the codes are the kernel before's output, and y may still be read by it
+      for (int c = 0; c < first; ++c) tokens(c);
     }
-    pdl_wait();  // before the store below writes y, which the kernel before may still read
+    for (int c = first; c < chunks; ++c) {
+      mbar_wait(smem_addr(&empty[c % S::kStages]), (c / S::kStages - 1) & 1);
+      weights(c);
+      if constexpr (kStagedTokens) tokens(c);
+    }
+    if constexpr (!kStagedTokens) pdl_wait();
   } else {
     const int g = lane >> 2, t = lane & 3;
-    TokenRows x[1];
-    token_rows<Q>(x, xq, xb, M, K, warp * Q::kBlockElems, g, t);
-    pdl_wait();  // xq/xb are written by the kernel before
+    TokenRows xg[1];
+    if constexpr (!kStagedTokens) token_rows<Q>(xg, xq, xb, M, K, warp * Q::kBlockElems, g, t);
+    pdl_wait();  // xq/xb are the kernel before's; y may still be read by it
     for (int c = 0; c < chunks; ++c) {
       const int s = c % S::kStages;
       mbar_wait(smem_addr(&full[s]), (c / S::kStages) & 1);
-      const int in_chunk = min(S::kChunkUnits, units - c * S::kChunkUnits);
-      const uint8_t* stage = ring + s * S::kStageBytes;
+      const int in_chunk = units_in(c);
+      const uint8_t* stage = stage_at(c);
+      const uint8_t* codes = stage + S::kWeightBytes + min(g, M - 1) * S::kTokenStride + (Q::kSplitLanes ? 4 : 8) * t;
+      const uint8_t* blocks = stage + S::kWeightBytes + 8 * S::kTokenStride;
 #pragma unroll
       for (int i = 0; i < S::kUnitsPerWarp; ++i) {
         const int u = warp + W * i;
@@ -115,9 +153,20 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing>::kThreads)
 #pragma unroll
             for (int r = 0; r < 2; ++r)
               q[mt][r].fetch(gguf::StagedBytes{stage + (16 * mt + 8 * r + g) * S::kRowStride}, u, t);
-          if constexpr (Q::kUnitScales) multiply_unit_k(q, t, x, acc);
-          else multiply_unit(q, t, x, acc);
-          x[0].advance(W * Q::kBlockElems);
+          if constexpr (kStagedTokens) {
+            TokenRowsOf<true> x[1];
+            x[0].codes = reinterpret_cast<const int8_t*>(codes) + u * Q::kBlockElems;
+#pragma unroll
+            for (int k = 0; k < 2; ++k)
+              x[0].blocks[k] = reinterpret_cast<const XBlock*>(blocks + min(2 * t + k, M - 1) * S::kBlockStride) +
+                               u * Q::kBlockElems / 32;
+            if constexpr (Q::kUnitScales) multiply_unit_k<Q, MT, 1, TokenRowsOf<true>, kSplitLow>(q, t, x, acc);
+            else multiply_unit(q, t, x, acc);
+          } else {
+            if constexpr (Q::kUnitScales) multiply_unit_k<Q, MT, 1, TokenRows, kSplitLow>(q, t, xg, acc);
+            else multiply_unit(q, t, xg, acc);
+            xg[0].advance(W * Q::kBlockElems);
+          }
         }
       }
       __syncwarp();
@@ -140,13 +189,14 @@ bool staged_kernels_run() {
            int major = 0;
            check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "gguf_mmq_staged");
            cudaFuncAttributes attr{};
-           check_cuda(cudaFuncGetAttributes(&attr, gguf_mmq_staged_kernel<mmq::MmqQ4K, 4, 1, 512, 16384, false>),
+           auto probe = gguf_mmq_staged_kernel<mmq::MmqQ4K, 4, 1, 512, 16384, false, false, false>;
+           check_cuda(cudaFuncGetAttributes(&attr, probe),
                       "gguf_mmq_staged");
            return major == 9 && attr.binaryVersion == 90 ? 1 : 2;
          }) == 1;
 }
 
-// The staging per type and weight width, measured on the H200 (session 21, calls 2 and 3; benches/RESULTS.md: us over
+// The staging per type and weight shape, measured on the H200 (session 21, calls 2 and 3; benches/RESULTS.md: us over
 // 2, 4 and 8 tokens on the narrow 8B shapes (6144x4096, 4096x4096, 4096x14336) / the wide one (28672x4096), for
 // m-tiles x chunk x ring of 1 x 1024 x 64K, 1 x 512 x 32K, 1 x 512 x 16K, 2 x 1024 x 64K, 2 x 512 x 32K):
 //   q4k narrow 88 / 86 / 85 / 89 / 88, wide 97 / 86 / 85 / 99 / 78; q2k narrow 106 / 100 / 99 / 98 / 97, wide 112 /
@@ -159,23 +209,42 @@ bool staged_kernels_run() {
 // (Q5_K follows Q4_K, Q3_K Q6_K, the other 32-element types Q8_0 and Q4_0: not measured separately.) In every one
 // the weights stream at 68-97 % of the copy ceiling when the warps only wait and release the stages (probe builds
 // of call 3): the multiplying warps set the pace.
+// The options, and two m-tiles in a 96 KB ring, against that (session 22, call 2: us summed over 2, 4 and 8 tokens,
+// option / without, where they gained 7 % or more; elsewhere within 5 % either way, or slower):
+//   - the tokens staged: q6k on 4096x14336 77 / 92, q4_0 there 55 / 67, q8_0 on the short narrow shapes 61 / 66
+//     (slower by 7-47 % for q4k, q5k and q2k, by 7-17 % for q6k elsewhere);
+//   - the min terms in two chains: q4k on 4096x14336 43 / 48, q5k 48 / 57 (q4k short narrow 8 % slower);
+//   - q2k in 2 x 512 x 96K on 4096x14336 48 / 55 (q8_0 there 30 % slower).
+// Long rows (K >= kLongRowsK): the narrow shape whose options differ. Types not measured keep neither.
 struct Layout {
   int m_tiles, chunk, ring;
+  bool staged_tokens, split_low;
 };
 constexpr int kStagedWideRows = 16384;
+constexpr int kLongRowsK = 8192;
+enum class Shape { kNarrow, kNarrowLong, kWide };
 
 template <class Q>
-constexpr Layout layout(bool wide) {
+constexpr Layout layout(Shape shape) {
   constexpr bool kHeavyHalves = std::is_same_v<Q, mmq::MmqQ6K> || std::is_same_v<Q, mmq::MmqQ3K>;
-  if (wide) return kHeavyHalves ? Layout{1, 512, 16384} : Layout{2, 512, 32768};
-  return Q::kUnitScales ? Layout{1, 512, 16384} : Layout{1, 1024, 65536};
+  if (shape == Shape::kWide)
+    return kHeavyHalves ? Layout{1, 512, 16384, false, false} : Layout{2, 512, 32768, false, false};
+  if (!Q::kUnitScales) {
+    const bool staged = std::is_same_v<Q, mmq::MmqQ8_0> ? shape == Shape::kNarrow
+                        : std::is_same_v<Q, mmq::MmqQ4_0> && shape == Shape::kNarrowLong;
+    return Layout{1, 1024, 65536, staged, false};
+  }
+  if (shape == Shape::kNarrow) return Layout{1, 512, 16384, false, false};
+  if (std::is_same_v<Q, mmq::MmqQ2K>) return Layout{2, 512, 98304, false, false};
+  return Layout{1, 512, 16384, std::is_same_v<Q, mmq::MmqQ6K>,
+                std::is_same_v<Q, mmq::MmqQ4K> || std::is_same_v<Q, mmq::MmqQ5K>};
 }
 
-template <class Q, int W, int MT, int kChunk, int kRing, bool kRope>
+template <class Q, int W, int MT, int kChunk, int kRing, bool kStagedTokens, bool kSplitLow, bool kRope>
 void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
             const GgufRopeCache& rope, cudaStream_t s) {
-  using S = Staging<Q, W, MT, kChunk, kRing>;
-  auto kernel = gguf_mmq_staged_kernel<Q, W, MT, kChunk, kRing, kRope>;
+  using S = Staging<Q, W, MT, kChunk, kRing, kStagedTokens>;
+  auto kernel = gguf_mmq_staged_kernel<Q, W, MT, kChunk, kRing, kStagedTokens, kSplitLow, kRope>;
   static std::atomic<int> sized[kMaxDevices];  // more than 48 KB of dynamic shared memory, once per device
   per_device(sized, "gguf_mmq_staged", [&](int) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
@@ -203,19 +272,26 @@ void launch_gguf_mmq_staged(void* y, bool bf16, const int8_t* xq, const gguf::XB
   mmq::dispatch(qtype, [&](auto loader) {
     using Q = decltype(loader);
     const GgufRopeCache& r = rope != nullptr ? *rope : GgufRopeCache{};
-    auto go = [&](auto w_tag, auto layout_tag) {
+    auto go = [&](auto w_tag, auto shape_tag) {
       constexpr int kW = decltype(w_tag)::value;
-      constexpr Layout L = layout<Q>(decltype(layout_tag)::value);
-      if (rope != nullptr) launch<Q, kW, L.m_tiles, L.chunk, L.ring, true>(y, bf16, xq, xb, w, M, N, K, r, stream);
-      else launch<Q, kW, L.m_tiles, L.chunk, L.ring, false>(y, bf16, xq, xb, w, M, N, K, r, stream);
+      constexpr Layout L = layout<Q>(decltype(shape_tag)::value);
+      if (rope != nullptr)
+        launch<Q, kW, L.m_tiles, L.chunk, L.ring, L.staged_tokens, L.split_low, true>(y, bf16, xq, xb, w, M, N, K, r,
+                                                                                      stream);
+      else
+        launch<Q, kW, L.m_tiles, L.chunk, L.ring, L.staged_tokens, L.split_low, false>(y, bf16, xq, xb, w, M, N, K, r,
+                                                                                       stream);
     };
-    using Wide = std::true_type;
-    using Narrow = std::false_type;
-    const bool wide = N >= kStagedWideRows;
-    if (warps == 8 && wide) go(std::integral_constant<int, 8>{}, Wide{});
-    else if (warps == 8) go(std::integral_constant<int, 8>{}, Narrow{});
-    else if (wide) go(std::integral_constant<int, 4>{}, Wide{});
-    else go(std::integral_constant<int, 4>{}, Narrow{});
+    auto shaped = [&](auto w_tag) {
+      using Wide = std::integral_constant<Shape, Shape::kWide>;
+      using Long = std::integral_constant<Shape, Shape::kNarrowLong>;
+      using Narrow = std::integral_constant<Shape, Shape::kNarrow>;
+      if (N >= kStagedWideRows) go(w_tag, Wide{});
+      else if (K >= kLongRowsK) go(w_tag, Long{});
+      else go(w_tag, Narrow{});
+    };
+    if (warps == 8) shaped(std::integral_constant<int, 8>{});
+    else shaped(std::integral_constant<int, 4>{});
   });
 }
 

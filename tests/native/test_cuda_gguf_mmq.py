@@ -110,11 +110,12 @@ def _row_bytes_fit(qtype: QT, k: int) -> bool:
 @pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
 def test_staged_kernel_gives_the_register_kernels_bits(qtype: QT) -> None:
     """The kernel that streams the weights through shared memory (staging 2) sums as the register kernel (staging 1)
-    with the same warps: 1-8 tokens, N = 333 (a partial 16-row tile), K of 14336 (the ring wraps several times)
-    and 10240 (a partial last stage with 8 warps), bit for bit, within the float64 bounds."""
+    with the same warps: 1-8 tokens, N = 333 (a partial 16-row tile), K of 14336 (the ring wraps several times),
+    10240 (a partial last stage with 8 warps) and 2048 (short rows, which take other options than long ones), bit
+    for bit, within the float64 bounds."""
     n = 333
     g = torch.Generator().manual_seed(40 + int(qtype))
-    for k in (14336, 10240):
+    for k in (14336, 10240, 2048):
         assert _row_bytes_fit(qtype, k)
         data, w64 = _weight(qtype, n, k, seed=int(qtype) + k)
         for m in (1, 2, 3, 5, 8):
