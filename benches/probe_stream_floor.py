@@ -11,9 +11,6 @@ cuBLASLt at batch 64 (benches/RESULTS.md, 2026-12-03, session 22).
 
 import ctypes
 import sys
-
-import torch
-
 from collections.abc import Callable
 
 import torch
