@@ -2,7 +2,7 @@
 
     ncu --clock-control none -k regex:"gemv_q8_kernel|skinny_gemm_kernel|paged_decode" \
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
-        python3 benches/ncu_decode.py [--only gemv|attention]
+        python3 benches/ncu_decode.py [--only gemv|attention|mmq|staged]
 
 GEMVs: the q4k dp4a GEMV and the bf16 skinny GEMM (4 and 8 warps) on the Llama-3-8B o_proj [4096, 4096] and
 down [4096, 14336] shapes at M = 1. Attention: one sequence at a 4k context in the grid the engine captures
@@ -10,7 +10,7 @@ down [4096, 14336] shapes at M = 1. Attention: one sequence at a 4k context in t
 per-CTA streaming rate of the sweep). Each runs several times; the counters say what limits these small grids:
 achieved bandwidth, occupancy and why the warps stall. mmq: the int8 tensor-core product (q4k) at 8 and 16 rows on
 the o_proj and gate_up shapes next to the dp4a GEMV at 1 and 8 rows, and q8_0's dp4a GEMV at 1 and 8, all on codes
-an RMSNorm wrote (`-k regex:"gguf_mmq|gemv_q8_kernel"`).
+an RMSNorm wrote (`-k regex:"gguf_mmq|gemv_q8_kernel"`). staged: the staged product at 4 and 8 rows (q4k, q8_0).
 """
 
 from __future__ import annotations
@@ -57,6 +57,19 @@ def mmq() -> None:
                         cuda_gguf.gemv(rms_norm(x, norm_w, 1e-5, q8=32), blocks, qtype, n, k)
 
 
+def staged() -> None:
+    """The staged GGUF product (weights streamed through shared memory) at 4 and 8 rows, q4k and q8_0, on the down and
+    gate_up shapes (`-k regex:gguf_mmq_staged`; benches/RESULTS.md, session 22: where its warps stall)."""
+    for qtype, name in ((QT.Q4_K, "q4k"), (QT.Q8_0, "q8_0")):
+        for n, k in ((4096, 14336), (28672, 4096)):
+            blocks = quantize(torch.randn(n, k, device=DEV).to(torch.bfloat16), name)
+            norm_w = torch.ones(k, device=DEV, dtype=torch.bfloat16)
+            for m in (4, 8):
+                q8 = rms_norm(torch.randn(m, k, device=DEV).to(torch.bfloat16), norm_w, 1e-5, q8=cuda_gguf.x_group(qtype))
+                for _ in range(2):
+                    cuda_gguf.mmq(q8, blocks, qtype, n, k, staging=2)
+
+
 def attention() -> None:
     hq, hk, d, bs, ctx, grid = 32, 8, 128, 64, 4096, 8192
     nblocks = math.ceil(ctx / bs)
@@ -71,7 +84,7 @@ def attention() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=["gemv", "attention", "mmq"])
+    ap.add_argument("--only", choices=["gemv", "attention", "mmq", "staged"])
     args = ap.parse_args()
     if args.only in (None, "gemv"):
         gemvs()
@@ -79,6 +92,8 @@ def main() -> None:
         attention()
     if args.only in (None, "mmq"):
         mmq()
+    if args.only in (None, "staged"):
+        staged()
     torch.cuda.synchronize()
 
 
