@@ -65,7 +65,8 @@ def staged() -> None:
             blocks = quantize(torch.randn(n, k, device=DEV).to(torch.bfloat16), name)
             norm_w = torch.ones(k, device=DEV, dtype=torch.bfloat16)
             for m in (4, 8):
-                q8 = rms_norm(torch.randn(m, k, device=DEV).to(torch.bfloat16), norm_w, 1e-5, q8=cuda_gguf.x_group(qtype))
+                x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
+                q8 = rms_norm(x, norm_w, 1e-5, q8=cuda_gguf.x_group(qtype))
                 for _ in range(2):
                     cuda_gguf.mmq(q8, blocks, qtype, n, k, staging=2)
 
