@@ -36,7 +36,8 @@ struct TokenRowsOf {
   // Kept at the current unit's first element (moved n elements on per unit), so its loads take constant offsets
   // instead of index math widened to 64 bits per load.
   __device__ void advance(int n) { codes += n, blocks[0] += n / 32, blocks[1] += n / 32; }
-  // A V at p: plain loads where the codes were staged in shared memory, else ordinary cached global loads (ld_x).
+  // A V at p: plain loads where the codes and XBlocks were staged in shared memory, else ordinary cached global
+  // loads (ld_x).
   template <typename V>
   __device__ static V ld(const void* p) {
     if constexpr (kStaged) return *static_cast<const V*>(p);

@@ -8,8 +8,8 @@
 // completing on the stage's mbarrier; a stage is refilled as soon as the multiplying warps release it), and 4 or 8
 // warps multiply each stage as gguf_mmq.cu does (the same tile loaders, reading shared memory through
 // gguf::StagedBytes, and the same unit arithmetic, gguf_mmq_multiply.cuh). Weights do not depend on the kernel
-// before, so under programmatic dependent launch the ring fills while that kernel still runs; the multiplying warps
-// wait for it before reading the codes.
+// before, so under programmatic dependent launch the ring fills while that kernel still runs; the codes are read
+// only after waiting for it (by the multiplying warps, or by the copying warp where it stages them).
 //
 // With W multiplying warps (4 or 8: gguf_mmq.cu's rule or launch choice), warp w takes units w, w + W, ... of K as
 // the register kernel's warps do, and the warps' sums meet in the same order, so a row's result equals that
@@ -38,7 +38,8 @@ constexpr int kMaxStages = 8;
 
 // A loader's staging with W warps multiplying (one more issues the copies) and MT m-tiles of 16 rows: units per
 // multiplying warp per stage (a row chunk of at least kChunkTarget bytes), the rows' stride, the stages (a ring of
-// about kRingTarget bytes, each with the chunk's token codes where kStagedTokens).
+// about kRingTarget bytes, and at least two stages: where kStagedTokens adds the chunk's token codes and XBlocks to
+// each stage, the ring can exceed the target, e.g. Q6_K's long rows 2 x 48 KB for 16 KB).
 template <class Q, int W, int MT, int kChunkTarget, int kRingTarget, bool kStagedTokens>
 struct Staging {
   static constexpr int kThreads = (W + 1) * 32, kRows = 16 * MT;
@@ -130,7 +131,7 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
       weights(c);
       if constexpr (kStagedTokens) tokens(c);
     }
-    if constexpr (!kStagedTokens) pdl_wait();
+    if constexpr (!kStagedTokens) pdl_wait();  // before the store below writes y, which the kernel before may read
   } else {
     const int g = lane >> 2, t = lane & 3;
     TokenRows xg[1];
@@ -190,8 +191,7 @@ bool staged_kernels_run() {
            check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "gguf_mmq_staged");
            cudaFuncAttributes attr{};
            auto probe = gguf_mmq_staged_kernel<mmq::MmqQ4K, 4, 1, 512, 16384, false, false, false>;
-           check_cuda(cudaFuncGetAttributes(&attr, probe),
-                      "gguf_mmq_staged");
+           check_cuda(cudaFuncGetAttributes(&attr, probe), "gguf_mmq_staged");
            return major == 9 && attr.binaryVersion == 90 ? 1 : 2;
          }) == 1;
 }
@@ -214,7 +214,7 @@ bool staged_kernels_run() {
 //   - the tokens staged: q6k on 4096x14336 77 / 92, q4_0 there 55 / 67, q8_0 on the short narrow shapes 61 / 66
 //     (slower by 7-47 % for q4k, q5k and q2k, by 7-17 % for q6k elsewhere);
 //   - the min terms in two chains: q4k on 4096x14336 43 / 48, q5k 48 / 57 (q4k short narrow 8 % slower);
-//   - q2k in 2 x 512 x 96K on 4096x14336 48 / 55 (q8_0 there 30 % slower).
+//   - q2k in 2 x 512 x 96K (4 stages of 22 KB) on 4096x14336 48 / 55 (q8_0 there 30 % slower).
 // Long rows (K >= kLongRowsK): the narrow shape whose options differ. Types not measured keep neither.
 struct Layout {
   int m_tiles, chunk, ring;

@@ -100,6 +100,9 @@ needs_hopper = pytest.mark.skipif(
 )
 
 
+PARTIAL_CHUNK_K = {QT.Q8_0: (4352,), QT.Q4_0: (8448,)}  # 4-5 chunks, the last partial, through a 2-stage ring
+
+
 def _row_bytes_fit(qtype: QT, k: int) -> bool:
     """Whether a row of k values is a whole number of 16-byte granules (the staged kernel's bulk copies)."""
     block, size = GGML_QUANT_SIZES[qtype]
@@ -111,11 +114,12 @@ def _row_bytes_fit(qtype: QT, k: int) -> bool:
 def test_staged_kernel_gives_the_register_kernels_bits(qtype: QT) -> None:
     """The kernel that streams the weights through shared memory (staging 2) sums as the register kernel (staging 1)
     with the same warps: 1-8 tokens, N = 333 (a partial 16-row tile), K of 14336 (the ring wraps several times),
-    10240 (a partial last stage with 8 warps) and 2048 (short rows, which take other options than long ones), bit
-    for bit, within the float64 bounds."""
+    10240 and 2048 (short rows, which take other options than long ones), and for the types that stage the tokens'
+    codes a K whose last chunk is partial with a ring that wraps (Q8_0 short rows, Q4_0 long ones), bit for bit,
+    within the float64 bounds."""
     n = 333
     g = torch.Generator().manual_seed(40 + int(qtype))
-    for k in (14336, 10240, 2048):
+    for k in (14336, 10240, 2048, *PARTIAL_CHUNK_K.get(qtype, ())):
         assert _row_bytes_fit(qtype, k)
         data, w64 = _weight(qtype, n, k, seed=int(qtype) + k)
         for m in (1, 2, 3, 5, 8):
