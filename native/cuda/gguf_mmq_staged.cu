@@ -210,10 +210,10 @@ bool staged_kernels_run() {
 // the weights stream at 68-97 % of the copy ceiling when the warps only wait and release the stages (probe builds
 // of call 3): the multiplying warps set the pace.
 // The options, and two m-tiles in a 96 KB ring, against that (session 22, call 2: us summed over 2, 4 and 8 tokens,
-// option / without, where they gained 7 % or more; elsewhere within 5 % either way, or slower):
+// option / without, where they gained 7.5 % or more; elsewhere within 5 % either way, or slower):
 //   - the tokens staged: q6k on 4096x14336 77 / 92, q4_0 there 55 / 67, q8_0 on the short narrow shapes 61 / 66
-//     (slower by 7-47 % for q4k, q5k and q2k, by 7-17 % for q6k elsewhere);
-//   - the min terms in two chains: q4k on 4096x14336 43 / 48, q5k 48 / 57 (q4k short narrow 8 % slower);
+//     (slower by up to 36 % for q4k, q5k and q2k, by 7-15 % for q6k elsewhere);
+//   - the min terms in two chains: q4k on 4096x14336 43 / 48, q5k 48 / 57 (q4k short narrow 9 % slower);
 //   - q2k in 2 x 512 x 96K (4 stages of 22 KB) on 4096x14336 48 / 55 (q8_0 there 30 % slower).
 // Long rows (K >= kLongRowsK): the narrow shape whose options differ. Types not measured keep neither.
 struct Layout {
