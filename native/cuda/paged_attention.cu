@@ -21,14 +21,12 @@
 // runs. Before pdl_wait it reads only host-copied inputs (seq_lens, block table) and issues the cp.async of
 // its first tiles when they hold only tokens older than the newest (position seq_len - 1, which that kernel
 // writes); q, the newest token's tile and every output come after the wait.
-// The K/V tiles are read once per step: they load with an L2 evict-first policy (l2_policy.cuh) unless switched off.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
 
 #include "cuda/common.cuh"
-#include "cuda/l2_policy.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/smem_pipe.cuh"
 #include "cuda/paged_attention.h"
@@ -56,7 +54,7 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
     const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_lens, float* __restrict__ part_out,
     float* __restrict__ part_ml, int* __restrict__ counters, int group, int q_heads, int kv_heads, int64_t q_stride,
     int block_size, int block_shift, int max_blocks, int piece_cap, float qscale, float cap_log2,
-    float inv_cap, int sliding_window, bool kv_evict_first) {
+    float inv_cap, int sliding_window) {
   constexpr int kHeadChunks = D / 8;      // 16-byte chunks of one kv head's row
   constexpr int kTokStep = 256 / D;       // tokens one pass of a kv head's worth of copying threads covers
   constexpr int kKSteps = D / 16;         // k steps of Q K^T, and pairs of 8-wide column tiles of P V
@@ -103,7 +101,6 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
   const bool chunk_ok = kvh0 + c / kHeadChunks < kv_heads;
   const size_t row = static_cast<size_t>(kv_heads) * D;
   const size_t col = static_cast<size_t>(kvh0) * D + c * 8;
-  const uint64_t kv_policy = l2_evict_first_policy();
   const uint32_t sbase = smem_addr(smem);
   auto load_stage = [&](int step, int stage) {
     const int j0 = t0 + step * unit;
@@ -119,13 +116,8 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
         src = (static_cast<size_t>(blk) * block_size + off) * row + col;
       }
       const uint32_t dst = static_cast<uint32_t>(t * row_chunks + (c ^ (t & 7))) * 16;
-      if (kv_evict_first) {
-        cp_async16(ks + dst, kc + src, ok, kv_policy);
-        cp_async16(vs + dst, vc + src, ok, kv_policy);
-      } else {
-        cp_async16(ks + dst, kc + src, ok);
-        cp_async16(vs + dst, vc + src, ok);
-      }
+      cp_async16(ks + dst, kc + src, ok);
+      cp_async16(vs + dst, vc + src, ok);
     }
   };
 
@@ -393,8 +385,7 @@ void launch_decode(T* out, const T* q, const T* kc, const T* vc, const int32_t* 
   launch_pdl("paged_attention_decode", kernel, grid, dim3(static_cast<unsigned>(heads * splits * 32)), smem, stream,
              out, q, kc, vc, tables, lens, part_out, part_ml, parts > 1 ? counters : nullptr, static_cast<int>(group),
              static_cast<int>(q_heads), static_cast<int>(kv_heads), q_stride, static_cast<int>(block_size), shift,
-             static_cast<int>(max_blocks), static_cast<int>(cap), qscale, cap_log2, inv_cap, static_cast<int>(window),
-             l2_evict_first(kL2KvCache));
+             static_cast<int>(max_blocks), static_cast<int>(cap), qscale, cap_log2, inv_cap, static_cast<int>(window));
   if (parts > 1 && counters == nullptr) {
     launch_pdl("paged_attention_decode reduce", paged_decode_reduce_kernel<T, D>,
                dim3(static_cast<unsigned>(q_heads), static_cast<unsigned>(num_seqs)), dim3(kReduceThreads), 0, stream,

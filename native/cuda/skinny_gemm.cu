@@ -11,7 +11,6 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
-#include "cuda/l2_policy.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/skinny_gemm.h"
 
@@ -20,18 +19,12 @@ namespace {
 
 constexpr int kSteps = kSkinnyChunkK / 32;  // 32-wide k steps per chunk
 
-// Weights are read exactly once: keep them out of L1 so x stays there, and load them with the L2 policy of
-// l2_policy.cuh.
-__device__ __forceinline__ uint4 load_stream(const void* p, bool evict_first, uint64_t policy) {
+// Weights are read exactly once: keep them out of L1 so x stays there.
+__device__ __forceinline__ uint4 load_stream(const void* p) {
   uint4 r;
-  if (evict_first)
-    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p), "l"(policy));
-  else
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p));
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
   return r;
 }
 
@@ -46,14 +39,13 @@ struct Chunk {
 };
 
 template <typename T, int NT>
-__device__ __forceinline__ void load_w(Chunk<NT>& c, int chunk, int t, int K, const T* w_lo, const T* w_hi,
-                                       bool evict_first, uint64_t policy) {
+__device__ __forceinline__ void load_w(Chunk<NT>& c, int chunk, int t, int K, const T* w_lo, const T* w_hi) {
 #pragma unroll
   for (int s = 0; s < kSteps; ++s) {
     const int k = chunk * kSkinnyChunkK + s * 32 + t * 8;
     const bool in = k < K;
-    c.w_lo[s] = in ? load_stream(w_lo + k, evict_first, policy) : make_uint4(0, 0, 0, 0);
-    c.w_hi[s] = in ? load_stream(w_hi + k, evict_first, policy) : make_uint4(0, 0, 0, 0);
+    c.w_lo[s] = in ? load_stream(w_lo + k) : make_uint4(0, 0, 0, 0);
+    c.w_hi[s] = in ? load_stream(w_hi + k) : make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -115,8 +107,7 @@ template <typename T, int NT, int kWarps, int kEpi>
 __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(T* __restrict__ y, const T* __restrict__ x,
                                                                   const T* __restrict__ w, float* __restrict__ partials,
                                                                   int* __restrict__ counters, int M, int N, int K,
-                                                                  int chunks_per_split, const SkinnyRopeCache rope,
-                                                                  bool w_evict_first) {
+                                                                  int chunks_per_split, const SkinnyRopeCache rope) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
@@ -145,13 +136,12 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(T* __restrict_
   // that kernel's output, so it is read after pdl_wait with ordinary cached loads, never the read-only path.
   int chunk = split * chunks_per_split + warp;
   Chunk<NT> cur, next;
-  const uint64_t w_policy = l2_evict_first_policy();
-  if (chunk < chunk_end) load_w<T, NT>(cur, chunk, t, K, w_lo, w_hi, w_evict_first, w_policy);
+  if (chunk < chunk_end) load_w<T, NT>(cur, chunk, t, K, w_lo, w_hi);
   pdl_wait();
   if (chunk < chunk_end) load_x<T, NT>(cur, chunk, t, K, xs, x_ok);
   for (; chunk < chunk_end; chunk += kWarps) {
     if (chunk + kWarps < chunk_end) {
-      load_w<T, NT>(next, chunk + kWarps, t, K, w_lo, w_hi, w_evict_first, w_policy);
+      load_w<T, NT>(next, chunk + kWarps, t, K, w_lo, w_hi);
       load_x<T, NT>(next, chunk + kWarps, t, K, xs, x_ok);
     }
     mma_chunk<T, NT>(acc, cur);
@@ -255,8 +245,7 @@ void launch_skinny(void* y, const void* x, const void* w, float* partials, int* 
     auto launch = [&](auto kernel) {
       launch_pdl("skinny_gemm", kernel, grid, dim3(warps * 32), 0, as_stream(stream), static_cast<T*>(y),
                  static_cast<const T*>(x), static_cast<const T*>(w), partials, counters, static_cast<int>(M),
-                 static_cast<int>(N), static_cast<int>(K), chunks_per_split, rope,
-                 l2_evict_first(kL2SkinnyGemmWeights));
+                 static_cast<int>(N), static_cast<int>(K), chunks_per_split, rope);
     };
     auto by_warps = [&](auto nt, auto ep) {
       constexpr int kNt = decltype(nt)::value, kEp = decltype(ep)::value;

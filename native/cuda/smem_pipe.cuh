@@ -30,13 +30,6 @@ __device__ __forceinline__ void cp_async16(uint32_t addr, const void* gptr, bool
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(gptr), "r"(src_bytes));
 }
 
-// The same, the line loaded with an L2 cache policy (createpolicy; l2_policy.cuh).
-__device__ __forceinline__ void cp_async16(uint32_t addr, const void* gptr, bool valid, uint64_t policy) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(addr), "l"(gptr),
-               "r"(src_bytes), "l"(policy));
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 // Waits until at most N of this thread's committed groups are still in flight.

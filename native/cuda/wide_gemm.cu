@@ -19,7 +19,6 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
-#include "cuda/l2_policy.cuh"
 #include "cuda/mbarrier.cuh"
 #include "cuda/smem_pipe.cuh"
 #include "cuda/wide_gemm.h"
@@ -54,16 +53,6 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap& map, u
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::
           "r"(dst),
       "l"(reinterpret_cast<uint64_t>(&map)), "r"(bar), "r"(k), "r"(row)
-      : "memory");
-}
-
-// The same with an L2 cache policy (l2_policy.cuh), for the weights: each box is read once.
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap& map, uint32_t bar, int k, int row,
-                                         uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%3, "
-      "%4}], [%2], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(&map)), "r"(bar), "r"(k), "r"(row), "l"(policy)
       : "memory");
 }
 
@@ -103,7 +92,7 @@ __device__ __forceinline__ void wgmma_64x64x16(float (&d)[32], uint64_t a, uint6
 template <typename T, bool kSiluMul>
 __global__ void __launch_bounds__(kThreads, 1)
     wide_gemm_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
-                     T* __restrict__ y, int M, int N, int K, bool w_evict_first) {
+                     T* __restrict__ y, int M, int N, int K) {
 #ifdef CANDLE_VLLM_WGMMA
   extern __shared__ unsigned char smem_raw[];
   __shared__ alignas(8) uint64_t full[kStages], empty[kStages];
@@ -130,23 +119,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) {
       auto stage = [](int it) { return (it % kStages) * kStageBytes; };
       auto bar = [&](int it) { return smem_addr(&full[it % kStages]); };
-      const uint64_t w_policy = l2_evict_first_policy();
-      auto load_w = [&](int it) {
-        if (w_evict_first) tma_load(base + stage(it), w_map, bar(it), it * kKStage, row0, w_policy);
-        else tma_load(base + stage(it), w_map, bar(it), it * kKStage, row0);
-      };
       // The weights do not depend on the kernel before: the whole ring of them is requested before x is.
       const int prologue = min(count, kStages);
       for (int it = 0; it < prologue; ++it) {
         mbar_expect_tx(bar(it), kStageBytes);
-        load_w(it);
+        tma_load(base + stage(it), w_map, bar(it), it * kKStage, row0);
       }
       pdl_wait();
       for (int it = 0; it < prologue; ++it) tma_load(base + stage(it) + kWBytes, x_map, bar(it), it * kKStage, 0);
       for (int it = prologue; it < count; ++it) {
         mbar_wait(smem_addr(&empty[it % kStages]), (it / kStages - 1) & 1);
         mbar_expect_tx(bar(it), kStageBytes);
-        load_w(it);
+        tma_load(base + stage(it), w_map, bar(it), it * kKStage, row0);
         tma_load(base + stage(it) + kWBytes, x_map, bar(it), it * kKStage, 0);
       }
     }
@@ -258,8 +242,7 @@ void launch(void* y, const void* x, const void* w, int M, int N, int K, DType dt
   }();
   (void)sized;
   launch_pdl("wide_gemm", kernel, dim3((N + kRows - 1) / kRows), dim3(kThreads), kSmemBytes, stream,
-             tile_map(w, N, K, kRows, dtype), tile_map(x, M, K, kTokens, dtype), static_cast<T*>(y), M, N, K,
-             l2_evict_first(kL2WideGemmWeights));
+             tile_map(w, N, K, kRows, dtype), tile_map(x, M, K, kTokens, dtype), static_cast<T*>(y), M, N, K);
 }
 
 }  // namespace
