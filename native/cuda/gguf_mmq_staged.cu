@@ -215,7 +215,13 @@ bool staged_kernels_run() {
 //     (slower by up to 36 % for q4k, q5k and q2k, by 7-15 % for q6k elsewhere);
 //   - the min terms in two chains: q4k on 4096x14336 43 / 48, q5k 48 / 57 (q4k short narrow 9 % slower);
 //   - q2k in 2 x 512 x 96K (4 stages of 22 KB) on 4096x14336 48 / 55 (q8_0 there 30 % slower).
-// Long rows (K >= kLongRowsK): the narrow shape whose options differ. Types not measured keep neither.
+// The four types left, the same way (session 23, call 4; the wide shape's sums 0.99-1.02 as the spread):
+//   - the tokens staged: q4_1 on 4096x14336 56 / 85, q5_1 there 75 / 86 (q3k 29 % slower on the short shapes);
+//   - 2 x 512 x 96K: q3k on 4096x14336 62 / 79, q5_0 there 70 / 94, q4_1 on the short narrow shapes 52 / 61 (q5_0
+//     and q5_1 there 6-7 % faster, kept as they were).
+//   Decode batches of q4_1 and q5_1 narrow weights take the dp4a GEMV up to 8 rows (ops/quant.py MMQ_MIN_ROWS, measured
+//   against the layouts before these), so their new layouts serve the engine only once that threshold is re-measured.
+// Long rows (K >= kLongRowsK): the narrow shape whose options differ.
 struct Layout {
   int m_tiles, chunk, ring;
   bool staged_tokens, split_low;
@@ -229,13 +235,18 @@ constexpr Layout layout(Shape shape) {
   constexpr bool kHeavyHalves = std::is_same_v<Q, mmq::MmqQ6K> || std::is_same_v<Q, mmq::MmqQ3K>;
   if (shape == Shape::kWide)
     return kHeavyHalves ? Layout{1, 512, 16384, false, false} : Layout{2, 512, 32768, false, false};
+  constexpr Layout kDeepRing{2, 512, 98304, false, false};
   if (!Q::kUnitScales) {
-    const bool staged = std::is_same_v<Q, mmq::MmqQ8_0> ? shape == Shape::kNarrow
-                        : std::is_same_v<Q, mmq::MmqQ4_0> && shape == Shape::kNarrowLong;
+    const bool long_rows = shape == Shape::kNarrowLong;
+    if (std::is_same_v<Q, mmq::MmqQ5_0> && long_rows) return kDeepRing;
+    if (std::is_same_v<Q, mmq::MmqQ4_1> && !long_rows) return kDeepRing;
+    const bool staged = std::is_same_v<Q, mmq::MmqQ8_0> ? !long_rows
+                        : (std::is_same_v<Q, mmq::MmqQ4_0> || std::is_same_v<Q, mmq::MmqQ4_1> ||
+                           std::is_same_v<Q, mmq::MmqQ5_1>) && long_rows;
     return Layout{1, 1024, 65536, staged, false};
   }
   if (shape == Shape::kNarrow) return Layout{1, 512, 16384, false, false};
-  if (std::is_same_v<Q, mmq::MmqQ2K>) return Layout{2, 512, 98304, false, false};
+  if (std::is_same_v<Q, mmq::MmqQ2K> || std::is_same_v<Q, mmq::MmqQ3K>) return kDeepRing;
   return Layout{1, 512, 16384, std::is_same_v<Q, mmq::MmqQ6K>,
                 std::is_same_v<Q, mmq::MmqQ4K> || std::is_same_v<Q, mmq::MmqQ5K>};
 }

@@ -100,7 +100,8 @@ needs_hopper = pytest.mark.skipif(
 )
 
 
-PARTIAL_CHUNK_K = {QT.Q8_0: (4352,), QT.Q4_0: (8448,)}  # 4-5 chunks, the last partial, through a 2-stage ring
+# 4-6 chunks, the last partial, through a 2-stage ring
+PARTIAL_CHUNK_K = {QT.Q8_0: (4352,), QT.Q4_0: (8448,), QT.Q4_1: (8448,), QT.Q5_1: (8448,)}
 
 
 def _row_bytes_fit(qtype: QT, k: int) -> bool:
@@ -115,8 +116,8 @@ def test_staged_kernel_gives_the_register_kernels_bits(qtype: QT) -> None:
     """The kernel that streams the weights through shared memory (staging 2) sums as the register kernel (staging 1)
     with the same warps: 1-8 tokens, N = 333 (a partial 16-row tile), K of 14336 (the ring wraps several times),
     10240 and 2048 (short rows, which take other options than long ones), and for the types that stage the tokens'
-    codes a K whose last chunk is partial with a ring that wraps (Q8_0 short rows, Q4_0 long ones), bit for bit,
-    within the float64 bounds."""
+    codes a K whose last chunk is partial with a ring that wraps (Q8_0 short rows; Q4_0, Q4_1 and Q5_1 long ones),
+    bit for bit, within the float64 bounds."""
     n = 333
     g = torch.Generator().manual_seed(40 + int(qtype))
     for k in (14336, 10240, 2048, *PARTIAL_CHUNK_K.get(qtype, ())):
