@@ -221,7 +221,7 @@ bool staged_kernels_run() {
 //     and q5_1 there 6-7 % faster, kept as they were).
 //   Decode batches of q4_1 and q5_1 narrow weights take the dp4a GEMV up to 8 rows (ops/quant.py MMQ_MIN_ROWS, measured
 //   against the layouts before these), so their new layouts serve the engine only once that threshold is re-measured.
-// Long rows (K >= kLongRowsK): the narrow shape whose options differ.
+// Long rows (K >= kLongRowsK): the narrow shape whose layouts differ.
 struct Layout {
   int m_tiles, chunk, ring;
   bool staged_tokens, split_low;

@@ -100,8 +100,9 @@ needs_hopper = pytest.mark.skipif(
 )
 
 
-# 4-6 chunks, the last partial, through a 2-stage ring
-PARTIAL_CHUNK_K = {QT.Q8_0: (4352,), QT.Q4_0: (8448,), QT.Q4_1: (8448,), QT.Q5_1: (8448,)}
+# K values whose last chunk is partial in a ring that wraps: long and short rows whose tokens are staged (2-stage
+# rings), and Q4_1's short rows (2 x 512 x 96K, 4 stages; 4352 = 5 chunks)
+PARTIAL_CHUNK_K = {QT.Q8_0: (4352,), QT.Q4_0: (8448,), QT.Q4_1: (8448, 4352), QT.Q5_1: (8448,)}
 
 
 def _row_bytes_fit(qtype: QT, k: int) -> bool:
@@ -115,9 +116,9 @@ def _row_bytes_fit(qtype: QT, k: int) -> bool:
 def test_staged_kernel_gives_the_register_kernels_bits(qtype: QT) -> None:
     """The kernel that streams the weights through shared memory (staging 2) sums as the register kernel (staging 1)
     with the same warps: 1-8 tokens, N = 333 (a partial 16-row tile), K of 14336 (the ring wraps several times),
-    10240 and 2048 (short rows, which take other options than long ones), and for the types that stage the tokens'
-    codes a K whose last chunk is partial with a ring that wraps (Q8_0 short rows; Q4_0, Q4_1 and Q5_1 long ones),
-    bit for bit, within the float64 bounds."""
+    10240 (long rows too) and 2048 (short rows, which take other layouts than long ones), and where a layout needs
+    it a K whose last chunk is partial with a ring that wraps (PARTIAL_CHUNK_K), bit for bit, within the float64
+    bounds."""
     n = 333
     g = torch.Generator().manual_seed(40 + int(qtype))
     for k in (14336, 10240, 2048, *PARTIAL_CHUNK_K.get(qtype, ())):
