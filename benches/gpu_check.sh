@@ -19,8 +19,8 @@
 #              the caching allocator its capture calls cudaMalloc, fails, and leaves torch's generator broken)
 #   racecheck  racecheck over the GGUF tensor-core product, the paged attention and the flash prefill tests
 #   kernels    bench_quant_cuda.py: every GGUF type's dp4a GEMV and tensor-core product on the 8B shapes
-#   mmq        the K-quants' tensor-core launch choices and thresholds: one / two row tiles at 2-32 tokens, and dp4a
-#              against the product at 2-8 (what gguf_mmq.cu default_row_tiles and ops/quant.py MMQ_MIN_ROWS follow)
+#   mmq        the K-quants' tensor-core launch choices (one / two row tiles at 2-32 tokens: gguf_mmq.cu
+#              default_row_tiles), and every type's dp4a GEMV against the product at 2-8 (ops/quant.py MMQ_MIN_ROWS)
 #   decode     bench_decode.py: bf16 and --isq q4k / q8_0 decode at batch 1 (4k) and 16 / 64 (1k)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -67,8 +67,8 @@ for stage in "$@"; do
     mmq)
       run_stage mmq_tiles python3 benches/bench_quant_cuda.py --types q2k q3k q4k q5k q6k --kernels mmq \
         --m 2 4 8 16 32 --codes --no-dequant --no-dense --mmq-row-tiles 1 2 --json "$OUT/mmq_tiles.json"
-      run_stage mmq_thresholds python3 benches/bench_quant_cuda.py --types q2k q3k q4k q5k q6k --kernels dp4a mmq \
-        --m 2 3 4 5 6 8 --codes --no-dequant --no-dense --json "$OUT/mmq_thresholds.json" ;;
+      run_stage mmq_thresholds python3 benches/bench_quant_cuda.py --types q4_0 q4_1 q5_0 q5_1 q8_0 q2k q3k q4k q5k \
+        q6k --kernels dp4a mmq --m 2 3 4 5 6 8 --codes --no-dequant --no-dense --json "$OUT/mmq_thresholds.json" ;;
     decode)
       run_stage decode_bf16 "${DECODE[@]}" --output-len 256 --batch 64 --batch-context 1024 --batch-output-len 64 \
         --ttft-repeats 3
