@@ -143,41 +143,8 @@ class LlamaMLP(nn.Module):
     ) -> torch.Tensor:
         """x may carry int8 codes for gate_up_proj; the SiLU writes them for down_proj where it takes them.
         ``norm`` and ``add_to`` as :meth:`LlamaAttention.forward`'s (the SiLU applies the deferred scale)."""
-        if norm is not None and add_to is not None and isinstance(x, torch.Tensor) and (n := _lanes(self, x)):
-            return _mlp_lanes(self, x, norm, add_to, n)
         a = self.gate_up_proj.forward_swiglu(x, q8=self.down_proj.q8_group(dense(x).shape[0]), norm=norm)
         return self.down_proj(a) if add_to is None else self.down_proj.add_into(a, add_to)
-
-
-_SIDE: dict[int, torch.cuda.Stream] = {}
-
-
-def _lanes(mlp: LlamaMLP, x: torch.Tensor) -> int:
-    n = int(os.environ.get("CANDLE_VLLM_MLP_LANES", "0"))
-    if n < 2 or x.device.type != "cuda" or not 17 <= x.shape[0] <= 64:
-        return 0
-    gu, dn = mlp.gate_up_proj, mlp.down_proj
-    ok = (gu.dense and dn.dense and gu.bias is None and dn.bias is None and len(gu.methods) == 1
-          and len(dn.methods) == 1 and gu.methods[0].gate_up_interleaved and gu.methods[0].weight.shape[0] % (16 * n) == 0)
-    return n if ok else 0
-
-
-def _mlp_lanes(mlp: LlamaMLP, x: torch.Tensor, norm: DeferredRMSNorm, add_to: torch.Tensor, n: int) -> torch.Tensor:
-    from candle_vllm.pyengine.ops.activation import silu_and_mul_interleaved
-    import torch.nn.functional as F
-    gu, dn = mlp.gate_up_proj.methods[0].weight, mlp.down_proj.methods[0].weight
-    rows, cols = gu.shape[0] // n, dn.shape[1] // n
-    main = torch.cuda.current_stream(x.device)
-    side = _SIDE.setdefault(x.device.index or 0, torch.cuda.Stream(x.device))
-    side.wait_stream(main)
-    out = add_to.clone()
-    for j in range(n):
-        with torch.cuda.stream(side):
-            h = silu_and_mul_interleaved(F.linear(x, gu[j * rows:(j + 1) * rows]), norm)
-        h.record_stream(main)
-        main.wait_stream(side)
-        out.addmm_(h, dn[:, j * cols:(j + 1) * cols].t())
-    return out
 
 
 class LlamaDecoderLayer(nn.Module):
