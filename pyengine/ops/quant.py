@@ -324,8 +324,9 @@ GEMV_PASSES_MAX_ROWS = 16
 #     and 38 / 25; q3k narrow at 3: 48 / 46 (2: 41 / 44), wide at 2: 44 / 39.
 #   - q5_0 at 3: 56 / 48 and 68 / 37 (2: 30 / 44, 33 / 36); q8_0 narrow at 5: 57 / 46 (4: 40 / 46), wide at 3: 46 /
 #     44 (2: 35 / 43); q4_0 narrow at 5: 54 / 41 (4: 34 / 41), wide at 3: 40 / 36 (2: 27 / 35); q4_1 and q5_1 wide at
-#     3: 38 / 34, 42 / 37 (2: 31 / 34, 30 / 36); narrow they keep 9, from where the register kernel takes them: the
-#     staged kernel wins there only at 5 rows (53 / 49, 50 / 49) and loses at 8 (53 / 58, 50 / 57).
+#     3: 38 / 34, 42 / 37 (2: 31 / 34, 30 / 36).
+#   - q4_1 and q5_1 narrow at 5, measured again with session 23's layouts (session 24, call 1: --kernels dp4a mmq
+#     --m 2 3 4 5 6 8): 52.4 / 35.4 and 49.2 / 44.6 (4: 32.3 / 37.7, 35.9 / 44.4; 8: 52.7 / 38.3, 49.9 / 49.3).
 #
 # MMQ_MIN_ROWS_REGISTERS, the register kernel alone (us, mmq / dp4a; --kernels mmq dp4a --codes --m 2 3 4 5 6 ...,
 # benches/RESULTS.md sessions 9, 10, 13; the same shape sums):
@@ -344,7 +345,7 @@ GEMV_PASSES_MAX_ROWS = 16
 MMQ_WIDE_FEATURES = 16384
 MMQ_MIN_ROWS: dict[QT, tuple[int, int]] = {  # (narrow, wide)
     QT.Q4_K: (2, 2), QT.Q5_K: (2, 2), QT.Q6_K: (2, 2), QT.Q2_K: (2, 2), QT.Q3_K: (3, 2),
-    QT.Q8_0: (5, 3), QT.Q4_0: (5, 3), QT.Q4_1: (9, 3), QT.Q5_1: (9, 3), QT.Q5_0: (3, 3),
+    QT.Q8_0: (5, 3), QT.Q4_0: (5, 3), QT.Q4_1: (5, 3), QT.Q5_1: (5, 3), QT.Q5_0: (3, 3),
 }
 MMQ_MIN_ROWS_REGISTERS: dict[QT, tuple[int, int]] = {
     QT.Q4_K: (2, 2), QT.Q5_K: (2, 2), QT.Q6_K: (3, 3), QT.Q2_K: (3, 2), QT.Q3_K: (5, 3),
