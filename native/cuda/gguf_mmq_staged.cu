@@ -19,10 +19,12 @@
 // fall on distinct groups of 4 banks. A stage's row chunk is a multiple of 16 bytes (a bulk copy's granule) and of
 // whole blocks for the half-block units, so a row's bytes keep their offsets mod 16 and the loaders' alignment rules
 // hold; hence rows must be a multiple of 16 bytes long (gguf_mmq_staged_fits).
-// Two options per type and row length (layout() below): the tokens' codes and XBlocks of each chunk bulk-copied
-// into the stage too (after the PDL wait), so no unit waits on a global load; and the Q4_K/Q5_K min terms summed in
-// two IMMA chains instead of one. Neither changes the bits.
+// Options per type and row length (layout() below): the tokens' codes and XBlocks of each chunk bulk-copied into
+// the stage too (after the PDL wait), so no unit waits on a global load, or those of the whole of K copied once into
+// shared memory beside the ring; and the Q4_K/Q5_K min terms summed in two IMMA chains instead of one. None changes
+// the bits.
 #include <atomic>
+#include <cstdlib>
 #include <type_traits>
 
 #include "cuda/common.cuh"
@@ -70,16 +72,27 @@ struct Staging {
   static constexpr int kSmemBytes = kStages * kStageBytes;
 };
 
-template <class Q, int W, int MT, int kChunk, int kRing, bool kStagedTokens, bool kSplitLow, bool kRope>
+// With kResident the tokens' codes and XBlocks for the whole of K sit in shared memory after the ring, copied once
+// after the PDL wait: code rows resident_stride(K) bytes apart (words (mod 32) as the stages' kTokenStride), then
+// XBlock rows K / 4 + 16 apart.
+__host__ __device__ constexpr int resident_stride(int K, int words) {
+  return K + ((words - (K / 4) % 32 + 32) % 32) * 4;
+}
+
+template <class Q, int W, int MT, int kChunk, int kRing, bool kStagedTokens, bool kSplitLow, bool kRope,
+          bool kResident = false>
 __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens>::kThreads)
     gguf_mmq_staged_kernel(void* __restrict__ y, bool bf16, const int8_t* xq, const XBlock* xb,
                            const uint8_t* __restrict__ w, int M, int N, int K, int64_t row_bytes,
                            const GgufRopeCache rope) {
 #ifdef CANDLE_VLLM_MBARRIER
   using S = Staging<Q, W, MT, kChunk, kRing, kStagedTokens>;
+  static_assert(!(kResident && kStagedTokens), "the tokens are either resident or staged per chunk");
   constexpr int kRows = S::kRows;
   extern __shared__ __align__(16) uint8_t ring[];
-  __shared__ alignas(8) uint64_t full[S::kStages], empty[S::kStages];
+  __shared__ alignas(8) uint64_t full[S::kStages], empty[S::kStages], resident;
+  uint8_t* const tok = ring + S::kSmemBytes;
+  const int res_stride = resident_stride(K, S::kTokenWords), res_blocks = K / 4 + 16;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row0 = blockIdx.x * kRows, units = K / Q::kBlockElems;
   const int chunks = (units + S::kChunkUnits - 1) / S::kChunkUnits;
@@ -88,6 +101,7 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
       mbar_init(smem_addr(&full[s]), kStagedTokens ? 2 : 1);  // the weights', then the tokens' (after the wait)
       mbar_init(smem_addr(&empty[s]), W);
     }
+    mbar_init(smem_addr(&resident), 1);
     mbar_fence_init();
   }
   __syncthreads();
@@ -126,24 +140,42 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
       pdl_wait();  // the codes are the kernel before's output, and y may still be read by it
       for (int c = 0; c < first; ++c) tokens(c);
     }
+    if constexpr (kResident) {
+      pdl_wait();
+      const uint32_t bar = smem_addr(&resident);
+      if (lane == 0) mbar_expect_tx(bar, M * (K + K / 4));
+      __syncwarp();
+      const int m = lane & 7;
+      if (lane < 8 && m < M)
+        bulk_copy(smem_addr(tok + m * res_stride), xq + static_cast<int64_t>(m) * K, K, bar);
+      else if (lane < 16 && m < M)
+        bulk_copy(smem_addr(tok + M * res_stride + m * res_blocks), xb + static_cast<int64_t>(m) * (K / 32), K / 4,
+                  bar);
+    }
     for (int c = first; c < chunks; ++c) {
       mbar_wait(smem_addr(&empty[c % S::kStages]), (c / S::kStages - 1) & 1);
       weights(c);
       if constexpr (kStagedTokens) tokens(c);
     }
-    if constexpr (!kStagedTokens) pdl_wait();  // before the store below writes y, which the kernel before may read
+    // With no tokens to copy: wait before the store below writes y, which the kernel before may read.
+    if constexpr (!kStagedTokens && !kResident) pdl_wait();
   } else {
     const int g = lane >> 2, t = lane & 3;
     TokenRows xg[1];
-    if constexpr (!kStagedTokens) token_rows<Q>(xg, xq, xb, M, K, warp * Q::kBlockElems, g, t);
+    if constexpr (!kStagedTokens && !kResident) token_rows<Q>(xg, xq, xb, M, K, warp * Q::kBlockElems, g, t);
     pdl_wait();  // xq/xb are the kernel before's; y may still be read by it
+    if constexpr (kResident) mbar_wait(smem_addr(&resident), 0);
     for (int c = 0; c < chunks; ++c) {
       const int s = c % S::kStages;
       mbar_wait(smem_addr(&full[s]), (c / S::kStages) & 1);
       const int in_chunk = units_in(c);
       const uint8_t* stage = stage_at(c);
-      const uint8_t* codes = stage + S::kWeightBytes + min(g, M - 1) * S::kTokenStride + (Q::kSplitLanes ? 4 : 8) * t;
-      const uint8_t* blocks = stage + S::kWeightBytes + 8 * S::kTokenStride;
+      const int lane_off = (Q::kSplitLanes ? 4 : 8) * t;
+      const uint8_t* codes = kResident ? tok + min(g, M - 1) * res_stride + lane_off + c * S::kTokenElems
+                                       : stage + S::kWeightBytes + min(g, M - 1) * S::kTokenStride + lane_off;
+      const uint8_t* blocks = kResident ? tok + M * res_stride + c * (S::kTokenElems / 4)
+                                        : stage + S::kWeightBytes + 8 * S::kTokenStride;
+      const int block_stride = kResident ? res_blocks : S::kBlockStride;
 #pragma unroll
       for (int i = 0; i < S::kUnitsPerWarp; ++i) {
         const int u = warp + W * i;
@@ -154,12 +186,12 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
 #pragma unroll
             for (int r = 0; r < 2; ++r)
               q[mt][r].fetch(gguf::StagedBytes{stage + (16 * mt + 8 * r + g) * S::kRowStride}, u, t);
-          if constexpr (kStagedTokens) {
+          if constexpr (kStagedTokens || kResident) {
             TokenRowsOf<true> x[1];
             x[0].codes = reinterpret_cast<const int8_t*>(codes) + u * Q::kBlockElems;
 #pragma unroll
             for (int k = 0; k < 2; ++k)
-              x[0].blocks[k] = reinterpret_cast<const XBlock*>(blocks + min(2 * t + k, M - 1) * S::kBlockStride) +
+              x[0].blocks[k] = reinterpret_cast<const XBlock*>(blocks + min(2 * t + k, M - 1) * block_stride) +
                                u * Q::kBlockElems / 32;
             if constexpr (Q::kUnitScales) multiply_unit_k<Q, MT, 1, TokenRowsOf<true>, kSplitLow>(q, t, x, acc);
             else multiply_unit(q, t, x, acc);
@@ -219,12 +251,16 @@ bool staged_kernels_run() {
 //   - the tokens staged: q4_1 on 4096x14336 56 / 85, q5_1 there 75 / 86 (q3k 29 % slower on the short shapes);
 //   - 2 x 512 x 96K: q3k on 4096x14336 62 / 79, q5_0 there 70 / 94, q4_1 on the short narrow shapes 52 / 61 (q5_0
 //     and q5_1 there 6-7 % faster, kept as they were).
-//   Decode batches of q4_1 and q5_1 narrow weights take the dp4a GEMV up to 8 rows (ops/quant.py MMQ_MIN_ROWS, measured
-//   against the layouts before these), so their new layouts serve the engine only once that threshold is re-measured.
+//   (q4_1 and q5_1 narrow weights take the product from 5 rows since session 24: ops/quant.py MMQ_MIN_ROWS.)
+// The tokens resident for the whole of K instead (session 24, call 3, every type's short narrow and wide shapes, 1-8
+// tokens, two rounds): q8_0's short narrow rows 25.3 / 32.4 us on 4096x4096 and 35.4 / 40.7 on 6144x4096 over 2, 4
+// and 8 tokens against its per-chunk staging; every other type within 5 % or slower, the K-quants by 30-66 % on
+// the short shapes.
 // Long rows (K >= kLongRowsK): the narrow shape whose layouts differ.
 struct Layout {
   int m_tiles, chunk, ring;
   bool staged_tokens, split_low;
+  bool resident_tokens = false;  // where K % 128 == 0 (whole 16-byte copies), else per-chunk loads
 };
 constexpr int kStagedWideRows = 16384;
 constexpr int kLongRowsK = 8192;
@@ -240,7 +276,8 @@ constexpr Layout layout(Shape shape) {
     const bool long_rows = shape == Shape::kNarrowLong;
     if (std::is_same_v<Q, mmq::MmqQ5_0> && long_rows) return kDeepRing;
     if (std::is_same_v<Q, mmq::MmqQ4_1> && !long_rows) return kDeepRing;
-    const bool staged = std::is_same_v<Q, mmq::MmqQ8_0> ? !long_rows
+    if (std::is_same_v<Q, mmq::MmqQ8_0> && !long_rows) return Layout{1, 1024, 65536, false, false, true};
+    const bool staged = std::is_same_v<Q, mmq::MmqQ8_0> ? false
                         : (std::is_same_v<Q, mmq::MmqQ4_0> || std::is_same_v<Q, mmq::MmqQ4_1> ||
                            std::is_same_v<Q, mmq::MmqQ5_1>) && long_rows;
     return Layout{1, 1024, 65536, staged, false};
@@ -251,20 +288,24 @@ constexpr Layout layout(Shape shape) {
                 std::is_same_v<Q, mmq::MmqQ4K> || std::is_same_v<Q, mmq::MmqQ5K>};
 }
 
-template <class Q, int W, int MT, int kChunk, int kRing, bool kStagedTokens, bool kSplitLow, bool kRope>
+template <class Q, int W, int MT, int kChunk, int kRing, bool kStagedTokens, bool kSplitLow, bool kRope,
+          bool kResident = false>
 void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
             const GgufRopeCache& rope, cudaStream_t s) {
   using S = Staging<Q, W, MT, kChunk, kRing, kStagedTokens>;
-  auto kernel = gguf_mmq_staged_kernel<Q, W, MT, kChunk, kRing, kStagedTokens, kSplitLow, kRope>;
+  auto kernel = gguf_mmq_staged_kernel<Q, W, MT, kChunk, kRing, kStagedTokens, kSplitLow, kRope, kResident>;
+  constexpr int kMaxSmem =
+      S::kSmemBytes + (kResident ? 8 * (resident_stride(kLongRowsK, S::kTokenWords) + kLongRowsK / 4 + 16) : 0);
   static std::atomic<int> sized[kMaxDevices];  // more than 48 KB of dynamic shared memory, once per device
   per_device(sized, "gguf_mmq_staged", [&](int) {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem),
                "gguf_mmq_staged: shared-memory limit");
     return 1;
   });
+  const int smem = S::kSmemBytes + (kResident ? M * (resident_stride(K, S::kTokenWords) + K / 4 + 16) : 0);
   const int64_t row_bytes = static_cast<int64_t>(K / Q::kBlockElems) * Q::kBlockBytes;
   launch_pdl(kRope ? "gguf_mmq_staged_rope_cache" : "gguf_mmq_staged", kernel, dim3((N + S::kRows - 1) / S::kRows),
-             dim3(S::kThreads), S::kSmemBytes, s, y, bf16, xq, xb, w, M, N, K, row_bytes, rope);
+             dim3(S::kThreads), smem, s, y, bf16, xq, xb, w, M, N, K, row_bytes, rope);
 }
 
 }  // namespace
@@ -286,12 +327,19 @@ void launch_gguf_mmq_staged(void* y, bool bf16, const int8_t* xq, const gguf::XB
     auto go = [&](auto w_tag, auto shape_tag) {
       constexpr int kW = decltype(w_tag)::value;
       constexpr Layout L = layout<Q>(decltype(shape_tag)::value);
-      if (rope != nullptr)
-        launch<Q, kW, L.m_tiles, L.chunk, L.ring, L.staged_tokens, L.split_low, true>(y, bf16, xq, xb, w, M, N, K, r,
-                                                                                      stream);
-      else
-        launch<Q, kW, L.m_tiles, L.chunk, L.ring, L.staged_tokens, L.split_low, false>(y, bf16, xq, xb, w, M, N, K, r,
-                                                                                       stream);
+      auto with = [&](auto rope_tag, auto resident_tag) {
+        constexpr bool kRes = decltype(resident_tag)::value;
+        launch<Q, kW, L.m_tiles, L.chunk, L.ring, L.staged_tokens && !kRes, L.split_low, decltype(rope_tag)::value,
+               kRes>(y, bf16, xq, xb, w, M, N, K, r, stream);
+      };
+      auto roped = [&](auto resident_tag) {
+        if (rope != nullptr) with(std::true_type{}, resident_tag);
+        else with(std::false_type{}, resident_tag);
+      };
+      if constexpr (L.resident_tokens) {
+        if (K % 128 == 0) return roped(std::true_type{});
+      }
+      roped(std::false_type{});
     };
     auto shaped = [&](auto w_tag) {
       using Wide = std::integral_constant<Shape, Shape::kWide>;

@@ -100,8 +100,9 @@ needs_hopper = pytest.mark.skipif(
 )
 
 
-# K values whose last chunk is partial in a ring that wraps: long and short rows whose tokens are staged (2-stage
-# rings), and Q4_1's short rows (2 x 512 x 96K, 4 stages; 4352 = 5 chunks)
+# K values whose last chunk is partial in a ring that wraps: long rows whose tokens are staged (2-stage rings), Q8_0's
+# short rows (tokens resident for the whole of K, a 3-stage ring) and Q4_1's (2 x 512 x 96K, 4 stages; 4352 = 5
+# chunks)
 PARTIAL_CHUNK_K = {QT.Q8_0: (4352,), QT.Q4_0: (8448,), QT.Q4_1: (8448, 4352), QT.Q5_1: (8448,)}
 
 
