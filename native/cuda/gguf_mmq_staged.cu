@@ -337,15 +337,6 @@ void launch_gguf_mmq_staged(void* y, bool bf16, const int8_t* xq, const gguf::XB
         else with(std::false_type{}, resident_tag);
       };
       if constexpr (L.resident_tokens) {
-        static const bool off = std::getenv("CANDLE_VLLM_STAGED_RESIDENT") != nullptr &&
-                                std::getenv("CANDLE_VLLM_STAGED_RESIDENT")[0] == '0';
-        if (off) {
-          if (rope != nullptr)
-            launch<Q, kW, L.m_tiles, L.chunk, L.ring, true, L.split_low, true>(y, bf16, xq, xb, w, M, N, K, r, stream);
-          else
-            launch<Q, kW, L.m_tiles, L.chunk, L.ring, true, L.split_low, false>(y, bf16, xq, xb, w, M, N, K, r, stream);
-          return;
-        }
         if (K % 128 == 0) return roped(std::true_type{});
       }
       roped(std::false_type{});
