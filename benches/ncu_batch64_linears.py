@@ -1,4 +1,4 @@
-"""The Llama-3-8B decode linears at 64 tokens through torch (cuBLASLt), for Nsight Compute: is each GEMM bound by
+r"""The Llama-3-8B decode linears at 64 tokens through torch (cuBLASLt), for Nsight Compute: is each GEMM bound by
 DRAM or by L2? (issue 5, batch-64 decode)
 
     ncu --clock-control none -k regex:"nvjet|splitK|gemm|gemv" --section SpeedOfLight \

@@ -24,7 +24,6 @@
 // shared memory beside the ring; and the Q4_K/Q5_K min terms summed in two IMMA chains instead of one. None changes
 // the bits.
 #include <atomic>
-#include <cstdlib>
 #include <type_traits>
 
 #include "cuda/common.cuh"
@@ -73,8 +72,9 @@ struct Staging {
 };
 
 // With kResident the tokens' codes and XBlocks for the whole of K sit in shared memory after the ring, copied once
-// after the PDL wait: code rows resident_stride(K) bytes apart (words (mod 32) as the stages' kTokenStride), then
-// XBlock rows K / 4 + 16 apart.
+// after the PDL wait: code rows resident_stride(K, kTokenWords) bytes apart (kTokenWords (mod 32) words, as the
+// stages' kTokenStride), then XBlock rows K / 4 + 16 bytes apart. Only narrow weights with short rows take it
+// (layout()), which bounds the shared memory (launch()).
 __host__ __device__ constexpr int resident_stride(int K, int words) {
   return K + ((words - (K / 4) % 32 + 32) % 32) * 4;
 }
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
   extern __shared__ __align__(16) uint8_t ring[];
   __shared__ alignas(8) uint64_t full[S::kStages], empty[S::kStages], resident;
   uint8_t* const tok = ring + S::kSmemBytes;
-  const int res_stride = resident_stride(K, S::kTokenWords), res_blocks = K / 4 + 16;
+  const int res_stride = resident_stride(K, S::kTokenWords), res_block_stride = K / 4 + 16;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row0 = blockIdx.x * kRows, units = K / Q::kBlockElems;
   const int chunks = (units + S::kChunkUnits - 1) / S::kChunkUnits;
@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
       mbar_init(smem_addr(&full[s]), kStagedTokens ? 2 : 1);  // the weights', then the tokens' (after the wait)
       mbar_init(smem_addr(&empty[s]), W);
     }
-    mbar_init(smem_addr(&resident), 1);
+    if constexpr (kResident) mbar_init(smem_addr(&resident), 1);
     mbar_fence_init();
   }
   __syncthreads();
@@ -149,8 +149,8 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
       if (lane < 8 && m < M)
         bulk_copy(smem_addr(tok + m * res_stride), xq + static_cast<int64_t>(m) * K, K, bar);
       else if (lane < 16 && m < M)
-        bulk_copy(smem_addr(tok + M * res_stride + m * res_blocks), xb + static_cast<int64_t>(m) * (K / 32), K / 4,
-                  bar);
+        bulk_copy(smem_addr(tok + M * res_stride + m * res_block_stride), xb + static_cast<int64_t>(m) * (K / 32),
+                  K / 4, bar);
     }
     for (int c = first; c < chunks; ++c) {
       mbar_wait(smem_addr(&empty[c % S::kStages]), (c / S::kStages - 1) & 1);
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
     const int g = lane >> 2, t = lane & 3;
     TokenRows xg[1];
     if constexpr (!kStagedTokens && !kResident) token_rows<Q>(xg, xq, xb, M, K, warp * Q::kBlockElems, g, t);
-    pdl_wait();  // xq/xb are the kernel before's; y may still be read by it
+    pdl_wait();  // xq/xb (resident: their copies) are the kernel before's; y may still be read by it
     if constexpr (kResident) mbar_wait(smem_addr(&resident), 0);
     for (int c = 0; c < chunks; ++c) {
       const int s = c % S::kStages;
@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
                                        : stage + S::kWeightBytes + min(g, M - 1) * S::kTokenStride + lane_off;
       const uint8_t* blocks = kResident ? tok + M * res_stride + c * (S::kTokenElems / 4)
                                         : stage + S::kWeightBytes + 8 * S::kTokenStride;
-      const int block_stride = kResident ? res_blocks : S::kBlockStride;
+      const int block_stride = kResident ? res_block_stride : S::kBlockStride;
 #pragma unroll
       for (int i = 0; i < S::kUnitsPerWarp; ++i) {
         const int u = warp + W * i;
@@ -254,13 +254,13 @@ bool staged_kernels_run() {
 //   (q4_1 and q5_1 narrow weights take the product from 5 rows since session 24: ops/quant.py MMQ_MIN_ROWS.)
 // The tokens resident for the whole of K instead (session 24, call 3, every type's short narrow and wide shapes, 1-8
 // tokens, two rounds): q8_0's short narrow rows 25.3 / 32.4 us on 4096x4096 and 35.4 / 40.7 on 6144x4096 over 2, 4
-// and 8 tokens against its per-chunk staging; every other type within 5 % or slower, the K-quants by 30-66 % on
-// the short shapes.
+// and 8 tokens against its per-chunk staging; the other 32-element types at best 8 % faster on one shape and mostly
+// slower, the K-quants 11-66 % slower on the short shapes (call 5 confirmed q8_0's in one build).
 // Long rows (K >= kLongRowsK): the narrow shape whose layouts differ.
 struct Layout {
   int m_tiles, chunk, ring;
   bool staged_tokens, split_low;
-  bool resident_tokens = false;  // where K % 128 == 0 (whole 16-byte copies), else per-chunk loads
+  bool resident_tokens = false;  // narrow short rows only (launch()'s shared-memory bound)
 };
 constexpr int kStagedWideRows = 16384;
 constexpr int kLongRowsK = 8192;
@@ -277,9 +277,8 @@ constexpr Layout layout(Shape shape) {
     if (std::is_same_v<Q, mmq::MmqQ5_0> && long_rows) return kDeepRing;
     if (std::is_same_v<Q, mmq::MmqQ4_1> && !long_rows) return kDeepRing;
     if (std::is_same_v<Q, mmq::MmqQ8_0> && !long_rows) return Layout{1, 1024, 65536, false, false, true};
-    const bool staged = std::is_same_v<Q, mmq::MmqQ8_0> ? false
-                        : (std::is_same_v<Q, mmq::MmqQ4_0> || std::is_same_v<Q, mmq::MmqQ4_1> ||
-                           std::is_same_v<Q, mmq::MmqQ5_1>) && long_rows;
+    const bool staged = (std::is_same_v<Q, mmq::MmqQ4_0> || std::is_same_v<Q, mmq::MmqQ4_1> ||
+                         std::is_same_v<Q, mmq::MmqQ5_1>) && long_rows;
     return Layout{1, 1024, 65536, staged, false};
   }
   if (shape == Shape::kNarrow) return Layout{1, 512, 16384, false, false};
@@ -294,8 +293,11 @@ void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_
             const GgufRopeCache& rope, cudaStream_t s) {
   using S = Staging<Q, W, MT, kChunk, kRing, kStagedTokens>;
   auto kernel = gguf_mmq_staged_kernel<Q, W, MT, kChunk, kRing, kStagedTokens, kSplitLow, kRope, kResident>;
+  // Resident tokens: up to kGgufMmqStagedMaxM rows of K < kLongRowsK (narrow short rows, layout()).
   constexpr int kMaxSmem =
-      S::kSmemBytes + (kResident ? 8 * (resident_stride(kLongRowsK, S::kTokenWords) + kLongRowsK / 4 + 16) : 0);
+      S::kSmemBytes +
+      (kResident ? kGgufMmqStagedMaxM * (resident_stride(kLongRowsK, S::kTokenWords) + kLongRowsK / 4 + 16) : 0);
+  static_assert(kMaxSmem <= 227 * 1024, "more shared memory than a Hopper CTA can have");
   static std::atomic<int> sized[kMaxDevices];  // more than 48 KB of dynamic shared memory, once per device
   per_device(sized, "gguf_mmq_staged", [&](int) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem),
@@ -303,6 +305,7 @@ void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_
     return 1;
   });
   const int smem = S::kSmemBytes + (kResident ? M * (resident_stride(K, S::kTokenWords) + K / 4 + 16) : 0);
+  if (smem > kMaxSmem) throw std::invalid_argument("gguf_mmq_staged: resident tokens take rows shorter than 8192");
   const int64_t row_bytes = static_cast<int64_t>(K / Q::kBlockElems) * Q::kBlockBytes;
   launch_pdl(kRope ? "gguf_mmq_staged_rope_cache" : "gguf_mmq_staged", kernel, dim3((N + S::kRows - 1) / S::kRows),
              dim3(S::kThreads), smem, s, y, bf16, xq, xb, w, M, N, K, row_bytes, rope);
@@ -327,19 +330,14 @@ void launch_gguf_mmq_staged(void* y, bool bf16, const int8_t* xq, const gguf::XB
     auto go = [&](auto w_tag, auto shape_tag) {
       constexpr int kW = decltype(w_tag)::value;
       constexpr Layout L = layout<Q>(decltype(shape_tag)::value);
-      auto with = [&](auto rope_tag, auto resident_tag) {
-        constexpr bool kRes = decltype(resident_tag)::value;
-        launch<Q, kW, L.m_tiles, L.chunk, L.ring, L.staged_tokens && !kRes, L.split_low, decltype(rope_tag)::value,
-               kRes>(y, bf16, xq, xb, w, M, N, K, r, stream);
+      // run_mmq admits K % 256 == 0 only, so the resident copies are whole 16-byte granules.
+      using Resident = std::integral_constant<bool, L.resident_tokens>;
+      auto with = [&](auto rope_tag) {
+        launch<Q, kW, L.m_tiles, L.chunk, L.ring, L.staged_tokens, L.split_low, decltype(rope_tag)::value,
+               Resident::value>(y, bf16, xq, xb, w, M, N, K, r, stream);
       };
-      auto roped = [&](auto resident_tag) {
-        if (rope != nullptr) with(std::true_type{}, resident_tag);
-        else with(std::false_type{}, resident_tag);
-      };
-      if constexpr (L.resident_tokens) {
-        if (K % 128 == 0) return roped(std::true_type{});
-      }
-      roped(std::false_type{});
+      if (rope != nullptr) with(std::true_type{});
+      else with(std::false_type{});
     };
     auto shaped = [&](auto w_tag) {
       using Wide = std::integral_constant<Shape, Shape::kWide>;

@@ -326,7 +326,7 @@ GEMV_PASSES_MAX_ROWS = 16
 #     44 (2: 35 / 43); q4_0 narrow at 5: 54 / 41 (4: 34 / 41), wide at 3: 40 / 36 (2: 27 / 35); q4_1 and q5_1 wide at
 #     3: 38 / 34, 42 / 37 (2: 31 / 34, 30 / 36).
 #   - q4_1 and q5_1 narrow at 5, measured again with session 23's layouts (session 24, call 1: --kernels dp4a mmq
-#     --m 2 3 4 5 6 8): 52.4 / 35.4 and 49.2 / 44.6 (4: 32.3 / 37.7, 35.9 / 44.4; 8: 52.7 / 38.3, 49.9 / 49.3).
+#     --m 2 3 4 5 6 8): 52.4 / 35.4 and 49.2 / 44.6 (4: 32.3 / 37.7, 35.9 / 44.4; 8: 52.8 / 38.3, 49.9 / 49.2).
 #
 # MMQ_MIN_ROWS_REGISTERS, the register kernel alone (us, mmq / dp4a; --kernels mmq dp4a --codes --m 2 3 4 5 6 ...,
 # benches/RESULTS.md sessions 9, 10, 13; the same shape sums):

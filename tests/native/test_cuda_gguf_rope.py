@@ -141,8 +141,10 @@ def test_fused_equals_gemv_then_rotary_cache(qtype: QT, m: int, dtype: torch.dty
         assert rel_error(kv, ref_kv[stored.cpu()]) < REF_TOL[dtype]
 
 
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q8_0, QT.Q6_K, QT.Q4_0, QT.Q5_0, QT.Q2_K, QT.Q3_K, QT.Q4_1, QT.Q5_1, QT.Q5_K],
-                         ids=lambda t: t.name)
+EPILOGUE_TYPES = [QT.Q4_K, QT.Q8_0, QT.Q6_K, QT.Q4_0, QT.Q5_0, QT.Q2_K, QT.Q3_K, QT.Q4_1, QT.Q5_1, QT.Q5_K]
+
+
+@pytest.mark.parametrize("qtype", EPILOGUE_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("m", [3, 9, 17, 32])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("hq,hk,d,k", SHAPES)
