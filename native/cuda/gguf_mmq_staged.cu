@@ -21,8 +21,8 @@
 // hold; hence rows must be a multiple of 16 bytes long (gguf_mmq_staged_fits).
 // Options per type and row length (layout() below): the tokens' codes and XBlocks of each chunk bulk-copied into
 // the stage too (after the PDL wait), so no unit waits on a global load, or those of the whole of K copied once into
-// shared memory beside the ring; and the Q4_K/Q5_K min terms summed in two IMMA chains instead of one. None changes
-// the bits.
+// shared memory beside the ring (in four pieces on their own barriers); and the Q4_K/Q5_K min terms summed in two
+// IMMA chains instead of one. None changes the bits.
 #include <atomic>
 #include <type_traits>
 
@@ -90,7 +90,11 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
   static_assert(!(kResident && kStagedTokens), "the tokens are either resident or staged per chunk");
   constexpr int kRows = S::kRows;
   extern __shared__ __align__(16) uint8_t ring[];
-  __shared__ alignas(8) uint64_t full[S::kStages], empty[S::kStages], resident;
+  // The resident tokens arrive in kResidentSegments pieces of whole chunks, each on its own barrier, so the
+  // multiplying warps start on the first piece while the rest is in flight (q8_0 4096x4096 at 4 tokens: 10.39 us in
+  // one piece, 9.24 in four; benches/RESULTS.md, session 25).
+  constexpr int kResidentSegments = 4;
+  __shared__ alignas(8) uint64_t full[S::kStages], empty[S::kStages], resident[kResidentSegments];
   uint8_t* const tok = ring + S::kSmemBytes;
   const int res_stride = resident_stride(K, S::kTokenWords), res_block_stride = K / 4 + 16;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -101,13 +105,15 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
       mbar_init(smem_addr(&full[s]), kStagedTokens ? 2 : 1);  // the weights', then the tokens' (after the wait)
       mbar_init(smem_addr(&empty[s]), W);
     }
-    if constexpr (kResident) mbar_init(smem_addr(&resident), 1);
+    if constexpr (kResident)
+      for (int r = 0; r < kResidentSegments; ++r) mbar_init(smem_addr(&resident[r]), 1);
     mbar_fence_init();
   }
   __syncthreads();
 
   float acc[MT][1][4] = {};
   auto units_in = [&](int c) { return min(S::kChunkUnits, units - c * S::kChunkUnits); };
+  const int seg_chunks = (chunks + kResidentSegments - 1) / kResidentSegments;
   auto stage_at = [&](int c) { return ring + (c % S::kStages) * S::kStageBytes; };
   if (warp == W) {
     // Lane r < kRows copies row r's chunks (rows past N copy the last row; their sums are dropped); lanes m and 8 + m
@@ -142,15 +148,19 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
     }
     if constexpr (kResident) {
       pdl_wait();
-      const uint32_t bar = smem_addr(&resident);
-      if (lane == 0) mbar_expect_tx(bar, M * (K + K / 4));
-      __syncwarp();
       const int m = lane & 7;
-      if (lane < 8 && m < M)
-        bulk_copy(smem_addr(tok + m * res_stride), xq + static_cast<int64_t>(m) * K, K, bar);
-      else if (lane < 16 && m < M)
-        bulk_copy(smem_addr(tok + M * res_stride + m * res_block_stride), xb + static_cast<int64_t>(m) * (K / 32),
-                  K / 4, bar);
+      for (int r = 0; r < kResidentSegments; ++r) {
+        const int e0 = min(r * seg_chunks * S::kTokenElems, K), e1 = min((r + 1) * seg_chunks * S::kTokenElems, K);
+        const uint32_t bar = smem_addr(&resident[r]), elems = e1 - e0;
+        if (elems == 0) break;
+        if (lane == 0) mbar_expect_tx(bar, M * (elems + elems / 4));
+        __syncwarp();
+        if (lane < 8 && m < M)
+          bulk_copy(smem_addr(tok + m * res_stride + e0), xq + static_cast<int64_t>(m) * K + e0, elems, bar);
+        else if (lane < 16 && m < M)
+          bulk_copy(smem_addr(tok + M * res_stride + m * res_block_stride + e0 / 4),
+                    xb + static_cast<int64_t>(m) * (K / 32) + e0 / 32, elems / 4, bar);
+      }
     }
     for (int c = first; c < chunks; ++c) {
       mbar_wait(smem_addr(&empty[c % S::kStages]), (c / S::kStages - 1) & 1);
@@ -164,8 +174,9 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
     TokenRows xg[1];
     if constexpr (!kStagedTokens && !kResident) token_rows<Q>(xg, xq, xb, M, K, warp * Q::kBlockElems, g, t);
     pdl_wait();  // xq/xb (resident: their copies) are the kernel before's; y may still be read by it
-    if constexpr (kResident) mbar_wait(smem_addr(&resident), 0);
     for (int c = 0; c < chunks; ++c) {
+      if constexpr (kResident)
+        if (c % seg_chunks == 0) mbar_wait(smem_addr(&resident[c / seg_chunks]), 0);
       const int s = c % S::kStages;
       mbar_wait(smem_addr(&full[s]), (c / S::kStages) & 1);
       const int in_chunk = units_in(c);
