@@ -5,7 +5,7 @@ On the GPU machine, one launch of the kernel (a driver script that calls it afte
 
     ncu --clock-control none -k regex:narrow --launch-skip 1 -c 1 --section WarpStateStats --section SourceCounters \
         --import-source no --page source --print-source sass --csv python3 driver.py > src.csv
-    python tests/tools/ncu_hotspots.py src.csv --top 25 --window 0x540-0xf00
+    python -m tests.tools.ncu_hotspots src.csv --top 25 --window 0x540-0xf00   # from the repository root
 
 Prints the instructions with the most stall samples (offset from the function's first instruction, share of all
 samples, executions, the reason with most samples, the SASS), a sample share per opcode, and with ``--window`` every
@@ -18,12 +18,12 @@ import argparse
 import collections
 import csv
 import io
-import re
 from dataclasses import dataclass
+
+from tests.tools.sass_loop import opcode
 
 _SAMPLES = "Warp Stall Sampling (All Samples)"
 _EXECUTED = "Instructions Executed"
-_PREDICATE = re.compile(r"^@!?U?P\w+\s+")
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Instruction:
 
     @property
     def opcode(self) -> str:
-        return _PREDICATE.sub("", self.sass).split()[0].split(".")[0] if self.sass.strip() else ""
+        return opcode(self.sass)
 
     def top_reason(self) -> str:
         return max(self.reasons, key=lambda r: self.reasons[r]) if any(self.reasons.values()) else "-"

@@ -42,8 +42,14 @@ def longest_loop(code: list[tuple[int, str]]) -> list[str]:
     return [text for addr, text in code if best[0] <= addr <= best[1]]
 
 
+def opcode(text: str) -> str:
+    """An instruction's opcode without its predicate and modifiers ("@!P0 IMAD.HI.U32 ..." -> "IMAD"); "" if empty."""
+    words = _PREDICATE.sub("", text).split()
+    return words[0].split(".")[0] if words else ""
+
+
 def opcode_counts(body: list[str]) -> collections.Counter[str]:
-    return collections.Counter(_PREDICATE.sub("", text).split()[0].split(".")[0] for text in body)
+    return collections.Counter(opcode(text) for text in body)
 
 
 def main() -> None:
