@@ -1,5 +1,5 @@
 // Host side of the dp4a GGUF decode GEMV (kernels and design: gguf_gemv_q8_kernel.cuh): argument checks, the
-// launch choices (rows per CTA, the pipelined Q4_K loop) and the entry points declared in gguf.h.
+// launch choices (rows per CTA, the loop form: pipelined Q4_K, row-by-row Q2_K) and the entry points declared in gguf.h.
 #include "cuda/gguf_gemv_q8_kernel.cuh"
 #include "cuda/gguf_mmq.h"
 #include "cuda/gguf_mmq_staged.h"
@@ -7,26 +7,36 @@
 namespace candle_vllm::cuda {
 namespace {
 
-template <class Q, int M, int R>
-void launch_gemv(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int rows_m, int N, int K,
+template <class Q, int M, int R, Loop LOOP>
+void launch_loop(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int rows_m, int N, int K,
                  const GgufRopeCache* rope, cudaStream_t stream) {
   const int64_t row_bytes = static_cast<int64_t>(K / Q::kBlockElems) * Q::kBlockBytes;
   const dim3 grid(static_cast<unsigned>((N + R - 1) / R)), block(cta_threads<Q>());
   // A programmatic dependent of the kernel that wrote xq/xb: the first weights stream while it runs.
-  if (rope != nullptr) {
-    launch_pdl("gguf_gemv_q8_rope_cache", gemv_q8_kernel<Q, M, R, true>, grid, block, 0, stream, y, bf16,
-               xq, xb, w, rows_m, N, K, row_bytes, *rope);
-    return;
-  }
-  if constexpr (M == 1 && type_of<Q>() == gguf::Q4_K) {
-    if (K / Q::kBlockElems * Q::kParts > cta_threads<Q>()) {
-      launch_pdl("gguf_gemv_q8", gemv_q8_kernel<Q, 1, R, false, true>, grid, block, 0, stream, y, bf16, xq, xb, w,
-                 rows_m, N, K, row_bytes, GgufRopeCache{});
-      return;
+  if (rope != nullptr)
+    launch_pdl("gguf_gemv_q8_rope_cache", gemv_q8_kernel<Q, M, R, true, LOOP>, grid, block, 0, stream, y, bf16, xq,
+               xb, w, rows_m, N, K, row_bytes, *rope);
+  else
+    launch_pdl("gguf_gemv_q8", gemv_q8_kernel<Q, M, R, false, LOOP>, grid, block, 0, stream, y, bf16, xq, xb, w,
+               rows_m, N, K, row_bytes, GgufRopeCache{});
+}
+
+// The loop form (gguf_gemv_q8_kernel.cuh): Q2_K's one-token launches go row by row; Q4_K's one-token plain
+// launches over rows longer than one pass are pipelined; everything else decodes all rows of a slot at once.
+template <class Q, int M, int R>
+void launch_gemv(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int rows_m, int N, int K,
+                 const GgufRopeCache* rope, cudaStream_t stream) {
+  if constexpr (M == 1 && type_of<Q>() == gguf::Q2_K) {
+    launch_loop<Q, M, R, Loop::kRowByRow>(y, bf16, xq, xb, w, rows_m, N, K, rope, stream);
+  } else {
+    if constexpr (M == 1 && type_of<Q>() == gguf::Q4_K) {
+      if (rope == nullptr && K / Q::kBlockElems * Q::kParts > cta_threads<Q>()) {
+        launch_loop<Q, M, R, Loop::kPipelined>(y, bf16, xq, xb, w, rows_m, N, K, rope, stream);
+        return;
+      }
     }
+    launch_loop<Q, M, R, Loop::kDecodeAll>(y, bf16, xq, xb, w, rows_m, N, K, rope, stream);
   }
-  launch_pdl("gguf_gemv_q8", gemv_q8_kernel<Q, M, R, false>, grid, block, 0, stream, y, bf16, xq, xb, w, rows_m, N,
-             K, row_bytes, GgufRopeCache{});
 }
 
 // CTAs of the one-token R-row kernel resident per SM (its registers under its launch bounds). For Q4_K rows longer
@@ -57,16 +67,19 @@ int rows_by_waves(int n) {
 // The rows per CTA a one-token launch with rows = 0 uses. Measured on the H200 (bench_quant_cuda.py
 // --sweep-rows, four Llama-3-8B shapes): Q4_0 R = 4 beat R = 2 on all four (6.74 -> 6.37, 5.77 -> 4.70,
 // 21.83 -> 19.56, 12.41 -> 11.37 us); Q6_K (64-thread CTAs of 64-weight parts) R = 4 best or within 1 % on all
-// four (R = 2 -> 4: 11.03 -> 10.85, 7.66 -> 7.22, 36.38 -> 36.77, 21.91 -> 19.36 us); Q8_0 was best or within 2 %
-// at R = 2. Q4_1, Q5_0, Q5_1 were not swept and keep R = 2. Q3_K: R = 4 best on all four (R = 4 / 8: 8.34 / 10.05,
-// 5.81 / 6.43, 28.50 / 33.98, 16.28 / 17.74 us); Q2_K: R = 8, 45.3 against 48.0 us over the four (7.21 / 6.55,
-// 5.06 / 5.57, 21.58 / 22.03, 11.43 / 13.80 us against R = 4; session 12, call 2).
+// four (R = 2 -> 4: 11.03 -> 10.85, 7.66 -> 7.22, 36.38 -> 36.77, 21.91 -> 19.36 us); Q8_0 R = 4 (session 27, two
+// sweeps, R = 2 -> 4: 4096x4096 6.74 -> 6.41 and 6.81 -> 6.50, 6144x4096 8.77 -> 8.65 and 8.89 -> 8.79, 28672x4096
+// 32.27 -> 32.17 and 32.72 -> 32.56, 4096x14336 19.43 -> 19.52 and 19.59 -> 19.52 us; R = 8 lost the short grids by
+// 6-17 %). Q4_1, Q5_0, Q5_1 were not swept and keep R = 2. Q3_K: R = 4 best on all four (R = 4 / 8:
+// 8.34 / 10.05, 5.81 / 6.43, 28.50 / 33.98, 16.28 / 17.74 us); Q2_K (the row-by-row loop, session 27): R = 8 on
+// N 4096 / 6144 (4.15 / 6.08 us), R = 4 on the long grid and the long rows (28672x4096 18.55 against 19.76 us at
+// R = 8, 4096x14336 11.05 against 11.34), taken here as R = 4 above N = 8192.
 template <class Q>
 int default_rows_at_m1(int n) {
   constexpr int type = type_of<Q>();
   if constexpr (type == gguf::Q4_K || type == gguf::Q5_K) return rows_by_waves<Q>(n);
-  else if constexpr (type == gguf::Q2_K) return 8;
-  else return type == gguf::Q4_0 || type == gguf::Q6_K || type == gguf::Q3_K ? 4 : 2;
+  else if constexpr (type == gguf::Q2_K) return n > 8192 ? 4 : 8;
+  else return type == gguf::Q4_0 || type == gguf::Q6_K || type == gguf::Q3_K || type == gguf::Q8_0 ? 4 : 2;
 }
 
 // Rows per CTA for M tokens: the one-token choice (0: the default rule), 2 for two tokens, 4 from four tokens up

@@ -106,13 +106,24 @@ __global__ void __launch_bounds__(256) quantize_x_kernel(const T* x, int8_t* __r
   q8_store_vec<G>(in, live, xq, xb, 8 * i);
 }
 
-// PIPE (Q4_K, one token, rows longer than one pass of the CTA's threads): each pass fetches the next pass's
-// weights before it decodes and multiplies its own, so a thread always has a pass of loads in flight (twice the
-// raw registers; the compiler's register choice). Measured on the H200 (4096x14336, 8 rows per CTA): q4k 12.10 vs
-// 12.38 us, batch-1 decode 451.4 / 452.6 vs 449.3 / 450.0 tok/s; the other types lost (q8_0 20.1 vs 19.2 us,
-// q4_0 13.0 vs 11.3, q6k 27.8 vs 21.5: the extra registers cost them more occupancy than the overlap gives).
-template <class Q, int M, int R, bool ROPE, bool PIPE = false>
-__global__ void __launch_bounds__(cta_threads<Q>(), (PIPE ? 1 : min_ctas<Q, M, R>()))
+// How a thread walks its slots (the bits are the same for all three: each row's sums keep their order).
+//   kDecodeAll: fetch and decode the slot for all R rows, then multiply: the decoded parts stay live across the
+//     loop (fewer registers than the raw words for most types).
+//   kPipelined (Q4_K, one token, rows longer than one pass of the CTA's threads): each pass fetches the next
+//     pass's weights before it decodes and multiplies its own, so a thread always has a pass of loads in flight
+//     (twice the raw registers; the compiler's register choice). Measured on the H200 (4096x14336, 8 rows per
+//     CTA): q4k 12.10 vs 12.38 us, batch-1 decode 451.4 / 452.6 vs 449.3 / 450.0 tok/s; the other types lost
+//     (q8_0 20.1 vs 19.2 us, q4_0 13.0 vs 11.3, q6k 27.8 vs 21.5: the extra registers cost them more occupancy
+//     than the overlap gives).
+//   kRowByRow (Q2_K, one token): fetch all R rows' raw words, then decode and multiply one row at a time, so one
+//     decoded part is live instead of R. Q2_K's raw slot (7 words) is far smaller than its decoded one (24):
+//     ptxas, sm_90a: R = 8 246 -> 179 registers, R = 4 139 -> 109. Q6_K and Q3_K, whose raw words outnumber their
+//     decoded part, took more (R = 4: 128 -> 230, 128 -> 214) and ran 18-45 % slower; Q5_K up to 27 % slower, Q4_K
+//     even to 5 % slower (H200, session 27 in benches/RESULTS.md).
+enum class Loop { kDecodeAll, kPipelined, kRowByRow };
+
+template <class Q, int M, int R, bool ROPE, Loop LOOP = Loop::kDecodeAll>
+__global__ void __launch_bounds__(cta_threads<Q>(), (LOOP == Loop::kPipelined ? 1 : min_ctas<Q, M, R>()))
     gemv_q8_kernel(void* __restrict__ y, bool bf16, const int8_t* __restrict__ xq, const XBlock* __restrict__ xb,
                    const uint8_t* __restrict__ w, int rows_m, int N, int K, int64_t row_bytes,
                    const GgufRopeCache rope) {
@@ -161,7 +172,27 @@ __global__ void __launch_bounds__(cta_threads<Q>(), (PIPE ? 1 : min_ctas<Q, M, R
       part[r].decode(raw, block(r, s), s % Q::kParts);
     }
   };
-  if constexpr (PIPE) {
+  if constexpr (LOOP == Loop::kRowByRow) {
+    static_assert(M == 1, "the row-by-row loop is a one-token form");
+    Raw raw[R];
+    auto fetch = [&](int s) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) Q::fetch(raw[r], block(r, s), s % Q::kParts);
+    };
+    if (threadIdx.x < slots) fetch(threadIdx.x);
+    pdl_wait();
+    for (int s = threadIdx.x; s < slots; s += kThreads) {
+      if (s != threadIdx.x) fetch(s);
+      typename Q::X xv;
+      load_x(xv, 0, s);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        Q one;
+        one.decode(raw[r], block(r, s), s % Q::kParts);
+        acc[r][0] += one.dot(xv);
+      }
+    }
+  } else if constexpr (LOOP == Loop::kPipelined) {
     Raw next[R];
     auto fetch = [&](int s) {
 #pragma unroll
