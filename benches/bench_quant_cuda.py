@@ -132,7 +132,7 @@ def sweep_rows(names: list[str], gen: torch.Generator) -> list[dict[str, object]
         for n, k in SHAPES:
             w = [random_blocks(qtype, n, k, gen) for _ in range(copies_for(n * k // 2))]
             x = torch.randn(1, k, device=DEV, dtype=torch.bfloat16, generator=gen)
-            default = cuda_gguf.gemv_rows(qtype, 1, n)
+            default = cuda_gguf.gemv_rows(qtype, 1, n, k)
             for r in ROW_CHOICES:
                 fig = figures(w, lambda d, r=r, x=x, q=qtype, n=n, k=k: cuda_gguf.gemv(x, d, q, n, k, kernel="dp4a",
                                                                                       rows=r))

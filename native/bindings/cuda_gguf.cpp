@@ -97,8 +97,8 @@ static Registrar registrar([](py::module_& m) {
       "whose q/k heads have their halves interleaved in adjacent row pairs, with neox RoPE on q/k and the k/v cache "
       "store in the epilogue (y in the standard head layout)");
   m.def("cuda_gguf_gemv_q8_rows", &cuda::gguf_gemv_q8_rows, py::arg("qtype"), py::arg("M"), py::arg("N"),
-        py::arg("rows") = 0,
-        "rows per CTA cuda_gguf_gemv_q8 launches with for M tokens and N weight rows on the current device (rows = 0 "
-        "resolved by the default rule)");
+        py::arg("K"), py::arg("rows") = 0,
+        "rows per CTA cuda_gguf_gemv_q8 launches with for M tokens and an N x K weight on the current device (rows = "
+        "0 resolved by the default rule)");
 });
 #endif  // CANDLE_VLLM_WITH_CUDA

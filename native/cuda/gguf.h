@@ -95,9 +95,9 @@ void gguf_mmq(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, in
               int qtype, DType dtype, std::uintptr_t stream, int row_tiles = 0, int warps = 0,
               int staging = kMmqStagingAuto);
 
-// The rows per CTA gguf_gemv_q8 launches with for M tokens and N weight rows on the current device (rows = 0
-// resolved by the default rule: per type, and for Q4_K/Q5_K 8 rows when one wave of 8-row CTAs covers N on the
-// device's SMs, else 4).
-int gguf_gemv_q8_rows(int qtype, int64_t M, int64_t N, int rows);
+// The rows per CTA gguf_gemv_q8 launches with for M tokens and an N x K weight on the current device (rows = 0
+// resolved by the default rule: per type, for Q2_K by the weight's size, and for Q4_K/Q5_K 8 rows when one wave of
+// 8-row CTAs covers N on the device's SMs, else 4).
+int gguf_gemv_q8_rows(int qtype, int64_t M, int64_t N, int64_t K, int rows);
 
 }  // namespace candle_vllm::cuda

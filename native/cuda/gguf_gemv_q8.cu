@@ -1,5 +1,6 @@
 // Host side of the dp4a GGUF decode GEMV (kernels and design: gguf_gemv_q8_kernel.cuh): argument checks, the
-// launch choices (rows per CTA, the loop form: pipelined Q4_K, row-by-row Q2_K) and the entry points declared in gguf.h.
+// launch choices (rows per CTA; the loop form: pipelined Q4_K, row-by-row Q2_K) and the entry points declared in
+// gguf.h.
 #include "cuda/gguf_gemv_q8_kernel.cuh"
 #include "cuda/gguf_mmq.h"
 #include "cuda/gguf_mmq_staged.h"
@@ -73,20 +74,20 @@ int rows_by_waves(int n) {
 // 6-17 %). Q4_1, Q5_0, Q5_1 were not swept and keep R = 2. Q3_K: R = 4 best on all four (R = 4 / 8:
 // 8.34 / 10.05, 5.81 / 6.43, 28.50 / 33.98, 16.28 / 17.74 us); Q2_K (the row-by-row loop, session 27): R = 8 on
 // N 4096 / 6144 (4.15 / 6.08 us), R = 4 on the long grid and the long rows (28672x4096 18.55 against 19.76 us at
-// R = 8, 4096x14336 11.05 against 11.34), taken here as R = 4 above N = 8192.
+// R = 8, 4096x14336 11.05 against 11.34), taken here as R = 4 for weights of more than 2^25 elements.
 template <class Q>
-int default_rows_at_m1(int n) {
+int default_rows_at_m1(int n, int k) {
   constexpr int type = type_of<Q>();
   if constexpr (type == gguf::Q4_K || type == gguf::Q5_K) return rows_by_waves<Q>(n);
-  else if constexpr (type == gguf::Q2_K) return n > 8192 ? 4 : 8;
+  else if constexpr (type == gguf::Q2_K) return static_cast<int64_t>(n) * k > (int64_t{1} << 25) ? 4 : 8;
   else return type == gguf::Q4_0 || type == gguf::Q6_K || type == gguf::Q3_K || type == gguf::Q8_0 ? 4 : 2;
 }
 
 // Rows per CTA for M tokens: the one-token choice (0: the default rule), 2 for two tokens, 4 from four tokens up
 // (each activation load then serves 4 rows); measured sweeps in benches/RESULTS.md.
 template <class Q>
-int rows_for(int m, int n, int rows) {
-  if (m == 1) return rows != 0 ? rows : default_rows_at_m1<Q>(n);
+int rows_for(int m, int n, int k, int rows) {
+  if (m == 1) return rows != 0 ? rows : default_rows_at_m1<Q>(n, k);
   return m == 2 ? 2 : 4;
 }
 
@@ -155,7 +156,7 @@ void launch_q8(const char* what, void* y, const int8_t* xq, const XBlock* xb, co
     using Q = decltype(tag);
     if (K % Q::kBlockElems != 0) throw std::invalid_argument(std::string(what) + ": K must be a whole number of blocks");
     if (m == 1) {
-      switch (rows_for<Q>(m, n, rows)) {
+      switch (rows_for<Q>(m, n, k, rows)) {
         case 2: launch_gemv<Q, 1, 2>(y, bf16, xq, xb, w, 1, n, k, rope, s); break;
         case 4: launch_gemv<Q, 1, 4>(y, bf16, xq, xb, w, 1, n, k, rope, s); break;
         default: launch_gemv<Q, 1, 8>(y, bf16, xq, xb, w, 1, n, k, rope, s); break;
@@ -213,12 +214,12 @@ bool gguf_gemv_q8_supported(int qtype) {
   return gguf::dispatch_q8(qtype, [](auto) {});
 }
 
-int gguf_gemv_q8_rows(int qtype, int64_t M, int64_t N, int rows) {
+int gguf_gemv_q8_rows(int qtype, int64_t M, int64_t N, int64_t K, int rows) {
   check_launch_choice("gguf_gemv_q8_rows", M, rows);
-  if (N < 1 || N > INT32_MAX) throw std::invalid_argument("gguf_gemv_q8_rows: bad N");
+  if (N < 1 || N > INT32_MAX || K < 1 || K > INT32_MAX) throw std::invalid_argument("gguf_gemv_q8_rows: bad N or K");
   int out = 0;
   if (!gguf::dispatch_q8(qtype, [&](auto tag) {
-        out = rows_for<decltype(tag)>(static_cast<int>(M), static_cast<int>(N), rows);
+        out = rows_for<decltype(tag)>(static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), rows);
       }))
     throw std::invalid_argument("gguf_gemv_q8_rows: no int8-activation kernel for GGUF type " + std::to_string(qtype));
   return out;

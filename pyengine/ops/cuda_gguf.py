@@ -268,11 +268,12 @@ def gemv_rope_cache(
     return y
 
 
-def gemv_rows(qtype: QT, m: int, out_features: int, rows: int = 0) -> int:
-    """The weight rows per CTA the dp4a GEMV launches with for ``m`` tokens and ``out_features`` weight rows on the
-    current CUDA device (``rows = 0`` resolved by the kernel's default rule: per type, and for Q4_K/Q5_K by wave
-    efficiency over the device's SMs), so benchmarks and tests can tell which launch is the default."""
-    return native.module().cuda_gguf_gemv_q8_rows(int(qtype), m, out_features, rows)
+def gemv_rows(qtype: QT, m: int, out_features: int, in_features: int, rows: int = 0) -> int:
+    """The weight rows per CTA the dp4a GEMV launches with for ``m`` tokens and an ``out_features`` x
+    ``in_features`` weight on the current CUDA device (``rows = 0`` resolved by the kernel's default rule: per type,
+    for Q2_K by the weight's size, and for Q4_K/Q5_K by wave efficiency over the device's SMs), so benchmarks and
+    tests can tell which launch is the default."""
+    return native.module().cuda_gguf_gemv_q8_rows(int(qtype), m, out_features, in_features, rows)
 
 
 def _check_codes(q8: Q8Activation, m: int, k: int, xblock_bytes: int) -> None:

@@ -29,17 +29,18 @@ ROWS = (0, 2, 4, 8)
 # 15.38 / 15.23 us); None where they were even.
 H200_SMS = 132
 H200_SHAPES_N = (6144, 4096, 28672, 4096)
+H200_SHAPES_K = (4096, 4096, 4096, 14336)
 H200_FASTER = {QT.Q4_K: (None, 8, 4, None), QT.Q5_K: (4, 8, 4, None)}
 # Measured per type (Q4_0, Q8_0, Q3_K: R = 4 best on the four shapes or within 1 %; Q6_K: R = 4 best or within 1 %);
-# the unswept types keep R = 2. Q2_K: R = 8 on the short grids, 4 above N = 8192 (the long grid streams better with
-# more CTAs per SM).
+# the unswept types keep R = 2. Q2_K: R = 8 on the small weights, 4 on those of more than 2^25 elements (the long
+# grid and the long rows stream better with more CTAs per SM).
 FIXED_ROWS = {QT.Q4_0: 4, QT.Q8_0: 4, QT.Q6_K: 4, QT.Q4_1: 2, QT.Q5_0: 2, QT.Q5_1: 2, QT.Q3_K: 4}
 
 
-def expected_rows(qtype: QT, n: int) -> int | None:
+def expected_rows(qtype: QT, n: int, k: int) -> int | None:
     """The default one-token rows the rule should give, None where it depends on the device (Q4_K/Q5_K)."""
     if qtype == QT.Q2_K:
-        return 4 if n > 8192 else 8
+        return 4 if n * k > 1 << 25 else 8
     return FIXED_ROWS.get(qtype)
 
 
@@ -116,12 +117,12 @@ def test_gemv_rows_reports_the_launch() -> None:
     """An explicit choice is what launches; several tokens keep their fixed tiles (2 rows for two tokens, 4 from
     three up); one token takes the measured per-type rows, and R = 4 or 8 for Q4_K/Q5_K."""
     for qtype in DP4A_TYPES:
-        assert cuda_gguf.gemv_rows(qtype, 1, 4096, rows=8) == 8
-        assert [cuda_gguf.gemv_rows(qtype, m, 4096) for m in (2, 3, 8)] == [2, 4, 4]
-        for n in (1, 333, *H200_SHAPES_N, 128256):
-            want = expected_rows(qtype, n)
-            got = cuda_gguf.gemv_rows(qtype, 1, n)
-            assert got == want if want is not None else got in (4, 8), f"{qtype.name} N={n}: {got}"
+        assert cuda_gguf.gemv_rows(qtype, 1, 4096, 4096, rows=8) == 8
+        assert [cuda_gguf.gemv_rows(qtype, m, 4096, 4096) for m in (2, 3, 8)] == [2, 4, 4]
+        for n, k in ((1, 256), (333, 768), *zip(H200_SHAPES_N, H200_SHAPES_K, strict=True), (128256, 4096)):
+            want = expected_rows(qtype, n, k)
+            got = cuda_gguf.gemv_rows(qtype, 1, n, k)
+            assert got == want if want is not None else got in (4, 8), f"{qtype.name} {n}x{k}: {got}"
 
 
 def test_wave_rule_picks_the_h200_sweeps_faster_launch() -> None:
@@ -130,6 +131,6 @@ def test_wave_rule_picks_the_h200_sweeps_faster_launch() -> None:
     if sm_count(torch.cuda.current_device()) != H200_SMS:
         pytest.skip(f"the sweep was measured on the H200 ({H200_SMS} SMs)")
     for qtype, faster in H200_FASTER.items():
-        for n, want in zip(H200_SHAPES_N, faster, strict=True):
-            got = cuda_gguf.gemv_rows(qtype, 1, n)
+        for n, k, want in zip(H200_SHAPES_N, H200_SHAPES_K, faster, strict=True):
+            got = cuda_gguf.gemv_rows(qtype, 1, n, k)
             assert want is None or got == want, f"{qtype.name} N={n}: rule {got}, sweep {want}"
