@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(256) quantize_x_kernel(const T* x, int8_t* __r
 //     decoded part is live instead of R. Q2_K's raw slot (7 words) is far smaller than its decoded one (24):
 //     ptxas, sm_90a: R = 8 246 -> 179 registers, R = 4 139 -> 109. Q6_K and Q3_K, whose raw words outnumber their
 //     decoded part, took more (R = 4: 128 -> 230, 128 -> 214) and ran 18-45 % slower; Q5_K up to 27 % slower, Q4_K
-//     even to 5 % slower (H200, session 27 in benches/RESULTS.md).
+//     even to 6 % slower (H200, session 27 in benches/RESULTS.md).
 enum class Loop { kDecodeAll, kPipelined, kRowByRow };
 
 template <class Q, int M, int R, bool ROPE, Loop LOOP = Loop::kDecodeAll>
