@@ -172,17 +172,17 @@ __global__ void __launch_bounds__(cta_threads<Q>(), (LOOP == Loop::kPipelined ? 
       part[r].decode(raw, block(r, s), s % Q::kParts);
     }
   };
+  auto fetch_rows = [&](Raw (&raw)[R], int s) {  // every row's raw words of slot s
+#pragma unroll
+    for (int r = 0; r < R; ++r) Q::fetch(raw[r], block(r, s), s % Q::kParts);
+  };
   if constexpr (LOOP == Loop::kRowByRow) {
     static_assert(M == 1, "the row-by-row loop is a one-token form");
     Raw raw[R];
-    auto fetch = [&](int s) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) Q::fetch(raw[r], block(r, s), s % Q::kParts);
-    };
-    if (threadIdx.x < slots) fetch(threadIdx.x);
+    if (threadIdx.x < slots) fetch_rows(raw, threadIdx.x);
     pdl_wait();
     for (int s = threadIdx.x; s < slots; s += kThreads) {
-      if (s != threadIdx.x) fetch(s);
+      if (s != threadIdx.x) fetch_rows(raw, s);
       typename Q::X xv;
       load_x(xv, 0, s);
 #pragma unroll
@@ -194,17 +194,13 @@ __global__ void __launch_bounds__(cta_threads<Q>(), (LOOP == Loop::kPipelined ? 
     }
   } else if constexpr (LOOP == Loop::kPipelined) {
     Raw next[R];
-    auto fetch = [&](int s) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) Q::fetch(next[r], block(r, s), s % Q::kParts);
-    };
-    if (threadIdx.x < slots) fetch(threadIdx.x);
+    if (threadIdx.x < slots) fetch_rows(next, threadIdx.x);
     pdl_wait();
     for (int s = threadIdx.x; s < slots; s += kThreads) {
       Raw cur[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) cur[r] = next[r];
-      if (s + kThreads < slots) fetch(s + kThreads);
+      if (s + kThreads < slots) fetch_rows(next, s + kThreads);
 #pragma unroll
       for (int r = 0; r < R; ++r) part[r].decode(cur[r], block(r, s), s % Q::kParts);
       dot(part, s);
