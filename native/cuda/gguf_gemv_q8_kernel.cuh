@@ -107,8 +107,7 @@ __global__ void __launch_bounds__(256) quantize_x_kernel(const T* x, int8_t* __r
 }
 
 // How a thread walks its slots (the bits are the same for all three: each row's sums keep their order).
-//   kDecodeAll: fetch and decode the slot for all R rows, then multiply: the decoded parts stay live across the
-//     loop (fewer registers than the raw words for most types).
+//   kDecodeAll: fetch and decode the slot for all R rows, then multiply: R decoded parts are live at once.
 //   kPipelined (Q4_K, one token, rows longer than one pass of the CTA's threads): each pass fetches the next
 //     pass's weights before it decodes and multiplies its own, so a thread always has a pass of loads in flight
 //     (twice the raw registers; the compiler's register choice). Measured on the H200 (4096x14336, 8 rows per
@@ -117,9 +116,9 @@ __global__ void __launch_bounds__(256) quantize_x_kernel(const T* x, int8_t* __r
 //     than the overlap gives).
 //   kRowByRow (Q2_K, one token): fetch all R rows' raw words, then decode and multiply one row at a time, so one
 //     decoded part is live instead of R. Q2_K's raw slot (7 words) is far smaller than its decoded one (24):
-//     ptxas, sm_90a: R = 8 246 -> 179 registers, R = 4 139 -> 109. Q6_K and Q3_K, whose raw words outnumber their
-//     decoded part, took more (R = 4: 128 -> 230, 128 -> 214) and ran 18-45 % slower; Q5_K up to 27 % slower, Q4_K
-//     even to 6 % slower (H200, session 27 in benches/RESULTS.md).
+//     ptxas, sm_90a: R = 8 246 -> 179 registers, R = 4 139 -> 109. Q6_K and Q3_K (2-byte aligned blocks, fetched
+//     as aligned words plus a tail) took more (R = 4: 128 -> 230, 128 -> 214) and ran 18-45 % slower; Q5_K up to
+//     27 % slower, Q4_K even to 6 % slower (H200, session 27 in benches/RESULTS.md).
 enum class Loop { kDecodeAll, kPipelined, kRowByRow };
 
 template <class Q, int M, int R, bool ROPE, Loop LOOP = Loop::kDecodeAll>
