@@ -54,14 +54,15 @@ STAGING_LABELS = {0: "auto", 1: "reg", 2: "smem"}
 
 
 def random_blocks(qtype: QT, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
-    """Random GGUF blocks [n, row_bytes] on the GPU with sane f16 scales (random bytes elsewhere)."""
+    """Random GGUF blocks on the GPU with sane f16 scales (random bytes elsewhere), [n, row bytes] in the layout the
+    CUDA kernels read (``cuda_gguf.device_layout``)."""
     bs, ts = GGML_QUANT_SIZES[qtype]
     raw = torch.randint(0, 256, (n, k // bs, ts), dtype=torch.uint8, device=DEV, generator=gen)
     for at in SCALE_FIELDS[qtype]:
         scale = (torch.rand(n, k // bs, device=DEV, generator=gen) * 0.75 + 0.25) / 32
         scale = torch.where(torch.rand(n, k // bs, device=DEV, generator=gen) < 0.5, -scale, scale)
         raw[:, :, at : at + 2] = scale.half().view(torch.uint8).view(n, k // bs, 2)
-    return raw.view(n, -1)
+    return cuda_gguf.device_layout(raw.view(n, -1), qtype, n, k).view(n, -1)
 
 
 def time_per_launch(launches: list[Callable[[], torch.Tensor]], replays: int = 20) -> float:

@@ -141,12 +141,14 @@ struct Deq<Q5_K> {
   GGUF_HD static void scales(const uint8_t* u, int, int t, float (&a)[4], float (&b)[4]) { k4_scales(u, t, a, b); }
 };
 
+// Q6_K in the CUDA layout (gguf_block.cuh): b, u are the block's GGUF position, its bytes at q6k_body / q6k_d.
 template <>
 struct Deq<Q6_K> {
   static constexpr int kBlockElems = 256, kBlockBytes = 210, kOffset = 32, kCodeBits = 6;
   static constexpr bool kScalesPerStep = false;
-  GGUF_HD static void slice(const uint8_t* b, int s, float (&v)[32]) {
-    const float d = f16(b + 208);
+  GGUF_HD static void slice(const uint8_t* p, int s, float (&v)[32]) {
+    const uint8_t* b = q6k_body(p);
+    const float d = f16(q6k_d(p));
     const int h = s >> 2, r = 32 * (s & 3);
     for (int i = 0; i < 32; ++i) {
       const float dd = mul_rn(d, static_cast<float>(static_cast<int8_t>(b[192 + 2 * s + (i >> 4)])));
@@ -156,7 +158,8 @@ struct Deq<Q6_K> {
     }
   }
   GGUF_HD static int elem(int s, int t, int j) { return k_plane_elem(s, t, j); }
-  GGUF_HD static void codes(const uint8_t* u, int s, int t, uint32_t (&c)[4]) {
+  GGUF_HD static void codes(const uint8_t* p, int s, int t, uint32_t (&c)[4]) {
+    const uint8_t* u = q6k_body(p);
     const int l = 16 * (t & 1) + 2 * s, h = t >> 1;
     const uint32_t ql0 = spread(ld16(u + 64 * h + l), 0), ql1 = spread(ld16(u + 64 * h + 32 + l), 0);
     const uint32_t qh = spread(ld16(u + 128 + 32 * h + l), 0);
@@ -165,8 +168,9 @@ struct Deq<Q6_K> {
     c[2] = ((ql0 >> 4) & kLo4) | (((qh >> 4) & kLo2) << 4);
     c[3] = ((ql1 >> 4) & kLo4) | (((qh >> 6) & kLo2) << 4);
   }
-  GGUF_HD static void scales(const uint8_t* u, int, int t, float (&a)[4], float (&b)[4]) {
-    const float d = f16(u + 208);
+  GGUF_HD static void scales(const uint8_t* p, int, int t, float (&a)[4], float (&b)[4]) {
+    const uint8_t* u = q6k_body(p);
+    const float d = f16(q6k_d(p));
     for (int j = 0; j < 4; ++j)
       a[j] = d * static_cast<float>(static_cast<int8_t>(u[192 + k_plane_scale(t, j)])), b[j] = 0.f;
   }

@@ -46,7 +46,7 @@ void gguf_dequantize(void* out, const uint8_t* w, const int64_t* ids, int64_t ro
     using D = decltype(tag);
     if (cols % D::kBlockElems != 0)
       throw std::invalid_argument("gguf_dequantize: cols must be a whole number of blocks");
-    const int64_t row_bytes = cols / D::kBlockElems * D::kBlockBytes;
+    const int64_t row_bytes = gguf::row_bytes(qtype, cols);
     const int64_t threads = rows * (cols / 32);
     const unsigned grid = static_cast<unsigned>((threads + 255) / 256);
     dispatch_float<true>(dtype, "gguf_dequantize", [&](auto t) {

@@ -22,6 +22,12 @@ namespace {
 
 constexpr int kWarps = 4, kStages = 4, kRows = 16;
 
+// Q6_K in the CUDA layout (gguf_block.cuh) keeps a block's d in its group's header, outside the window a unit's copy
+// takes: its units are decoded from global memory in place (this kernel is a non-default choice; the dp4a GEMV is
+// Q6_K's decode path).
+template <class D>
+constexpr bool kInPlace = std::is_same_v<D, gguf::Deq<gguf::Q6_K>>;
+
 template <class D>
 struct Layout {
   static constexpr int kUnitBlocks = gguf::kUnitElems / D::kBlockElems;
@@ -131,6 +137,7 @@ __global__ void __launch_bounds__(kWarps * 32) gguf_gemv_kernel(T* __restrict__ 
     return static_cast<int64_t>(min(row0 + r, N - 1)) * row_bytes + static_cast<int64_t>(u) * L::kUnitBytes;
   };
   auto issue = [&](int i) {
+    if constexpr (kInPlace<D>) return;
     const int u = warp + i * kWarps;
     uint8_t* slot = slots + (i % kStages) * kRows * L::kSlotRow;
     const int64_t left = row_bytes - static_cast<int64_t>(u) * L::kUnitBytes;
@@ -158,8 +165,11 @@ __global__ void __launch_bounds__(kWarps * 32) gguf_gemv_kernel(T* __restrict__ 
     __syncwarp();
     const int u = warp + i * kWarps;
     const uint8_t* slot = slots + (i % kStages) * kRows * L::kSlotRow;
-    const uint8_t* lo = slot + g * L::kSlotRow + (unit_offset(g, u) & 15);
-    const uint8_t* hi = slot + (g + 8) * L::kSlotRow + (unit_offset(g + 8, u) & 15);
+    auto window = [&](int r) {  // row r's unit: its window in shared memory, or in place
+      return kInPlace<D> ? w + unit_offset(r, u) : slot + r * L::kSlotRow + (unit_offset(r, u) & 15);
+    };
+    const uint8_t* lo = window(g);
+    const uint8_t* hi = window(g + 8);
     const T* xu = xg + static_cast<size_t>(u) * gguf::kUnitElems;
     const int steps = min(L::kUnitBlocks, blocks_per_row - u * L::kUnitBlocks) * D::kBlockElems / 32;
     RowScales<T, D> s_lo, s_hi;
@@ -210,7 +220,8 @@ void launch(T* y, const T* x, const uint8_t* w, int M, int N, int K, cudaStream_
     raised.fetch_or(bit);
   }
   const int blocks_per_row = K / D::kBlockElems;
-  const int64_t row_bytes = static_cast<int64_t>(blocks_per_row) * D::kBlockBytes;
+  const int64_t row_bytes =
+      kInPlace<D> ? gguf::q6k_row_bytes(K) : static_cast<int64_t>(blocks_per_row) * D::kBlockBytes;
   const dim3 grid(static_cast<unsigned>((N + kRows - 1) / kRows));
   kernel<<<grid, kWarps * 32, L::kSmemBytes, stream>>>(y, x, w, M, N, K, row_bytes, blocks_per_row);
 }

@@ -11,7 +11,7 @@ namespace {
 template <class Q, int M, int R, Loop LOOP>
 void launch_loop(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int rows_m, int N, int K,
                  const GgufRopeCache* rope, cudaStream_t stream) {
-  const int64_t row_bytes = static_cast<int64_t>(K / Q::kBlockElems) * Q::kBlockBytes;
+  const int64_t row_bytes = gguf::row_bytes(type_of<Q>(), K);
   const dim3 grid(static_cast<unsigned>((N + R - 1) / R)), block(cta_threads<Q>());
   // A programmatic dependent of the kernel that wrote xq/xb: the first weights stream while it runs.
   if (rope != nullptr)

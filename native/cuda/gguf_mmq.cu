@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(W * 32) gguf_mmq_kernel(void* __restrict__ y, 
 template <class Q, int MT, int T, int W>
 void launch_tiles(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
                   const GgufRopeCache* rope, cudaStream_t s) {
-  const int64_t row_bytes = static_cast<int64_t>(K / Q::kBlockElems) * Q::kBlockBytes;
+  const int64_t row_bytes = mmq::loader_row_bytes<Q>(K);
   const dim3 grid(static_cast<unsigned>((N + 16 * MT - 1) / (16 * MT))), block(W * 32);
   if (rope != nullptr)
     launch_pdl("gguf_mmq_rope_cache", gguf_mmq_kernel<Q, MT, T, W, true>, grid, block, 0, s, y, bf16, xq, xb, w, M,

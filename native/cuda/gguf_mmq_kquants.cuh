@@ -77,7 +77,7 @@ struct MmqQ5K {
 // q = 2j + i).
 GGUF_HD uint32_t plane2(uint32_t w, int q) { return (w >> (2 * q)) & 0x03030303u; }
 
-// The 4-byte chunks a lane takes from a block that starts 2-byte aligned (Q3_K, Q6_K; at offsets that are multiples
+// The 4-byte chunks a lane takes from a block that starts 2-byte aligned (Q3_K; at offsets that are multiples
 // of 4, so they all share the block's alignment, read once): each chunk is the aligned word holding its first bytes
 // and, for a block 2 bytes off a word, the 16 bits after it (a 16-bit load: nothing past the block is read);
 // chunk_word() funnels the pair into the chunk. P: a global row pointer or gguf::StagedBytes.
@@ -175,36 +175,33 @@ struct MmqQ3K {
 // scale per 16 elements). A unit is half a block (n = u & 1: elements 128n.., sub-blocks 4n + q for q = 0..3):
 // sub-block q's element l takes nibble q >> 1 of ql byte 64n + 32 (q & 1) + l and bits 2q, 2q + 1 of qh byte
 // 32n + l, its halves scales 8n + 2q and 8n + 2q + 1; pair j holds q = 2j and 2j + 1, so both read the same
-// bytes. Blocks are 210 bytes apart, so every other one starts 2 bytes off a word (A2Chunks: the lane's bytes 4t..
-// and 16 + 4t.. of each 32; A2Words for the scales).
+// bytes. The blocks are in the CUDA layout (gguf_block.cuh: 16-byte aligned bodies, found from the GGUF position
+// by q6k_body / q6k_d), so every chunk is one aligned word.
 struct MmqQ6K {
   static constexpr int kBlockElems = 128, kBlockBytes = 105, kPairs = 2, kDepth = 1;  // bytes: half a block's
   static constexpr bool kUnitScales = true, kMins = false, kSplitLanes = true, kHalfScales = true;
   static constexpr bool kHalfMins = false;
-  uint2 ql[2][2], qh[2];  // [k]: A2Chunks of the lane's bytes 4t.. (k = 0) and 16 + 4t.. (k = 1) of each 32
-  uint32_t shift;
-  gguf::A2Words<2> sc;
+  uint32_t ql[2][2], qh[2];  // [k]: the lane's bytes 4t.. (k = 0) and 16 + 4t.. (k = 1) of each 32
+  uint2 sc;
   uint32_t dw;
   template <class P>
   GGUF_HD void fetch(P row, int u, int t) {
     const P blk = row + static_cast<int64_t>(u >> 1) * (2 * kBlockBytes);
+    const P body = gguf::q6k_body(blk);
     const int n = u & 1;
-    const A2Chunks<P> chunks(blk);
-    shift = chunks.shift;
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      ql[0][k] = chunks.fetch(64 * n + 16 * k + 4 * t);
-      ql[1][k] = chunks.fetch(64 * n + 32 + 16 * k + 4 * t);
-      qh[k] = chunks.fetch(128 + 32 * n + 16 * k + 4 * t);
+      ql[0][k] = gguf::ld<uint32_t>(body + (64 * n + 16 * k + 4 * t));
+      ql[1][k] = gguf::ld<uint32_t>(body + (64 * n + 32 + 16 * k + 4 * t));
+      qh[k] = gguf::ld<uint32_t>(body + (128 + 32 * n + 16 * k + 4 * t));
     }
-    gguf::fetch_a2(sc, blk + 192 + 8 * n);
-    dw = gguf::fetch_f16_a2(blk + 208);
+    sc = gguf::ld<uint2>(body + (192 + 8 * n));
+    dw = gguf::fetch_f16_a2(gguf::q6k_d(blk));
   }
   GGUF_HD void codes(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2]) const {
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      const uint32_t l0 = chunk_word(ql[0][k], shift), l1 = chunk_word(ql[1][k], shift);
-      const uint32_t h = chunk_word(qh[k], shift);
+      const uint32_t l0 = ql[0][k], l1 = ql[1][k], h = qh[k];
       lo[k] = centered<6>(((l0 >> (4 * j)) & gguf::kNib) | (((h >> (4 * j)) & 0x03030303u) << 4));
       hi[k] = centered<6>(((l1 >> (4 * j)) & gguf::kNib) | (((h >> (4 * j + 2)) & 0x03030303u) << 4));
     }
@@ -212,10 +209,9 @@ struct MmqQ6K {
   GGUF_HD void unit_scales(float& d, float& dmin) const { d = gguf::f16_a2(dw), dmin = 0.f; }
   // sc[i][h]: the scale of half h of sub-block 2j + i (bytes 4j..4j+3 of the unit's 8 scales).
   GGUF_HD void half_scales(int j, int (&s)[2][2]) const {
-    uint32_t w[2];
-    gguf::words_a2(sc, w);
+    const uint32_t w = j == 0 ? sc.x : sc.y;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) s[i >> 1][i & 1] = static_cast<int8_t>(w[j] >> (8 * i));
+    for (int i = 0; i < 4; ++i) s[i >> 1][i & 1] = static_cast<int8_t>(w >> (8 * i));
   }
 };
 

@@ -1,6 +1,8 @@
 // Every tile loader of the int8 tensor-core GGUF product (contract: gguf_mmq_tile.cuh) and the dispatch from a
 // runtime type code to its loader, shared by gguf_mmq.cu and the host test of the loaders.
 #pragma once
+#include <type_traits>
+
 #include "cuda/gguf_mmq_block32.cuh"
 #include "cuda/gguf_mmq_kquants.cuh"
 
@@ -22,6 +24,13 @@ GGUF_HD bool dispatch(int qtype, F&& f) {
     case gguf::Q6_K: f(MmqQ6K{}); return true;
     default: return false;
   }
+}
+
+// Bytes of a K-element weight row as the CUDA kernels store it (gguf_block.cuh: Q6_K's grouped layout).
+template <class Q>
+GGUF_HD constexpr int64_t loader_row_bytes(int64_t K) {
+  if constexpr (std::is_same_v<Q, MmqQ6K>) return gguf::q6k_row_bytes(K);
+  else return K / Q::kBlockElems * Q::kBlockBytes;
 }
 
 }  // namespace candle_vllm::cuda::mmq

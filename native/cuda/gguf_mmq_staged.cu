@@ -317,7 +317,7 @@ void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_
   });
   const int smem = S::kSmemBytes + (kResident ? M * (resident_stride(K, S::kTokenWords) + K / 4 + 16) : 0);
   if (smem > kMaxSmem) throw std::invalid_argument("gguf_mmq_staged: resident tokens take rows shorter than 8192");
-  const int64_t row_bytes = static_cast<int64_t>(K / Q::kBlockElems) * Q::kBlockBytes;
+  const int64_t row_bytes = mmq::loader_row_bytes<Q>(K);
   launch_pdl(kRope ? "gguf_mmq_staged_rope_cache" : "gguf_mmq_staged", kernel, dim3((N + S::kRows - 1) / S::kRows),
              dim3(S::kThreads), smem, s, y, bf16, xq, xb, w, M, N, K, row_bytes, rope);
 }
@@ -328,6 +328,8 @@ bool gguf_mmq_staged_fits(int qtype, int M, int K) {
   bool rows_fit = false;
   const bool known = mmq::dispatch(qtype, [&](auto loader) {
     using Q = decltype(loader);
+    // GGUF's row size a multiple of 16 bytes: a stage's whole-block chunks then hold whole groups of Q6_K's CUDA
+    // layout too (8 blocks), and its rows keep GGUF's size.
     rows_fit = K % Q::kBlockElems == 0 && static_cast<int64_t>(K / Q::kBlockElems) * Q::kBlockBytes % 16 == 0;
   });
   return known && rows_fit && M >= 1 && M <= kGgufMmqStagedMaxM && staged_kernels_run();

@@ -76,6 +76,7 @@ struct StagedBytes {
   GGUF_HD StagedBytes operator+(int64_t n) const { return {p + n}; }
   GGUF_HD StagedBytes operator-(int64_t n) const { return {p - n}; }
 };
+GGUF_HD int misalign16(StagedBytes s) { return misalign16(s.p); }
 
 template <typename V>
 GGUF_HD V ld(StagedBytes s) {

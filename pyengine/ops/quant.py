@@ -12,6 +12,7 @@ the reference the native kernels are tested against, and what runs on devices wi
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Callable
 
@@ -204,15 +205,25 @@ _REFERENCE: dict[QT, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-def _as_bytes(data: torch.Tensor, qtype: QT, shape: tuple[int, ...]) -> torch.Tensor:
-    """Check that ``data`` holds exactly the blocks of a ``shape`` tensor and return them as flat uint8."""
+def _in_device_layout(data: torch.Tensor, qtype: QT) -> bool:
+    """Whether ``data`` is kept in the CUDA kernels' layout (``cuda_gguf.device_layout``): GGUF weights on a CUDA
+    device whose kernels decode the type, as ``quant.GGUFLinear`` stores them."""
+    return data.device.type == "cuda" and cuda_gguf.type_supported_on(data.device, qtype)
+
+
+def _as_bytes(data: torch.Tensor, qtype: QT, shape: tuple[int, ...], gguf_layout: bool = False) -> torch.Tensor:
+    """Check that ``data`` holds exactly the blocks of a ``shape`` tensor (in GGUF's layout, or the CUDA kernels'
+    where ``_in_device_layout`` and not ``gguf_layout``) and return them as flat uint8."""
     check_supported(qtype)
     if not shape:
         raise ValueError("a quantized tensor needs at least one dimension")
     rows = 1
     for dim in shape[:-1]:
         rows *= dim
-    expected = rows * row_bytes(qtype, shape[-1])
+    row_nbytes = row_bytes(qtype, shape[-1])
+    if not gguf_layout and _in_device_layout(data, qtype):
+        row_nbytes = cuda_gguf.stored_row_bytes(qtype, shape[-1])
+    expected = rows * row_nbytes
     flat = data.reshape(-1) if data.dtype == torch.uint8 else data.contiguous().view(torch.uint8).reshape(-1)
     if flat.numel() != expected:
         raise ValueError(
@@ -227,8 +238,8 @@ def _as_bytes(data: torch.Tensor, qtype: QT, shape: tuple[int, ...]) -> torch.Te
 def dequantize_reference(
     data: torch.Tensor, qtype: QT, shape: tuple[int, ...], dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
-    """Decode GGUF blocks with torch ops only (any device); the oracle for the native kernels."""
-    flat = _as_bytes(data, qtype, shape)
+    """Decode GGUF blocks (GGUF's layout on every device) with torch ops only; the oracle for the native kernels."""
+    flat = _as_bytes(data, qtype, shape, gguf_layout=True)
     blocks = flat.view(-1, type_size(qtype))
     return _REFERENCE[qtype](blocks).reshape(shape).to(dtype)
 
@@ -236,11 +247,14 @@ def dequantize_reference(
 def dequantize(
     data: torch.Tensor, qtype: QT, shape: tuple[int, ...], dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
-    """Decode the raw GGUF blocks ``data`` of a tensor of logical ``shape`` into a ``dtype`` tensor."""
+    """Decode the GGUF blocks ``data`` of a tensor of logical ``shape`` into a ``dtype`` tensor (on CUDA in the
+    kernels' layout, ``cuda_gguf.device_layout``)."""
     flat = _as_bytes(data, qtype, shape)
-    rows, cols = flat.numel() // row_bytes(qtype, shape[-1]), shape[-1]
+    rows, cols = math.prod(shape[:-1]), shape[-1]
     if cuda_gguf.dequantize_supported(flat, qtype, rows, cols, dtype):
         return cuda_gguf.dequantize(flat, qtype, rows, cols, dtype).view(shape)
+    if _in_device_layout(flat, qtype):
+        raise ValueError(f"dequantize of CUDA GGUF weights gives f32, f16 or bf16, not {dtype}")
     if data.device.type == "cpu" and dtype in native.FLOAT_DTYPES and native.available(data.device):
         out = torch.empty(shape, dtype=dtype)
         cols = shape[-1]

@@ -68,6 +68,8 @@ class GGUFLinear(LinearMethod):
         if rope_rows:
             rows = data.reshape(weight.shape[0], -1)
             data = torch.cat([interleave_halves(rows[:rope_rows], head_dim, ROPE_PAIR_GROUP), rows[rope_rows:]])
+        if device.type == "cuda" and cuda_gguf.type_supported_on(device, weight.qtype):
+            data = cuda_gguf.device_layout(data, weight.qtype, *weight.shape)
         self.register_buffer("data", data, persistent=False)
         self.qtype = weight.qtype
         self.out_features, self.in_features = weight.shape

@@ -63,6 +63,13 @@ def random_blocks(qtype: QT, rows: int, cols: int, seed: int) -> np.ndarray:
     return raw.reshape(rows, -1)
 
 
+def device_blocks(raw: np.ndarray, qtype: QT) -> torch.Tensor:
+    """GGUF bytes [rows, row_bytes] on the GPU in the layout the CUDA kernels read (``cuda_gguf.device_layout``)."""
+    bs, ts = gguf.GGML_QUANT_SIZES[qtype]
+    rows, cols = raw.shape[0], raw.shape[1] // ts * bs
+    return cuda_gguf.device_layout(device_blocks(raw, qtype), qtype, rows, cols)
+
+
 def oracle(raw: np.ndarray, qtype: QT, rows: int, cols: int) -> torch.Tensor:
     return torch.from_numpy(gguf.quants.dequantize(raw, qtype).astype(np.float32).reshape(rows, cols))
 
@@ -77,7 +84,7 @@ def test_dequantize_equals_gguf(qtype: QT) -> None:
     rows, cols = 7, cols_for(qtype, 3)
     raw = random_blocks(qtype, rows, cols, seed=int(qtype))
     want = oracle(raw, qtype, rows, cols)
-    data = torch.from_numpy(raw).to(DEV)
+    data = device_blocks(raw, qtype)
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         poison_allocator(DEV, rows * cols)
         got = cuda_gguf.dequantize(data, qtype, rows, cols, dtype).cpu()
@@ -91,7 +98,7 @@ def test_gathered_rows_equal_gguf(qtype: QT) -> None:
     rows, cols = 50, 512
     raw = random_blocks(qtype, rows, cols, seed=5)
     ids = torch.tensor([3, 49, 0, 3, 17, 17, 8], dtype=torch.int64)
-    got = cuda_gguf.dequantize(torch.from_numpy(raw).to(DEV), qtype, rows, cols, torch.float32, ids.to(DEV))
+    got = cuda_gguf.dequantize(device_blocks(raw, qtype), qtype, rows, cols, torch.float32, ids.to(DEV))
     assert torch.equal(got.cpu(), oracle(raw, qtype, rows, cols)[ids])
 
 
@@ -133,7 +140,7 @@ def test_gemv_matches_float64(qtype: QT, kernel: str, dtype: torch.dtype) -> Non
     n, k = 333, cols_for(qtype, 5)
     raw = random_blocks(qtype, n, k, seed=100 + int(qtype))
     w64 = oracle(raw, qtype, n, k).double()
-    data = torch.from_numpy(raw).to(DEV)
+    data = device_blocks(raw, qtype)
     g = torch.Generator().manual_seed(int(qtype))
     for m in range(1, 9):
         x = torch.randn(m, k, generator=g).to(dtype)
@@ -160,7 +167,7 @@ def test_quant_matmul_dispatch_on_cuda(m: int, monkeypatch: pytest.MonkeyPatch) 
     qtype, n, k = QT.Q6_K, 517, 1024
     raw = random_blocks(qtype, n, k, seed=m)
     w64 = oracle(raw, qtype, n, k).double()
-    data = torch.from_numpy(raw).to(DEV)
+    data = device_blocks(raw, qtype)
     x = torch.randn(2, m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
     got = quant.quant_matmul(x.to(DEV), data, qtype, n, k)
     assert got.shape == (2, m, n) and got.device.type == "cuda"
@@ -180,7 +187,7 @@ def test_gemv_inside_a_cuda_graph(tensor_cores: bool) -> None:
     qtype, n, k = QT.Q6_K, 1024, 2048
     rows = quant.mmq_min_rows(qtype, n, k) - (0 if tensor_cores else 1)
     assert rows >= 1 and quant.takes_tensor_cores(qtype, rows, n, k) == tensor_cores
-    data = torch.from_numpy(random_blocks(qtype, n, k, seed=9)).to(DEV)
+    data = device_blocks(random_blocks(qtype, n, k, seed=9), qtype)
     x = torch.randn(rows, k, device=DEV, dtype=torch.bfloat16)
     quant.quant_matmul(x, data, qtype, n, k)  # warm-up outside capture
     graph = torch.cuda.CUDAGraph()

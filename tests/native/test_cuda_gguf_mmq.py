@@ -17,7 +17,7 @@ import torch
 from _cuda_helpers import poison_allocator
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
-from test_cuda_gguf import assert_dp4a_within, oracle, random_blocks
+from test_cuda_gguf import assert_dp4a_within, device_blocks, oracle, random_blocks
 from torch.profiler import ProfilerActivity, profile
 
 from candle_vllm.pyengine.ops import cuda_gguf, native, quant
@@ -41,7 +41,7 @@ def _needs_cuda_kernels() -> None:
 
 def _weight(qtype: QT, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     raw = random_blocks(qtype, n, k, seed=seed)
-    return torch.from_numpy(raw).to(DEV), oracle(raw, qtype, n, k).double()
+    return device_blocks(raw, qtype), oracle(raw, qtype, n, k).double()
 
 
 @pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
@@ -142,7 +142,7 @@ def test_staged_kernel_on_wide_weights(qtype: QT) -> None:
     tile; still the register kernel's bits, and rows sampled across the weight within the float64 bounds."""
     n, k = 16400, 2048
     raw = random_blocks(qtype, n, k, seed=70 + int(qtype))
-    data = torch.from_numpy(raw).to(DEV)
+    data = device_blocks(raw, qtype)
     rows = torch.tensor([0, 1, 15, 16, 31, 8191, 16383, 16384, 16399])
     w64 = oracle(raw[rows.numpy()], qtype, len(rows), k).double()
     g = torch.Generator().manual_seed(71)

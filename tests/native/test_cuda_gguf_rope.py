@@ -82,10 +82,15 @@ def _paired_blocks(p: dict) -> torch.Tensor:
     return torch.cat([interleave_halves(p["blocks"][: p["rot"]], p["d"], 1), p["blocks"][p["rot"] :]])
 
 
+def _on_device(p: dict, blocks: torch.Tensor) -> torch.Tensor:
+    """GGUF blocks (ISQ's, or paired from them) in the layout the CUDA kernels read."""
+    return cuda_gguf.device_layout(blocks, p["qtype"], p["n"], p["k"])
+
+
 def _gemv_then_rotary(p: dict, blocks: torch.Tensor, pair_group: int,
                       tensor_cores: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     product = cuda_gguf.mmq if tensor_cores else cuda_gguf.gemv
-    y = product(p["x"], blocks, p["qtype"], p["n"], p["k"])
+    y = product(p["x"], _on_device(p, blocks), p["qtype"], p["n"], p["k"])
     t, d, hq, hk = y.shape[0], p["d"], p["hq"], p["hk"]
     q, k, v = y[:, : hq * d].view(t, hq, d), y[:, hq * d : p["rot"]].view(t, hk, d), y[:, p["rot"] :].view(t, hk, d)
     cache = p["cache"].clone()
@@ -96,7 +101,7 @@ def _gemv_then_rotary(p: dict, blocks: torch.Tensor, pair_group: int,
 def _fused(p: dict, x: torch.Tensor | Q8Activation, blocks: torch.Tensor, rows: int = 0, tensor_cores: bool = False):
     cache = p["cache"].clone()
     poison_allocator(DEV, p["x"].shape[0] * p["n"])
-    y = cuda_gguf.gemv_rope_cache(x, blocks, p["qtype"], p["n"], p["k"], p["d"], p["hk"], p["pos"], p["table"],
+    y = cuda_gguf.gemv_rope_cache(x, _on_device(p, blocks), p["qtype"], p["n"], p["k"], p["d"], p["hk"], p["pos"], p["table"],
                                   cache, p["slots"], rows=rows, tensor_cores=tensor_cores)
     assert y is not None, "the fused kernel refused a supported problem"
     return y, cache

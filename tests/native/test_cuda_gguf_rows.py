@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
-from test_cuda_gguf import assert_dp4a_within, oracle, random_blocks
+from test_cuda_gguf import assert_dp4a_within, device_blocks, oracle, random_blocks
 
 from candle_vllm.pyengine.ops import cuda_gguf, native
 from candle_vllm.pyengine.ops.cuda import available, sm_count
@@ -55,7 +55,7 @@ def _needs_cuda_kernels() -> None:
 def test_every_launch_choice_equals_the_default(qtype: QT, k: int) -> None:
     n = 333
     raw = random_blocks(qtype, n, k, seed=7 * int(qtype) + k)
-    data = torch.from_numpy(raw).to(DEV)
+    data = device_blocks(raw, qtype)
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(k + int(qtype))).to(torch.bfloat16)
     want = cuda_gguf.gemv(x.to(DEV), data, qtype, n, k, kernel="dp4a")
     assert_dp4a_within(want, x, oracle(raw, qtype, n, k).double())
@@ -72,7 +72,7 @@ def test_pipelined_one_token_rows_equal_the_plain_loop(qtype: QT) -> None:
     one-token launch's bits."""
     n, k = 333, 14336
     raw = random_blocks(qtype, n, k, seed=11 * int(qtype))
-    data = torch.from_numpy(raw).to(DEV)
+    data = device_blocks(raw, qtype)
     x = torch.randn(2, k, generator=torch.Generator().manual_seed(int(qtype))).to(torch.bfloat16).to(DEV)
     one = cuda_gguf.gemv(x[:1], data, qtype, n, k, kernel="dp4a")
     assert_dp4a_within(one, x[:1].cpu(), oracle(raw, qtype, n, k).double())
@@ -85,7 +85,7 @@ def test_choices_on_quantized_activations(dtype: torch.dtype) -> None:
     """The path that takes codes a producer kernel wrote (no quantizer launch) honours the choices too."""
     qtype, n, k = QT.Q4_K, 517, 4096
     raw = random_blocks(qtype, n, k, seed=3)
-    data = torch.from_numpy(raw).to(DEV)
+    data = device_blocks(raw, qtype)
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(3)).to(dtype).to(DEV)
     mod = native.module()
     xq = torch.empty(1, k, dtype=torch.int8, device=DEV)
@@ -102,7 +102,7 @@ def test_choices_on_quantized_activations(dtype: torch.dtype) -> None:
 
 def test_unsupported_choices_are_refused() -> None:
     qtype, n, k = QT.Q8_0, 64, 256
-    data = torch.from_numpy(random_blocks(qtype, n, k, seed=1)).to(DEV)
+    data = device_blocks(random_blocks(qtype, n, k, seed=1), qtype)
     x = torch.randn(2, k, device=DEV, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="one-token choice"):
         cuda_gguf.gemv(x, data, qtype, n, k, rows=4)

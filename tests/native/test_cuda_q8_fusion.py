@@ -31,7 +31,7 @@ from candle_vllm import LLM, SamplingParams
 from candle_vllm.pyengine.config import config_from_hf_dict
 from candle_vllm.pyengine.loader.dummy import dummy_weights
 from candle_vllm.pyengine.models.llama import LlamaForCausalLM
-from candle_vllm.pyengine.ops import native, q8_activation, quant
+from candle_vllm.pyengine.ops import cuda_gguf, native, q8_activation, quant
 from candle_vllm.pyengine.ops.activation import silu_and_mul
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 from candle_vllm.pyengine.ops.norm import fused_add_rms_norm, rms_norm
@@ -262,7 +262,8 @@ def test_gemv_on_codes_equals_gemv_on_dense(qtype: QT, hidden: int) -> None:
     if hidden % 256 and qtype in (QT.Q4_K, QT.Q6_K):
         pytest.skip("K-quant rows are whole 256-value super-blocks")
     n = 300
-    data = quantize(_randn(n, hidden, dtype=torch.float32, seed=int(qtype)), qtype)
+    blocks = quantize(_randn(n, hidden, dtype=torch.float32, seed=int(qtype)), qtype)
+    data = cuda_gguf.device_layout(blocks, qtype, n, hidden)
     w = _randn(hidden, dtype=torch.bfloat16, seed=7, scale=0.5)
     for m in ROWS:
         group = quant.q8_group(qtype, m, n, hidden)  # the product's: 256 where a K-quant takes the tensor cores

@@ -9,7 +9,9 @@ random int8 codes with random f32 block scales and their half sums (an XBlock ea
 The drivers are built with AddressSanitizer where the compiler has it and hold the weight in an allocation of exactly
 its size: an odd number of rows of an odd number of blocks ends the tensor on a block that starts 2 bytes off a word
 (the 18-, 22-, 34-, 110- and 210-byte blocks), where a loader reading the words around its bytes would read past the
-tensor (what the GPU's memcheck found in session 10).
+tensor (what the GPU's memcheck found in session 10). The weights go in as the CUDA kernels store them
+(``cuda_gguf.device_layout``: Q6_K's rows regrouped so its loads are 16-byte aligned; with 3 blocks per row, a row
+is one short group) and are compared with gguf's decoding of the GGUF bytes.
 
 - Decoders (dequant_rows.cpp decodes every 32-element slice as the dequantize / get_rows kernel's thread does):
   equal to gguf's f32 dequantized weights bit for bit (they repeat its f32 operations; built without contraction).
@@ -34,8 +36,11 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+import torch
 from gguf import GGMLQuantizationType as QT
 from test_cuda_gguf import random_blocks
+
+from candle_vllm.pyengine.ops import cuda_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVERS = Path(__file__).with_name("host_parts")
@@ -48,7 +53,10 @@ Build = Callable[[str], Path]  # the driver fixture: a driver's name -> its exec
 
 
 def cols_for(qtype: QT, tiles: bool) -> int:
-    """Odd blocks per row where the kernel allows it: the tensor-core product takes whole 256-element units."""
+    """Odd blocks per row where the kernel allows it: the tensor-core product takes whole 256-element units. Q6_K's
+    11 blocks are a whole group of its CUDA layout and a short one."""
+    if qtype == QT.Q6_K:
+        return 256 * 11
     return 768 if tiles or gguf.GGML_QUANT_SIZES[qtype][0] == 256 else 32 * 33
 
 
@@ -86,6 +94,11 @@ def random_activation(cols: int, rng: np.random.Generator) -> tuple[np.ndarray, 
     return codes, scales, xblocks.tobytes()
 
 
+def stored(raw: np.ndarray, qtype: QT, cols: int) -> bytes:
+    """The weight bytes in the layout the CUDA kernels read (``cuda_gguf.device_layout``: Q6_K regrouped)."""
+    return cuda_gguf.device_layout(torch.from_numpy(raw), qtype, ROWS, cols).numpy().tobytes()
+
+
 def run_driver(
     exe: Path, tmp_path: Path, qtype: QT, cols: int, payload: bytes, out: str = "<f8"
 ) -> tuple[int, np.ndarray, str]:
@@ -101,7 +114,7 @@ def run_driver(
 def test_decoders_equal_the_dequantized_rows(driver: Build, tmp_path: Path, qtype: QT) -> None:
     cols = cols_for(qtype, tiles=False)
     raw = random_blocks(qtype, ROWS, cols, seed=int(qtype))
-    code, got, err = run_driver(driver("dequant_rows"), tmp_path, qtype, cols, raw.tobytes(), out="<f4")
+    code, got, err = run_driver(driver("dequant_rows"), tmp_path, qtype, cols, stored(raw, qtype, cols), out="<f4")
     assert code == 0, err
     want = gguf.quants.dequantize(raw, qtype).astype(np.float32).reshape(-1)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), np.max(np.abs(got - want))
@@ -111,7 +124,7 @@ def test_decoders_equal_the_dequantized_rows(driver: Build, tmp_path: Path, qtyp
 def test_gemv_decoders_give_the_dequantized_weights(driver: Build, tmp_path: Path, qtype: QT) -> None:
     cols = cols_for(qtype, tiles=False)
     raw = random_blocks(qtype, ROWS, cols, seed=int(qtype) + 50)
-    code, got, err = run_driver(driver("gemv_weights"), tmp_path, qtype, cols, raw.tobytes())
+    code, got, err = run_driver(driver("gemv_weights"), tmp_path, qtype, cols, stored(raw, qtype, cols))
     assert code == 0, err
     assert_weights_within_rounding(got, raw, qtype, cols)
 
@@ -122,7 +135,7 @@ def test_part_dots_match_the_dequantized_rows(driver: Build, tmp_path: Path, qty
     cols = cols_for(qtype, tiles=False)
     raw = random_blocks(qtype, ROWS, cols, seed=100 * int(qtype) + seed)
     codes, scales, xblocks = random_activation(cols, np.random.default_rng(seed))
-    payload = raw.tobytes() + codes.tobytes() + xblocks
+    payload = stored(raw, qtype, cols) + codes.tobytes() + xblocks
     code, got, err = run_driver(driver("dot_rows"), tmp_path, qtype, cols, payload)
     assert code == 0, err
     w = gguf.quants.dequantize(raw, qtype).astype(np.float64).reshape(ROWS, cols)
@@ -136,7 +149,7 @@ def test_part_dots_match_the_dequantized_rows(driver: Build, tmp_path: Path, qty
 def test_tile_loaders_give_the_dequantized_weights(driver: Build, tmp_path: Path, qtype: QT, seed: int) -> None:
     cols = cols_for(qtype, tiles=True)
     raw = random_blocks(qtype, ROWS, cols, seed=100 * int(qtype) + seed)
-    code, got, err = run_driver(driver("tile_weights"), tmp_path, qtype, cols, raw.tobytes())
+    code, got, err = run_driver(driver("tile_weights"), tmp_path, qtype, cols, stored(raw, qtype, cols))
     assert code == 0, err
     assert_weights_within_rounding(got, raw, qtype, cols)
 

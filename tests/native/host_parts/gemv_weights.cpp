@@ -4,7 +4,7 @@
 // kOffset) * a + b, and written at the elements elem() names, with the scales loaded as gguf_gemv.cu loads them
 // (per step, or once per unit). Every element is written by exactly one pair.
 //
-//   gemv_weights IN OUT   IN: int32 qtype, rows, K; rows * row_bytes weight bytes
+//   gemv_weights IN OUT   IN: int32 qtype, rows, K; rows * row_bytes weight bytes (gguf::row_bytes: the CUDA layout)
 //                         OUT: rows * K f64 weights (exit 3: the type has no decoder)
 #include <cstdint>
 #include <vector>
@@ -17,10 +17,10 @@ namespace gguf = candle_vllm::gguf;
 namespace {
 
 template <class D>
-void gemv_weights(const uint8_t* w, int rows, int k, double* out) {
+void gemv_weights(int qtype, const uint8_t* w, int rows, int k, double* out) {
   constexpr int kUnitBlocks = gguf::kUnitElems / D::kBlockElems;
   const int blocks = k / D::kBlockElems;
-  const int64_t row_bytes = static_cast<int64_t>(blocks) * D::kBlockBytes;
+  const int64_t row_bytes = candle_vllm::gguf::row_bytes(qtype, k);
   for (int r = 0; r < rows; ++r)
     for (int u = 0; u * kUnitBlocks < blocks; ++u) {
       const uint8_t* unit = w + r * row_bytes + static_cast<int64_t>(u) * kUnitBlocks * D::kBlockBytes;
@@ -49,10 +49,10 @@ int main(int argc, char** argv) {
   return driver_main<double>(argc, argv, [](const Header& h, FILE* in, std::vector<double>& out, bool& ok) {
     return gguf::dispatch_qtype(h.qtype, [&](auto decoder) {
       using D = decltype(decoder);
-      const Weights w(in, static_cast<size_t>(h.rows) * (h.k / D::kBlockElems) * D::kBlockBytes);
+      const Weights w(in, static_cast<size_t>(h.rows) * candle_vllm::gguf::row_bytes(h.qtype, h.k));
       ok = w.ok();
       out.assign(static_cast<size_t>(h.rows) * h.k, 0.0);
-      if (ok) gemv_weights<D>(w.data(), h.rows, h.k, out.data());
+      if (ok) gemv_weights<D>(h.qtype, w.data(), h.rows, h.k, out.data());
     });
   });
 }

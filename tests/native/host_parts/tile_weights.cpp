@@ -5,7 +5,7 @@
 // it. Every element is written by exactly one lane, so the output is the whole dequantized row as the loaders see
 // it.
 //
-//   tile_weights IN OUT   IN: int32 qtype, rows, K; rows * row_bytes weight bytes
+//   tile_weights IN OUT   IN: int32 qtype, rows, K; rows * row_bytes weight bytes (gguf::row_bytes: the CUDA layout)
 //                         OUT: rows * K f64 weights (exit 3: the type has no tile loader)
 #include <cstdint>
 #include <vector>
@@ -56,8 +56,8 @@ void pair_weights(const Q& q, int j, int t, uint32_t (&lo)[2], uint32_t (&hi)[2]
 }
 
 template <class Q>
-void tile_weights(const uint8_t* w, int rows, int k, double* out) {
-  const int64_t row_bytes = static_cast<int64_t>(k / Q::kBlockElems) * Q::kBlockBytes;
+void tile_weights(int qtype, const uint8_t* w, int rows, int k, double* out) {
+  const int64_t row_bytes = candle_vllm::gguf::row_bytes(qtype, k);
   for (int r = 0; r < rows; ++r) {
     for (int u = 0; u < k / Q::kBlockElems; ++u) {
       for (int t = 0; t < 4; ++t) {
@@ -87,10 +87,10 @@ int main(int argc, char** argv) {
   return driver_main<double>(argc, argv, [](const Header& h, FILE* in, std::vector<double>& out, bool& ok) {
     return mmq::dispatch(h.qtype, [&](auto loader) {
       using Q = decltype(loader);
-      const Weights w(in, static_cast<size_t>(h.rows) * (h.k / Q::kBlockElems) * Q::kBlockBytes);
+      const Weights w(in, static_cast<size_t>(h.rows) * candle_vllm::gguf::row_bytes(h.qtype, h.k));
       ok = w.ok();
       out.resize(static_cast<size_t>(h.rows) * h.k);
-      if (ok) tile_weights<Q>(w.data(), h.rows, h.k, out.data());
+      if (ok) tile_weights<Q>(h.qtype, w.data(), h.rows, h.k, out.data());
     });
   });
 }
