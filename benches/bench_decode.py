@@ -123,7 +123,7 @@ def main() -> None:
     ap.add_argument("--load-format", default="dummy")
     ap.add_argument("--context", type=int, default=4096, help="batch-1 prompt length and TTFT prompt length")
     ap.add_argument("--output-len", type=int, default=1024, help="batch-1 generated tokens")
-    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=64, help="sequences of the batch decode (0: none)")
     ap.add_argument("--batch-context", type=int, default=1024, help="prompt length of each batched sequence")
     ap.add_argument("--batch-output-len", type=int, default=128)
     ap.add_argument("--ttft-repeats", type=int, default=5)
@@ -181,6 +181,7 @@ def main() -> None:
         report("batch1_decode_tok_s", b1["tokens_per_s"], "tok/s", roof, True)
         res["batch1_step_ms"] = round(b1["step_ms"], 3)
 
+    if not args.ttft_only and args.batch > 0:
         mid_bctx = args.batch_context + args.batch_output_len // 2
         bb = decode_rate(llm, random_prompts(rng, args.batch, args.batch_context, vocab), args.batch_output_len)
         roof = args.batch * 1e3 / step_roofline_ms(w_bytes, kv_tok, args.batch, mid_bctx)

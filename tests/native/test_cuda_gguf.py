@@ -67,7 +67,7 @@ def device_blocks(raw: np.ndarray, qtype: QT) -> torch.Tensor:
     """GGUF bytes [rows, row_bytes] on the GPU in the layout the CUDA kernels read (``cuda_gguf.device_layout``)."""
     bs, ts = gguf.GGML_QUANT_SIZES[qtype]
     rows, cols = raw.shape[0], raw.shape[1] // ts * bs
-    return cuda_gguf.device_layout(device_blocks(raw, qtype), qtype, rows, cols)
+    return cuda_gguf.device_layout(torch.from_numpy(raw).to(DEV), qtype, rows, cols)
 
 
 def oracle(raw: np.ndarray, qtype: QT, rows: int, cols: int) -> torch.Tensor:
