@@ -18,33 +18,77 @@ enum QType : int { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, 
 
 constexpr int kUnitElems = 256;
 
-// ---- Q6_K as the CUDA kernels store it ----------------------------------------------------------------------------
-// GGUF's 210-byte Q6_K blocks start 2 bytes off a word every other block, so a thread took a block's 16-byte runs as
-// word loads joined by funnel shifts (19 loads per row and part in the one-token GEMV). On the GPU each row is kept
-// in groups of 8 blocks instead: the 8 blocks' f16 d (16 bytes), then their other 208 bytes each (ql, qh and the
-// scales at their GGUF offsets), so every run is 16-byte aligned. A row's last group holds its nb % 8 remaining
-// blocks (16 + 208 (nb % 8) bytes, the header's unused slots zero). Rows are whole multiples of 16 bytes, and the
-// same size as GGUF's when K is a multiple of 2048. ops/cuda_gguf.py device_layout writes it.
-// Kernels address block b of a row at GGUF's position, row + 210 b. Rows start 16-byte aligned, so that position is
-// 2 (b % 8) bytes past a 16-byte boundary, which is all it takes to find the block's bytes in its group:
-// q6k_body / q6k_d below (misalign16: those low four bits, for global and staged pointers).
-constexpr int kQ6KGroup = 8, kQ6KGroupBytes = 16 + 8 * 208;
+// ---- Q6_K and Q3_K as the CUDA kernels store them ------------------------------------------------------------------
+// GGUF's 210-byte Q6_K and 110-byte Q3_K blocks start 2 bytes off a word every other block, so a thread took a
+// block's 16-byte runs as word loads joined by funnel shifts (19 loads per row and part in Q6_K's one-token GEMV).
+// Both blocks end in small fields behind a body of whole 16-byte runs (Q6_K: 208 bytes of codes and scales, then its
+// f16 d; Q3_K: 96 bytes of codes, then 12 scale bytes and its f16 d). On the GPU each row is kept in groups of 8
+// blocks instead: a header holding the 8 blocks' fields, each field as a plane of 8 (Q6_K: the 8 d, 16 bytes; Q3_K:
+// the 8 blocks' scales, 96 bytes, then their 8 d), then the 8 bodies, so every run is 16-byte aligned. A row's last
+// group holds its nb % 8 remaining blocks behind a whole header (its unused slots zero). Rows are whole multiples of 16
+// bytes, and the same size as GGUF's when K is a multiple of 2048. ops/cuda_gguf.py device_layout writes it.
+// Kernels address block b of a row at GGUF's position, row + B b (B: the GGUF block bytes). Rows and groups (8 B
+// bytes) start 16-byte aligned, so that position's offset from a 16-byte boundary (misalign16: its low four bits,
+// for global and staged pointers) tells b % 8, which is all it takes to find the block's bytes in its group.
+template <int Q>
+struct Grouped;
+template <>
+struct Grouped<Q6_K> {  // Q6_K: 210 bytes = 2 (b % 8) past a 16-byte boundary
+  static constexpr int kBlock = 210, kBody = 208, kHeader = 16;
+  GGUF_HD static constexpr int slot(int misalign) { return misalign >> 1; }
+};
+template <>
+struct Grouped<Q3_K> {  // Q3_K: 110 bytes = 16 - 2 (b % 8) past a 16-byte boundary
+  static constexpr int kBlock = 110, kBody = 96, kHeader = 112;
+  GGUF_HD static constexpr int slot(int misalign) { return ((16 - misalign) & 15) >> 1; }
+};
+constexpr int kGroupBlocks = 8;
 
-GGUF_HD constexpr int64_t q6k_row_bytes(int64_t K) {
-  const int64_t blocks = K / 256, tail = blocks % kQ6KGroup;
-  return blocks / kQ6KGroup * kQ6KGroupBytes + (tail != 0 ? 16 + 208 * tail : 0);
+template <int Q>
+GGUF_HD constexpr int64_t grouped_row_bytes(int64_t K) {
+  using G = Grouped<Q>;
+  const int64_t blocks = K / 256, tail = blocks % kGroupBlocks;
+  return blocks / kGroupBlocks * (G::kHeader + kGroupBlocks * G::kBody) + (tail != 0 ? G::kHeader + G::kBody * tail : 0);
 }
 
 GGUF_HD int misalign16(const uint8_t* p) { return static_cast<int>(reinterpret_cast<std::uintptr_t>(p) & 15); }
 
-// The block's 208 bytes (ql at 0, qh at 128, scales at 192) and its f16 d, from its GGUF position p.
+// From block b's GGUF position p: its body, and its slot of the header plane that starts `plane` bytes into the
+// group and holds `width` bytes per block.
+template <int Q, class P>
+GGUF_HD P grouped_body(P p) {
+  using G = Grouped<Q>;
+  const int j = G::slot(misalign16(p));
+  return p - (G::kBlock - G::kBody) * j + G::kHeader;
+}
+template <int Q, class P>
+GGUF_HD P grouped_field(P p, int plane, int width) {
+  using G = Grouped<Q>;
+  const int j = G::slot(misalign16(p));
+  return p - (G::kBlock - width) * j + plane;
+}
+
+// Q6_K: the body (ql at 0, qh at 128, scales at 192) and d. Q3_K: the body (hmask at 0, qs at 32), the 12 scale
+// bytes (4-byte aligned) and d.
 template <class P>
 GGUF_HD P q6k_body(P p) {
-  return p - misalign16(p) + 16;
+  return grouped_body<Q6_K>(p);
 }
 template <class P>
 GGUF_HD P q6k_d(P p) {
-  return p - 104 * misalign16(p);  // the group's start + 2 (b % 8)
+  return grouped_field<Q6_K>(p, 0, 2);
+}
+template <class P>
+GGUF_HD P q3k_body(P p) {
+  return grouped_body<Q3_K>(p);
+}
+template <class P>
+GGUF_HD P q3k_scales(P p) {
+  return grouped_field<Q3_K>(p, 0, 12);
+}
+template <class P>
+GGUF_HD P q3k_d(P p) {
+  return grouped_field<Q3_K>(p, 96, 2);
 }
 
 // Block elements and GGUF bytes of a quantized type (0 for others), and the bytes of one K-element row as the CUDA
@@ -70,7 +114,8 @@ GGUF_HD constexpr int block_bytes(int qtype) {
   }
 }
 GGUF_HD constexpr int64_t row_bytes(int qtype, int64_t K) {
-  if (qtype == Q6_K) return q6k_row_bytes(K);
+  if (qtype == Q6_K) return grouped_row_bytes<Q6_K>(K);
+  if (qtype == Q3_K) return grouped_row_bytes<Q3_K>(K);
   const int elems = block_elems(qtype);
   return elems == 0 ? 0 : K / elems * block_bytes(qtype);
 }

@@ -51,28 +51,32 @@ struct Deq<Q2_K> {
   }
 };
 
+// Q3_K in the CUDA layout (gguf_block.cuh): p is the block's GGUF position, its bytes at q3k_body / q3k_scales / q3k_d.
 template <>
 struct Deq<Q3_K> {
   static constexpr int kBlockElems = 256, kBlockBytes = 110, kOffset = 4, kCodeBits = 3;
   static constexpr bool kScalesPerStep = false;
-  GGUF_HD static void slice(const uint8_t* b, int s, float (&v)[32]) {
-    const float d = f16(b + 108);
+  GGUF_HD static void slice(const uint8_t* p, int s, float (&v)[32]) {
+    const uint8_t *b = q3k_body(p), *sc = q3k_scales(p);
+    const float d = f16(q3k_d(p));
     const uint8_t* qs = b + 32 + 32 * (s >> 2);
     for (int i = 0; i < 32; ++i) {
-      const float dl = mul_rn(d, static_cast<float>(q3k_scale(b + 96, 2 * s + (i >> 4))));
+      const float dl = mul_rn(d, static_cast<float>(q3k_scale(sc, 2 * s + (i >> 4))));
       const int q = ((qs[i] >> (2 * (s & 3))) & 3) - 4 * (1 - ((b[i] >> s) & 1));
       v[i] = mul_rn(dl, static_cast<float>(q));
     }
   }
   GGUF_HD static int elem(int s, int t, int j) { return k_plane_elem(s, t, j); }
-  GGUF_HD static void codes(const uint8_t* u, int s, int t, uint32_t (&c)[4]) {
+  GGUF_HD static void codes(const uint8_t* p, int s, int t, uint32_t (&c)[4]) {
+    const uint8_t* u = q3k_body(p);
     const int l = 16 * (t & 1) + 2 * s, h = t >> 1;
-    const uint32_t p = spread(ld16(u + 32 + 32 * h + l), 0), hm = spread(ld16(u + l), 0);
-    for (int j = 0; j < 4; ++j) c[j] = ((p >> (2 * j)) & kLo2) | (((hm >> (4 * h + j)) & kLo1) << 2);
+    const uint32_t q = spread(ld16(u + 32 + 32 * h + l), 0), hm = spread(ld16(u + l), 0);
+    for (int j = 0; j < 4; ++j) c[j] = ((q >> (2 * j)) & kLo2) | (((hm >> (4 * h + j)) & kLo1) << 2);
   }
-  GGUF_HD static void scales(const uint8_t* u, int, int t, float (&a)[4], float (&b)[4]) {
-    const float d = f16(u + 108);
-    for (int j = 0; j < 4; ++j) a[j] = d * static_cast<float>(q3k_scale(u + 96, k_plane_scale(t, j))), b[j] = 0.f;
+  GGUF_HD static void scales(const uint8_t* p, int, int t, float (&a)[4], float (&b)[4]) {
+    const uint8_t* sc = q3k_scales(p);
+    const float d = f16(q3k_d(p));
+    for (int j = 0; j < 4; ++j) a[j] = d * static_cast<float>(q3k_scale(sc, k_plane_scale(t, j))), b[j] = 0.f;
   }
 };
 
@@ -141,7 +145,7 @@ struct Deq<Q5_K> {
   GGUF_HD static void scales(const uint8_t* u, int, int t, float (&a)[4], float (&b)[4]) { k4_scales(u, t, a, b); }
 };
 
-// Q6_K in the CUDA layout (gguf_block.cuh): b, u are the block's GGUF position, its bytes at q6k_body / q6k_d.
+// Q6_K in the CUDA layout (gguf_block.cuh): p is the block's GGUF position, its bytes at q6k_body / q6k_d.
 template <>
 struct Deq<Q6_K> {
   static constexpr int kBlockElems = 256, kBlockBytes = 210, kOffset = 32, kCodeBits = 6;

@@ -22,11 +22,11 @@ namespace {
 
 constexpr int kWarps = 4, kStages = 4, kRows = 16;
 
-// Q6_K in the CUDA layout (gguf_block.cuh) keeps a block's d in its group's header, outside the window a unit's copy
-// takes: its units are decoded from global memory in place (this kernel is a non-default choice; the dp4a GEMV is
-// Q6_K's decode path).
+// Q6_K and Q3_K in the CUDA layout (gguf_block.cuh) keep a block's d (and Q3_K's scales) in its group's header, outside
+// the window a unit's copy takes: their units are decoded from global memory in place (this kernel is a non-default
+// choice; the dp4a GEMV is their decode path).
 template <class D>
-constexpr bool kInPlace = std::is_same_v<D, gguf::Deq<gguf::Q6_K>>;
+constexpr bool kInPlace = std::is_same_v<D, gguf::Deq<gguf::Q6_K>> || std::is_same_v<D, gguf::Deq<gguf::Q3_K>>;
 
 template <class D>
 struct Layout {
@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(kWarps * 32) gguf_gemv_kernel(T* __restrict__ 
 }
 
 template <typename T, class D>
-void launch(T* y, const T* x, const uint8_t* w, int M, int N, int K, cudaStream_t stream) {
+void launch(T* y, const T* x, const uint8_t* w, int M, int N, int K, int qtype, cudaStream_t stream) {
   using L = Layout<D>;
   auto kernel = gguf_gemv_kernel<T, D>;
   // The shared-memory limit is raised once per device (a host-side attribute, fine during graph capture).
@@ -220,8 +220,7 @@ void launch(T* y, const T* x, const uint8_t* w, int M, int N, int K, cudaStream_
     raised.fetch_or(bit);
   }
   const int blocks_per_row = K / D::kBlockElems;
-  const int64_t row_bytes =
-      kInPlace<D> ? gguf::q6k_row_bytes(K) : static_cast<int64_t>(blocks_per_row) * D::kBlockBytes;
+  const int64_t row_bytes = gguf::row_bytes(qtype, K);
   const dim3 grid(static_cast<unsigned>((N + kRows - 1) / kRows));
   kernel<<<grid, kWarps * 32, L::kSmemBytes, stream>>>(y, x, w, M, N, K, row_bytes, blocks_per_row);
 }
@@ -240,7 +239,7 @@ void gguf_gemv(void* y, const void* x, const uint8_t* w, int64_t M, int64_t N, i
     dispatch_float<false>(dtype, "gguf_gemv", [&](auto t) {
       using T = decltype(t);
       launch<T, D>(static_cast<T*>(y), static_cast<const T*>(x), w, static_cast<int>(M), static_cast<int>(N),
-                   static_cast<int>(K), as_stream(stream));
+                   static_cast<int>(K), qtype, as_stream(stream));
     });
   });
   if (!known) throw std::invalid_argument("gguf_gemv: unsupported GGUF type " + std::to_string(qtype));

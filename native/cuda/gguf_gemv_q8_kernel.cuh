@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(256) quantize_x_kernel(const T* x, int8_t* __r
 //   kRowByRow (Q2_K, one token): fetch all R rows' raw words, then decode and multiply one row at a time, so one
 //     decoded part is live instead of R. Q2_K's raw slot (7 words) is far smaller than its decoded one (24):
 //     ptxas, sm_90a: R = 8 246 -> 179 registers, R = 4 139 -> 109. Q6_K and Q3_K (then 2-byte aligned blocks,
-//     fetched as aligned words plus a tail; Q6_K's CUDA layout is aligned since session 28) took more (R = 4:
+//     fetched as aligned words plus a tail; their CUDA layouts are aligned since sessions 28 and 29) took more (R = 4:
 //     128 -> 230, 128 -> 214) and ran 18-45 % slower; Q5_K up to 27 % slower, Q4_K even to 6 % slower (H200,
 //     session 27 in benches/RESULTS.md).
 enum class Loop { kDecodeAll, kPipelined, kRowByRow };

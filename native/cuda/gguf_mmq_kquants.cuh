@@ -77,30 +77,6 @@ struct MmqQ5K {
 // q = 2j + i).
 GGUF_HD uint32_t plane2(uint32_t w, int q) { return (w >> (2 * q)) & 0x03030303u; }
 
-// The 4-byte chunks a lane takes from a block that starts 2-byte aligned (Q3_K; at offsets that are multiples
-// of 4, so they all share the block's alignment, read once): each chunk is the aligned word holding its first bytes
-// and, for a block 2 bytes off a word, the 16 bits after it (a 16-bit load: nothing past the block is read);
-// chunk_word() funnels the pair into the chunk. P: a global row pointer or gguf::StagedBytes.
-template <class P>
-struct A2Chunks {
-  P base;          // the block's first byte rounded down to a word
-  uint32_t shift;  // 16 when the block starts 2 bytes off a word, else 0
-  GGUF_HD explicit A2Chunks(P blk) : base(blk - (gguf::odd_half(blk) ? 2 : 0)), shift(gguf::odd_half(blk) ? 16u : 0u) {}
-  GGUF_HD uint2 fetch(int off) const {
-    const P p = base + off;
-    return uint2{gguf::ld<uint32_t>(p), shift ? gguf::ld<uint16_t>(p + 4) : 0u};
-  }
-};
-
-// The chunk (a fetch() pair) as the word at the block's offset.
-GGUF_HD uint32_t chunk_word(uint2 c, uint32_t shift) {
-#ifdef __CUDA_ARCH__
-  return __funnelshift_r(c.x, c.y, shift);
-#else
-  return shift ? (c.x >> 16) | (c.y << 16) : c.x;
-#endif
-}
-
 // Q2_K (84 bytes: 16 scale bytes, the low nibble the sub-block's scale and the high its min; 64 code bytes; f16 d,
 // dmin; w = d * sc * code - dmin * m): half a block per unit, 4-byte aligned (blocks are 84 bytes apart).
 struct MmqQ2K {
@@ -132,40 +108,42 @@ struct MmqQ2K {
 
 // Q3_K (110 bytes: 32 bytes of high bits, sub-block q of half n taking bit 4n + q of bytes 0..31; the 64 bytes of
 // the 2-bit plane; 12 bytes packing sixteen 6-bit scales (gguf_q8_k16.cuh); f16 d; w = d * (scale - 32) * (low + 4 *
-// high - 4), the codes centered): half a block per unit, 2-byte aligned (A2Words).
+// high - 4), the codes centered): half a block per unit. The blocks are in the CUDA layout (gguf_block.cuh: 16-byte
+// aligned bodies found from the GGUF position by q3k_body, the scales and d in the group's header), so every chunk is
+// one aligned word.
 struct MmqQ3K {
   static constexpr int kBlockElems = 128, kBlockBytes = 55, kPairs = 2, kDepth = 1;
   static constexpr bool kUnitScales = true, kMins = false, kSplitLanes = true, kHalfScales = true;
   static constexpr bool kHalfMins = false;
-  uint2 ql[2], hm[2];  // [k]: A2Chunks of the lane's bytes 4t.. (k = 0) and 16 + 4t.. (k = 1) of each 32
-  uint32_t shift;
-  gguf::A2Words<3> sc;
+  uint32_t ql[2], hm[2];  // [k]: the lane's bytes 4t.. (k = 0) and 16 + 4t.. (k = 1) of each 32
+  uint32_t sc[3];
   uint32_t dw;
   int n;
   template <class P>
   GGUF_HD void fetch(P row, int u, int t) {
     const P blk = row + static_cast<int64_t>(u >> 1) * (2 * kBlockBytes);
+    const P body = gguf::q3k_body(blk), scales = gguf::q3k_scales(blk);
     n = u & 1;
-    const A2Chunks<P> chunks(blk);
-    shift = chunks.shift;
 #pragma unroll
-    for (int k = 0; k < 2; ++k) ql[k] = chunks.fetch(32 + 32 * n + 16 * k + 4 * t), hm[k] = chunks.fetch(16 * k + 4 * t);
-    gguf::fetch_a2(sc, blk + 96);
-    dw = gguf::fetch_f16_a2(blk + 108);
+    for (int k = 0; k < 2; ++k) {
+      ql[k] = gguf::ld<uint32_t>(body + (32 + 32 * n + 16 * k + 4 * t));
+      hm[k] = gguf::ld<uint32_t>(body + (16 * k + 4 * t));
+    }
+#pragma unroll
+    for (int i = 0; i < 3; ++i) sc[i] = gguf::ld<uint32_t>(scales + 4 * i);
+    dw = gguf::fetch_f16_a2(gguf::q3k_d(blk));
   }
   GGUF_HD void codes(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2]) const {
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      const uint32_t q = chunk_word(ql[k], shift), high = chunk_word(hm[k], shift) >> (4 * n);
+      const uint32_t q = ql[k], high = hm[k] >> (4 * n);
       lo[k] = centered<3>(plane2(q, 2 * j) | (((high >> (2 * j)) & 0x01010101u) << 2));
       hi[k] = centered<3>(plane2(q, 2 * j + 1) | (((high >> (2 * j + 1)) & 0x01010101u) << 2));
     }
   }
   GGUF_HD void unit_scales(float& d, float& dmin) const { d = gguf::f16_a2(dw), dmin = 0.f; }
   GGUF_HD void half_scales(int j, int (&s)[2][2]) const {
-    uint32_t w[3];
-    gguf::words_a2(sc, w);
-    const uint32_t six = ((w[j] >> (4 * n)) & gguf::kNib) | (((w[2] >> (4 * n + 2 * j)) & 0x03030303u) << 4);
+    const uint32_t six = ((sc[j] >> (4 * n)) & gguf::kNib) | (((sc[2] >> (4 * n + 2 * j)) & 0x03030303u) << 4);
 #pragma unroll
     for (int i = 0; i < 4; ++i) s[i >> 1][i & 1] = static_cast<int>((six >> (8 * i)) & 0xFF) - 32;
   }

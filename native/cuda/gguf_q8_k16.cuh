@@ -79,30 +79,32 @@ struct Q8Dot<Q2_K> : SixteenPieces {
 // sixteen 6-bit scales, f16 d): w = d * (scale - 32) * (low + 4 * high - 4). Sub-block 8h + 2q + s takes bit 4h + q
 // of high-bit bytes 16s + [0, 16). The scales: bytes 0..3 and 4..7 hold the low nibbles of scales 0..7 (low nibble)
 // and 8..15 (high nibble), bytes 8..11 their top two bits (scale 4i + j: bits 2i, 2i + 1 of byte 8 + j); half h's
-// scales 8h .. 8h + 7 are two words. Blocks are 110 bytes apart, so 2-byte aligned (A2Words).
+// scales 8h .. 8h + 7 are two words. The blocks are in the CUDA layout (gguf_block.cuh: 16-byte aligned bodies, the
+// scales 4-byte aligned in the group's header), so a part is two 16-byte loads, three words of scales and d.
 template <>
 struct Q8Dot<Q3_K> : SixteenPieces {
   static constexpr int kBlockElems = 256, kBlockBytes = 110, kParts = 4;
   struct Raw {
-    A2Words<4> q, hm;
-    A2Words<3> sc;
+    uint4 q, hm;
+    uint32_t sc[3];
     uint32_t d;
   };
   uint32_t c[4][4];  // piece q: four words of 4 codes low + 4 * high (0..7; the -4 is taken from the code sums)
   float a[4];
   GGUF_HD static void fetch(Raw& raw, const uint8_t* blk, int p) {
     const int h = p >> 1, s = p & 1;
-    fetch_a2(raw.q, blk + 32 + 32 * h + 16 * s);
-    fetch_a2(raw.hm, blk + 16 * s);
-    fetch_a2(raw.sc, blk + 96);
-    raw.d = fetch_f16_a2(blk + 108);
+    const uint8_t *body = q3k_body(blk), *sc = q3k_scales(blk);
+    raw.q = ld<uint4>(body + 32 + 32 * h + 16 * s);
+    raw.hm = ld<uint4>(body + 16 * s);
+#pragma unroll
+    for (int i = 0; i < 3; ++i) raw.sc[i] = ld<uint32_t>(sc + 4 * i);
+    raw.d = fetch_f16_a2(q3k_d(blk));
   }
   GGUF_HD void decode(const Raw& raw, const uint8_t*, int p) {
     const int h = p >> 1;
-    uint32_t q[4], hm[4], sc[3];
-    words_a2(raw.q, q);
-    words_a2(raw.hm, hm);
-    words_a2(raw.sc, sc);
+    const uint32_t q[4] = {raw.q.x, raw.q.y, raw.q.z, raw.q.w};
+    const uint32_t hm[4] = {raw.hm.x, raw.hm.y, raw.hm.z, raw.hm.w};
+    const uint32_t* sc = raw.sc;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const uint32_t high = hm[k] >> (4 * h);

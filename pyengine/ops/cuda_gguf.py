@@ -24,42 +24,45 @@ def type_supported(qtype: QT) -> bool:
     return native.module().cuda_gguf_supported(int(qtype))
 
 
-# Q6_K on CUDA (native/cuda/gguf_block.cuh): rows in groups of 8 blocks, the 8 f16 d first (16 bytes), then each
-# block's other 208 bytes, so every 16-byte run a kernel loads is aligned (GGUF's 210-byte blocks start 2 bytes off a
-# word every other block); a row's last group holds its remaining blocks.
-_Q6K_GROUP, _Q6K_D, _Q6K_BODY = 8, 2, 208
+# Q6_K and Q3_K on CUDA (native/cuda/gguf_block.cuh): rows in groups of 8 blocks, a header holding the blocks' small
+# trailing fields as planes of 8 (Q6_K: the f16 d; Q3_K: the 12 scale bytes, then the f16 d), then each block's body
+# (the bytes before those fields), so every 16-byte run a kernel loads is aligned (GGUF's 210- and 110-byte blocks
+# start 2 bytes off a word every other block). A row's last group holds its remaining blocks behind a whole header.
+_GROUP = 8
+_GROUPED: dict[QT, tuple[int, tuple[int, ...]]] = {QT.Q6_K: (208, (2,)), QT.Q3_K: (96, (12, 2))}  # body, fields
 
 
 def stored_row_bytes(qtype: QT, cols: int) -> int:
-    """Bytes of one ``cols``-element row as the CUDA kernels store it: GGUF's, except Q6_K's grouped rows (16 - 2 n
-    bytes more where a row ends on a group of n < 8 blocks)."""
+    """Bytes of one ``cols``-element row as the CUDA kernels store it: GGUF's, except for the grouped types, whose
+    rows grow where they end on a group of fewer than 8 blocks (the whole header stays)."""
     bs, ts = GGML_QUANT_SIZES[qtype]
     blocks = cols // bs
-    if qtype != QT.Q6_K:
+    if qtype not in _GROUPED:
         return blocks * ts
-    full, tail = divmod(blocks, _Q6K_GROUP)
-    group = _Q6K_GROUP * (_Q6K_D + _Q6K_BODY)
-    return full * group + (_Q6K_GROUP * _Q6K_D + _Q6K_BODY * tail if tail else 0)
+    body, fields = _GROUPED[qtype]
+    header = _GROUP * sum(fields)
+    full, tail = divmod(blocks, _GROUP)
+    return full * (header + _GROUP * body) + (header + body * tail if tail else 0)
 
 
 def device_layout(data: torch.Tensor, qtype: QT, rows: int, cols: int) -> torch.Tensor:
     """GGUF blocks of a [rows, cols] weight (uint8, any device) as the CUDA kernels read them (flat, contiguous):
-    the same bytes for every type but Q6_K, whose rows are regrouped (see ``stored_row_bytes``). Every CUDA GGUF
-    weight goes through this once at load."""
-    if qtype != QT.Q6_K:
+    the same bytes for every type but Q6_K and Q3_K, whose rows are regrouped (see ``stored_row_bytes``). Every CUDA
+    GGUF weight goes through this once at load."""
+    if qtype not in _GROUPED:
         return data
-    blocks = data.reshape(rows, cols // 256, _Q6K_BODY + _Q6K_D)
-    full = blocks.shape[1] // _Q6K_GROUP * _Q6K_GROUP
-    pieces = []
-    for part in (blocks[:, :full], blocks[:, full:]):
-        n = part.shape[1]
-        if n == 0:
-            continue
-        header = part.new_zeros(rows, -(-n // _Q6K_GROUP), _Q6K_GROUP * _Q6K_D)
-        header.view(rows, -1)[:, : n * _Q6K_D] = part[:, :, _Q6K_BODY:].reshape(rows, -1)
-        body = part[:, :, :_Q6K_BODY].reshape(rows, header.shape[1], -1)
-        pieces.append(torch.cat([header, body], dim=2).reshape(rows, -1))
-    return torch.cat(pieces, dim=1).reshape(-1).contiguous()
+    body, fields = _GROUPED[qtype]
+    bs, ts = GGML_QUANT_SIZES[qtype]
+    blocks, groups = cols // bs, -(-cols // (bs * _GROUP))
+    padded = data.new_zeros(rows, groups * _GROUP, ts)  # the last group's empty slots stay zero
+    padded[:, :blocks] = data.reshape(rows, blocks, ts)
+    padded = padded.view(rows, groups, _GROUP, ts)
+    planes, at = [], body
+    for width in fields:
+        planes.append(padded[..., at : at + width].reshape(rows, groups, -1))
+        at += width
+    grouped = torch.cat([*planes, padded[..., :body].reshape(rows, groups, -1)], dim=2).reshape(rows, -1)
+    return grouped[:, : stored_row_bytes(qtype, cols)].reshape(-1).contiguous()
 
 
 def _blocks_ok(data: torch.Tensor, qtype: QT, rows: int, cols: int) -> bool:

@@ -10,8 +10,8 @@ The drivers are built with AddressSanitizer where the compiler has it and hold t
 its size: an odd number of rows of an odd number of blocks ends the tensor on a block that starts 2 bytes off a word
 (the 18-, 22-, 34-, 110- and 210-byte blocks), where a loader reading the words around its bytes would read past the
 tensor (what the GPU's memcheck found in session 10). The weights go in as the CUDA kernels store them
-(``cuda_gguf.device_layout``: Q6_K's rows regrouped so its loads are 16-byte aligned; with 3 blocks per row, a row
-is one short group) and are compared with gguf's decoding of the GGUF bytes.
+(``cuda_gguf.device_layout``: Q6_K's and Q3_K's rows regrouped so their loads are 16-byte aligned; with 11 blocks
+per row, a row is a whole group and a short one) and are compared with gguf's decoding of the GGUF bytes.
 
 - Decoders (dequant_rows.cpp decodes every 32-element slice as the dequantize / get_rows kernel's thread does):
   equal to gguf's f32 dequantized weights bit for bit (they repeat its f32 operations; built without contraction).
@@ -54,8 +54,8 @@ Build = Callable[[str], Path]  # the driver fixture: a driver's name -> its exec
 
 def cols_for(qtype: QT, tiles: bool) -> int:
     """Odd blocks per row where the kernel allows it: the tensor-core product takes whole 256-element units. Q6_K's
-    11 blocks are a whole group of its CUDA layout and a short one."""
-    if qtype == QT.Q6_K:
+    and Q3_K's 11 blocks are a whole group of their CUDA layout and a short one."""
+    if qtype in (QT.Q6_K, QT.Q3_K):
         return 256 * 11
     return 768 if tiles or gguf.GGML_QUANT_SIZES[qtype][0] == 256 else 32 * 33
 
@@ -95,7 +95,7 @@ def random_activation(cols: int, rng: np.random.Generator) -> tuple[np.ndarray, 
 
 
 def stored(raw: np.ndarray, qtype: QT, cols: int) -> bytes:
-    """The weight bytes in the layout the CUDA kernels read (``cuda_gguf.device_layout``: Q6_K regrouped)."""
+    """The weight bytes in the layout the CUDA kernels read (``cuda_gguf.device_layout``: Q6_K and Q3_K regrouped)."""
     return cuda_gguf.device_layout(torch.from_numpy(raw), qtype, ROWS, cols).numpy().tobytes()
 
 
