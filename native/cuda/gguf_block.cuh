@@ -18,36 +18,50 @@ enum QType : int { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, 
 
 constexpr int kUnitElems = 256;
 
-// ---- Q6_K and Q3_K as the CUDA kernels store them ------------------------------------------------------------------
-// GGUF's 210-byte Q6_K and 110-byte Q3_K blocks start 2 bytes off a word every other block, so a thread took a
-// block's 16-byte runs as word loads joined by funnel shifts (19 loads per row and part in Q6_K's one-token GEMV).
-// Both blocks end in small fields behind a body of whole 16-byte runs (Q6_K: 208 bytes of codes and scales, then its
-// f16 d; Q3_K: 96 bytes of codes, then 12 scale bytes and its f16 d). On the GPU each row is kept in groups of 8
-// blocks instead: a header holding the 8 blocks' fields, each field as a plane of 8 (Q6_K: the 8 d, 16 bytes; Q3_K:
-// the 8 blocks' scales, 96 bytes, then their 8 d), then the 8 bodies, so every run is 16-byte aligned. A row's last
-// group holds its nb % 8 remaining blocks behind a whole header (its unused slots zero). Rows are whole multiples of 16
-// bytes, and the same size as GGUF's when K is a multiple of 2048. ops/cuda_gguf.py device_layout writes it.
+// ---- Q6_K, Q3_K, Q8_0 and Q5_0 as the CUDA kernels store them ------------------------------------------------------
+// GGUF's 210-byte Q6_K, 110-byte Q3_K, 34-byte Q8_0 and 22-byte Q5_0 blocks start 2 bytes off a word every other
+// block, so a thread took a block's runs as word loads joined by funnel shifts (19 loads per row and part in Q6_K's
+// one-token GEMV). Each block is a body of whole 16-byte runs (the codes) and a few small fields before or after it
+// (Q6_K: 208 bytes of codes and scales, then its f16 d; Q3_K: 96 bytes of codes, then 12 scale bytes and its f16 d;
+// Q8_0: its f16 d, then 32 codes; Q5_0: its f16 d and 32-bit qh, then 16 code bytes). On the GPU each row is kept in
+// groups of 8 blocks instead: a header holding the 8 blocks' fields, each field as a plane of 8 (Q6_K and Q8_0: the 8
+// d, 16 bytes; Q3_K: the 8 blocks' scales, 96 bytes, then their 8 d; Q5_0: the 8 d, then the 8 qh words), then the 8
+// bodies, so every run is 16-byte aligned. A row's last group holds its remaining blocks behind a whole header (its
+// unused slots zero). Groups are as long as 8 GGUF blocks, so rows keep GGUF's size when they are whole groups (K a
+// multiple of 2048 for the K-quants, of 256 for the 32-element types). ops/cuda_gguf.py device_layout writes it.
+// (Q4_0's 18-byte blocks on this layout lost 3-10 % at one token, session 29: they stay as GGUF has them.)
 // Kernels address block b of a row at GGUF's position, row + B b (B: the GGUF block bytes). Rows and groups (8 B
 // bytes) start 16-byte aligned, so that position's offset from a 16-byte boundary (misalign16: its low four bits,
-// for global and staged pointers) tells b % 8, which is all it takes to find the block's bytes in its group.
+// for global and staged pointers) is B (b % 8) mod 16, which tells b % 8 (slot), which is all it takes to find the
+// block's bytes in its group.
 template <int Q>
 struct Grouped;
 template <>
-struct Grouped<Q6_K> {  // Q6_K: 210 bytes = 2 (b % 8) past a 16-byte boundary
-  static constexpr int kBlock = 210, kBody = 208, kHeader = 16;
+struct Grouped<Q6_K> {  // 210 = 2 mod 16
+  static constexpr int kElems = 256, kBlock = 210, kBody = 208, kHeader = 16;
   GGUF_HD static constexpr int slot(int misalign) { return misalign >> 1; }
 };
 template <>
-struct Grouped<Q3_K> {  // Q3_K: 110 bytes = 16 - 2 (b % 8) past a 16-byte boundary
-  static constexpr int kBlock = 110, kBody = 96, kHeader = 112;
+struct Grouped<Q3_K> {  // 110 = -2 mod 16
+  static constexpr int kElems = 256, kBlock = 110, kBody = 96, kHeader = 112;
   GGUF_HD static constexpr int slot(int misalign) { return ((16 - misalign) & 15) >> 1; }
+};
+template <>
+struct Grouped<Q8_0> {  // 34 = 2 mod 16
+  static constexpr int kElems = 32, kBlock = 34, kBody = 32, kHeader = 16;
+  GGUF_HD static constexpr int slot(int misalign) { return misalign >> 1; }
+};
+template <>
+struct Grouped<Q5_0> {  // 22 = 6 mod 16, and 3 x 3 = 1 mod 8
+  static constexpr int kElems = 32, kBlock = 22, kBody = 16, kHeader = 48;
+  GGUF_HD static constexpr int slot(int misalign) { return (3 * (misalign >> 1)) & 7; }
 };
 constexpr int kGroupBlocks = 8;
 
 template <int Q>
 GGUF_HD constexpr int64_t grouped_row_bytes(int64_t K) {
   using G = Grouped<Q>;
-  const int64_t blocks = K / 256, tail = blocks % kGroupBlocks;
+  const int64_t blocks = K / G::kElems, tail = blocks % kGroupBlocks;
   return blocks / kGroupBlocks * (G::kHeader + kGroupBlocks * G::kBody) + (tail != 0 ? G::kHeader + G::kBody * tail : 0);
 }
 
@@ -69,7 +83,7 @@ GGUF_HD P grouped_field(P p, int plane, int width) {
 }
 
 // Q6_K: the body (ql at 0, qh at 128, scales at 192) and d. Q3_K: the body (hmask at 0, qs at 32), the 12 scale
-// bytes (4-byte aligned) and d.
+// bytes (4-byte aligned) and d. Q8_0 and Q5_0: d, and Q5_0's qh (4-byte aligned); their bodies are the codes.
 template <class P>
 GGUF_HD P q6k_body(P p) {
   return grouped_body<Q6_K>(p);
@@ -89,6 +103,14 @@ GGUF_HD P q3k_scales(P p) {
 template <class P>
 GGUF_HD P q3k_d(P p) {
   return grouped_field<Q3_K>(p, 96, 2);
+}
+template <int Q, class P>
+GGUF_HD P block32_d(P p) {
+  return grouped_field<Q>(p, 0, 2);
+}
+template <class P>
+GGUF_HD P q5_0_qh(P p) {
+  return grouped_field<Q5_0>(p, 16, 4);
 }
 
 // Block elements and GGUF bytes of a quantized type (0 for others), and the bytes of one K-element row as the CUDA
@@ -114,8 +136,13 @@ GGUF_HD constexpr int block_bytes(int qtype) {
   }
 }
 GGUF_HD constexpr int64_t row_bytes(int qtype, int64_t K) {
-  if (qtype == Q6_K) return grouped_row_bytes<Q6_K>(K);
-  if (qtype == Q3_K) return grouped_row_bytes<Q3_K>(K);
+  switch (qtype) {
+    case Q6_K: return grouped_row_bytes<Q6_K>(K);
+    case Q3_K: return grouped_row_bytes<Q3_K>(K);
+    case Q8_0: return grouped_row_bytes<Q8_0>(K);
+    case Q5_0: return grouped_row_bytes<Q5_0>(K);
+    default: break;
+  }
   const int elems = block_elems(qtype);
   return elems == 0 ? 0 : K / elems * block_bytes(qtype);
 }

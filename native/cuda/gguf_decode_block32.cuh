@@ -61,27 +61,30 @@ struct Deq<Q4_1> {
   }
 };
 
+// Q5_0 and Q8_0 in the CUDA layout (gguf_block.cuh): p, u + s kBlockBytes are GGUF positions, the codes at
+// grouped_body, d and qh in the group's header.
 template <>
 struct Deq<Q5_0> {
   static constexpr int kBlockElems = 32, kBlockBytes = 22, kOffset = 16, kCodeBits = 5;
   static constexpr bool kScalesPerStep = true;
-  GGUF_HD static void slice(const uint8_t* b, int, float (&v)[32]) {
-    const float d = f16(b);
-    const uint32_t qh = ld32(b + 2);
+  GGUF_HD static void slice(const uint8_t* p, int, float (&v)[32]) {
+    const float d = f16(block32_d<Q5_0>(p));
+    const uint32_t qh = ld32(q5_0_qh(p));
+    const uint8_t* qs = grouped_body<Q5_0>(p);
     for (int i = 0; i < 32; ++i) {
-      const int q = ((b[6 + (i & 15)] >> (4 * (i >> 4))) & 0x0F) | (((qh >> i) & 1) << 4);
+      const int q = ((qs[i & 15] >> (4 * (i >> 4))) & 0x0F) | (((qh >> i) & 1) << 4);
       v[i] = mul_rn(d, static_cast<float>(q - 16));
     }
   }
   GGUF_HD static int elem(int s, int t, int j) { return legacy_nibble_elem(s, t, j); }
   GGUF_HD static void codes(const uint8_t* u, int s, int t, uint32_t (&c)[4]) {
-    const uint8_t* b = u + s * kBlockBytes;
-    legacy_nibble_codes(b + 6, t, c);
-    const uint32_t qh = ld32(b + 2);
+    const uint8_t* p = u + s * kBlockBytes;
+    legacy_nibble_codes(grouped_body<Q5_0>(p), t, c);
+    const uint32_t qh = ld32(q5_0_qh(p));
     for (int j = 0; j < 4; ++j) c[j] |= legacy_high_bits(qh, elem(0, t, j));
   }
   GGUF_HD static void scales(const uint8_t* u, int s, int, float (&a)[4], float (&b)[4]) {
-    const float d = f16(u + s * kBlockBytes);
+    const float d = f16(block32_d<Q5_0>(u + s * kBlockBytes));
     for (int j = 0; j < 4; ++j) a[j] = d, b[j] = 0.f;
   }
 };
@@ -115,18 +118,19 @@ template <>
 struct Deq<Q8_0> {
   static constexpr int kBlockElems = 32, kBlockBytes = 34, kOffset = 128, kCodeBits = 8;
   static constexpr bool kScalesPerStep = true;
-  GGUF_HD static void slice(const uint8_t* b, int, float (&v)[32]) {
-    const float d = f16(b);
-    for (int i = 0; i < 32; ++i) v[i] = mul_rn(static_cast<float>(static_cast<int8_t>(b[2 + i])), d);
+  GGUF_HD static void slice(const uint8_t* p, int, float (&v)[32]) {
+    const float d = f16(block32_d<Q8_0>(p));
+    const uint8_t* qs = grouped_body<Q8_0>(p);
+    for (int i = 0; i < 32; ++i) v[i] = mul_rn(static_cast<float>(static_cast<int8_t>(qs[i])), d);
   }
   // Lane t: bytes 8t..8t+7; codes are the int8 values plus 128.
   GGUF_HD static int elem(int s, int t, int j) { return 32 * s + 8 * t + 2 * j; }
   GGUF_HD static void codes(const uint8_t* u, int s, int t, uint32_t (&c)[4]) {
-    const uint8_t* qs = u + s * kBlockBytes + 2 + 8 * t;
+    const uint8_t* qs = grouped_body<Q8_0>(u + s * kBlockBytes) + 8 * t;
     for (int j = 0; j < 4; ++j) c[j] = spread(ld16(qs + 2 * j), 0) ^ 0x00800080u;
   }
   GGUF_HD static void scales(const uint8_t* u, int s, int, float (&a)[4], float (&b)[4]) {
-    const float d = f16(u + s * kBlockBytes);
+    const float d = f16(block32_d<Q8_0>(u + s * kBlockBytes));
     for (int j = 0; j < 4; ++j) a[j] = d, b[j] = 0.f;
   }
 };

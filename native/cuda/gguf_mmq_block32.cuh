@@ -1,8 +1,8 @@
 // Tile loaders of the int8 tensor-core GGUF product for the 32-element types Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0
 // (contract: gguf_mmq_tile.cuh). A unit is two blocks (one pair of sub-blocks): its start is then 4-byte aligned
-// (8-byte for Q4_1 and Q5_1), where a single 18-, 22- or 34-byte block is only 2-byte aligned. Where a lane's code
-// bytes start 2 bytes off a word, it loads the words around them and shifts (mid16). Word indices below are of the
-// unit's 32-bit words.
+// (8-byte for Q4_1 and Q5_1), where a single 18-byte Q4_0 block is only 2-byte aligned. Where a lane's code bytes
+// start 2 bytes off a word, it loads the words around them and shifts (mid16). Q8_0 and Q5_0 are grouped
+// (gguf_block.cuh), every load aligned. Word indices below are of the unit's 32-bit words.
 #pragma once
 #include "cuda/gguf_mmq_tile.cuh"
 
@@ -13,24 +13,25 @@ GGUF_HD uint32_t word(P unit, int i) {
   return gguf::ld<uint32_t>(unit + 4 * i);
 }
 
-// Q8_0 (34 bytes: f16 d, 32 int8 codes): block 0's codes are bytes 2..33 (the lane's 8 in words 2t..2t+2), block
-// 1's bytes 36..67 (words 9+2t, 10+2t); the d's are the low half of word 0 and the high half of word 8.
+// Q8_0 (34 bytes: f16 d, 32 int8 codes), in the CUDA layout (gguf_block.cuh): the unit's two blocks are slots 2i,
+// 2i + 1 of a group (unit is block 2i's GGUF position), so their codes are two adjacent 32-byte bodies (the lane's
+// 8 bytes of each one 8-byte load) and their d's one word of the header.
 struct MmqQ8_0 {
   static constexpr int kBlockElems = 64, kBlockBytes = 68, kPairs = 1, kDepth = 4;
   static constexpr bool kUnitScales = false, kMins = false, kSplitLanes = false;
-  uint32_t e[3], o[2], d0, d1;
+  uint2 e, o;
+  uint32_t ds;
   template <class P>
   GGUF_HD void fetch(P row, int u, int t) {
     const P unit = row + static_cast<int64_t>(u) * kBlockBytes;
-#pragma unroll
-    for (int k = 0; k < 3; ++k) e[k] = word(unit, 2 * t + k);
-    o[0] = word(unit, 9 + 2 * t), o[1] = word(unit, 10 + 2 * t);
-    d0 = word(unit, 0), d1 = word(unit, 8);
+    const P body = gguf::grouped_body<gguf::Q8_0>(unit);
+    e = gguf::ld<uint2>(body + 8 * t), o = gguf::ld<uint2>(body + (32 + 8 * t));
+    ds = gguf::ld<uint32_t>(gguf::block32_d<gguf::Q8_0>(unit));
   }
   GGUF_HD void pair(int, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
-    lo[0] = gguf::mid16(e[0], e[1]), lo[1] = gguf::mid16(e[1], e[2]);
-    hi[0] = o[0], hi[1] = o[1];
-    a[0] = gguf::half_lo(d0), a[1] = gguf::half_hi(d1);
+    lo[0] = e.x, lo[1] = e.y;
+    hi[0] = o.x, hi[1] = o.y;
+    a[0] = gguf::half_lo(ds), a[1] = gguf::half_hi(ds);
     b[0] = b[1] = 0.f;
   }
 };
@@ -89,26 +90,28 @@ struct MmqQ4_1 {
   }
 };
 
-// Q5_0 (22 bytes: f16 d, 32-bit qh, 16 code bytes; w = d * (code - 16), the codes centered): block 0's d is the
-// low half of word 0, its qh bytes 2..5, its lane word bytes 6+4t.. (words 1+t, 2+t); block 1's d is the high half
-// of word 5, its qh word 6, its lane word word 7+t.
+// Q5_0 (22 bytes: f16 d, 32-bit qh, 16 code bytes; w = d * (code - 16), the codes centered), in the CUDA layout
+// (gguf_block.cuh): the unit's two blocks are slots 2i, 2i + 1 of a group, so their lane words are word t of two
+// adjacent 16-byte bodies, their qh words one 8-byte load and their d's one word of the header.
 struct MmqQ5_0 {
   static constexpr int kBlockElems = 64, kBlockBytes = 44, kPairs = 1, kDepth = 4;
   static constexpr bool kUnitScales = false, kMins = false, kSplitLanes = true;
-  uint32_t w0, w1, e[2], w5, qh1, o;
+  uint32_t e, o, ds;
+  uint2 qh;
   template <class P>
   GGUF_HD void fetch(P row, int u, int t) {
     const P unit = row + static_cast<int64_t>(u) * kBlockBytes;
-    w0 = word(unit, 0), w1 = word(unit, 1);
-    e[0] = word(unit, 1 + t), e[1] = word(unit, 2 + t);
-    w5 = word(unit, 5), qh1 = word(unit, 6), o = word(unit, 7 + t);
+    const P body = gguf::grouped_body<gguf::Q5_0>(unit);
+    e = word(body, t), o = word(body, 4 + t);
+    qh = gguf::ld<uint2>(gguf::q5_0_qh(unit));
+    ds = gguf::ld<uint32_t>(gguf::block32_d<gguf::Q5_0>(unit));
   }
   GGUF_HD void pair(int, int t, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
-    nibble_codes(gguf::mid16(e[0], e[1]), lo);
-    add_fifth_bits(gguf::mid16(w0, w1), t, lo);
+    nibble_codes(e, lo);
+    add_fifth_bits(qh.x, t, lo);
     nibble_codes(o, hi);
-    add_fifth_bits(qh1, t, hi);
-    centered_blocks<5>(lo, hi, gguf::half_lo(w0), gguf::half_hi(w5), a, b);
+    add_fifth_bits(qh.y, t, hi);
+    centered_blocks<5>(lo, hi, gguf::half_lo(ds), gguf::half_hi(ds), a, b);
   }
 };
 

@@ -26,11 +26,14 @@ GGUF_HD bool dispatch(int qtype, F&& f) {
   }
 }
 
-// Bytes of a K-element weight row as the CUDA kernels store it (gguf_block.cuh: Q6_K's and Q3_K's grouped layout).
+// Bytes of a K-element weight row as the CUDA kernels store it (gguf_block.cuh: the grouped layout of Q6_K, Q3_K,
+// Q8_0 and Q5_0).
 template <class Q>
 GGUF_HD constexpr int64_t loader_row_bytes(int64_t K) {
   if constexpr (std::is_same_v<Q, MmqQ6K>) return gguf::grouped_row_bytes<gguf::Q6_K>(K);
   else if constexpr (std::is_same_v<Q, MmqQ3K>) return gguf::grouped_row_bytes<gguf::Q3_K>(K);
+  else if constexpr (std::is_same_v<Q, MmqQ8_0>) return gguf::grouped_row_bytes<gguf::Q8_0>(K);
+  else if constexpr (std::is_same_v<Q, MmqQ5_0>) return gguf::grouped_row_bytes<gguf::Q5_0>(K);
   else return K / Q::kBlockElems * Q::kBlockBytes;
 }
 

@@ -24,12 +24,19 @@ def type_supported(qtype: QT) -> bool:
     return native.module().cuda_gguf_supported(int(qtype))
 
 
-# Q6_K and Q3_K on CUDA (native/cuda/gguf_block.cuh): rows in groups of 8 blocks, a header holding the blocks' small
-# trailing fields as planes of 8 (Q6_K: the f16 d; Q3_K: the 12 scale bytes, then the f16 d), then each block's body
-# (the bytes before those fields), so every 16-byte run a kernel loads is aligned (GGUF's 210- and 110-byte blocks
-# start 2 bytes off a word every other block). A row's last group holds its remaining blocks behind a whole header.
+# Q6_K, Q3_K, Q8_0 and Q5_0 on CUDA (native/cuda/gguf_block.cuh): rows in groups of 8 blocks, a header holding the
+# blocks' small fields as planes of 8 (Q6_K, Q8_0: the f16 d; Q3_K: the 12 scale bytes, then the d; Q5_0: the d, then
+# the 32-bit qh), then each block's body (its codes), so every 16-byte run a kernel loads is aligned (GGUF's 210-,
+# 110-, 34- and 22-byte blocks start 2 bytes off a word every other block). A row's last group holds its remaining
+# blocks behind a whole header.
 _GROUP = 8
-_GROUPED: dict[QT, tuple[int, tuple[int, ...]]] = {QT.Q6_K: (208, (2,)), QT.Q3_K: (96, (12, 2))}  # body, fields
+# type -> (the body's offset and length in the GGUF block, the header's fields as (offset, width) in plane order)
+_GROUPED: dict[QT, tuple[int, int, tuple[tuple[int, int], ...]]] = {
+    QT.Q6_K: (0, 208, ((208, 2),)),
+    QT.Q3_K: (0, 96, ((96, 12), (108, 2))),
+    QT.Q8_0: (2, 32, ((0, 2),)),
+    QT.Q5_0: (6, 16, ((0, 2), (2, 4))),
+}
 
 
 def stored_row_bytes(qtype: QT, cols: int) -> int:
@@ -39,29 +46,27 @@ def stored_row_bytes(qtype: QT, cols: int) -> int:
     blocks = cols // bs
     if qtype not in _GROUPED:
         return blocks * ts
-    body, fields = _GROUPED[qtype]
-    header = _GROUP * sum(fields)
+    _, body, fields = _GROUPED[qtype]
+    header = _GROUP * sum(width for _, width in fields)
     full, tail = divmod(blocks, _GROUP)
     return full * (header + _GROUP * body) + (header + body * tail if tail else 0)
 
 
 def device_layout(data: torch.Tensor, qtype: QT, rows: int, cols: int) -> torch.Tensor:
     """GGUF blocks of a [rows, cols] weight (uint8, any device) as the CUDA kernels read them (flat, contiguous):
-    the same bytes for every type but Q6_K and Q3_K, whose rows are regrouped (see ``stored_row_bytes``). Every CUDA
-    GGUF weight goes through this once at load."""
+    the same bytes for the types GGUF lays out aligned, the grouped types' rows regrouped (see ``stored_row_bytes``).
+    Every CUDA GGUF weight goes through this once at load."""
     if qtype not in _GROUPED:
         return data
-    body, fields = _GROUPED[qtype]
+    body_at, body, fields = _GROUPED[qtype]
     bs, ts = GGML_QUANT_SIZES[qtype]
     blocks, groups = cols // bs, -(-cols // (bs * _GROUP))
     padded = data.new_zeros(rows, groups * _GROUP, ts)  # the last group's empty slots stay zero
     padded[:, :blocks] = data.reshape(rows, blocks, ts)
     padded = padded.view(rows, groups, _GROUP, ts)
-    planes, at = [], body
-    for width in fields:
-        planes.append(padded[..., at : at + width].reshape(rows, groups, -1))
-        at += width
-    grouped = torch.cat([*planes, padded[..., :body].reshape(rows, groups, -1)], dim=2).reshape(rows, -1)
+    planes = [padded[..., at : at + width].reshape(rows, groups, -1) for at, width in fields]
+    bodies = padded[..., body_at : body_at + body].reshape(rows, groups, -1)
+    grouped = torch.cat([*planes, bodies], dim=2).reshape(rows, -1)
     return grouped[:, : stored_row_bytes(qtype, cols)].reshape(-1).contiguous()
 
 

@@ -58,7 +58,7 @@ class GGUFLinear(LinearMethod):
     whole rotation pairs and :meth:`forward_rope_cache` rotates and stores k/v in their epilogue; :meth:`forward`
     returns the q/k heads in that layout (``rope_pair_group``), which the RoPE kernels read and leave in the standard
     one. On a CUDA device whose kernels decode the type, the blocks are kept as those kernels read them
-    (``cuda_gguf.device_layout``: Q6_K's and Q3_K's rows regrouped for aligned loads).
+    (``cuda_gguf.device_layout``: the rows of Q6_K, Q3_K, Q8_0 and Q5_0 regrouped for aligned loads).
     """
 
     def __init__(self, weight: GGUFWeight, device: torch.device, rope_rows: int = 0, head_dim: int = 0) -> None:

@@ -54,7 +54,7 @@ Build = Callable[[str], Path]  # the driver fixture: a driver's name -> its exec
 
 def cols_for(qtype: QT, tiles: bool) -> int:
     """Odd blocks per row where the kernel allows it: the tensor-core product takes whole 256-element units. Q6_K's
-    and Q3_K's 11 blocks are a whole group of their CUDA layout and a short one."""
+    and Q3_K's 11 blocks (and the 32-element types' 33) are whole groups of their CUDA layout and a short one."""
     if qtype in (QT.Q6_K, QT.Q3_K):
         return 256 * 11
     return 768 if tiles or gguf.GGML_QUANT_SIZES[qtype][0] == 256 else 32 * 33
