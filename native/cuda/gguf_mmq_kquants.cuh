@@ -109,8 +109,8 @@ struct MmqQ2K {
 // Q3_K (110 bytes: 32 bytes of high bits, sub-block q of half n taking bit 4n + q of bytes 0..31; the 64 bytes of
 // the 2-bit plane; 12 bytes packing sixteen 6-bit scales (gguf_q8_k16.cuh); f16 d; w = d * (scale - 32) * (low + 4 *
 // high - 4), the codes centered): half a block per unit. The blocks are in the CUDA layout (gguf_block.cuh: 16-byte
-// aligned bodies found from the GGUF position by q3k_body, the scales and d in the group's header), so every chunk is
-// one aligned word.
+// aligned bodies found from the block's index by grouped_body_at, the scales and d in the group's header), so every
+// chunk is one aligned word.
 struct MmqQ3K {
   static constexpr int kBlockElems = 128, kBlockBytes = 55, kPairs = 2, kDepth = 1;
   static constexpr bool kUnitScales = true, kMins = false, kSplitLanes = true, kHalfScales = true;
@@ -121,8 +121,8 @@ struct MmqQ3K {
   int n;
   template <class P>
   GGUF_HD void fetch(P row, int u, int t) {
-    const P blk = row + static_cast<int64_t>(u >> 1) * (2 * kBlockBytes);
-    const P body = gguf::q3k_body(blk), scales = gguf::q3k_scales(blk);
+    const P body = gguf::grouped_body_at<gguf::Q3_K>(row, u >> 1);
+    const P scales = gguf::grouped_field_at<gguf::Q3_K>(row, u >> 1, 0, 12);
     n = u & 1;
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -131,7 +131,7 @@ struct MmqQ3K {
     }
 #pragma unroll
     for (int i = 0; i < 3; ++i) sc[i] = gguf::ld<uint32_t>(scales + 4 * i);
-    dw = gguf::fetch_f16_a2(gguf::q3k_d(blk));
+    dw = gguf::fetch_f16_a2(gguf::grouped_field_at<gguf::Q3_K>(row, u >> 1, 96, 2));
   }
   GGUF_HD void codes(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2]) const {
 #pragma unroll
@@ -153,8 +153,8 @@ struct MmqQ3K {
 // scale per 16 elements). A unit is half a block (n = u & 1: elements 128n.., sub-blocks 4n + q for q = 0..3):
 // sub-block q's element l takes nibble q >> 1 of ql byte 64n + 32 (q & 1) + l and bits 2q, 2q + 1 of qh byte
 // 32n + l, its halves scales 8n + 2q and 8n + 2q + 1; pair j holds q = 2j and 2j + 1, so both read the same
-// bytes. The blocks are in the CUDA layout (gguf_block.cuh: 16-byte aligned bodies, found from the GGUF position
-// by q6k_body / q6k_d), so every chunk is one aligned word.
+// bytes. The blocks are in the CUDA layout (gguf_block.cuh: 16-byte aligned bodies, found from the block's index by
+// grouped_body_at), so every chunk is one aligned word.
 struct MmqQ6K {
   static constexpr int kBlockElems = 128, kBlockBytes = 105, kPairs = 2, kDepth = 1;  // bytes: half a block's
   static constexpr bool kUnitScales = true, kMins = false, kSplitLanes = true, kHalfScales = true;
@@ -164,8 +164,7 @@ struct MmqQ6K {
   uint32_t dw;
   template <class P>
   GGUF_HD void fetch(P row, int u, int t) {
-    const P blk = row + static_cast<int64_t>(u >> 1) * (2 * kBlockBytes);
-    const P body = gguf::q6k_body(blk);
+    const P body = gguf::grouped_body_at<gguf::Q6_K>(row, u >> 1);
     const int n = u & 1;
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -174,7 +173,7 @@ struct MmqQ6K {
       qh[k] = gguf::ld<uint32_t>(body + (128 + 32 * n + 16 * k + 4 * t));
     }
     sc = gguf::ld<uint2>(body + (192 + 8 * n));
-    dw = gguf::fetch_f16_a2(gguf::q6k_d(blk));
+    dw = gguf::fetch_f16_a2(gguf::grouped_field_at<gguf::Q6_K>(row, u >> 1, 0, 2));
   }
   GGUF_HD void codes(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2]) const {
 #pragma unroll
