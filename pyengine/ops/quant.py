@@ -341,6 +341,10 @@ GEMV_PASSES_MAX_ROWS = 16
 #     3: 38 / 34, 42 / 37 (2: 31 / 34, 30 / 36).
 #   - q4_1 and q5_1 narrow at 5, measured again with session 23's layouts (session 24, call 1: --kernels dp4a mmq
 #     --m 2 3 4 5 6 8): 52.4 / 35.4 and 49.2 / 44.6 (4: 32.3 / 37.7, 35.9 / 44.4; 8: 52.8 / 38.3, 49.9 / 49.2).
+#   - Q3_K, Q8_0 and Q5_0 on the grouped CUDA layout (session 29, call 4: --kernels dp4a mmq --m 2 3 4 5 6 8): q3k
+#     narrow at 2 38.5 / 36.7, wide at 2 41.8 / 34.8; q5_0 at 5 51.3 / 44.1 and 60.8 / 41.4 (4: 34.2 / 45.7, 37.6 /
+#     43.3); q8_0 at 5 57.5 / 47.9 and 69.0 / 46.0 (4: 41.3 / 47.3, 39.2 / 45.4); q6k still at 2 (46.5 / 40.3, 39.4 /
+#     39.1).
 #
 # MMQ_MIN_ROWS_REGISTERS, the register kernel alone (us, mmq / dp4a; --kernels mmq dp4a --codes --m 2 3 4 5 6 ...,
 # benches/RESULTS.md sessions 9, 10, 13; the same shape sums):
@@ -358,8 +362,8 @@ GEMV_PASSES_MAX_ROWS = 16
 # the product's two kernels give the same bits).
 MMQ_WIDE_FEATURES = 16384
 MMQ_MIN_ROWS: dict[QT, tuple[int, int]] = {  # (narrow, wide)
-    QT.Q4_K: (2, 2), QT.Q5_K: (2, 2), QT.Q6_K: (2, 2), QT.Q2_K: (2, 2), QT.Q3_K: (3, 2),
-    QT.Q8_0: (5, 3), QT.Q4_0: (5, 3), QT.Q4_1: (5, 3), QT.Q5_1: (5, 3), QT.Q5_0: (3, 3),
+    QT.Q4_K: (2, 2), QT.Q5_K: (2, 2), QT.Q6_K: (2, 2), QT.Q2_K: (2, 2), QT.Q3_K: (2, 2),
+    QT.Q8_0: (5, 5), QT.Q4_0: (5, 3), QT.Q4_1: (5, 3), QT.Q5_1: (5, 3), QT.Q5_0: (5, 5),
 }
 MMQ_MIN_ROWS_REGISTERS: dict[QT, tuple[int, int]] = {
     QT.Q4_K: (2, 2), QT.Q5_K: (2, 2), QT.Q6_K: (3, 3), QT.Q2_K: (3, 2), QT.Q3_K: (5, 3),
