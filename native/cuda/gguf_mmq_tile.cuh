@@ -24,8 +24,8 @@
 // The weight is 16-byte aligned and K a multiple of 256, so the rows of the 32-element types (K / 32 blocks of 18,
 // 20, 22, 24 or 34 bytes: whole multiples of 8 blocks) start 16-byte aligned, and their loaders, whose units are a
 // whole number of words apart, know each word's alignment at compile time. Q2_K rows (K / 256 blocks of 84 bytes)
-// start 4-byte aligned, and its loader reads words; Q3_K and Q6_K are stored in 16-byte aligned groups
-// (gguf_block.cuh).
+// start 4-byte aligned, and its loader reads words; Q3_K, Q6_K, Q8_0 and Q5_0 are stored in 16-byte aligned groups
+// (gguf_block.cuh), which their loaders find from the unit's index.
 #pragma once
 #include "cuda/gguf_q8_words.cuh"
 

@@ -74,9 +74,7 @@ GGUF_HD V ld(const void* p) {
 struct StagedBytes {
   const uint8_t* p;
   GGUF_HD StagedBytes operator+(int64_t n) const { return {p + n}; }
-  GGUF_HD StagedBytes operator-(int64_t n) const { return {p - n}; }
 };
-GGUF_HD int misalign16(StagedBytes s) { return misalign16(s.p); }
 
 template <typename V>
 GGUF_HD V ld(StagedBytes s) {
@@ -84,7 +82,6 @@ GGUF_HD V ld(StagedBytes s) {
 }
 
 GGUF_HD bool odd_half(const uint8_t* p) { return (reinterpret_cast<std::uintptr_t>(p) & 2) != 0; }
-GGUF_HD bool odd_half(StagedBytes s) { return odd_half(s.p); }
 
 // The aligned words holding bytes [p, p + 4N) of a 2-byte aligned p (N + 1 when p is not 4-byte aligned; the last
 // one then holds only the final two bytes, read by a 16-bit load so nothing past p + 4N is read: at a tensor's last

@@ -8,8 +8,8 @@ random int8 codes with random f32 block scales and their half sums (an XBlock ea
 
 The drivers are built with AddressSanitizer where the compiler has it and hold the weight in an allocation of exactly
 its size: an odd number of rows of an odd number of blocks ends the tensor on a block that starts 2 bytes off a word
-(the 18-, 22-, 34-, 110- and 210-byte blocks), where a loader reading the words around its bytes would read past the
-tensor (what the GPU's memcheck found in session 10). The weights go in as the CUDA kernels store them
+(Q4_0's 18-byte blocks), where a loader reading the words around its bytes would read past the tensor (what the GPU's
+memcheck found in session 10), or on a short group of the grouped types. The weights go in as the CUDA kernels store them
 (``cuda_gguf.device_layout``: Q6_K's and Q3_K's rows regrouped so their loads are 16-byte aligned; with 11 blocks
 per row, a row is a whole group and a short one) and are compared with gguf's decoding of the GGUF bytes.
 
