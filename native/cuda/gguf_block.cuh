@@ -59,16 +59,26 @@ struct Grouped<Q5_0> {  // 22 = 6 mod 16, and 3 x 3 = 1 mod 8
 constexpr int kGroupBlocks = 8;
 
 template <int Q>
+constexpr int kGroupBytes = Grouped<Q>::kHeader + kGroupBlocks * Grouped<Q>::kBody;
+
+template <int Q>
 GGUF_HD constexpr int64_t grouped_row_bytes(int64_t K) {
   using G = Grouped<Q>;
   const int64_t blocks = K / G::kElems, tail = blocks % kGroupBlocks;
-  return blocks / kGroupBlocks * (G::kHeader + kGroupBlocks * G::kBody) + (tail != 0 ? G::kHeader + G::kBody * tail : 0);
+  return blocks / kGroupBlocks * kGroupBytes<Q> + (tail != 0 ? G::kHeader + G::kBody * tail : 0);
 }
 
 GGUF_HD int misalign16(const uint8_t* p) { return static_cast<int>(reinterpret_cast<std::uintptr_t>(p) & 15); }
 
-// From block b's GGUF position p: its body, and its slot of the header plane that starts `plane` bytes into the
-// group and holds `width` bytes per block.
+// A header plane: its offset in the group and its bytes per block. Q6_K's d; Q3_K's 12 scale bytes (4-byte aligned)
+// and d; the d of Q8_0 and Q5_0, and Q5_0's qh (4-byte aligned). The bodies: Q6_K's ql at 0, qh at 128, scales at
+// 192; Q3_K's hmask at 0, qs at 32; the 32-element types' codes.
+struct Field {
+  int plane, width;
+};
+constexpr Field kQ6KD{0, 2}, kQ3KScales{0, 12}, kQ3KD{96, 2}, kBlock32D{0, 2}, kQ5_0Qh{16, 4};
+
+// From block b's GGUF position p: its body, and its slot of a header plane.
 template <int Q, class P>
 GGUF_HD P grouped_body(P p) {
   using G = Grouped<Q>;
@@ -76,10 +86,10 @@ GGUF_HD P grouped_body(P p) {
   return p - (G::kBlock - G::kBody) * j + G::kHeader;
 }
 template <int Q, class P>
-GGUF_HD P grouped_field(P p, int plane, int width) {
+GGUF_HD P grouped_field(P p, Field f) {
   using G = Grouped<Q>;
   const int j = G::slot(misalign16(p));
-  return p - (G::kBlock - width) * j + plane;
+  return p - (G::kBlock - f.width) * j + f.plane;
 }
 
 // The same from a row (or a stretch of whole groups) and the block's index b in it, for code that knows b: no address
@@ -88,43 +98,11 @@ GGUF_HD P grouped_field(P p, int plane, int width) {
 template <int Q, class P>
 GGUF_HD P grouped_body_at(P row, int b) {
   using G = Grouped<Q>;
-  return row + static_cast<int64_t>(b >> 3) * (G::kHeader + kGroupBlocks * G::kBody) + (G::kHeader + G::kBody * (b & 7));
+  return row + static_cast<int64_t>(b >> 3) * kGroupBytes<Q> + (G::kHeader + G::kBody * (b & 7));
 }
 template <int Q, class P>
-GGUF_HD P grouped_field_at(P row, int b, int plane, int width) {
-  using G = Grouped<Q>;
-  return row + static_cast<int64_t>(b >> 3) * (G::kHeader + kGroupBlocks * G::kBody) + (plane + width * (b & 7));
-}
-
-// Q6_K: the body (ql at 0, qh at 128, scales at 192) and d. Q3_K: the body (hmask at 0, qs at 32), the 12 scale
-// bytes (4-byte aligned) and d. Q8_0 and Q5_0: d, and Q5_0's qh (4-byte aligned); their bodies are the codes.
-template <class P>
-GGUF_HD P q6k_body(P p) {
-  return grouped_body<Q6_K>(p);
-}
-template <class P>
-GGUF_HD P q6k_d(P p) {
-  return grouped_field<Q6_K>(p, 0, 2);
-}
-template <class P>
-GGUF_HD P q3k_body(P p) {
-  return grouped_body<Q3_K>(p);
-}
-template <class P>
-GGUF_HD P q3k_scales(P p) {
-  return grouped_field<Q3_K>(p, 0, 12);
-}
-template <class P>
-GGUF_HD P q3k_d(P p) {
-  return grouped_field<Q3_K>(p, 96, 2);
-}
-template <int Q, class P>
-GGUF_HD P block32_d(P p) {
-  return grouped_field<Q>(p, 0, 2);
-}
-template <class P>
-GGUF_HD P q5_0_qh(P p) {
-  return grouped_field<Q5_0>(p, 16, 4);
+GGUF_HD P grouped_field_at(P row, int b, Field f) {
+  return row + static_cast<int64_t>(b >> 3) * kGroupBytes<Q> + (f.plane + f.width * (b & 7));
 }
 
 // Block elements and GGUF bytes of a quantized type (0 for others), and the bytes of one K-element row as the CUDA

@@ -68,8 +68,8 @@ struct Deq<Q5_0> {
   static constexpr int kBlockElems = 32, kBlockBytes = 22, kOffset = 16, kCodeBits = 5;
   static constexpr bool kScalesPerStep = true;
   GGUF_HD static void slice(const uint8_t* p, int, float (&v)[32]) {
-    const float d = f16(block32_d<Q5_0>(p));
-    const uint32_t qh = ld32(q5_0_qh(p));
+    const float d = f16(grouped_field<Q5_0>(p, kBlock32D));
+    const uint32_t qh = ld32(grouped_field<Q5_0>(p, kQ5_0Qh));
     const uint8_t* qs = grouped_body<Q5_0>(p);
     for (int i = 0; i < 32; ++i) {
       const int q = ((qs[i & 15] >> (4 * (i >> 4))) & 0x0F) | (((qh >> i) & 1) << 4);
@@ -80,11 +80,11 @@ struct Deq<Q5_0> {
   GGUF_HD static void codes(const uint8_t* u, int s, int t, uint32_t (&c)[4]) {
     const uint8_t* p = u + s * kBlockBytes;
     legacy_nibble_codes(grouped_body<Q5_0>(p), t, c);
-    const uint32_t qh = ld32(q5_0_qh(p));
+    const uint32_t qh = ld32(grouped_field<Q5_0>(p, kQ5_0Qh));
     for (int j = 0; j < 4; ++j) c[j] |= legacy_high_bits(qh, elem(0, t, j));
   }
   GGUF_HD static void scales(const uint8_t* u, int s, int, float (&a)[4], float (&b)[4]) {
-    const float d = f16(block32_d<Q5_0>(u + s * kBlockBytes));
+    const float d = f16(grouped_field<Q5_0>(u + s * kBlockBytes, kBlock32D));
     for (int j = 0; j < 4; ++j) a[j] = d, b[j] = 0.f;
   }
 };
@@ -119,7 +119,7 @@ struct Deq<Q8_0> {
   static constexpr int kBlockElems = 32, kBlockBytes = 34, kOffset = 128, kCodeBits = 8;
   static constexpr bool kScalesPerStep = true;
   GGUF_HD static void slice(const uint8_t* p, int, float (&v)[32]) {
-    const float d = f16(block32_d<Q8_0>(p));
+    const float d = f16(grouped_field<Q8_0>(p, kBlock32D));
     const uint8_t* qs = grouped_body<Q8_0>(p);
     for (int i = 0; i < 32; ++i) v[i] = mul_rn(static_cast<float>(static_cast<int8_t>(qs[i])), d);
   }
@@ -130,7 +130,7 @@ struct Deq<Q8_0> {
     for (int j = 0; j < 4; ++j) c[j] = spread(ld16(qs + 2 * j), 0) ^ 0x00800080u;
   }
   GGUF_HD static void scales(const uint8_t* u, int s, int, float (&a)[4], float (&b)[4]) {
-    const float d = f16(block32_d<Q8_0>(u + s * kBlockBytes));
+    const float d = f16(grouped_field<Q8_0>(u + s * kBlockBytes, kBlock32D));
     for (int j = 0; j < 4; ++j) a[j] = d, b[j] = 0.f;
   }
 };

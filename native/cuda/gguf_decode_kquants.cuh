@@ -51,14 +51,14 @@ struct Deq<Q2_K> {
   }
 };
 
-// Q3_K in the CUDA layout (gguf_block.cuh): p is the block's GGUF position, its bytes at q3k_body / q3k_scales / q3k_d.
+// Q3_K in the CUDA layout (gguf_block.cuh): p is the block's GGUF position, its bytes at grouped_body / grouped_field.
 template <>
 struct Deq<Q3_K> {
   static constexpr int kBlockElems = 256, kBlockBytes = 110, kOffset = 4, kCodeBits = 3;
   static constexpr bool kScalesPerStep = false;
   GGUF_HD static void slice(const uint8_t* p, int s, float (&v)[32]) {
-    const uint8_t *b = q3k_body(p), *sc = q3k_scales(p);
-    const float d = f16(q3k_d(p));
+    const uint8_t *b = grouped_body<Q3_K>(p), *sc = grouped_field<Q3_K>(p, kQ3KScales);
+    const float d = f16(grouped_field<Q3_K>(p, kQ3KD));
     const uint8_t* qs = b + 32 + 32 * (s >> 2);
     for (int i = 0; i < 32; ++i) {
       const float dl = mul_rn(d, static_cast<float>(q3k_scale(sc, 2 * s + (i >> 4))));
@@ -68,14 +68,14 @@ struct Deq<Q3_K> {
   }
   GGUF_HD static int elem(int s, int t, int j) { return k_plane_elem(s, t, j); }
   GGUF_HD static void codes(const uint8_t* p, int s, int t, uint32_t (&c)[4]) {
-    const uint8_t* u = q3k_body(p);
+    const uint8_t* u = grouped_body<Q3_K>(p);
     const int l = 16 * (t & 1) + 2 * s, h = t >> 1;
     const uint32_t q = spread(ld16(u + 32 + 32 * h + l), 0), hm = spread(ld16(u + l), 0);
     for (int j = 0; j < 4; ++j) c[j] = ((q >> (2 * j)) & kLo2) | (((hm >> (4 * h + j)) & kLo1) << 2);
   }
   GGUF_HD static void scales(const uint8_t* p, int, int t, float (&a)[4], float (&b)[4]) {
-    const uint8_t* sc = q3k_scales(p);
-    const float d = f16(q3k_d(p));
+    const uint8_t* sc = grouped_field<Q3_K>(p, kQ3KScales);
+    const float d = f16(grouped_field<Q3_K>(p, kQ3KD));
     for (int j = 0; j < 4; ++j) a[j] = d * static_cast<float>(q3k_scale(sc, k_plane_scale(t, j))), b[j] = 0.f;
   }
 };
@@ -145,14 +145,14 @@ struct Deq<Q5_K> {
   GGUF_HD static void scales(const uint8_t* u, int, int t, float (&a)[4], float (&b)[4]) { k4_scales(u, t, a, b); }
 };
 
-// Q6_K in the CUDA layout (gguf_block.cuh): p is the block's GGUF position, its bytes at q6k_body / q6k_d.
+// Q6_K in the CUDA layout (gguf_block.cuh): p is the block's GGUF position, its bytes at grouped_body / grouped_field.
 template <>
 struct Deq<Q6_K> {
   static constexpr int kBlockElems = 256, kBlockBytes = 210, kOffset = 32, kCodeBits = 6;
   static constexpr bool kScalesPerStep = false;
   GGUF_HD static void slice(const uint8_t* p, int s, float (&v)[32]) {
-    const uint8_t* b = q6k_body(p);
-    const float d = f16(q6k_d(p));
+    const uint8_t* b = grouped_body<Q6_K>(p);
+    const float d = f16(grouped_field<Q6_K>(p, kQ6KD));
     const int h = s >> 2, r = 32 * (s & 3);
     for (int i = 0; i < 32; ++i) {
       const float dd = mul_rn(d, static_cast<float>(static_cast<int8_t>(b[192 + 2 * s + (i >> 4)])));
@@ -163,7 +163,7 @@ struct Deq<Q6_K> {
   }
   GGUF_HD static int elem(int s, int t, int j) { return k_plane_elem(s, t, j); }
   GGUF_HD static void codes(const uint8_t* p, int s, int t, uint32_t (&c)[4]) {
-    const uint8_t* u = q6k_body(p);
+    const uint8_t* u = grouped_body<Q6_K>(p);
     const int l = 16 * (t & 1) + 2 * s, h = t >> 1;
     const uint32_t ql0 = spread(ld16(u + 64 * h + l), 0), ql1 = spread(ld16(u + 64 * h + 32 + l), 0);
     const uint32_t qh = spread(ld16(u + 128 + 32 * h + l), 0);
@@ -173,8 +173,8 @@ struct Deq<Q6_K> {
     c[3] = ((ql1 >> 4) & kLo4) | (((qh >> 6) & kLo2) << 4);
   }
   GGUF_HD static void scales(const uint8_t* p, int, int t, float (&a)[4], float (&b)[4]) {
-    const uint8_t* u = q6k_body(p);
-    const float d = f16(q6k_d(p));
+    const uint8_t* u = grouped_body<Q6_K>(p);
+    const float d = f16(grouped_field<Q6_K>(p, kQ6KD));
     for (int j = 0; j < 4; ++j)
       a[j] = d * static_cast<float>(static_cast<int8_t>(u[192 + k_plane_scale(t, j)])), b[j] = 0.f;
   }

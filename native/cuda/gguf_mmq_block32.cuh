@@ -14,8 +14,8 @@ GGUF_HD uint32_t word(P unit, int i) {
 }
 
 // Q8_0 (34 bytes: f16 d, 32 int8 codes), in the CUDA layout (gguf_block.cuh): the unit's two blocks are slots 2i,
-// 2i + 1 of a group (found from the unit's index: grouped_body_at), so their codes are two adjacent 32-byte bodies (the lane's
-// 8 bytes of each one 8-byte load) and their d's one word of the header.
+// 2i + 1 of a group (found from the unit's index: grouped_body_at), so their codes are two adjacent 32-byte bodies
+// (the lane's 8 bytes of each one 8-byte load) and their d's one word of the header.
 struct MmqQ8_0 {
   static constexpr int kBlockElems = 64, kBlockBytes = 68, kPairs = 1, kDepth = 4;
   static constexpr bool kUnitScales = false, kMins = false, kSplitLanes = false;
@@ -25,7 +25,7 @@ struct MmqQ8_0 {
   GGUF_HD void fetch(P row, int u, int t) {
     const P body = gguf::grouped_body_at<gguf::Q8_0>(row, 2 * u);
     e = gguf::ld<uint2>(body + 8 * t), o = gguf::ld<uint2>(body + (32 + 8 * t));
-    ds = gguf::ld<uint32_t>(gguf::grouped_field_at<gguf::Q8_0>(row, 2 * u, 0, 2));
+    ds = gguf::ld<uint32_t>(gguf::grouped_field_at<gguf::Q8_0>(row, 2 * u, gguf::kBlock32D));
   }
   GGUF_HD void pair(int, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
     lo[0] = e.x, lo[1] = e.y;
@@ -101,8 +101,8 @@ struct MmqQ5_0 {
   GGUF_HD void fetch(P row, int u, int t) {
     const P body = gguf::grouped_body_at<gguf::Q5_0>(row, 2 * u);
     e = word(body, t), o = word(body, 4 + t);
-    qh = gguf::ld<uint2>(gguf::grouped_field_at<gguf::Q5_0>(row, 2 * u, 16, 4));
-    ds = gguf::ld<uint32_t>(gguf::grouped_field_at<gguf::Q5_0>(row, 2 * u, 0, 2));
+    qh = gguf::ld<uint2>(gguf::grouped_field_at<gguf::Q5_0>(row, 2 * u, gguf::kQ5_0Qh));
+    ds = gguf::ld<uint32_t>(gguf::grouped_field_at<gguf::Q5_0>(row, 2 * u, gguf::kBlock32D));
   }
   GGUF_HD void pair(int, int t, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
     nibble_codes(e, lo);

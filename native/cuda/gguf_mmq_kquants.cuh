@@ -122,7 +122,7 @@ struct MmqQ3K {
   template <class P>
   GGUF_HD void fetch(P row, int u, int t) {
     const P body = gguf::grouped_body_at<gguf::Q3_K>(row, u >> 1);
-    const P scales = gguf::grouped_field_at<gguf::Q3_K>(row, u >> 1, 0, 12);
+    const P scales = gguf::grouped_field_at<gguf::Q3_K>(row, u >> 1, gguf::kQ3KScales);
     n = u & 1;
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -131,7 +131,7 @@ struct MmqQ3K {
     }
 #pragma unroll
     for (int i = 0; i < 3; ++i) sc[i] = gguf::ld<uint32_t>(scales + 4 * i);
-    dw = gguf::fetch_f16_a2(gguf::grouped_field_at<gguf::Q3_K>(row, u >> 1, 96, 2));
+    dw = gguf::fetch_f16_a2(gguf::grouped_field_at<gguf::Q3_K>(row, u >> 1, gguf::kQ3KD));
   }
   GGUF_HD void codes(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2]) const {
 #pragma unroll
@@ -173,7 +173,7 @@ struct MmqQ6K {
       qh[k] = gguf::ld<uint32_t>(body + (128 + 32 * n + 16 * k + 4 * t));
     }
     sc = gguf::ld<uint2>(body + (192 + 8 * n));
-    dw = gguf::fetch_f16_a2(gguf::grouped_field_at<gguf::Q6_K>(row, u >> 1, 0, 2));
+    dw = gguf::fetch_f16_a2(gguf::grouped_field_at<gguf::Q6_K>(row, u >> 1, gguf::kQ6KD));
   }
   GGUF_HD void codes(int j, int, uint32_t (&lo)[2], uint32_t (&hi)[2]) const {
 #pragma unroll

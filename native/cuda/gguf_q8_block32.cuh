@@ -105,8 +105,8 @@ struct Q8Dot<Q5_0> : Block32X {
   float d;
   GGUF_HD static void fetch(Raw& raw, const uint8_t* b, int) {
     raw.qs = ld<uint4>(grouped_body<Q5_0>(b));
-    raw.qh = ld<uint32_t>(q5_0_qh(b));
-    raw.d = fetch_f16_a2(block32_d<Q5_0>(b));
+    raw.qh = ld<uint32_t>(grouped_field<Q5_0>(b, kQ5_0Qh));
+    raw.d = fetch_f16_a2(grouped_field<Q5_0>(b, kBlock32D));
   }
   GGUF_HD void decode(const Raw& raw, const uint8_t*, int) {
     const uint32_t qs[4] = {raw.qs.x, raw.qs.y, raw.qs.z, raw.qs.w};
@@ -153,7 +153,7 @@ struct Q8Dot<Q8_0> {
   float d;
   GGUF_HD static void fetch(Raw& raw, const uint8_t* b, int p) {
     raw.qs = ld<uint4>(grouped_body<Q8_0>(b) + 16 * p);
-    raw.d = fetch_f16_a2(block32_d<Q8_0>(b));
+    raw.d = fetch_f16_a2(grouped_field<Q8_0>(b, kBlock32D));
   }
   GGUF_HD void decode(const Raw& raw, const uint8_t*, int) {
     qs[0] = raw.qs.x, qs[1] = raw.qs.y, qs[2] = raw.qs.z, qs[3] = raw.qs.w;

@@ -93,12 +93,12 @@ struct Q8Dot<Q3_K> : SixteenPieces {
   float a[4];
   GGUF_HD static void fetch(Raw& raw, const uint8_t* blk, int p) {
     const int h = p >> 1, s = p & 1;
-    const uint8_t *body = q3k_body(blk), *sc = q3k_scales(blk);
+    const uint8_t *body = grouped_body<Q3_K>(blk), *sc = grouped_field<Q3_K>(blk, kQ3KScales);
     raw.q = ld<uint4>(body + 32 + 32 * h + 16 * s);
     raw.hm = ld<uint4>(body + 16 * s);
 #pragma unroll
     for (int i = 0; i < 3; ++i) raw.sc[i] = ld<uint32_t>(sc + 4 * i);
-    raw.d = fetch_f16_a2(q3k_d(blk));
+    raw.d = fetch_f16_a2(grouped_field<Q3_K>(blk, kQ3KD));
   }
   GGUF_HD void decode(const Raw& raw, const uint8_t*, int p) {
     const int h = p >> 1;
@@ -132,8 +132,8 @@ struct Q8Dot<Q3_K> : SixteenPieces {
 // 2q + 1 of qh bytes 32h + 16s + [0, 16). The dot takes the codes as they are (0..63) and starts from -32 times
 // the piece's activation code sum, which the XBlock load brings anyway: the same integer as centering each code,
 // two instructions per code word fewer (one-token loop at 4 rows: 965 -> 850 SASS instructions). The blocks are in
-// the CUDA layout (gguf_block.cuh, q6k_body): a part is three 16-byte loads, 8 bytes of scales and d (one-token loop
-// at 4 rows: 850 -> 561 instructions, 84 -> 28 loads, against GGUF's 2-byte aligned blocks).
+// the CUDA layout (gguf_block.cuh, grouped_body): a part is three 16-byte loads, 8 bytes of scales and d (one-token
+// loop at 4 rows: 850 -> 561 instructions, 84 -> 28 loads, against GGUF's 2-byte aligned blocks).
 template <>
 struct Q8Dot<Q6_K> : SixteenPieces {
   static constexpr int kBlockElems = 256, kBlockBytes = 210, kParts = 4;
@@ -146,12 +146,12 @@ struct Q8Dot<Q6_K> : SixteenPieces {
   float a[4];
   GGUF_HD static void fetch(Raw& raw, const uint8_t* blk, int p) {
     const int h = p >> 1, l0 = 16 * (p & 1);
-    const uint8_t* body = q6k_body(blk);
+    const uint8_t* body = grouped_body<Q6_K>(blk);
     raw.qa = ld<uint4>(body + 64 * h + l0);
     raw.qb = ld<uint4>(body + 64 * h + 32 + l0);
     raw.qh = ld<uint4>(body + 128 + 32 * h + l0);
     raw.sc = ld<uint2>(body + 192 + 8 * h);
-    raw.d = fetch_f16_a2(q6k_d(blk));
+    raw.d = fetch_f16_a2(grouped_field<Q6_K>(blk, kQ6KD));
   }
   GGUF_HD void decode(const Raw& raw, const uint8_t*, int p) {
     const uint32_t qa[4] = {raw.qa.x, raw.qa.y, raw.qa.z, raw.qa.w};

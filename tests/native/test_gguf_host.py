@@ -9,9 +9,10 @@ random int8 codes with random f32 block scales and their half sums (an XBlock ea
 The drivers are built with AddressSanitizer where the compiler has it and hold the weight in an allocation of exactly
 its size: an odd number of rows of an odd number of blocks ends the tensor on a block that starts 2 bytes off a word
 (Q4_0's 18-byte blocks), where a loader reading the words around its bytes would read past the tensor (what the GPU's
-memcheck found in session 10), or on a short group of the grouped types. The weights go in as the CUDA kernels store them
-(``cuda_gguf.device_layout``: Q6_K's and Q3_K's rows regrouped so their loads are 16-byte aligned; with 11 blocks
-per row, a row is a whole group and a short one) and are compared with gguf's decoding of the GGUF bytes.
+memcheck found in session 10), or on a short group of the grouped types. The weights go in as the CUDA kernels store
+them (``cuda_gguf.device_layout``: the rows of Q6_K, Q3_K, Q8_0 and Q5_0 regrouped so their loads are 16-byte
+aligned; with 11 or 33 blocks per row, a row ends on a short group) and are compared with gguf's decoding of the GGUF
+bytes.
 
 - Decoders (dequant_rows.cpp decodes every 32-element slice as the dequantize / get_rows kernel's thread does):
   equal to gguf's f32 dequantized weights bit for bit (they repeat its f32 operations; built without contraction).
@@ -95,7 +96,7 @@ def random_activation(cols: int, rng: np.random.Generator) -> tuple[np.ndarray, 
 
 
 def stored(raw: np.ndarray, qtype: QT, cols: int) -> bytes:
-    """The weight bytes in the layout the CUDA kernels read (``cuda_gguf.device_layout``: Q6_K and Q3_K regrouped)."""
+    """The weight bytes as the CUDA kernels read them (``cuda_gguf.device_layout``: the grouped types regrouped)."""
     return cuda_gguf.device_layout(torch.from_numpy(raw), qtype, ROWS, cols).numpy().tobytes()
 
 
