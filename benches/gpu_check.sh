@@ -18,7 +18,8 @@
 #              model and engine tests left out: too slow under the sanitizer; the CUDA graph test too: without
 #              the caching allocator its capture calls cudaMalloc, fails, and leaves torch's generator broken)
 #   racecheck  racecheck over the GGUF tensor-core product, the paged attention and the flash prefill tests
-#   kernels    bench_quant_cuda.py: every GGUF type's dp4a GEMV and tensor-core product on the 8B shapes
+#   kernels    bench_quant_cuda.py: every GGUF type's dp4a GEMV and tensor-core product on the 8B shapes (two runs'
+#              kernels.json side by side, and issue 6's bar in each: tests/tools/compare_kernels.py)
 #   mmq        the K-quants' tensor-core launch choices (one / two row tiles at 2-32 tokens: gguf_mmq.cu
 #              default_row_tiles), and every type's dp4a GEMV against the product at 2-8 (ops/quant.py MMQ_MIN_ROWS)
 #   decode     bench_decode.py: bf16 and --isq q4k / q8_0 decode at batch 1 (4k) and 16 / 64 (1k)
