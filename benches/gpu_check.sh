@@ -10,7 +10,7 @@
 #   python3 tests/tools/cut_gguf.py "$(python3 -c 'from candle_vllm.pyengine.loader.embedded import \
 #     default_model_path as p; print(p())')" .devrun/smol3.gguf --layers 3   # the SmolLM2 GPU-vs-CPU tests' model
 # then, through the device tool: run(command="bash benches/gpu_check.sh tests memcheck", carry=[".whl", ".devrun"]).
-# The logs come back in one archive, $OUT/results.tgz.
+# The logs come back in one archive, $OUT/results.tgz. A change against main in one call: benches/gpu_ab.sh.
 #
 # Stages (build always runs first):
 #   tests      every GPU test (pytest -m cuda over tests/native, tests/pyengine, tests/actors)
