@@ -61,9 +61,12 @@ def device_layout(data: torch.Tensor, qtype: QT, rows: int, cols: int) -> torch.
     body_at, body, fields = _GROUPED[qtype]
     bs, ts = GGML_QUANT_SIZES[qtype]
     blocks, groups = cols // bs, -(-cols // (bs * _GROUP))
-    padded = data.new_zeros(rows, groups * _GROUP, ts)  # the last group's empty slots stay zero
-    padded[:, :blocks] = data.reshape(rows, blocks, ts)
-    padded = padded.view(rows, groups, _GROUP, ts)
+    if blocks % _GROUP == 0:
+        padded = data.reshape(rows, groups, _GROUP, ts)
+    else:  # the last group's empty slots stay zero
+        padded = data.new_zeros(rows, groups * _GROUP, ts)
+        padded[:, :blocks] = data.reshape(rows, blocks, ts)
+        padded = padded.view(rows, groups, _GROUP, ts)
     planes = [padded[..., at : at + width].reshape(rows, groups, -1) for at, width in fields]
     bodies = padded[..., body_at : body_at + body].reshape(rows, groups, -1)
     grouped = torch.cat([*planes, bodies], dim=2).reshape(rows, -1)
