@@ -17,6 +17,7 @@ GGUF_HD uint32_t word(P unit, int i) {
 // 2i + 1 of a group (found from the unit's index: grouped_body_at), so their codes are two adjacent 32-byte bodies
 // (the lane's 8 bytes of each one 8-byte load) and their d's one word of the header.
 struct MmqQ8_0 {
+  static constexpr int kType = gguf::Q8_0;
   static constexpr int kBlockElems = 64, kBlockBytes = 68, kPairs = 1, kDepth = 4;
   static constexpr bool kUnitScales = false, kMins = false, kSplitLanes = false;
   uint2 e, o;
@@ -53,6 +54,7 @@ GGUF_HD void centered_blocks(uint32_t (&lo)[2], uint32_t (&hi)[2], float d0, flo
 // 2+4t.. (words t, t+1), block 1's bytes 20+4t.. (word 5+t); the d's are the low half of word 0 and the high half
 // of word 4.
 struct MmqQ4_0 {
+  static constexpr int kType = gguf::Q4_0;
   static constexpr int kBlockElems = 64, kBlockBytes = 36, kPairs = 1, kDepth = 4;
   static constexpr bool kUnitScales = false, kMins = false, kSplitLanes = true;
   uint32_t e[2], o, d0, d1;
@@ -72,6 +74,7 @@ struct MmqQ4_0 {
 // Q4_1 (20 bytes: f16 d, f16 m, 16 code bytes; w = d * code + m): block 0's dm is word 0 and its lane word word
 // 1+t; block 1's dm word 5 and its lane word word 6+t.
 struct MmqQ4_1 {
+  static constexpr int kType = gguf::Q4_1;
   static constexpr int kBlockElems = 64, kBlockBytes = 40, kPairs = 1, kDepth = 4;
   static constexpr bool kUnitScales = false, kMins = true, kSplitLanes = true;
   uint32_t e, o, dm0, dm1;
@@ -93,6 +96,7 @@ struct MmqQ4_1 {
 // (gguf_block.cuh): the unit's two blocks are slots 2i, 2i + 1 of a group, so their lane words are word t of two
 // adjacent 16-byte bodies, their qh words one 8-byte load and their d's one word of the header.
 struct MmqQ5_0 {
+  static constexpr int kType = gguf::Q5_0;
   static constexpr int kBlockElems = 64, kBlockBytes = 44, kPairs = 1, kDepth = 4;
   static constexpr bool kUnitScales = false, kMins = false, kSplitLanes = true;
   uint32_t e, o, ds;
@@ -116,6 +120,7 @@ struct MmqQ5_0 {
 // Q5_1 (24 bytes: f16 d, f16 m, 32-bit qh, 16 code bytes; w = d * code + m), 8-byte aligned: block 0's dm and qh are
 // words 0, 1 and its lane word word 2+t; block 1's words 6, 7 and 8+t.
 struct MmqQ5_1 {
+  static constexpr int kType = gguf::Q5_1;
   static constexpr int kBlockElems = 64, kBlockBytes = 48, kPairs = 1, kDepth = 4;
   static constexpr bool kUnitScales = false, kMins = true, kSplitLanes = true;
   uint2 h0, h1;

@@ -19,6 +19,7 @@ GGUF_HD void k4_scales_mins(const uint4& h, int j, uint32_t& sc, uint32_t& m) {
 // Q4_K (144 bytes: the header, then 128 code bytes whose pair j holds sub-blocks 2j and 2j+1 in the low and high
 // nibbles of bytes 16 + 32j ..): bytes 8t..8t+7 of each pair.
 struct MmqQ4K {
+  static constexpr int kType = gguf::Q4_K;
   static constexpr int kBlockElems = 256, kBlockBytes = 144, kPairs = 4;
   static constexpr int kDepth = 1;
   static constexpr bool kUnitScales = true, kMins = true, kSplitLanes = false, kHalfScales = false;
@@ -43,6 +44,7 @@ struct MmqQ4K {
 // Q5_K (176 bytes: the header, 32 bytes whose byte i holds the fifth bit of element i of sub-block s in bit s, then
 // the low nibbles as Q4_K holds its codes): Q4_K's lane share plus the lane's 8 bytes of fifth bits.
 struct MmqQ5K {
+  static constexpr int kType = gguf::Q5_K;
   static constexpr int kBlockElems = 256, kBlockBytes = 176, kPairs = 4;
   static constexpr int kDepth = 1;
   static constexpr bool kUnitScales = true, kMins = true, kSplitLanes = false, kHalfScales = false;
@@ -80,6 +82,7 @@ GGUF_HD uint32_t plane2(uint32_t w, int q) { return (w >> (2 * q)) & 0x03030303u
 // Q2_K (84 bytes: 16 scale bytes, the low nibble the sub-block's scale and the high its min; 64 code bytes; f16 d,
 // dmin; w = d * sc * code - dmin * m): half a block per unit, 4-byte aligned (blocks are 84 bytes apart).
 struct MmqQ2K {
+  static constexpr int kType = gguf::Q2_K;
   static constexpr int kBlockElems = 128, kBlockBytes = 42, kPairs = 2, kDepth = 1;
   static constexpr bool kUnitScales = true, kMins = true, kSplitLanes = true, kHalfScales = true, kHalfMins = true;
   uint32_t q[2], sm[2], dm;
@@ -112,6 +115,7 @@ struct MmqQ2K {
 // aligned bodies found from the block's index by grouped_body_at, the scales and d in the group's header), so every
 // chunk is one aligned word.
 struct MmqQ3K {
+  static constexpr int kType = gguf::Q3_K;
   static constexpr int kBlockElems = 128, kBlockBytes = 55, kPairs = 2, kDepth = 1;
   static constexpr bool kUnitScales = true, kMins = false, kSplitLanes = true, kHalfScales = true;
   static constexpr bool kHalfMins = false;
@@ -156,6 +160,7 @@ struct MmqQ3K {
 // bytes. The blocks are in the CUDA layout (gguf_block.cuh: 16-byte aligned bodies, found from the block's index by
 // grouped_body_at), so every chunk is one aligned word.
 struct MmqQ6K {
+  static constexpr int kType = gguf::Q6_K;
   static constexpr int kBlockElems = 128, kBlockBytes = 105, kPairs = 2, kDepth = 1;  // bytes: half a block's
   static constexpr bool kUnitScales = true, kMins = false, kSplitLanes = true, kHalfScales = true;
   static constexpr bool kHalfMins = false;

@@ -1,8 +1,6 @@
 // Every tile loader of the int8 tensor-core GGUF product (contract: gguf_mmq_tile.cuh) and the dispatch from a
 // runtime type code to its loader, shared by gguf_mmq.cu and the host test of the loaders.
 #pragma once
-#include <type_traits>
-
 #include "cuda/gguf_mmq_block32.cuh"
 #include "cuda/gguf_mmq_kquants.cuh"
 
@@ -26,15 +24,10 @@ GGUF_HD bool dispatch(int qtype, F&& f) {
   }
 }
 
-// Bytes of a K-element weight row as the CUDA kernels store it (gguf_block.cuh: the grouped layout of Q6_K, Q3_K,
-// Q8_0 and Q5_0).
+// Bytes of a K-element weight row as the CUDA kernels store it (gguf_block.cuh: the grouped types' layout).
 template <class Q>
 GGUF_HD constexpr int64_t loader_row_bytes(int64_t K) {
-  if constexpr (std::is_same_v<Q, MmqQ6K>) return gguf::grouped_row_bytes<gguf::Q6_K>(K);
-  else if constexpr (std::is_same_v<Q, MmqQ3K>) return gguf::grouped_row_bytes<gguf::Q3_K>(K);
-  else if constexpr (std::is_same_v<Q, MmqQ8_0>) return gguf::grouped_row_bytes<gguf::Q8_0>(K);
-  else if constexpr (std::is_same_v<Q, MmqQ5_0>) return gguf::grouped_row_bytes<gguf::Q5_0>(K);
-  else return K / Q::kBlockElems * Q::kBlockBytes;
+  return gguf::row_bytes(Q::kType, K);
 }
 
 }  // namespace candle_vllm::cuda::mmq

@@ -1,7 +1,8 @@
 // The weight side of the int8 tensor-core GGUF product (gguf_mmq.cu): what a type's tile loader provides.
 //
 // A tile loader (one struct per type, e.g. MmqQ4K) is a lane's share of one unit of a weight row: kBlockElems elements
-// (kPairs pairs of 32-element sub-blocks; kBlockBytes bytes of the row per unit on average). fetch(row, u, t) only
+// (kPairs pairs of 32-element sub-blocks; kBlockBytes bytes of the row per unit on average; kType its gguf type code,
+// which sizes the row: gguf::row_bytes). fetch(row, u, t) only
 // issues the loads of unit u of the row: a global row pointer (gguf_mmq.cu keeps kDepth units in flight while it
 // multiplies one more, the first kDepth before griddepcontrol.wait: small units need more of them to cover the memory
 // latency), or gguf::StagedBytes, the row's chunk that gguf_mmq_staged.cu staged in shared memory. For sub-blocks
