@@ -140,6 +140,12 @@ GGUF_HD constexpr int64_t row_bytes(int qtype, int64_t K) {
   return elems == 0 ? 0 : K / elems * block_bytes(qtype);
 }
 
+// Whether every row of the type starts 16-byte aligned as the CUDA kernels store it, for any K (the tensor itself
+// aligned): the grouped types, and Q4_K and Q5_K, whose 144- and 176-byte blocks are whole 16-byte runs.
+GGUF_HD constexpr bool rows_aligned16(int qtype) {
+  return qtype == Q6_K || qtype == Q3_K || qtype == Q8_0 || qtype == Q5_0 || qtype == Q4_K || qtype == Q5_K;
+}
+
 // ---- exact f32 helpers (no FMA contraction, even under --use_fast_math) --------------------------------------
 
 GGUF_HD float mul_rn(float a, float b) {
