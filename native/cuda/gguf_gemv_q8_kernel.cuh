@@ -135,17 +135,19 @@ __global__ void __launch_bounds__(cta_threads<Q>(), (LOOP == Loop::kPipelined ? 
   constexpr int kThreads = cta_threads<Q>();
   const int row0 = blockIdx.x * R;
   const int slots = K / Q::kBlockElems * Q::kParts;
-  // Where every row starts 16-byte aligned (gguf::rows_aligned16), the compiler is told so: it then finds a grouped
-  // block's slot once for all R rows and folds the rows' address arithmetic (one-token loop at 4 rows: Q8_0 150 ->
-  // 118 SASS instructions, Q6_K 643 -> 579, Q5_0 341 -> 315, Q3_K 729 -> 685, Q4_K 413 -> 375, Q5_K 672 -> 605),
-  // at the cost of registers (ptxas, one token at 4 rows: Q6_K 128 -> 156, Q3_K 128 -> 148, Q8_0 48 -> 64, Q5_K 123
-  // -> 144; Q6_K's 8-token kernel spills 84 bytes, was 20). NOT MEASURED on the GPU yet: A/B before landing.
+  // Q8_0, Q4_K and Q5_K rows are taken as 16-byte aligned (they are: gguf::rows_aligned16), so the compiler finds
+  // a grouped block's slot once for all R rows and folds the rows' address arithmetic (one-token loop at 4 rows:
+  // Q8_0 150 -> 118 SASS instructions, Q4_K 413 -> 375, Q5_K 672 -> 605). Measured on the H200 (session 30, us
+  // summed over the four 8B shapes): Q8_0 -1..-7 % in every cell at 1-8 tokens, Q4_K and Q5_K -1.9 / -2.8 % at one
+  // token. Q6_K, Q3_K and Q5_0, aligned too, are left out: their registers rose (one token at 4 rows: Q6_K 128 ->
+  // 156, Q3_K 128 -> 148) and their one-token cells lost 8-34 % (Q5_0 even).
+  constexpr bool kAlignedRows = type_of<Q>() == gguf::Q8_0 || type_of<Q>() == gguf::Q4_K || type_of<Q>() == gguf::Q5_K;
+  static_assert(!kAlignedRows || gguf::rows_aligned16(type_of<Q>()));
   const uint8_t* wr[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     wr[r] = w + static_cast<int64_t>(min(row0 + r, N - 1)) * row_bytes;
-    if constexpr (gguf::rows_aligned16(type_of<Q>()))
-      wr[r] = static_cast<const uint8_t*>(__builtin_assume_aligned(wr[r], 16));
+    if constexpr (kAlignedRows) wr[r] = static_cast<const uint8_t*>(__builtin_assume_aligned(wr[r], 16));
   }
   float acc[R][M];
 #pragma unroll
