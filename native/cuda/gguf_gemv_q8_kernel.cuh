@@ -135,13 +135,13 @@ __global__ void __launch_bounds__(cta_threads<Q>(), (LOOP == Loop::kPipelined ? 
   constexpr int kThreads = cta_threads<Q>();
   const int row0 = blockIdx.x * R;
   const int slots = K / Q::kBlockElems * Q::kParts;
-  // Q8_0, Q4_K and Q5_K rows are taken as 16-byte aligned (they are: gguf::rows_aligned16), so the compiler finds
-  // a grouped block's slot once for all R rows and folds the rows' address arithmetic (one-token loop at 4 rows:
-  // Q8_0 150 -> 118 SASS instructions, Q4_K 413 -> 375, Q5_K 672 -> 605). Measured on the H200 (session 30, us
-  // summed over the four 8B shapes): Q8_0 -1..-7 % in every cell at 1-8 tokens, Q4_K and Q5_K -1.9 / -2.8 % at one
-  // token. Q6_K, Q3_K and Q5_0, aligned too, are left out: their registers rose (one token at 4 rows: Q6_K 128 ->
-  // 156, Q3_K 128 -> 148) and their one-token cells lost 8-34 % (Q5_0 even).
-  constexpr bool kAlignedRows = type_of<Q>() == gguf::Q8_0 || type_of<Q>() == gguf::Q4_K || type_of<Q>() == gguf::Q5_K;
+  // Q8_0 rows are taken as 16-byte aligned (they are: gguf::rows_aligned16), so the compiler finds a grouped block's
+  // slot once for all R rows and folds the rows' address arithmetic (one-token loop at 4 rows: 150 -> 118 SASS
+  // instructions). H200, two A/B calls (session 30, benches/RESULTS.md): -0.4 to -3.9 % in every cell at 2-8
+  // tokens, -7.1 to +1.7 % at one token. The other aligned types did not gain beyond the spread: Q4_K and Q5_K at
+  // one token -1.9 / -2.8 % in one call, Q4_K +2.0 % in the other; Q6_K and Q3_K lost 8-34 % at one token
+  // (registers 128 -> 156 / 148), and with the registers capped at 128 were even to 5 % slower; Q5_0 even.
+  constexpr bool kAlignedRows = type_of<Q>() == gguf::Q8_0;
   static_assert(!kAlignedRows || gguf::rows_aligned16(type_of<Q>()));
   const uint8_t* wr[R];
 #pragma unroll
