@@ -23,11 +23,19 @@ using candle_vllm::cuda::mma_16816;
 using candle_vllm::cuda::pdl_launch_dependents;
 using candle_vllm::cuda::pdl_wait;
 
+// kHint 0: skinny_gemm's load (L2 fetches 256 bytes); 1: no L2 size hint (the 8 lanes of a row read 128 kV bytes, so
+// a 256-byte fetch may pull in a neighbour strip's bytes that another CTA reads later).
+template <int kHint>
 __device__ __forceinline__ uint4 load_stream(const void* p) {
   uint4 r;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(p));
+  if constexpr (kHint == 0)
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+  else
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
   return r;
 }
 
@@ -35,8 +43,8 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// NT token groups of 8, kV 16-byte runs per lane and row, kU slabs in flight per warp.
-template <int NT, int kWarps, int kV, int kU>
+// NT token groups of 8, kV 16-byte runs per lane and row, kU slabs in flight per warp, kHint the loads' L2 hint.
+template <int NT, int kWarps, int kV, int kU, int kHint>
 __global__ void __launch_bounds__(kWarps * 32) kn_gemv(bf16* __restrict__ y, const bf16* __restrict__ x,
                                                        const bf16* __restrict__ w, float* __restrict__ partials,
                                                        int* __restrict__ counters, int M, int N, int K,
@@ -77,7 +85,7 @@ __global__ void __launch_bounds__(kWarps * 32) kn_gemv(bf16* __restrict__ y, con
       for (int r = 0; r < 4; ++r)
 #pragma unroll
         for (int v = 0; v < kV; ++v)
-          wv[u][r][v] = ok ? load_stream(w + static_cast<size_t>(k0 + kRowOff[r]) * N + col0 + 8 * v)
+          wv[u][r][v] = ok ? load_stream<kHint>(w + static_cast<size_t>(k0 + kRowOff[r]) * N + col0 + 8 * v)
                            : make_uint4(0, 0, 0, 0);
     }
     if (!waited) pdl_wait(), waited = true;
@@ -171,10 +179,10 @@ __global__ void __launch_bounds__(kWarps * 32) kn_gemv(bf16* __restrict__ y, con
   }
 }
 
-template <int NT, int kWarps, int kV, int kU>
+template <int NT, int kWarps, int kV, int kU, int kHint>
 int launch(bf16* y, const bf16* x, const bf16* w, float* partials, int* counters, int M, int N, int K, int splits,
            cudaStream_t stream) {
-  auto kernel = kn_gemv<NT, kWarps, kV, kU>;
+  auto kernel = kn_gemv<NT, kWarps, kV, kU, kHint>;
   const int smem = kWarps * NT * 16 * kV * 32 * 4;
   static bool sized = false;
   if (!sized) {
@@ -189,28 +197,37 @@ int launch(bf16* y, const bf16* x, const bf16* w, float* partials, int* counters
 }
 
 template <int NT, int kWarps, int kV>
-int by_unroll(int ku, bf16* y, const bf16* x, const bf16* w, float* p, int* c, int M, int N, int K, int splits,
-              cudaStream_t s) {
-  return ku == 2 ? launch<NT, kWarps, kV, 2>(y, x, w, p, c, M, N, K, splits, s)
-                 : launch<NT, kWarps, kV, 4>(y, x, w, p, c, M, N, K, splits, s);
+int by_unroll(int ku, int hint, bf16* y, const bf16* x, const bf16* w, float* p, int* c, int M, int N, int K,
+              int splits, cudaStream_t s) {
+  if (ku == 2)
+    return hint == 0 ? launch<NT, kWarps, kV, 2, 0>(y, x, w, p, c, M, N, K, splits, s)
+                     : launch<NT, kWarps, kV, 2, 1>(y, x, w, p, c, M, N, K, splits, s);
+  return hint == 0 ? launch<NT, kWarps, kV, 4, 0>(y, x, w, p, c, M, N, K, splits, s)
+                   : launch<NT, kWarps, kV, 4, 1>(y, x, w, p, c, M, N, K, splits, s);
+}
+
+template <int NT, int kWarps>
+int by_runs(int kv, int ku, int hint, bf16* y, const bf16* x, const bf16* w, float* p, int* c, int M, int N, int K,
+            int splits, cudaStream_t s) {
+  if (kv == 1) return by_unroll<NT, kWarps, 1>(ku, hint, y, x, w, p, c, M, N, K, splits, s);
+  if (kv == 2) return by_unroll<NT, kWarps, 2>(ku, hint, y, x, w, p, c, M, N, K, splits, s);
+  return by_unroll<NT, kWarps, 4>(ku, hint, y, x, w, p, c, M, N, K, splits, s);
 }
 
 template <int NT>
-int by_shape(int warps, int kv, int ku, bf16* y, const bf16* x, const bf16* w, float* p, int* c, int M, int N, int K,
-             int splits, cudaStream_t s) {
-  if (warps == 4)
-    return kv == 1 ? by_unroll<NT, 4, 1>(ku, y, x, w, p, c, M, N, K, splits, s)
-                   : by_unroll<NT, 4, 2>(ku, y, x, w, p, c, M, N, K, splits, s);
-  return kv == 1 ? by_unroll<NT, 8, 1>(ku, y, x, w, p, c, M, N, K, splits, s)
-                 : by_unroll<NT, 8, 2>(ku, y, x, w, p, c, M, N, K, splits, s);
+int by_shape(int warps, int kv, int ku, int hint, bf16* y, const bf16* x, const bf16* w, float* p, int* c, int M,
+             int N, int K, int splits, cudaStream_t s) {
+  return warps == 4 ? by_runs<NT, 4>(kv, ku, hint, y, x, w, p, c, M, N, K, splits, s)
+                    : by_runs<NT, 8>(kv, ku, hint, y, x, w, p, c, M, N, K, splits, s);
 }
 
 }  // namespace
 
-// y [M, N] = x [M, K] @ w [K, N], bf16; M <= 16, K % 16 == 0, N % (64 kv) == 0; warps 4 or 8, kv 1 or 2, ku 2 or 4.
+// y [M, N] = x [M, K] @ w [K, N], bf16; M <= 16, K % 16 == 0, N % (64 kv) == 0; warps 4 or 8, kv 1, 2 or 4, ku 2
+// or 4, hint 0 or 1.
 // partials: f32 [splits, M, N]; counters: int32 [N / 64], zero (left zero).
 extern "C" int probe_kn_gemv(void* y, const void* x, const void* w, void* partials, void* counters, int M, int N,
-                             int K, int splits, int warps, int kv, int ku, cudaStream_t stream) {
+                             int K, int splits, int warps, int kv, int ku, int hint, cudaStream_t stream) {
   if (M < 1 || M > 16 || K % 16 != 0 || N % (64 * kv) != 0) return -1;
   try {
   auto* yy = static_cast<bf16*>(y);
@@ -218,8 +235,8 @@ extern "C" int probe_kn_gemv(void* y, const void* x, const void* w, void* partia
   auto* ww = static_cast<const bf16*>(w);
   auto* pp = static_cast<float*>(partials);
   auto* cc = static_cast<int*>(counters);
-    return M <= 8 ? by_shape<1>(warps, kv, ku, yy, xx, ww, pp, cc, M, N, K, splits, stream)
-                  : by_shape<2>(warps, kv, ku, yy, xx, ww, pp, cc, M, N, K, splits, stream);
+    return M <= 8 ? by_shape<1>(warps, kv, ku, hint, yy, xx, ww, pp, cc, M, N, K, splits, stream)
+                  : by_shape<2>(warps, kv, ku, hint, yy, xx, ww, pp, cc, M, N, K, splits, stream);
   } catch (const std::exception&) {
     return -2;
   }

@@ -25,21 +25,22 @@ from candle_vllm.pyengine.ops import cuda
 DEV = torch.device("cuda")
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 CEILING = 4.26e12  # bytes/s, the H200's copy ceiling (benches/RESULTS.md)
-SETTINGS = list(itertools.product((1, 2, 4, 8), (4, 8), (1, 2), (2, 4)))  # splits, warps, runs per lane, slabs
+# splits, warps, 16-byte runs per lane and row, slabs in flight, L2 hint (0: 256-byte fetches, 1: none)
+SETTINGS = list(itertools.product((1, 2, 4, 8), (4, 8), (1, 2, 4), (2, 4), (0, 1)))
 
 
 def load(path: str) -> ctypes.CDLL:
     lib = ctypes.CDLL(path)
-    lib.probe_kn_gemv.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 7 + [ctypes.c_void_p]
+    lib.probe_kn_gemv.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 8 + [ctypes.c_void_p]
     return lib
 
 
 def probe(lib: ctypes.CDLL, y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, work: tuple[torch.Tensor, torch.Tensor],
-          setting: tuple[int, int, int, int]) -> None:
-    splits, warps, kv, ku = setting
+          setting: tuple[int, ...]) -> None:
+    splits, warps, kv, ku, hint = setting
     m, k = x.shape
     rc = lib.probe_kn_gemv(y.data_ptr(), x.data_ptr(), w.data_ptr(), work[0].data_ptr(), work[1].data_ptr(), m,
-                           w.shape[1], k, splits, warps, kv, ku, torch.cuda.current_stream().cuda_stream)
+                           w.shape[1], k, splits, warps, kv, ku, hint, torch.cuda.current_stream().cuda_stream)
     if rc != 0:
         raise RuntimeError(f"probe_kn_gemv {setting}: {rc}")
 
