@@ -23,19 +23,11 @@ using candle_vllm::cuda::mma_16816;
 using candle_vllm::cuda::pdl_launch_dependents;
 using candle_vllm::cuda::pdl_wait;
 
-// kHint 0: skinny_gemm's load (L2 fetches 256 bytes); 1: no L2 size hint (the 8 lanes of a row read 128 kV bytes, so
-// a 256-byte fetch may pull in a neighbour strip's bytes that another CTA reads later).
-template <int kHint>
+// No L2 size hint: the 8 lanes of a row read 128 kV contiguous bytes, and skinny_gemm's L2::256B fetches pulled in
+// a neighbour strip's bytes that another CTA reads later (call 4: the hint cost 2-10 % in every cell).
 __device__ __forceinline__ uint4 load_stream(const void* p) {
   uint4 r;
-  if constexpr (kHint == 0)
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p));
-  else
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p));
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
   return r;
 }
 
@@ -43,13 +35,20 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// NT token groups of 8, kV 16-byte runs per lane and row, kU slabs in flight per warp, kHint the loads' L2 hint.
-template <int NT, int kWarps, int kV, int kU, int kHint>
+template <int NT, int kV, int kU>
+struct Stage {
+  uint4 w[kU][4][kV];  // slab u: k rows 2t, 2t + 1, 2t + 8, 2t + 9, kV runs each
+  uint32_t x[kU][NT][2];
+};
+
+// NT token groups of 8, kV 16-byte runs per lane and row, kU slabs per stage; kPipe: the next stage's weights are
+// loaded before the current one is multiplied (two stages of registers), else load -> use -> load.
+template <int NT, int kWarps, int kV, int kU, int kPipe>
 __global__ void __launch_bounds__(kWarps * 32) kn_gemv(bf16* __restrict__ y, const bf16* __restrict__ x,
                                                        const bf16* __restrict__ w, float* __restrict__ partials,
                                                        int* __restrict__ counters, int M, int N, int K,
                                                        int slabs_per_split) {
-  constexpr int kTiles = 4 * kV, kAcc = NT * kTiles * 4;
+  constexpr int kTiles = 4 * kV, kAcc = NT * kTiles * 4, kStep = kWarps * kU;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int strip = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
   const int col0 = strip * 64 * kV + 8 * kV * g;
@@ -69,53 +68,68 @@ __global__ void __launch_bounds__(kWarps * 32) kn_gemv(bf16* __restrict__ y, con
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[n][i][c] = 0.f;
 
-  // Launched as a programmatic dependent (as skinny_gemm is): the first slabs' weights stream while the grid before
-  // ends; x and y only after the wait.
-  constexpr int kRowOff[4] = {0, 1, 8, 9};
-  bool waited = false;
-  for (int s = split * slabs_per_split + warp; s < slab_end; s += kWarps * kU) {
-    uint4 wv[kU][4][kV];
-    uint32_t xb[kU][NT][2];
+  using S = Stage<NT, kV, kU>;
+  auto load_w = [&](S& st, int s) {
+    constexpr int kRowOff[4] = {0, 1, 8, 9};
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int su = s + u * kWarps;
-      const bool ok = su < slab_end;
       const int k0 = 16 * min(su, slab_end - 1) + 2 * t;
 #pragma unroll
       for (int r = 0; r < 4; ++r)
 #pragma unroll
         for (int v = 0; v < kV; ++v)
-          wv[u][r][v] = ok ? load_stream<kHint>(w + static_cast<size_t>(k0 + kRowOff[r]) * N + col0 + 8 * v)
-                           : make_uint4(0, 0, 0, 0);
+          st.w[u][r][v] = su < slab_end ? load_stream(w + static_cast<size_t>(k0 + kRowOff[r]) * N + col0 + 8 * v)
+                                        : make_uint4(0, 0, 0, 0);
     }
-    if (!waited) pdl_wait(), waited = true;
+  };
+  auto load_x = [&](S& st, int s) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int su = s + u * kWarps;
-      const bool ok = su < slab_end;
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
-        const bool live = ok && x_ok[n];
+        const bool live = su < slab_end && x_ok[n];
         const bf16* xp = xs[n] + 16 * min(su, slab_end - 1);
-        xb[u][n][0] = live ? *reinterpret_cast<const uint32_t*>(xp) : 0u;
-        xb[u][n][1] = live ? *reinterpret_cast<const uint32_t*>(xp + 8) : 0u;
+        st.x[u][n][0] = live ? *reinterpret_cast<const uint32_t*>(xp) : 0u;
+        st.x[u][n][1] = live ? *reinterpret_cast<const uint32_t*>(xp + 8) : 0u;
       }
     }
+  };
+  auto multiply = [&](const S& st) {
 #pragma unroll
     for (int u = 0; u < kU; ++u)
 #pragma unroll
       for (int v = 0; v < kV; ++v)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const uint32_t a[4] = {__byte_perm(word(wv[u][0][v], j), word(wv[u][1][v], j), 0x5410),
-                                 __byte_perm(word(wv[u][0][v], j), word(wv[u][1][v], j), 0x7632),
-                                 __byte_perm(word(wv[u][2][v], j), word(wv[u][3][v], j), 0x5410),
-                                 __byte_perm(word(wv[u][2][v], j), word(wv[u][3][v], j), 0x7632)};
+          const uint32_t a[4] = {__byte_perm(word(st.w[u][0][v], j), word(st.w[u][1][v], j), 0x5410),
+                                 __byte_perm(word(st.w[u][0][v], j), word(st.w[u][1][v], j), 0x7632),
+                                 __byte_perm(word(st.w[u][2][v], j), word(st.w[u][3][v], j), 0x5410),
+                                 __byte_perm(word(st.w[u][2][v], j), word(st.w[u][3][v], j), 0x7632)};
 #pragma unroll
-          for (int n = 0; n < NT; ++n) mma_16816<bf16>(acc[n][4 * v + j], a, xb[u][n][0], xb[u][n][1]);
+          for (int n = 0; n < NT; ++n) mma_16816<bf16>(acc[n][4 * v + j], a, st.x[u][n][0], st.x[u][n][1]);
         }
+  };
+  // Launched as a programmatic dependent (as skinny_gemm is): the first stage's weights stream while the grid before
+  // ends; x and y only after the wait.
+  int s = split * slabs_per_split + warp;
+  S cur;
+  if (s < slab_end) load_w(cur, s);
+  pdl_wait();
+  for (; s < slab_end; s += kStep) {
+    if constexpr (kPipe) {
+      S next;
+      if (s + kStep < slab_end) load_w(next, s + kStep);
+      load_x(cur, s);
+      multiply(cur);
+      cur = next;
+    } else {
+      if (s != split * slabs_per_split + warp) load_w(cur, s);
+      load_x(cur, s);
+      multiply(cur);
+    }
   }
-  if (!waited) pdl_wait();
   pdl_launch_dependents();
 
   extern __shared__ float red[];  // [kWarps][kAcc][32]
@@ -179,10 +193,10 @@ __global__ void __launch_bounds__(kWarps * 32) kn_gemv(bf16* __restrict__ y, con
   }
 }
 
-template <int NT, int kWarps, int kV, int kU, int kHint>
+template <int NT, int kWarps, int kV, int kU, int kPipe>
 int launch(bf16* y, const bf16* x, const bf16* w, float* partials, int* counters, int M, int N, int K, int splits,
            cudaStream_t stream) {
-  auto kernel = kn_gemv<NT, kWarps, kV, kU, kHint>;
+  auto kernel = kn_gemv<NT, kWarps, kV, kU, kPipe>;
   const int smem = kWarps * NT * 16 * kV * 32 * 4;
   static bool sized = false;
   if (!sized) {
@@ -196,38 +210,42 @@ int launch(bf16* y, const bf16* x, const bf16* w, float* partials, int* counters
   return 0;
 }
 
+template <int NT, int kWarps, int kV, int kU>
+int by_pipe(int pipe, bf16* y, const bf16* x, const bf16* w, float* p, int* c, int M, int N, int K, int splits,
+            cudaStream_t s) {
+  return pipe == 0 ? launch<NT, kWarps, kV, kU, 0>(y, x, w, p, c, M, N, K, splits, s)
+                   : launch<NT, kWarps, kV, kU, 1>(y, x, w, p, c, M, N, K, splits, s);
+}
+
 template <int NT, int kWarps, int kV>
-int by_unroll(int ku, int hint, bf16* y, const bf16* x, const bf16* w, float* p, int* c, int M, int N, int K,
+int by_unroll(int ku, int pipe, bf16* y, const bf16* x, const bf16* w, float* p, int* c, int M, int N, int K,
               int splits, cudaStream_t s) {
-  if (ku == 2)
-    return hint == 0 ? launch<NT, kWarps, kV, 2, 0>(y, x, w, p, c, M, N, K, splits, s)
-                     : launch<NT, kWarps, kV, 2, 1>(y, x, w, p, c, M, N, K, splits, s);
-  return hint == 0 ? launch<NT, kWarps, kV, 4, 0>(y, x, w, p, c, M, N, K, splits, s)
-                   : launch<NT, kWarps, kV, 4, 1>(y, x, w, p, c, M, N, K, splits, s);
+  if (ku == 1) return by_pipe<NT, kWarps, kV, 1>(pipe, y, x, w, p, c, M, N, K, splits, s);
+  if (ku == 2) return by_pipe<NT, kWarps, kV, 2>(pipe, y, x, w, p, c, M, N, K, splits, s);
+  return by_pipe<NT, kWarps, kV, 4>(pipe, y, x, w, p, c, M, N, K, splits, s);
 }
 
 template <int NT, int kWarps>
-int by_runs(int kv, int ku, int hint, bf16* y, const bf16* x, const bf16* w, float* p, int* c, int M, int N, int K,
+int by_runs(int kv, int ku, int pipe, bf16* y, const bf16* x, const bf16* w, float* p, int* c, int M, int N, int K,
             int splits, cudaStream_t s) {
-  if (kv == 1) return by_unroll<NT, kWarps, 1>(ku, hint, y, x, w, p, c, M, N, K, splits, s);
-  if (kv == 2) return by_unroll<NT, kWarps, 2>(ku, hint, y, x, w, p, c, M, N, K, splits, s);
-  return by_unroll<NT, kWarps, 4>(ku, hint, y, x, w, p, c, M, N, K, splits, s);
+  return kv == 1 ? by_unroll<NT, kWarps, 1>(ku, pipe, y, x, w, p, c, M, N, K, splits, s)
+                 : by_unroll<NT, kWarps, 2>(ku, pipe, y, x, w, p, c, M, N, K, splits, s);
 }
 
 template <int NT>
-int by_shape(int warps, int kv, int ku, int hint, bf16* y, const bf16* x, const bf16* w, float* p, int* c, int M,
+int by_shape(int warps, int kv, int ku, int pipe, bf16* y, const bf16* x, const bf16* w, float* p, int* c, int M,
              int N, int K, int splits, cudaStream_t s) {
-  return warps == 4 ? by_runs<NT, 4>(kv, ku, hint, y, x, w, p, c, M, N, K, splits, s)
-                    : by_runs<NT, 8>(kv, ku, hint, y, x, w, p, c, M, N, K, splits, s);
+  return warps == 4 ? by_runs<NT, 4>(kv, ku, pipe, y, x, w, p, c, M, N, K, splits, s)
+                    : by_runs<NT, 8>(kv, ku, pipe, y, x, w, p, c, M, N, K, splits, s);
 }
 
 }  // namespace
 
-// y [M, N] = x [M, K] @ w [K, N], bf16; M <= 16, K % 16 == 0, N % (64 kv) == 0; warps 4 or 8, kv 1, 2 or 4, ku 2
-// or 4, hint 0 or 1.
+// y [M, N] = x [M, K] @ w [K, N], bf16; M <= 16, K % 16 == 0, N % (64 kv) == 0; warps 4 or 8, kv 1 or 2, ku 1, 2
+// or 4, pipe 0 or 1.
 // partials: f32 [splits, M, N]; counters: int32 [N / 64], zero (left zero).
 extern "C" int probe_kn_gemv(void* y, const void* x, const void* w, void* partials, void* counters, int M, int N,
-                             int K, int splits, int warps, int kv, int ku, int hint, cudaStream_t stream) {
+                             int K, int splits, int warps, int kv, int ku, int pipe, cudaStream_t stream) {
   if (M < 1 || M > 16 || K % 16 != 0 || N % (64 * kv) != 0) return -1;
   try {
   auto* yy = static_cast<bf16*>(y);
@@ -235,8 +253,8 @@ extern "C" int probe_kn_gemv(void* y, const void* x, const void* w, void* partia
   auto* ww = static_cast<const bf16*>(w);
   auto* pp = static_cast<float*>(partials);
   auto* cc = static_cast<int*>(counters);
-    return M <= 8 ? by_shape<1>(warps, kv, ku, hint, yy, xx, ww, pp, cc, M, N, K, splits, stream)
-                  : by_shape<2>(warps, kv, ku, hint, yy, xx, ww, pp, cc, M, N, K, splits, stream);
+    return M <= 8 ? by_shape<1>(warps, kv, ku, pipe, yy, xx, ww, pp, cc, M, N, K, splits, stream)
+                  : by_shape<2>(warps, kv, ku, pipe, yy, xx, ww, pp, cc, M, N, K, splits, stream);
   } catch (const std::exception&) {
     return -2;
   }

@@ -25,8 +25,8 @@ from candle_vllm.pyengine.ops import cuda
 DEV = torch.device("cuda")
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 CEILING = 4.26e12  # bytes/s, the H200's copy ceiling (benches/RESULTS.md)
-# splits, warps, 16-byte runs per lane and row, slabs in flight, L2 hint (0: 256-byte fetches, 1: none)
-SETTINGS = list(itertools.product((1, 2, 4, 8), (4, 8), (1, 2, 4), (2, 4), (0, 1)))
+# splits, warps, 16-byte runs per lane and row, slabs per stage, next stage loaded before the multiply (1) or not
+SETTINGS = list(itertools.product((1, 2, 4, 8, 16), (4, 8), (1, 2), (1, 2, 4), (0, 1)))
 
 
 def load(path: str) -> ctypes.CDLL:
@@ -37,10 +37,10 @@ def load(path: str) -> ctypes.CDLL:
 
 def probe(lib: ctypes.CDLL, y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, work: tuple[torch.Tensor, torch.Tensor],
           setting: tuple[int, ...]) -> None:
-    splits, warps, kv, ku, hint = setting
+    splits, warps, kv, ku, pipe = setting
     m, k = x.shape
     rc = lib.probe_kn_gemv(y.data_ptr(), x.data_ptr(), w.data_ptr(), work[0].data_ptr(), work[1].data_ptr(), m,
-                           w.shape[1], k, splits, warps, kv, ku, hint, torch.cuda.current_stream().cuda_stream)
+                           w.shape[1], k, splits, warps, kv, ku, pipe, torch.cuda.current_stream().cuda_stream)
     if rc != 0:
         raise RuntimeError(f"probe_kn_gemv {setting}: {rc}")
 
@@ -51,7 +51,7 @@ def cell(lib: ctypes.CDLL, name: str, n: int, k: int, m: int, w_nk: list[torch.T
     copies = len(w_nk)
     x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
     y = torch.empty(m, n, device=DEV, dtype=torch.bfloat16)
-    work = (torch.empty(8 * m * n, device=DEV), torch.zeros(n // 64, device=DEV, dtype=torch.int32))
+    work = (torch.empty(16 * m * n, device=DEV), torch.zeros(n // 64, device=DEV, dtype=torch.int32))
     want = x.double() @ w_kn[0].double()
     best = (float("inf"), None)
     for setting in SETTINGS:
