@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(cta_threads<Q>(), (LOOP == Loop::kPipelined ? 
   // slot once for all R rows and folds the rows' address arithmetic (one-token loop at 4 rows: 150 -> 118 SASS
   // instructions). H200, two A/B calls (session 30, benches/RESULTS.md): -0.4 to -3.9 % in every cell at 2-8
   // tokens, -7.1 to +1.7 % at one token. The other aligned types did not gain beyond the spread: Q4_K and Q5_K at
-  // one token -1.9 / -2.8 % in one call, Q4_K +2.0 % in the other; Q6_K and Q3_K lost 8-34 % at one token
+  // one token -1.9 / -2.8 % in one call, Q4_K +2.1 % in the other; Q6_K and Q3_K lost 8-34 % at one token
   // (registers 128 -> 156 / 148), and with the registers capped at 128 were even to 5 % slower; Q5_0 even.
   constexpr bool kAlignedRows = type_of<Q>() == gguf::Q8_0;
   static_assert(!kAlignedRows || gguf::rows_aligned16(type_of<Q>()));
