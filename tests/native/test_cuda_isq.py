@@ -6,17 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from candle_vllm.pyengine.ops import native
 from candle_vllm.pyengine.quant.isq import ISQ_QTYPES, quantize
 
 pytestmark = pytest.mark.cuda
 DEV = torch.device("cuda")
 
-
-@pytest.fixture(autouse=True)
-def _needs_cuda_kernels() -> None:
-    if not native.available(DEV):
-        pytest.fail("candle_vllm._native was built without CUDA kernels")
 
 
 def _weights(rows: int, cols: int, seed: int) -> torch.Tensor:

@@ -18,7 +18,7 @@ from test_cuda_flash_prefill import _model_dir
 from torch.profiler import ProfilerActivity, profile
 
 from candle_vllm import LLM, SamplingParams
-from candle_vllm.pyengine.ops import cuda, sdpa_prefill
+from candle_vllm.pyengine.ops import sdpa_prefill
 from candle_vllm.pyengine.ops.attention import AttentionMetadata, attention
 
 pytestmark = pytest.mark.cuda
@@ -26,11 +26,6 @@ DEV = torch.device("cuda")
 CPU = torch.device("cpu")
 SDPA_BACKENDS = ("sdpa-cudnn", "sdpa-flash")
 
-
-@pytest.fixture(autouse=True)
-def _needs_cuda_kernels() -> None:
-    if not cuda.available(DEV):
-        pytest.fail("candle_vllm._native was built without CUDA kernels")
 
 
 def _step(query_lens: list[int], seq_lens: list[int], hq: int, hk: int, d: int, block_size: int,

