@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import trio
 
@@ -16,7 +17,7 @@ from candle_vllm.pyengine.sampling import SamplingParams
 from candle_vllm.pyengine.scheduler.plan import StepPlan
 
 # What a request's sink carries: progress, or the exception that rejected it.
-SinkItem = RequestOutput | Exception
+SinkItem: TypeAlias = RequestOutput | Exception
 Sink = trio.MemorySendChannel[SinkItem]
 
 

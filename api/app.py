@@ -56,8 +56,8 @@ def create_app(state: ServerState) -> QuartTrio:
         MAX_CONTENT_LENGTH=HARD_BODY_FACTOR * state.config.max_body_bytes,
         JSON_SORT_KEYS=False,
     )
-    app.json.sort_keys = False
-    app.json.ensure_ascii = False
+    app.json.sort_keys = False  # type: ignore[attr-defined]  # Quart's DefaultJSONProvider
+    app.json.ensure_ascii = False  # type: ignore[attr-defined]
     for bp in (chat.bp, completions.bp, misc.bp):
         app.register_blueprint(bp)
 

@@ -63,7 +63,7 @@ def timings(fn: Callable[[], object], reps: int = 30) -> list[float]:
 
 
 def native_matmul(x: torch.Tensor, w: torch.Tensor, qtype: QT, n: int, k: int, y: torch.Tensor) -> None:
-    native.module().cpu_quant_matmul(
+    native.loaded().cpu_quant_matmul(
         y.data_ptr(),
         x.data_ptr(),
         w.data_ptr(),
@@ -165,7 +165,7 @@ def main() -> None:
     if native.module() is None:
         raise SystemExit("candle_vllm._native is not built")
     torch.set_num_threads(args.threads)
-    print(f"native kernels: {native.module().cpu_quant_isa()}, threads: {args.threads}")
+    print(f"native kernels: {native.loaded().cpu_quant_isa()}, threads: {args.threads}")
     if args.crossover:
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
             bench_crossover(QT.Q4_1, dtype)

@@ -11,6 +11,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 
 def main() -> None:
@@ -54,7 +55,7 @@ def main() -> None:
                 break
         return time.perf_counter() - t
 
-    def decode_rate(run) -> float:  # type: ignore[no-untyped-def]
+    def decode_rate(run: Callable[[int], float]) -> float:
         run(8)  # warm-up
         rates = []
         for _ in range(args.repeats):

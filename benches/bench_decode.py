@@ -25,13 +25,14 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from decode_profile import profile_decode, profile_ttft
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from candle_vllm import LLM, SamplingParams
+from candle_vllm.pyengine.models.llama import LlamaForCausalLM
 from candle_vllm.pyengine.ops import cuda_prefill, sdpa_prefill
 from candle_vllm.pyengine.quant.gguf import GGUFLinear
 
@@ -67,7 +68,7 @@ def model_dir_with_tokenizer(config_dir: Path, out: Path) -> Path:
 def _weights(llm: LLM) -> list[tuple[int, int]]:
     """(bytes, logical elements) of every weight a decode step reads: dense parameters and GGUF block buffers
     (``--isq``), except the embedding table (a step reads only B of its rows)."""
-    model = llm.engine.runner.model
+    model = cast(LlamaForCausalLM, llm.engine.runner.model)  # the one model class (models/registry.py)
     skip = {id(t) for t in [*model.model.embed_tokens.parameters(), *model.model.embed_tokens.buffers()]}
     out = [(p.numel() * p.element_size(), p.numel()) for p in model.parameters() if id(p) not in skip]
     for module in model.modules():

@@ -237,7 +237,7 @@ class LtGemm:
         lib.cublasLtMatmulDescDestroy(self.desc)
 
 
-def graph_us(fn: Callable[[int], None], calls: int, reps: int) -> float:
+def graph_us(fn: Callable[[int], object], calls: int, reps: int) -> float:
     """Median microseconds per fn(i), from replays of one CUDA graph of `calls` calls (no launch gaps)."""
     from bench_kernels import graph_seconds  # a sibling script: imports torch and the native module
 

@@ -160,9 +160,11 @@ def attention_rows(peak: float, results: list[dict]) -> None:
         lens = torch.full((b,), ctx, dtype=torch.int32, device=DEV)
         q = torch.randn(b, hq, d, device=DEV).to(BF16)
 
-        def timed(**kw: object) -> float:
+        def timed(partition_size: int | None = None, heads_per_cta: int | None = None, splits: int | None = None,
+                  fused_reduce: bool | None = None) -> float:
             return 1e6 * graph_seconds(lambda i: cuda_paged.paged_decode_attention(
-                q, caches[i % copies], tables, lens, d**-0.5, max_len, **kw))
+                q, caches[i % copies], tables, lens, d**-0.5, max_len, partition_size=partition_size,
+                heads_per_cta=heads_per_cta, fused_reduce=fused_reduce, splits=splits))
 
         plan = cuda_paged.auto_decode_plan(q, caches[0], max_len)
         auto_parts = math.ceil(max_len / plan.partition_size)
@@ -181,12 +183,11 @@ def attention_rows(peak: float, results: list[dict]) -> None:
                     cells.append("-")
                     continue
                 parts = math.ceil(max_len / size)
-                kw = dict(partition_size=size, heads_per_cta=heads, splits=splits)
-                us = timed(**kw, fused_reduce=False)
+                us = timed(size, heads, splits, fused_reduce=False)
                 sweep[f"h{heads}s{splits}/p{size}"] = us
                 cell = f"{us:.1f}"
                 if 1 < parts <= 16:
-                    fused = timed(**kw, fused_reduce=True)
+                    fused = timed(size, heads, splits, fused_reduce=True)
                     sweep[f"h{heads}s{splits}/p{size}/fused"] = fused
                     cell += f"/{fused:.1f}"
                 cells.append(cell)
@@ -225,6 +226,7 @@ def _prefill_case(query_lens: list[int], seq_lens: list[int], hq: int, hk: int, 
     qkv = torch.randn(t, (hq + 2 * hk) * d, device=DEV).to(BF16)
     q, k, v = (x.view(t, -1, d) for x in qkv.split([hq * d, hk * d, hk * d], dim=-1))
     meta = AttentionMetadata.build(query_lens, seq_lens, DEV, tables, bs)
+    assert meta.slot_mapping is not None  # set whenever block tables are given
     cuda_paged.reshape_and_cache(k, v, cache, meta.slot_mapping)
     pairs = sum(q_len * (ctx - q_len) + q_len * (q_len + 1) // 2 for q_len, ctx in zip(query_lens, seq_lens, strict=True))
     return q, k, v, cache, meta, 4 * hq * d * pairs
@@ -291,29 +293,32 @@ def prefill_backend_rows(results: list[dict]) -> None:
             for backend in ("sdpa-flash", "sdpa-cudnn"):
                 for layout in sdpa_prefill.CUDNN_LAYOUTS:
                     variants.append((f"SDPA {backend[5:]} per seq, {layout} (incl. layout)", lambda b=backend, lay=layout:
-                                     _per_sequence(lambda *x: sdpa_prefill.sdpa_sequence(b, *x, scale, lay),
-                                                   q, k, v, query_lens)))
+                                     _per_sequence(lambda qs, ks, vs: sdpa_prefill.sdpa_sequence(
+                                                       b, qs, ks, vs, scale, lay), q, k, v, query_lens)))
                     if layout != "view":
                         ready = [sdpa_prefill.to_layout(q[a:b], k[a:b], v[a:b], layout)
                                  for a, b in itertools.pairwise(meta.query_start_loc_cpu)]
                         variants.append((f"SDPA {backend[5:]} per seq, {layout} (excl. layout)",
                                          lambda b=backend, ready=ready: torch.cat(
-                                             [sdpa_prefill.sdpa_heads_first(b, *x, scale)[0].transpose(0, 1)
-                                              for x in ready])))
+                                             [sdpa_prefill.sdpa_heads_first(b, q4, k4, v4, scale)[0].transpose(0, 1)
+                                              for q4, k4, v4 in ready])))
             layouts = [sdpa_prefill.cudnn_plan(q[a:b], k[a:b], v[a:b])
                        for a, b in itertools.pairwise(meta.query_start_loc_cpu)]
             variants.append((f"engine sdpa-cudnn route (layout {layouts[0]})",
                              lambda: sdpa_prefill.attend_fresh("sdpa-cudnn", q, k, v, run, scale)))
         for name, fn in variants:
-            row = dict(kernel="prefill_backend", case=case, variant=name, query_lens=query_lens, seq_lens=seq_lens)
+            row: dict[str, object] = dict(
+                kernel="prefill_backend", case=case, variant=name, query_lens=query_lens, seq_lens=seq_lens
+            )
             try:
                 err = ((fn().double() - ours_out.double()).norm() / ours_out.double().norm()).item()
                 sec = eager_seconds(fn)
                 row.update(us=sec * 1e6, tflops=flops / sec / 1e12, rel_err_vs_ours=err)
                 print(f"{case:<22}{name:<52}{sec * 1e6:>10.1f}{flops / sec / 1e12:>7.0f}{err:>10.1e}")
             except Exception as exc:  # a backend refusing these inputs is a result, not a crash
-                row.update(error=f"{type(exc).__name__}: {exc}")
-                print(f"{case:<22}{name:<52}  failed: {row['error'].splitlines()[0][:120]}")
+                error = f"{type(exc).__name__}: {exc}"
+                row.update(error=error)
+                print(f"{case:<22}{name:<52}  failed: {error.splitlines()[0][:120]}")
             results.append(row)
         if not fresh:
             print(f"{case:<22}{'SDPA / flash varlen':<52}  n/a: the cached prefix is in the paged cache (ours only)")
@@ -401,8 +406,12 @@ def rotary_rows(peak: float, results: list[dict]) -> None:
         ours = graph_seconds(lambda i: cuda_rotary.rotary_embedding_(q, k, pos, table, True))
         _report(results, f"rotary tokens={rows}", ours, 2 * rows * 5120 * 2 + rows * 128 * 4, float("nan"))
         fused = graph_seconds(lambda i: cuda_rotary.rotary_embedding_cache_(q, k, v, pos, table, True, cache, slots))
-        two = graph_seconds(lambda i: (cuda_rotary.rotary_embedding_(q, k, pos, table, True),
-                                       cuda_paged.reshape_and_cache(k, v, cache, slots)))
+
+        def two_launches(i: int) -> None:
+            cuda_rotary.rotary_embedding_(q, k, pos, table, True)
+            cuda_paged.reshape_and_cache(k, v, cache, slots)
+
+        two = graph_seconds(two_launches)
         _report(results, f"rotary+cache tokens={rows}", fused, rows * (2 * 5120 + 2 * 1024 + 2 * 1024) * 2, two)
 
 

@@ -30,6 +30,7 @@ import json
 import statistics
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Literal
 
 import torch
 from gguf import GGML_QUANT_SIZES
@@ -65,7 +66,7 @@ def random_blocks(qtype: QT, n: int, k: int, gen: torch.Generator) -> torch.Tens
     return cuda_gguf.device_layout(raw.view(n, -1), qtype, n, k).view(n, -1)
 
 
-def time_per_launch(launches: list[Callable[[], torch.Tensor]], replays: int = 20) -> float:
+def time_per_launch(launches: list[Callable[[], object]], replays: int = 20) -> float:
     """Median seconds per launch: one CUDA graph runs every launch once; replays are timed with events."""
     for f in launches:
         f()
@@ -90,18 +91,19 @@ def copies_for(nbytes: int) -> int:
 
 
 def bench_gemv(
-    qtype: QT, n: int, k: int, m: int, kernel: str, gen: torch.Generator, row_tiles: int = 0, warps: int = 0,
-    codes: bool = False, staging: int = 0,
+    qtype: QT, n: int, k: int, m: int, kernel: Literal["dp4a", "mma", "mmq"], gen: torch.Generator,
+    row_tiles: int = 0, warps: int = 0, codes: bool = False, staging: int = 0,
 ) -> dict[str, float]:
     """One GEMV kernel: "dp4a" / "mma" (above 8 rows in 8-row passes, as ops.quant runs them) or "mmq" (with
     ``row_tiles`` 16-row tiles, ``warps`` warps per CTA and ``staging`` its kernel, 0 = its default rules); ``codes``:
     the int8 kernels read
     codes an RMSNorm wrote before the timed graph (no quantizer launch), of the scale group the kernel takes."""
     w = [random_blocks(qtype, n, k, gen) for _ in range(copies_for(n * k // 2))]
-    x: torch.Tensor | Q8Activation = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
+    dense = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
+    x: torch.Tensor | Q8Activation = dense
     if codes and kernel != "mma":
         group = cuda_gguf.x_group(qtype) if kernel == "mmq" else 32
-        x = rms_norm(x, torch.ones(k, device=DEV, dtype=torch.bfloat16), 1e-5, q8=group)
+        x = rms_norm(dense, torch.ones(k, device=DEV, dtype=torch.bfloat16), 1e-5, q8=group)
         assert isinstance(x, Q8Activation), "RMSNorm wrote no int8 codes for this shape"
     if kernel == "mmq":
         return figures(w, lambda d: cuda_gguf.mmq(x, d, qtype, n, k, row_tiles=row_tiles, warps=warps,
@@ -121,9 +123,9 @@ def figures(w: list[torch.Tensor], launch: Callable[[torch.Tensor], object]) -> 
 
 
 
-def sweep_rows(names: list[str], gen: torch.Generator) -> list[dict[str, object]]:
+def sweep_rows(names: list[str], gen: torch.Generator) -> list[dict[str, Any]]:
     """Every one-token dp4a launch choice per type and 8B shape, on the same weight copies."""
-    rows: list[dict[str, object]] = []
+    rows: list[dict[str, Any]] = []
     print(f"{'type':6s} {'shape':>12s} {'rows':>4s} {'us':>9s} {'GB/s':>7s} {'%':>6s}")
     for name in names:
         qtype = TYPES[name]
@@ -146,7 +148,7 @@ def sweep_rows(names: list[str], gen: torch.Generator) -> list[dict[str, object]
     return rows
 
 
-def print_sweep_summary(rows: list[dict[str, object]]) -> None:
+def print_sweep_summary(rows: list[dict[str, Any]]) -> None:
     """Best launch per (type, shape) against the default, and the 8B decode step's GEMV time both ways."""
     print("\nbest per (type, shape):")
     step: dict[str, list[float]] = {}
@@ -213,7 +215,7 @@ def main() -> None:
             Path(args.json).write_text(json.dumps(swept, indent=1))
         return
     args.types = args.types or list(TYPES)
-    rows: list[dict[str, object]] = []
+    rows: list[dict[str, Any]] = []
 
     def emit(kind: str, name: str, shape: tuple[int, int], m: int, r: dict[str, float]) -> None:
         rows.append({"kind": kind, "type": name, "n": shape[0], "k": shape[1], "m": m, **r})
@@ -227,7 +229,7 @@ def main() -> None:
         qtype = TYPES[name]
         shapes = SHAPES + ([LM_HEAD] if qtype in (QT.Q6_K, QT.Q8_0) else [])
         kernels = [k for k in args.kernels if k == "mma" or (k == "dp4a" and cuda_gguf.dp4a_supported(qtype))
-                   or (k == "mmq" and native.module().cuda_gguf_mmq_supported(int(qtype)))]
+                   or (k == "mmq" and native.loaded().cuda_gguf_mmq_supported(int(qtype)))]
         for kernel in kernels:
             for n, k in shapes:
                 for m in sorted(set(args.m) | ({8} if name in args.m8_types else set())):

@@ -78,9 +78,11 @@ def attention() -> None:
     table = torch.randperm(nblocks, device=DEV).view(1, -1).to(torch.int32)
     lens = torch.tensor([ctx], dtype=torch.int32, device=DEV)
     q = torch.randn(1, hq, d, device=DEV).to(torch.bfloat16)
-    for kw in ({}, {"heads_per_cta": 1, "partition_size": 512}):
+    plans: tuple[tuple[int | None, int | None], ...] = ((None, None), (1, 512))  # (heads_per_cta, partition_size)
+    for heads_per_cta, partition_size in plans:
         for _ in range(4):
-            cuda_paged.paged_decode_attention(q, cache, table, lens, d**-0.5, grid, **kw)
+            cuda_paged.paged_decode_attention(q, cache, table, lens, d**-0.5, grid, heads_per_cta=heads_per_cta,
+                                              partition_size=partition_size)
 
 
 def main() -> None:

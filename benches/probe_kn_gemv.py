@@ -53,7 +53,7 @@ def cell(lib: ctypes.CDLL, name: str, n: int, k: int, m: int, w_nk: list[torch.T
     y = torch.empty(m, n, device=DEV, dtype=torch.bfloat16)
     work = (torch.empty(16 * m * n, device=DEV), torch.zeros(n // 64, device=DEV, dtype=torch.int32))
     want = x.double() @ w_kn[0].double()
-    best = (float("inf"), None)
+    best: tuple[float, tuple[int, ...] | None] = (float("inf"), None)
     for setting in SETTINGS:
         probe(lib, y, x, w_kn[0], work, setting)
         err = ((y.double() - want).norm() / want.norm()).item()

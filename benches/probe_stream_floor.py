@@ -22,8 +22,9 @@ CEILING = 4.26e12  # bytes/s, the H200's copy ceiling (benches/RESULTS.md)
 
 def load(path: str) -> ctypes.CDLL:
     lib = ctypes.CDLL(path)
-    lib.probe_ring.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_int] * 5 + [ctypes.c_void_p] * 2
-    lib.probe_ld.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 2
+    ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.probe_ring.argtypes = (ptr, i64, i32, i32, i32, i32, i32, ptr, ptr)
+    lib.probe_ld.argtypes = (ptr, i64, i32, i32, ptr, ptr)
     return lib
 
 

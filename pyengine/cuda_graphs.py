@@ -22,8 +22,8 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from torch import nn
 
+from candle_vllm.pyengine.models.base import CausalLM
 from candle_vllm.pyengine.ops import cuda, cuda_paged
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 
@@ -49,7 +49,7 @@ def graph_batch_sizes(max_num_seqs: int, cap: int = MAX_CAPTURED_BATCH) -> list[
     return sorted(set(sizes))
 
 
-def unsupported_reason(model: nn.Module, kv_caches: list[torch.Tensor], device: torch.device) -> str | None:
+def unsupported_reason(model: CausalLM, kv_caches: list[torch.Tensor], device: torch.device) -> str | None:
     """Why decode graphs cannot run for this model and cache (None when they can): every op inside must be a
     capture-safe CUDA kernel, and the attention one needs a f16/bf16 cache of a supported head geometry."""
     if device.type != "cuda":
@@ -111,7 +111,7 @@ class DecodeGraphs:
     """
 
     def __init__(
-        self, model: nn.Module, device: torch.device, max_num_seqs: int, max_model_len: int, block_size: int
+        self, model: CausalLM, device: torch.device, max_num_seqs: int, max_model_len: int, block_size: int
     ) -> None:
         self.model = model
         self.device = device
@@ -188,8 +188,7 @@ class DecodeGraphs:
         if staging.copied is not None:
             staging.copied.synchronize()  # its copies of two steps ago have run: free to overwrite
         tokens = staging.inputs.tokens.numpy()
-        on_device = isinstance(input_ids, torch.Tensor)
-        tokens[0, :b] = 0 if on_device else input_ids
+        tokens[0, :b] = 0 if isinstance(input_ids, torch.Tensor) else input_ids
         tokens[1, :b], tokens[2, :b] = positions, slot_mapping
         tokens[:2, b:bucket] = 0
         tokens[2, b:bucket] = -1  # padding rows write no K/V
@@ -201,7 +200,7 @@ class DecodeGraphs:
         if staging.copied is None:
             staging.copied = torch.cuda.Event()
         staging.copied.record()
-        if on_device:
+        if isinstance(input_ids, torch.Tensor):
             self._tokens[0, :b].copy_(input_ids)
         captured = self._graphs[bucket]
         captured.graph.replay()

@@ -267,7 +267,7 @@ class EngineArgs:
         """Per-response output cap: `--max-gen-tokens`, else a fifth of the model's context."""
         return self.max_gen_tokens if self.max_gen_tokens is not None else max(1, max_model_len // 5)
 
-    def sampling_defaults(self) -> dict[str, float | int]:
+    def sampling_defaults(self) -> dict[str, Any]:
         """Server-wide sampling defaults that were set; they override the model's generation_config.json."""
         names = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty")
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}

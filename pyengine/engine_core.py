@@ -132,7 +132,7 @@ class EngineCore:
         ``ValueError`` when it can never run."""
         params = self.resolve_params(params)
         group = RequestGroup(request_id, prompt, list(prompt_token_ids), params)
-        requests = []
+        requests: list[Request] = []
         for index in range(params.n):
             child = params if params.seed is None or index == 0 else dataclasses.replace(params, seed=params.seed + index)
             requests.append(Request(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from tqdm import tqdm
 
@@ -57,12 +57,12 @@ class LLM:
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Render each conversation with the model's chat template and generate a reply."""
-        conversations: Sequence[Sequence[Message]] = (
-            [messages] if messages and isinstance(messages[0], dict) else messages  # type: ignore[list-item]
+        conversations = cast(
+            "Sequence[Sequence[Message]]", [messages] if messages and isinstance(messages[0], dict) else messages
         )
         params = self._params_per_prompt(sampling_params, len(conversations))
         tok = self.engine.tokenizer
-        requests = []
+        requests: list[tuple[str | None, list[int], SamplingParams]] = []
         for conv, p in zip(conversations, params, strict=True):
             text = tok.apply_chat_template(list(conv), tools=tools, add_generation_prompt=add_generation_prompt,
                                            chat_template_kwargs=chat_template_kwargs, chat_template=chat_template)

@@ -37,9 +37,9 @@ from collections.abc import Collection
 
 import numpy as np
 import torch
-from torch import nn
 
 from candle_vllm.pyengine.cuda_graphs import DecodeGraphs, unsupported_reason
+from candle_vllm.pyengine.models.base import CausalLM
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 from candle_vllm.pyengine.ops.transfer import to_device
 from candle_vllm.pyengine.outputs import TokenLogprobs
@@ -66,7 +66,7 @@ class ModelRunner:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: CausalLM,
         kv_caches: list[torch.Tensor],
         vocab_size: int,
         device: torch.device,
@@ -143,7 +143,7 @@ class ModelRunner:
         with torch.inference_mode():
             ids: np.ndarray | torch.Tensor = host_ids
             if dst is not None:
-                assert prev is not None and prev.sampled is not None
+                assert prev is not None and prev.sampled is not None and src is not None
                 if _is_identity(dst, host_ids.shape[0]) and _is_identity(src, host_ids.shape[0]):
                     # Every input is the token the previous step sampled in the same row (steady decode): use
                     # its ids as they are, without copies or gather kernels between the two steps.
@@ -239,7 +239,7 @@ class ModelRunner:
         return (
             getattr(self.model, "supports_output_rows", False)
             and 0 < len(plan.sampled_requests) < plan.num_tokens
-            and all(req.sampling_params.prompt_logprobs is None for req in plan.requests)  # type: ignore[union-attr]
+            and all(req.sampling_params.prompt_logprobs is None for req in plan.requests)  # type: ignore[attr-defined]
         )
 
     def _graph_bucket(self, plan: StepPlan) -> int | None:
@@ -268,7 +268,7 @@ class ModelRunner:
         """Queue sampling and the non-blocking copy of the sampled ids to the host."""
         histories = [self._sampled.setdefault(req.request_id, []) for req in requests]
         rows = [
-            SamplingRow(req.sampling_params, history, req.prompt_token_ids, self._generator(req))
+            SamplingRow(req.sampling_params, history, req.prompt_token_ids, self._generator(req))  # type: ignore[arg-type]
             for req, history in zip(requests, histories, strict=True)
         ]
         masked = self.grammars.token_mask(requests) if self.grammars is not None else None

@@ -17,6 +17,12 @@ START, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_.\-]*")
 _CALL_ID_CHARS = re.compile(r"[A-Za-z0-9_\-]*")
 _MAX_NAME = 256
+
+
+def _run_end(chars: re.Pattern[str], text: str, start: int) -> int:
+    """End of the run of ``chars`` (a pattern that also matches the empty string) at ``start``."""
+    run = chars.match(text, start)
+    return start if run is None else run.end()
 _LIST, _NAME, _TAG, _ID, _ID_TAG = range(5)
 
 
@@ -40,13 +46,14 @@ class _MistralReader:
                     break
                 self._state = state = _NAME
             if state in (_NAME, _ID):
-                j = (_NAME_CHARS if state == _NAME else _CALL_ID_CHARS).match(text, i).end()
+                j = _run_end(_NAME_CHARS if state == _NAME else _CALL_ID_CHARS, text, i)
                 if state == _NAME:
                     self._name += text[i:j]
                 i = j
                 if i == n or len(self._name) > _MAX_NAME or not self._name:
                     return (Status.MORE if i == n and len(self._name) <= _MAX_NAME else Status.FAIL), i
                 self._state = state = _TAG if state == _NAME else _ID_TAG
+            tag: str | None
             if state == _TAG and text[i] == "{":
                 tag = ARGS
             else:

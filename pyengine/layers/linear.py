@@ -8,11 +8,12 @@ import torch
 from torch import nn
 
 from candle_vllm.pyengine.layers.embedding import VocabEmbedding
+from candle_vllm.pyengine.layers.module_list import module_list
 from candle_vllm.pyengine.ops.activation import silu_and_mul
 from candle_vllm.pyengine.ops.norm import DeferredRMSNorm
 from candle_vllm.pyengine.ops.q8_activation import Q8Activation
 from candle_vllm.pyengine.ops.rotary import RopeCacheTarget
-from candle_vllm.pyengine.quant import UnquantizedLinear, WeightData, build_linear_methods
+from candle_vllm.pyengine.quant import LinearMethod, UnquantizedLinear, WeightData, build_linear_methods
 
 
 class Linear(nn.Module):
@@ -39,7 +40,7 @@ class Linear(nn.Module):
         self.in_features = in_features
         self.output_sizes = list(output_sizes)
         self.dtype, self.device = dtype, device
-        self.methods = nn.ModuleList()
+        self.methods: Sequence[LinearMethod] = module_list(())
         self._pending: dict[int, WeightData] = {}
         self.bias = (
             nn.Parameter(torch.empty(sum(output_sizes), dtype=dtype, device=device), requires_grad=False)
@@ -59,7 +60,7 @@ class Linear(nn.Module):
         if len(self._pending) == len(self.output_sizes):
             shards = [self._pending[i] for i in range(len(self.output_sizes))]
             self._pending.clear()
-            self.methods = nn.ModuleList(build_linear_methods(
+            self.methods = module_list(build_linear_methods(
                 shards, self.dtype, self.device, self.gated, self.rope_head_dim
             ))
 
@@ -71,7 +72,7 @@ class Linear(nn.Module):
 
     def tie_to(self, embedding: VocabEmbedding) -> None:
         """Share the token embedding matrix as this layer's weight (tied LM head)."""
-        self.methods = nn.ModuleList([embedding.as_linear_method()])
+        self.methods = module_list([embedding.as_linear_method()])
 
     @property
     def loaded(self) -> bool:
@@ -109,10 +110,11 @@ class Linear(nn.Module):
         y = self(x)
         return silu_and_mul(y if norm is None else norm.apply(y), q8=q8)
 
-    def add_into(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """``out += self(x)`` in place, inside the GEMM where the weight method can (``LinearMethod.add_into``);
-        returns out."""
-        if not (self.bias is None and len(self.methods) == 1 and self.methods[0].add_into(x, out)):
+    def add_into(self, x: torch.Tensor | Q8Activation, out: torch.Tensor) -> torch.Tensor:
+        """``out += self(x)`` in place, inside the GEMM where the weight method can (``LinearMethod.add_into``, dense
+        x); returns out."""
+        one = self.methods[0] if self.bias is None and len(self.methods) == 1 else None
+        if not (one is not None and isinstance(x, torch.Tensor) and one.add_into(x, out)):
             out += self(x)
         return out
 

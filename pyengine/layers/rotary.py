@@ -14,6 +14,8 @@ from candle_vllm.pyengine.ops.rotary import apply_rotary, rope_cos_sin_cache, ro
 class RotaryEmbedding(nn.Module):
     """Rotates q and k by absolute position; the table covers ``max_positions`` positions."""
 
+    cos_sin_cache: torch.Tensor  # a buffer
+
     def __init__(
         self,
         rotary_dim: int,

@@ -45,11 +45,11 @@ def resolve_hub(repo_id: str, weight_file: str | None, token: str | None, load_f
     except HFValidationError as e:
         raise ModelLoadError(f"{repo_id}: neither a local path nor a valid Hugging Face repo id") from e
     if weight_file is not None and weight_file.endswith(".gguf"):
-        files = [
-            Path(_cached_then_online(repo_id, lambda local, n=n: huggingface_hub.hf_hub_download(
-                repo_id, n, token=token, local_files_only=local)))
-            for n in shard_names(weight_file)
-        ]
+        def download(name: str) -> Path:
+            return Path(_cached_then_online(repo_id, lambda local: huggingface_hub.hf_hub_download(
+                repo_id, name, token=token, local_files_only=local)))
+
+        files = [download(n) for n in shard_names(weight_file)]
         return ModelSource(repo_id, "gguf", tuple(files), None)
     if weight_file is not None:
         sub = weight_file.strip("/")

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 from tqdm.auto import tqdm
 
 from candle_vllm.pyengine.config import ModelConfig, config_from_hf_dir
 from candle_vllm.pyengine.loader import dummy, gguf_io, safetensors_io
 from candle_vllm.pyengine.loader.errors import ModelLoadError
 from candle_vllm.pyengine.loader.source import LOAD_FORMATS, ModelSource
+from candle_vllm.pyengine.models.base import CausalLM
 from candle_vllm.pyengine.models.registry import model_class
 from candle_vllm.pyengine.quant import WeightData
 from candle_vllm.pyengine.quant.isq import is_target, isq_weight, resolve_qtype
@@ -33,7 +33,7 @@ class LoadedModel:
     """Everything the engine needs from a checkpoint. ``tokenizer`` is None only when the source has no
     tokenizer files (e.g. a bare config.json for dummy weights)."""
 
-    model: nn.Module
+    model: CausalLM
     config: ModelConfig
     tokenizer: Tokenizer | None
     generation_config: dict[str, Any] = field(default_factory=dict)
@@ -119,7 +119,7 @@ def _in_situ_quantized(
 
 
 def _fill(
-    model: nn.Module,
+    model: CausalLM,
     expected: dict[str, tuple[int, ...]],
     weights: Iterator[tuple[str, WeightData, Path | None]],
     where: str,

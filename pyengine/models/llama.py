@@ -10,12 +10,15 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
+from typing import Literal, cast
 
 import torch
 from torch import nn
 
 from candle_vllm.pyengine.config import ModelConfig
 from candle_vllm.pyengine.layers import Attention, Linear, RMSNorm, RotaryEmbedding, VocabEmbedding
+from candle_vllm.pyengine.layers.module_list import module_list
+from candle_vllm.pyengine.models.base import CausalLM
 from candle_vllm.pyengine.ops import native
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 from candle_vllm.pyengine.ops.cpu_decoder import CpuDecoderStack
@@ -107,19 +110,19 @@ class LlamaAttention(nn.Module):
         RMSNorm deferred (:class:`DeferredRMSNorm`): q, k and v take each token's 1/rms after the projection.
         ``add_to``: the output is added into that tensor (in o_proj's GEMM where it can), which is returned."""
         t, d = dense(x).shape[0], self.head_dim
-        can_cache = kv_cache is not None and meta.slot_mapping is not None
+        slots = meta.slot_mapping
         qkv = self.qkv_proj.forward_rope_cache(x, RopeCacheTarget(
-            self.kv_heads, positions, self.rotary.cos_sin_cache, kv_cache, meta.slot_mapping
-        )) if can_cache and norm is None else None
+            self.kv_heads, positions, self.rotary.cos_sin_cache, kv_cache, slots
+        )) if kv_cache is not None and slots is not None and norm is None else None
         cached = qkv is not None  # rotated and cached by the projection's own kernel
-        q, k, v = (qkv if cached else self.qkv_proj(x)).split(self.sizes, dim=-1)
+        q, k, v = (qkv if qkv is not None else self.qkv_proj(x)).split(self.sizes, dim=-1)
         q, k, v = q.reshape(t, -1, d), k.reshape(t, -1, d), v.reshape(t, -1, d)
         if not cached:
             if self.q_norm is not None and self.k_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
             group = self.qkv_proj.rope_pair_group  # q/k heads as the weight stores them: halves interleaved
-            cached = can_cache and apply_rotary_and_cache(
-                q, k, v, positions, self.rotary.cos_sin_cache, self.rotary.is_neox, kv_cache, meta.slot_mapping,
+            cached = kv_cache is not None and slots is not None and apply_rotary_and_cache(
+                q, k, v, positions, self.rotary.cos_sin_cache, self.rotary.is_neox, kv_cache, slots,
                 group, norm,
             )
             if not cached:
@@ -208,13 +211,13 @@ class LlamaModel(nn.Module):
             cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, True, device,
             cfg.rope_freq_factors,
         )
-        self.layers = nn.ModuleList(
+        self.layers = module_list(
             LlamaDecoderLayer(cfg, i, rotary, dtype, device) for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     """Decoder-only Llama-family LM over a flat token batch (contract C)."""
 
     hf_name_from_gguf = staticmethod(hf_name_from_gguf)
@@ -230,7 +233,8 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = Linear(config.hidden_size, [config.vocab_size], False, dtype, device)
         self.kv_caches: list[torch.Tensor] = []  # set by the engine, one per layer
         self.norms_folded = False  # fold_norms
-        self._cpu_stack: CpuDecoderStack | bool | None = False  # built on the first CPU step; None: unsupported
+        # Built on the first CPU step; None: unsupported.
+        self._cpu_stack: CpuDecoderStack | Literal[False] | None = False
 
     def forward(
         self,
@@ -360,23 +364,23 @@ class LlamaForCausalLM(nn.Module):
             stem, kind = m.group(2), m.group(3)
             if stem in _FUSED:
                 path, shard = _FUSED[stem]
-                target = layer.get_submodule(path)
+                target = cast(Linear, layer.get_submodule(path))
                 if kind == "weight":
                     target.load_shard(shard, w)
                 else:
                     target.load_bias(shard, _dense(w))
             else:
-                target = layer.get_submodule(stem) if kind == "weight" else None
-                if not isinstance(target, RMSNorm):
+                norm = layer.get_submodule(stem) if kind == "weight" else None
+                if not isinstance(norm, RMSNorm):
                     raise KeyError(name)
-                _copy_dense(target.weight, w)
+                _copy_dense(norm.weight, w)
 
 
 def _gguf_parts(linear: Linear) -> list[tuple[torch.Tensor, int, int]] | None:
-    methods = list(linear.methods)
-    if not methods or not all(isinstance(m, GGUFLinear) and m.data.is_contiguous() for m in methods):
+    methods = [m for m in linear.methods if isinstance(m, GGUFLinear) and m.data.is_contiguous()]
+    if not methods or len(methods) != len(linear.methods):
         return None
-    return [(m.data, int(m.qtype), m.out_features) for m in methods]  # type: ignore[union-attr]
+    return [(m.data, int(m.qtype), m.out_features) for m in methods]
 
 
 def _build_cpu_stack(model: LlamaModel) -> CpuDecoderStack | None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from torch import nn
-
 from candle_vllm.pyengine.config import ModelConfig
+from candle_vllm.pyengine.models.base import CausalLM
 from candle_vllm.pyengine.models.llama import LlamaForCausalLM
 
-MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "YiForCausalLM": LlamaForCausalLM,
@@ -16,7 +15,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
 }
 
 
-def model_class(config: ModelConfig) -> type[nn.Module]:
+def model_class(config: ModelConfig) -> type[CausalLM]:
     """The class implementing ``config.architecture``; a clear error for architectures not ported yet."""
     cls = MODEL_REGISTRY.get(config.architecture)
     if cls is None:

@@ -206,7 +206,7 @@ def _native_paged_attention(
     assert meta.block_tables is not None
     t, hq, d = q.shape
     out = torch.empty_like(q)
-    native.module().cpu_paged_attention(
+    native.loaded().cpu_paged_attention(
         native.ptr(out), native.ptr(q), native.ptr(kv_cache), native.ptr(meta.block_tables),
         native.ptr(meta.query_start_loc), native.ptr(meta.seq_lens), meta.seq_lens.shape[0], t, hq, num_kv_heads, d,
         kv_cache.shape[2], kv_cache.shape[1], meta.block_tables.shape[1], scale, sliding_window or 0, softcap or 0.0,

@@ -90,7 +90,7 @@ def gemm_operands_ok(x: torch.Tensor, weight: torch.Tensor, max_m: int) -> bool:
 
 def skinny_gemm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """True when ``x @ weight.T`` can run on the skinny kernel (:func:`gemm_operands_ok` with M <= 16)."""
-    return available(x.device) and gemm_operands_ok(x, weight, native.module().cuda_skinny_max_m)
+    return available(x.device) and gemm_operands_ok(x, weight, native.loaded().cuda_skinny_max_m)
 
 
 def skinny_gemm_splits(n: int, k: int, sms: int, warps: int = 4) -> int:
@@ -99,7 +99,7 @@ def skinny_gemm_splits(n: int, k: int, sms: int, warps: int = 4) -> int:
     enough to reach about two CTAs per SM, keeping at least one chunk of 128 k per warp in each split.
     M > 16 stays on cuBLAS: a 64-row-tile variant measured 0.26-0.94x cuBLAS on the 8B shapes (RESULTS.md)."""
     tiles = math.ceil(n / 16)
-    chunks = math.ceil(k / native.module().cuda_skinny_chunk_k)
+    chunks = math.ceil(k / native.loaded().cuda_skinny_chunk_k)
     if tiles >= sms:
         return 1
     splits = max(1, min(math.ceil(2 * sms / tiles), chunks // warps))
@@ -163,7 +163,7 @@ def skinny_gemm(
     m, n, k, splits, warps, partials, counters_ptr = _skinny_launch_args(x, weight, splits, warps)
     partials_ptr = 0 if partials is None else partials.data_ptr()
     y = torch.empty(m, n // 2 if silu_mul else n, dtype=x.dtype, device=x.device)
-    native.module().cuda_skinny_gemm(
+    native.loaded().cuda_skinny_gemm(
         y.data_ptr(), x.data_ptr(), weight.data_ptr(), partials_ptr, counters_ptr, m, n, k, splits, warps, silu_mul,
         native.dtype_code(x), native.stream(x.device),
     )
@@ -232,7 +232,7 @@ def skinny_gemm_rope_cache(
     partials_ptr = 0 if partials is None else partials.data_ptr()
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     kp, vp = _cache_halves(kv_cache)
-    native.module().cuda_skinny_gemm_rope_cache(
+    native.loaded().cuda_skinny_gemm_rope_cache(
         y.data_ptr(), x.data_ptr(), weight.data_ptr(), partials_ptr, counters_ptr, m, n, k, splits, warps,
         positions.data_ptr(), cos_sin_cache.data_ptr(), kp, vp, slot_mapping.data_ptr(), rot_rows - kv_heads * d,
         rot_rows, d, kv_heads, native.dtype_code(x), native.stream(x.device),
@@ -256,12 +256,12 @@ def silu_and_mul(x: torch.Tensor, *, q8: int = 0) -> torch.Tensor | Q8Activation
     out = torch.empty(*x.shape[:-1], d, dtype=x.dtype, device=x.device)
     if q8 and producer_supported(out, q8, x):
         act = codes_for(out, q8)
-        native.module().cuda_silu_and_mul_q8(
+        native.loaded().cuda_silu_and_mul_q8(
             out.data_ptr(), act.xq.data_ptr(), act.xb.data_ptr(), q8, x.data_ptr(), tokens, d,
             native.dtype_code(x), native.stream(x.device),
         )
         return act
-    native.module().cuda_silu_and_mul(
+    native.loaded().cuda_silu_and_mul(
         out.data_ptr(), x.data_ptr(), tokens, d, native.dtype_code(x), native.stream(x.device)
     )
     return out
@@ -279,7 +279,7 @@ def silu_and_mul_interleaved(x: torch.Tensor, norm: DeferredRMSNorm | None = Non
     out = torch.empty(*x.shape[:-1], d, dtype=x.dtype, device=x.device)
     if tokens > 65535 or not _aligned(x, out) or not deferred_norm_ok(norm, x, tokens):
         return None
-    native.module().cuda_silu_and_mul_interleaved(
+    native.loaded().cuda_silu_and_mul_interleaved(
         out.data_ptr(), x.data_ptr(), tokens, d, native.dtype_code(x), native.stream(x.device),
         *deferred_norm_args(norm),
     )
@@ -305,7 +305,7 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
         raise ValueError("argmax: needs 2-D f32/f16/bf16 CUDA logits")
     logits = logits.contiguous()
     out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
-    native.module().cuda_argmax(
+    native.loaded().cuda_argmax(
         out.data_ptr(), logits.data_ptr(), logits.shape[0], logits.shape[1], native.dtype_code(logits),
         native.stream(logits.device),
     )

@@ -16,12 +16,12 @@ from gguf import GGMLQuantizationType as QT
 
 from candle_vllm.pyengine.ops import native
 from candle_vllm.pyengine.ops.cuda import HALF_DTYPES, _cache_halves, available, epilogue_target_ok
-from candle_vllm.pyengine.ops.q8_activation import BLOCK, Q8Activation
+from candle_vllm.pyengine.ops.q8_activation import BLOCK, Q8Activation, dense
 
 
 def type_supported(qtype: QT) -> bool:
     """Whether the CUDA kernels decode GGUF blocks of ``qtype`` (the quantized block types, not F32/F16/BF16)."""
-    return native.module().cuda_gguf_supported(int(qtype))
+    return native.loaded().cuda_gguf_supported(int(qtype))
 
 
 # Q6_K, Q3_K, Q8_0 and Q5_0 on CUDA (native/cuda/gguf_block.cuh): rows in groups of 8 blocks, a header holding the
@@ -92,7 +92,7 @@ def gemv_supported(x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features:
     return (
         available(x.device)
         and x.dim() == 2
-        and 1 <= x.shape[0] <= native.module().cuda_gguf_gemv_max_m
+        and 1 <= x.shape[0] <= native.loaded().cuda_gguf_gemv_max_m
         and x.shape[1] == in_features
         and x.dtype in HALF_DTYPES
         and x.device == data.device
@@ -107,7 +107,7 @@ GemvKernel = Literal["auto", "dp4a", "mma"]
 
 def dp4a_supported(qtype: QT) -> bool:
     """Whether the int8-activation GEMV (x quantized per 32 values, dp4a dot products) handles ``qtype``."""
-    return native.module().cuda_gguf_gemv_q8_supported(int(qtype))
+    return native.loaded().cuda_gguf_gemv_q8_supported(int(qtype))
 
 
 def gemv(
@@ -126,7 +126,7 @@ def gemv(
     CTA (2, 4 or 8; 0 = the kernel's default rule, see :func:`gemv_rows`). Every choice gives the same bits.
     """
     q8 = x if isinstance(x, Q8Activation) else None
-    x = q8.x if q8 is not None else x
+    x = dense(x)
     if not gemv_supported(x, data, qtype, out_features, in_features):
         raise ValueError(
             "gguf gemv needs x [M<=8, K] contiguous f16/bf16 and W as contiguous 16-byte aligned uint8 blocks of a "
@@ -137,7 +137,7 @@ def gemv(
     use_dp4a = dp4a_supported(qtype) if kernel == "auto" else kernel == "dp4a"
     if not use_dp4a and rows:
         raise ValueError("gguf gemv: rows tunes the dp4a kernel; the mma kernel does not take it")
-    m, mod = x.shape[0], native.module()
+    m, mod = x.shape[0], native.loaded()
     y = torch.empty(m, out_features, dtype=x.dtype, device=x.device)
     stream = native.stream(x.device)
     if not use_dp4a:
@@ -182,13 +182,13 @@ def mmq_supported(x: torch.Tensor, data: torch.Tensor, qtype: QT, out_features: 
 def x_group(qtype: QT) -> int:
     """The values per activation scale :func:`mmq` takes for ``qtype``: 256 for the K-quants (Q8_K's rule, the CPU
     path's for them: a unit's sums then stay integer), 32 for the 32-element types (the dp4a GEMV's codes)."""
-    return native.module().cuda_gguf_mmq_x_group(int(qtype))
+    return native.loaded().cuda_gguf_mmq_x_group(int(qtype))
 
 
 def _codes_taken(q8: Q8Activation | None, qtype: QT) -> Q8Activation | None:
     """q8, or None (quantize again from its dense x) where the tensor-core product cannot read its codes: blocks
     not 16-byte aligned (the kernel reads two at once) or another scale group than :func:`x_group`."""
-    if q8 is None or q8.xb.data_ptr() % 16 or not native.module().cuda_gguf_mmq_supported(int(qtype)):
+    if q8 is None or q8.xb.data_ptr() % 16 or not native.loaded().cuda_gguf_mmq_supported(int(qtype)):
         return None
     if q8.group != x_group(qtype):
         return None
@@ -214,7 +214,7 @@ def mmq(
     fits and no row tiles are given). ``row_tiles`` and ``staging`` change only the speed, ``warps`` also the f32
     summation order."""
     q8 = x if isinstance(x, Q8Activation) else None
-    x = q8.x if q8 is not None else x
+    x = dense(x)
     q8 = _codes_taken(q8, qtype)
     if not mmq_supported(x, data, qtype, out_features, in_features):
         raise ValueError(
@@ -226,7 +226,7 @@ def mmq(
     m = x.shape[0]
     y = torch.empty(m, out_features, dtype=x.dtype, device=x.device)
     to_quantize, xq, xb = _codes(x, q8, in_features)
-    native.module().cuda_gguf_mmq(
+    native.loaded().cuda_gguf_mmq(
         y.data_ptr(), 0 if to_quantize is None else to_quantize.data_ptr(), xq.data_ptr(), xb.data_ptr(),
         data.data_ptr(), m, out_features, in_features, int(qtype), native.dtype_code(x), native.stream(x.device),
         row_tiles, warps, staging,
@@ -247,7 +247,7 @@ def _codes(
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """The dp4a GEMV's int8 inputs: q8's codes (checked; nothing to quantize), or scratch for the GEMV's own
     quantizer launch with the 16-byte aligned x it reads."""
-    m, xblock_bytes = x.shape[0], native.module().cuda_gguf_xblock_bytes
+    m, xblock_bytes = x.shape[0], native.loaded().cuda_gguf_xblock_bytes
     if q8 is not None:
         _check_codes(q8, m, in_features, xblock_bytes)
         return None, q8.xq, q8.xb
@@ -285,7 +285,7 @@ def gemv_rope_cache(
     None (nothing done) where the kernel does not apply. x's codes (a :class:`Q8Activation`) spare the quantizer
     launch; ``rows`` as in :func:`gemv`."""
     q8 = x if isinstance(x, Q8Activation) else None
-    x = q8.x if q8 is not None else x
+    x = dense(x)
     d = head_dim
     rot_rows = out_features - kv_heads * d
     if tensor_cores:
@@ -308,7 +308,7 @@ def gemv_rope_cache(
     y = torch.empty(m, out_features, dtype=x.dtype, device=x.device)
     to_quantize, xq, xb = _codes(x, q8, in_features)
     kp, vp = _cache_halves(kv_cache)
-    native.module().cuda_gguf_gemv_q8_rope_cache(
+    native.loaded().cuda_gguf_gemv_q8_rope_cache(
         y.data_ptr(), 0 if to_quantize is None else to_quantize.data_ptr(), xq.data_ptr(), xb.data_ptr(),
         data.data_ptr(), m, out_features, in_features, int(qtype), native.dtype_code(x), positions.data_ptr(),
         cos_sin_cache.data_ptr(), kp, vp, slot_mapping.data_ptr(),
@@ -322,7 +322,7 @@ def gemv_rows(qtype: QT, m: int, out_features: int, in_features: int, rows: int 
     ``in_features`` weight on the current CUDA device (``rows = 0`` resolved by the kernel's default rule: per type,
     for Q2_K by the weight's size, and for Q4_K/Q5_K by wave efficiency over the device's SMs), so benchmarks and
     tests can tell which launch is the default."""
-    return native.module().cuda_gguf_gemv_q8_rows(int(qtype), m, out_features, in_features, rows)
+    return native.loaded().cuda_gguf_gemv_q8_rows(int(qtype), m, out_features, in_features, rows)
 
 
 def _check_codes(q8: Q8Activation, m: int, k: int, xblock_bytes: int) -> None:
@@ -366,7 +366,7 @@ def dequantize(
         ids = ids.contiguous()
         ids_ptr, out_rows = ids.data_ptr(), ids.numel()
     out = torch.empty(out_rows, cols, dtype=dtype, device=data.device)
-    native.module().cuda_gguf_dequantize(
+    native.loaded().cuda_gguf_dequantize(
         out.data_ptr(), data.data_ptr(), ids_ptr, out_rows, cols, int(qtype), native.dtype_code(out),
         native.stream(data.device),
     )

@@ -49,7 +49,7 @@ def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, 
     if not ok:
         raise ValueError("reshape_and_cache: needs k/v [T, Hk, D] matching the cache dtype and int64 slots")
     kp, vp = _cache_halves(kv_cache)
-    native.module().cuda_reshape_and_cache(
+    native.loaded().cuda_reshape_and_cache(
         k.data_ptr(), v.data_ptr(), kp, vp, slot_mapping.data_ptr(), k.shape[0], k.shape[1], k.shape[2],
         k.stride(0), v.stride(0), native.dtype_code(k), native.stream(k.device),
     )
@@ -57,7 +57,7 @@ def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, 
 
 def decode_max_heads_per_cta(kv_heads: int, head_dim: int) -> int:
     """Most kv heads one decode CTA covers: a warp each, ``cuda_attn_cta_row // head_dim`` at most."""
-    return min(kv_heads, native.module().cuda_attn_cta_row // head_dim)
+    return min(kv_heads, native.loaded().cuda_attn_cta_row // head_dim)
 
 
 def decode_head_groups(kv_heads: int, head_dim: int, heads_per_cta: int | None = None) -> int:
@@ -129,7 +129,7 @@ def decode_plan(
     (``_SPLIT_HEAD_DIVISOR``). The kernel divides each sequence's actual span
     into the same number of pieces, so shorter contexts in a graph-sized grid keep every CTA busy.
     """
-    row_heads = native.module().cuda_attn_cta_row // head_dim
+    row_heads = native.loaded().cuda_attn_cta_row // head_dim
     max_tiles = max(1, math.ceil(max_seq_len / _ATTN_TILE))
     warps_per_sm = 65536 // (32 * _ATTN_REGS[head_dim])
     best: dict[int, tuple[float, int]] = {}
@@ -235,7 +235,7 @@ def paged_decode_attention(
     partition_size = partition_size or plan.partition_size
     heads_per_cta = heads_per_cta or plan.heads_per_cta
     splits = splits or plan.splits
-    most = native.module().cuda_attn_cta_row // d
+    most = native.loaded().cuda_attn_cta_row // d
     if splits not in DECODE_SPLITS:
         raise ValueError(f"paged_decode_attention: splits (warps per kv head) must be one of {DECODE_SPLITS}")
     if not (heads_per_cta >= 1 and heads_per_cta * splits <= most):
@@ -252,7 +252,7 @@ def paged_decode_attention(
         partial_ml = torch.empty(2, b, hq, parts, dtype=torch.float32, device=q.device)
         po_ptr, pml_ptr = partial_out.data_ptr(), partial_ml.data_ptr()
     kp, vp = _cache_halves(kv_cache)
-    native.module().cuda_paged_attention_decode(
+    native.loaded().cuda_paged_attention_decode(
         out.data_ptr(), q.data_ptr(), kp, vp, block_tables.data_ptr(), seq_lens.data_ptr(), po_ptr, pml_ptr,
         counters.data_ptr() if fused else 0, b, hq, hk, d, q.stride(0), block_size, block_tables.shape[1],
         partition_size, parts, heads_per_cta, splits, scale, softcap or 0.0, sliding_window or 0, native.dtype_code(q),

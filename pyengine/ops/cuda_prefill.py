@@ -79,25 +79,25 @@ def flash_prefill(
             "[2, blocks, block_size, Hk, D] of the same dtype, D in 64/128/256, Hq a multiple of Hk, 16-byte aligned; "
             f"got q {tuple(q.shape)} {q.dtype} strides {q.stride()}, cache {tuple(kv_cache.shape)} {kv_cache.dtype}"
         )
-    for name, t in (("block_tables", block_tables), ("query_start_loc", query_start_loc), ("seq_lens", seq_lens)):
-        if t.dtype != torch.int32 or t.device != q.device:
-            raise ValueError(f"flash_prefill: {name} must be int32 on {q.device}, got {t.dtype} on {t.device}")
+    for name, ints in (("block_tables", block_tables), ("query_start_loc", query_start_loc), ("seq_lens", seq_lens)):
+        if ints.dtype != torch.int32 or ints.device != q.device:
+            raise ValueError(f"flash_prefill: {name} must be int32 on {q.device}, got {ints.dtype} on {ints.device}")
     block_tables, query_start_loc, seq_lens = (
         block_tables.contiguous(), query_start_loc.contiguous(), seq_lens.contiguous()
     )
     t, hq, d = q.shape
     _, _, block_size, hk, _ = kv_cache.shape
-    config = DEFAULT_CONFIG[d] if config is None else tuple(config)
-    if config not in KERNEL_CONFIGS[d]:
-        raise ValueError(f"flash_prefill: config {config} is not compiled for head_dim {d}; use one of {KERNEL_CONFIGS[d]}")
+    tiling = DEFAULT_CONFIG[d] if config is None else tuple(config)
+    if tiling not in KERNEL_CONFIGS[d]:
+        raise ValueError(f"flash_prefill: config {tiling} is not compiled for head_dim {d}; use one of {KERNEL_CONFIGS[d]}")
     if out is None:
         out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
     elif not (out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous() and out.data_ptr() % 16 == 0):
         raise ValueError("flash_prefill: out must be a contiguous, 16-byte aligned tensor shaped and typed like q")
-    native.module().cuda_flash_prefill(
+    native.loaded().cuda_flash_prefill(
         out.data_ptr(), q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), block_tables.data_ptr(),
         query_start_loc.data_ptr(), seq_lens.data_ptr(), seq_lens.shape[0], max_query_len, hq, hk, d, q.stride(0),
-        block_size, block_tables.shape[1], scale, softcap or 0.0, sliding_window or 0, *config, skip_single_token,
+        block_size, block_tables.shape[1], scale, softcap or 0.0, sliding_window or 0, *tiling, skip_single_token,
         native.dtype_code(q), native.stream(q.device),
     )
     return out

@@ -77,7 +77,7 @@ def rotary_embedding_(
     with interleaved halves (neox, ``pair_group`` 1 or 8) are left in the standard layout."""
     if not rotary_supported(q, k, positions, cos_sin_cache, pair_group):
         raise ValueError("rotary_embedding_: unsupported tensors (see rotary_supported)")
-    native.module().cuda_rotary_embedding(
+    native.loaded().cuda_rotary_embedding(
         q.data_ptr(), k.data_ptr(), positions.data_ptr(), cos_sin_cache.data_ptr(), q.shape[0], q.shape[1],
         k.shape[1], q.shape[2], cos_sin_cache.shape[-1], q.stride(0), k.stride(0), _rope_style(is_neox, pair_group),
         pair_group, native.dtype_code(q), native.stream(q.device),
@@ -140,7 +140,7 @@ def rotary_embedding_cache_(
     if not rotary_cache_supported(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping, pair_group, norm):
         raise ValueError("rotary_embedding_cache_: unsupported tensors (see rotary_cache_supported)")
     kp, vp = _cache_halves(kv_cache)
-    native.module().cuda_rotary_embedding_cache(
+    native.loaded().cuda_rotary_embedding_cache(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), positions.data_ptr(), cos_sin_cache.data_ptr(), kp, vp,
         slot_mapping.data_ptr(), q.shape[0], q.shape[1], k.shape[1], q.shape[2], q.stride(0), k.stride(0),
         v.stride(0), _rope_style(is_neox, pair_group), pair_group, native.dtype_code(q), native.stream(q.device),

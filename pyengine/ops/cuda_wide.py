@@ -24,7 +24,7 @@ CTA_ROWS = 256  # weight rows per CTA (kWideRows in native/cuda/wide_gemm.h)
 
 @functools.cache
 def _device_ok(device_index: int) -> bool:
-    return bool(native.module().cuda_wide_gemm_available(device_index))
+    return bool(native.loaded().cuda_wide_gemm_available(device_index))
 
 
 def wide_gemm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -32,7 +32,7 @@ def wide_gemm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
     16-byte aligned f16/bf16 of one dtype on a Hopper GPU with an sm_90a build, K % 8 == 0."""
     return (
         available(x.device)
-        and gemm_operands_ok(x, weight, native.module().cuda_wide_max_m)
+        and gemm_operands_ok(x, weight, native.loaded().cuda_wide_max_m)
         and _device_ok(_device_index(x.device))
     )
 
@@ -69,7 +69,7 @@ def wide_gemm(x: torch.Tensor, weight: torch.Tensor, *, silu_mul: bool = False) 
     if silu_mul and n % 16:
         raise ValueError(f"wide_gemm: silu_mul needs an interleaved gate/up weight of 16k rows, got {n}")
     y = torch.empty(m, n // 2 if silu_mul else n, dtype=x.dtype, device=x.device)
-    native.module().cuda_wide_gemm(
+    native.loaded().cuda_wide_gemm(
         y.data_ptr(), x.data_ptr(), weight.data_ptr(), m, n, k, silu_mul, native.dtype_code(x), native.stream(x.device)
     )
     return y

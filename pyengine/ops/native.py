@@ -8,6 +8,7 @@ forces the torch references (``CANDLE_VLLM_OPS=reference``), so every op wrapper
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 from types import ModuleType
 
@@ -29,10 +30,18 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def module() -> ModuleType | None:
     """The compiled extension, or None when the package was installed without it."""
     try:
-        from candle_vllm import _native
+        _native = importlib.import_module("candle_vllm._native")
     except ImportError:
         return None
     return _native
+
+
+def loaded() -> ModuleType:
+    """The compiled extension, for callers that checked :func:`available` (or a kernel's ``supported``) first."""
+    mod = module()
+    if mod is None:
+        raise RuntimeError("candle_vllm._native is not built; reinstall candle-vllm with its native module")
+    return mod
 
 
 def reference_forced() -> bool:

@@ -63,17 +63,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, q8: int = 0) 
         hidden = x.shape[-1]
         rows, code = x.numel() // hidden, native.dtype_code(x)
         if x.device.type == "cpu":
-            native.module().cpu_rms_norm(native.ptr(out), native.ptr(x), native.ptr(weight), rows, hidden, eps, code)
+            native.loaded().cpu_rms_norm(native.ptr(out), native.ptr(x), native.ptr(weight), rows, hidden, eps, code)
             return out
         stream = native.stream(x.device)
         if q8 and producer_supported(out, q8, x, weight):
             act = codes_for(out, q8)
-            native.module().cuda_rms_norm_q8(
+            native.loaded().cuda_rms_norm_q8(
                 native.ptr(out), native.ptr(act.xq), native.ptr(act.xb), q8, native.ptr(x), native.ptr(weight), rows,
                 hidden, eps, code, stream,
             )
             return act
-        native.module().cuda_rms_norm(native.ptr(out), native.ptr(x), native.ptr(weight), rows, hidden, eps, code, stream)
+        native.loaded().cuda_rms_norm(native.ptr(out), native.ptr(x), native.ptr(weight), rows, hidden, eps, code, stream)
         return out
     return rms_norm_reference(x, weight, eps)
 
@@ -89,19 +89,19 @@ def fused_add_rms_norm(
         hidden = x.shape[-1]
         rows, code = x.numel() // hidden, native.dtype_code(x)
         if x.device.type == "cpu":
-            native.module().cpu_fused_add_rms_norm(
+            native.loaded().cpu_fused_add_rms_norm(
                 native.ptr(x), native.ptr(residual), native.ptr(weight), rows, hidden, eps, code
             )
             return x, residual
         stream = native.stream(x.device)
         if q8 and producer_supported(x, q8, residual, weight):
             act = codes_for(x, q8)
-            native.module().cuda_fused_add_rms_norm_q8(
+            native.loaded().cuda_fused_add_rms_norm_q8(
                 native.ptr(x), native.ptr(residual), native.ptr(act.xq), native.ptr(act.xb), q8, native.ptr(weight),
                 rows, hidden, eps, code, stream,
             )
             return act, residual
-        native.module().cuda_fused_add_rms_norm(
+        native.loaded().cuda_fused_add_rms_norm(
             native.ptr(x), native.ptr(residual), native.ptr(weight), rows, hidden, eps, code, stream
         )
         return x, residual

@@ -84,5 +84,5 @@ def codes_for(x: torch.Tensor, group: int) -> Q8Activation:
     k = x.shape[-1]
     rows = x.numel() // k
     xq = torch.empty(rows, k, dtype=torch.int8, device=x.device)
-    xb = torch.empty(rows, k // BLOCK * native.module().cuda_gguf_xblock_bytes, dtype=torch.uint8, device=x.device)
+    xb = torch.empty(rows, k // BLOCK * native.loaded().cuda_gguf_xblock_bytes, dtype=torch.uint8, device=x.device)
     return Q8Activation(x, xq, xb, group)

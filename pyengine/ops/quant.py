@@ -21,7 +21,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 
 from candle_vllm.pyengine.ops import cuda_gguf, native
-from candle_vllm.pyengine.ops.q8_activation import BLOCK, Q8Activation
+from candle_vllm.pyengine.ops.q8_activation import BLOCK, Q8Activation, dense
 
 SUPPORTED_TYPES: frozenset[QT] = frozenset(
     {
@@ -258,7 +258,7 @@ def dequantize(
     if data.device.type == "cpu" and dtype in native.FLOAT_DTYPES and native.available(data.device):
         out = torch.empty(shape, dtype=dtype)
         cols = shape[-1]
-        native.module().cpu_dequantize(
+        native.loaded().cpu_dequantize(
             native.ptr(out),
             native.ptr(flat),
             out.numel() // cols,
@@ -292,7 +292,7 @@ def quant_matmul(
     its quantizer launch, same result; every other path uses its dense ``x``.
     """
     q8 = x if isinstance(x, Q8Activation) else None
-    x = q8.x if q8 is not None else x
+    x = dense(x)
     if x.shape[-1] != in_features:
         raise ValueError(f"x has {x.shape[-1]} features, the weight expects {in_features}")
     if x.dtype not in native.FLOAT_DTYPES:
@@ -305,7 +305,7 @@ def quant_matmul(
         return quant_matmul_reference(x, flat, qtype, out_features, in_features)
     xc = x.contiguous()
     y = torch.empty((*x.shape[:-1], out_features), dtype=x.dtype)
-    native.module().cpu_quant_matmul(
+    native.loaded().cpu_quant_matmul(
         native.ptr(y),
         native.ptr(xc),
         native.ptr(flat),
@@ -376,14 +376,14 @@ def staged_mmq_runs(qtype: QT, in_features: int) -> bool:
     columns on the current CUDA device (a Hopper GPU, rows a whole number of 16-byte granules); False without CUDA
     kernels."""
     mod = native.module()
-    if not (mod.built_with_cuda and torch.cuda.is_available()):
+    if not (mod is not None and mod.built_with_cuda and torch.cuda.is_available()):
         return False
     return _staged_mmq_runs(int(qtype), in_features, torch.cuda.current_device())
 
 
 @functools.cache
 def _staged_mmq_runs(qtype: int, in_features: int, device: int) -> bool:
-    return bool(native.module().cuda_gguf_mmq_staged_fits(qtype, 1, in_features))
+    return bool(native.loaded().cuda_gguf_mmq_staged_fits(qtype, 1, in_features))
 
 
 def mmq_min_rows(qtype: QT, out_features: int, in_features: int) -> int | None:
@@ -407,7 +407,7 @@ def takes_tensor_cores(qtype: QT, rows: int, out_features: int, in_features: int
     tensor-core product (where its operands allow it): from :func:`mmq_min_rows` to the product's maximum rows,
     unless switched off."""
     low = mmq_min_rows(qtype, out_features, in_features)
-    return low is not None and low <= rows <= native.module().cuda_gguf_mmq_max_m and mmq_enabled()
+    return low is not None and low <= rows <= native.loaded().cuda_gguf_mmq_max_m and mmq_enabled()
 
 
 def takes_mmq(x2: torch.Tensor, flat: torch.Tensor, qtype: QT, out_features: int, in_features: int) -> bool:
@@ -424,9 +424,13 @@ def q8_max_rows(qtype: QT, in_features: int) -> int:
     it for weights on a CUDA device (a build without CUDA kernels has no tensor-core product)."""
     mod = native.module()
     mmq = (
-        mmq_enabled() and in_features % 256 == 0 and mod.built_with_cuda and mod.cuda_gguf_mmq_supported(int(qtype))
+        mmq_enabled()
+        and in_features % 256 == 0
+        and mod is not None
+        and mod.built_with_cuda
+        and mod.cuda_gguf_mmq_supported(int(qtype))
     )
-    return mod.cuda_gguf_mmq_max_m if mmq else GEMV_PASSES_MAX_ROWS
+    return mod.cuda_gguf_mmq_max_m if mmq and mod is not None else GEMV_PASSES_MAX_ROWS
 
 
 def q8_group(qtype: QT, rows: int, out_features: int, in_features: int) -> int:
@@ -454,7 +458,7 @@ def _cuda_quant_matmul(
     scratch tensor from torch's allocator, then one cuBLAS GEMM."""
     x2 = x.reshape(-1, in_features).contiguous()
     q8 = Q8Activation(x2, q8.xq, q8.xb, q8.group) if q8 is not None else None
-    rows, per_pass = x2.shape[0], native.module().cuda_gguf_gemv_max_m
+    rows, per_pass = x2.shape[0], native.loaded().cuda_gguf_gemv_max_m
     if takes_mmq(x2, flat, qtype, out_features, in_features):
         y = cuda_gguf.mmq(q8 or x2, flat, qtype, out_features, in_features)
     elif cuda_gguf.gemv_supported(x2, flat, qtype, out_features, in_features):

@@ -165,9 +165,10 @@ def _first_cudnn_layout(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor) ->
         if layout == "view":
             cand = (q4, k4, v4)
         else:  # uninitialised stand-ins: only their shapes and strides are checked
-            h = hq if layout == "expanded" else hk
+            kv_shape = (1, hq if layout == "expanded" else hk, length, d)
             cand = (torch.empty_like(q4, memory_format=torch.contiguous_format),
-                    *(torch.empty(1, h, length, d, dtype=q4.dtype, device=q4.device) for _ in range(2)))
+                    torch.empty(kv_shape, dtype=q4.dtype, device=q4.device),
+                    torch.empty(kv_shape, dtype=q4.dtype, device=q4.device))
         with pinned("sdpa-cudnn"):
             if torch.backends.cuda.can_use_cudnn_attention(SDPAParams(*cand, None, 0.0, True, cand[1].shape[1] != hq),
                                                            False):

@@ -97,7 +97,8 @@ def build_linear_methods(
                 rope_rows=run[0].shape[0] + run[1].shape[0] if rope else 0, head_dim=rope_head_dim if rope else 0,
             ))
         else:
-            weight = torch.cat([w.to(device, dtype) for w in run]) if len(run) > 1 else run[0].to(device, dtype)
+            dense = [w.to(device, dtype) for w in run if isinstance(w, torch.Tensor)]  # a run is of one kind
+            weight = torch.cat(dense) if len(dense) > 1 else dense[0]
             whole = device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and len(run) == len(shards)
             interleave = whole and gated and len(run) == 2 and weight.shape[0] % 16 == 0
             rope = whole and qkv

@@ -61,6 +61,8 @@ class GGUFLinear(LinearMethod):
     (``cuda_gguf.device_layout``: the rows of Q6_K, Q3_K, Q8_0 and Q5_0 regrouped for aligned loads).
     """
 
+    data: torch.Tensor  # a buffer: the blocks as uint8
+
     def __init__(self, weight: GGUFWeight, device: torch.device, rope_rows: int = 0, head_dim: int = 0) -> None:
         super().__init__()
         if len(weight.shape) != 2:

@@ -84,8 +84,9 @@ def quantize(weight: torch.Tensor, qtype: QT | str) -> torch.Tensor:
     mod = native.module()
     if x.device.type == "cuda" and native.available(x.device):
         with torch.cuda.device(x.device):
-            mod.cuda_isq_quantize(native.ptr(out), native.ptr(x), rows, cols, native.dtype_code(x), int(t),
-                                  native.stream(x.device))
+            native.loaded().cuda_isq_quantize(
+                native.ptr(out), native.ptr(x), rows, cols, native.dtype_code(x), int(t), native.stream(x.device)
+            )
         return out
     if mod is None:
         raise RuntimeError("ISQ needs the native module (candle_vllm._native), which is not installed")

@@ -15,6 +15,7 @@ from candle_vllm.pyengine.ops.activation import (
     silu_and_mul_interleaved,
 )
 from candle_vllm.pyengine.ops.norm import DeferredRMSNorm
+from candle_vllm.pyengine.ops.q8_activation import Q8Activation, dense
 from candle_vllm.pyengine.ops.rotary import RopeCacheTarget
 from candle_vllm.pyengine.ops.row_pairs import interleave_halves
 from candle_vllm.pyengine.quant.base import LinearMethod
@@ -74,9 +75,10 @@ class UnquantizedLinear(LinearMethod):
     def rope_pair_group(self) -> int:
         return 8 if self.rope_rows else 0
 
-    def forward_rope_cache(self, x: torch.Tensor, target: RopeCacheTarget) -> torch.Tensor | None:
+    def forward_rope_cache(self, x: torch.Tensor | Q8Activation, target: RopeCacheTarget) -> torch.Tensor | None:
         """The projection with q/k rotated and k/v stored at their slots (``cuda.skinny_gemm_rope_cache``), for a
         decode batch of a weight stored with interleaved halves; None (nothing done) elsewhere."""
+        x = dense(x)  # this method takes no int8 codes (q8_group 0), so x comes dense
         if not self.rope_rows or x.device.type != "cuda":
             return None
         return cuda.skinny_gemm_rope_cache(x, self.weight, self.head_dim, *target)

@@ -15,16 +15,19 @@ import json
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 
 from candle_vllm.pyengine.sampling.params import StructuredOutputParams
 from candle_vllm.pyengine.tokenizer import Tokenizer
 
 # Compact JSON (no whitespace between tokens) unless a schema's "x-guidance" says otherwise: with free
 # whitespace a sampling model can emit blank lines until max_tokens and never close the object.
-JSON_DEFAULTS: dict[str, Any] = {"whitespace_flexible": False}
+JSON_DEFAULTS: JsonCompileOptions = {"whitespace_flexible": False}
 ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
 MAX_CACHED_GRAMMARS = 256
 _UNUSABLE = "the JSON schema cannot be used for structured output"

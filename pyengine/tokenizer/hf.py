@@ -71,7 +71,7 @@ def _rebuild_post_processor(hf: HFTokenizer, config: dict[str, Any], names: dict
     for flag, name, at_end in (("add_bos_token", "bos_token", False), ("add_eos_token", "eos_token", True)):
         text = names.get(name)
         token_id = hf.token_to_id(text) if text is not None else None
-        if config.get(flag) and token_id is not None:
+        if config.get(flag) and text is not None and token_id is not None:
             pieces.insert(len(pieces) if at_end else 0, text)
             specials.append((text, token_id))
     hf.post_processor = processors.TemplateProcessing(single=pieces, pair=[*pieces, "$B"], special_tokens=specials)

@@ -4,6 +4,8 @@ ops run as torch references on the CPU in float64: checks that the CUDA branches
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -112,6 +114,7 @@ def test_fused_rotary_cache_then_attention(query_lens: list[int], seq_lens: list
     want = attention(rq, rk, v.cpu().double(), want_cache, meta, d**-0.5, hk)
     got_cache = cache.to(DEV)
     meta = AttentionMetadata.build(query_lens, seq_lens, DEV, tables, bs)
+    assert meta.slot_mapping is not None
     assert apply_rotary_and_cache(q, k, v, positions.to(DEV), table.to(DEV), True, got_cache, meta.slot_mapping)
     got = attention(q, k, v, got_cache, meta, d**-0.5, hk, kv_cached=True)
     assert rel_error(got, want) < REL_TOL[torch.bfloat16]
@@ -133,7 +136,7 @@ def test_fused_rotary_cache_left_to_long_prefills() -> None:
 def test_silu_and_mul_dispatch() -> None:
     x = (torch.randn(7, 2 * 1000, generator=_gen(6)) * 3).to(torch.bfloat16)
     poison_allocator(DEV, 7 * 1000)
-    got = silu_and_mul(x.to(DEV))
+    got = cast(torch.Tensor, silu_and_mul(x.to(DEV)))
     xd = x.double()
     assert rel_error(got, F.silu(xd[:, :1000]) * xd[:, 1000:]) < REL_TOL[torch.bfloat16]
 

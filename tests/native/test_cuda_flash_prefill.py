@@ -9,6 +9,7 @@ import json
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -81,6 +82,7 @@ SEQ_LENS = [37, 455, 305, 130, 70]
 def test_flash_prefill_matches_reference(dtype: torch.dtype, d: int, hq: int, hk: int, block_size: int) -> None:
     """GQA groups 1, 4 and 8, every head dim and block size, several sequences in one launch."""
     q, cache, tables, meta = _case(QUERY_LENS, SEQ_LENS, hq, hk, d, block_size, dtype, seed=d + hq + block_size)
+    assert meta.block_tables is not None
     scale = d**-0.5
     poison_allocator(DEV, 1 << 22)
     got = flash_prefill(q, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, max(QUERY_LENS), scale)
@@ -96,6 +98,7 @@ def test_window_softcap_and_long_prompt(config: tuple[int, int, int], window: in
     600-token prefix (many query tiles, the longest-first order), in every tiling compiled for D = 128."""
     query_lens, seq_lens = [1500, 77, 3], [2100, 77, 900]
     q, cache, tables, meta = _case(query_lens, seq_lens, 32, 8, 128, 64, torch.bfloat16, seed=sum(config))
+    assert meta.block_tables is not None
     poison_allocator(DEV, 1 << 24)
     got = flash_prefill(q, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, max(query_lens), 0.1,
                         window, softcap, config=config)
@@ -107,6 +110,7 @@ def test_window_softcap_and_long_prompt(config: tuple[int, int, int], window: in
 @pytest.mark.parametrize("config", KERNEL_CONFIGS[64])
 def test_every_tiling_of_head_dim_64(dtype: torch.dtype, config: tuple[int, int, int]) -> None:
     q, cache, tables, meta = _case(QUERY_LENS, SEQ_LENS, 16, 4, 64, 32, dtype, seed=sum(config))
+    assert meta.block_tables is not None
     poison_allocator(DEV, 1 << 22)
     got = flash_prefill(q, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, max(QUERY_LENS), 0.125,
                         config=config)
@@ -115,6 +119,7 @@ def test_every_tiling_of_head_dim_64(dtype: torch.dtype, config: tuple[int, int,
 
 def test_skip_single_token_leaves_decode_rows_for_the_decode_kernel() -> None:
     q, cache, tables, meta = _case(QUERY_LENS, SEQ_LENS, 8, 2, 64, 16, torch.bfloat16, seed=9)
+    assert meta.block_tables is not None
     out = torch.full_like(q, float("nan")).contiguous()
     flash_prefill(q, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, max(QUERY_LENS), 0.125,
                   skip_single_token=True, out=out)
@@ -126,9 +131,11 @@ def test_skip_single_token_leaves_decode_rows_for_the_decode_kernel() -> None:
 
 def test_unsupported_inputs_are_refused() -> None:
     q, cache, _, meta = _case([8], [8], 4, 4, 96, 16, torch.bfloat16, seed=1)
+    assert meta.block_tables is not None
     with pytest.raises(ValueError, match="D in 64/128/256"):
         flash_prefill(q, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, 8, 0.1)
     q, cache, _, meta = _case([8], [8], 4, 4, 64, 16, torch.bfloat16, seed=1)
+    assert meta.block_tables is not None
     with pytest.raises(ValueError, match="int32"):
         flash_prefill(q, cache, meta.block_tables.long(), meta.query_start_loc, meta.seq_lens, 8, 0.1)
     with pytest.raises(ValueError, match="not compiled"):
@@ -178,7 +185,12 @@ def test_greedy_generation_equals_reference_prefill(tmp_path: Path, monkeypatch:
     flash_llm, ref_llm = LLM(model=model, **common), LLM(model=model, **common)
     launches: list[int] = []
     real = attention_cuda_ops.flash_prefill
-    monkeypatch.setattr(attention_cuda_ops, "flash_prefill", lambda *a, **k: launches.append(1) or real(*a, **k))
+
+    def counted(*a: Any, **k: Any) -> Any:
+        launches.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(attention_cuda_ops, "flash_prefill", counted)
     rng = random.Random(3)
     base = [[rng.randrange(VOCAB) for _ in range(rng.randint(150, 600))] for _ in range(4)]
     rounds = [base, [p[: len(p) // 2] + [rng.randrange(VOCAB) for _ in range(40)] for p in base]]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal, cast
 
 import gguf
 import numpy as np
@@ -129,7 +130,7 @@ GEMV_CASES = [(q, kernel) for kernel in ("mma", "dp4a") for q in BLOCK_TYPES]
 
 @pytest.mark.parametrize(("qtype", "kernel"), GEMV_CASES, ids=lambda v: getattr(v, "name", v))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gemv_matches_float64(qtype: QT, kernel: str, dtype: torch.dtype) -> None:
+def test_gemv_matches_float64(qtype: QT, kernel: Literal["mma", "dp4a"], dtype: torch.dtype) -> None:
     """M = 1..8, odd N (a partial row tile), rows whose byte length is not a multiple of 16."""
     n, k = 333, cols_for(qtype, 5)
     raw = random_blocks(qtype, n, k, seed=100 + int(qtype))
@@ -179,7 +180,9 @@ def test_gemv_inside_a_cuda_graph(tensor_cores: bool) -> None:
     """Captured once, replayed on new inputs: launches on the capturing stream, no host sync, the results of the
     same call made eagerly; a batch just below the type's tensor-core threshold (the dp4a GEMV) and one at it."""
     qtype, n, k = QT.Q6_K, 1024, 2048
-    rows = quant.mmq_min_rows(qtype, n, k) - (0 if tensor_cores else 1)
+    low = quant.mmq_min_rows(qtype, n, k)
+    assert low is not None
+    rows = low - (0 if tensor_cores else 1)
     assert rows >= 1 and quant.takes_tensor_cores(qtype, rows, n, k) == tensor_cores
     data = device_blocks(random_blocks(qtype, n, k, seed=9), qtype)
     x = torch.randn(rows, k, device=DEV, dtype=torch.bfloat16)
@@ -223,7 +226,8 @@ def test_smollm2_gguf_on_gpu_matches_cpu_greedy(batch: int) -> None:
     prompts = PROMPTS[:batch]
     shapes = {(int(t.shape[1]), int(t.shape[0])) for t in gguf.GGUFReader(path).tensors
               if t.tensor_type == QT.Q4_1 and len(t.shape) == 2}
-    assert shapes and all((batch >= quant.mmq_min_rows(QT.Q4_1, n, k)) == (batch == 12) for n, k in shapes)
+    assert shapes and all((batch >= cast(int, quant.mmq_min_rows(QT.Q4_1, n, k))) == (batch == 12)
+                          for n, k in shapes)
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     common = dict(dtype="bf16", mem=64, max_num_seqs=16, seed=0)
     cpu = LLM(model=path, cpu=True, **common).generate(prompts, params)

@@ -12,6 +12,8 @@ to it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from _cuda_helpers import poison_allocator
@@ -219,13 +221,19 @@ def test_quant_matmul_takes_mmq_from_its_min_rows_to_32(qtype: QT, monkeypatch: 
     data, w64 = _weight(qtype, n, k, seed=4)
     monkeypatch.delenv("CANDLE_VLLM_GGUF_MMQ", raising=False)
     quant.mmq_enabled.cache_clear()
-    mod = native.module()
+    mod = native.loaded()
     calls: list[str] = []
     for name in ("cuda_gguf_mmq", "cuda_gguf_gemv_q8", "cuda_gguf_dequantize"):
         real = getattr(mod, name)
-        monkeypatch.setattr(mod, name, lambda *a, _r=real, _n=name: (calls.append(_n), _r(*a))[1])
+
+        def counted(*a: Any, _r: Any = real, _n: str = name) -> Any:
+            calls.append(_n)
+            return _r(*a)
+
+        monkeypatch.setattr(mod, name, counted)
     g = torch.Generator().manual_seed(1)
     low = quant.mmq_min_rows(qtype, n, k)
+    assert low is not None
     below = ["cuda_gguf_gemv_q8"] * -(-(low - 1) // mod.cuda_gguf_gemv_max_m)
     for m, want in ((low - 1, below), (low, ["cuda_gguf_mmq"]), (32, ["cuda_gguf_mmq"]),
                     (33, ["cuda_gguf_dequantize"])):
@@ -248,7 +256,7 @@ def test_quant_matmul_takes_mmq_from_its_min_rows_to_32(qtype: QT, monkeypatch: 
 
 def test_the_types_with_a_kernel() -> None:
     """Every int8-activation type has the tensor-core product."""
-    mod = native.module()
+    mod = native.loaded()
     have = [q for q in QT if mod.cuda_gguf_mmq_supported(int(q))]
     assert sorted(have) == sorted(MMQ_TYPES) == sorted(quant.MMQ_MIN_ROWS)
     assert have == [q for q in QT if cuda_gguf.dp4a_supported(q)]
@@ -263,7 +271,7 @@ def test_mmq_refuses_what_it_cannot_do() -> None:
         cuda_gguf.mmq(x, data, QT.IQ4_NL, 16, 256)
     with pytest.raises(ValueError, match=r"got x \(33, 256\)"):
         cuda_gguf.mmq(torch.randn(33, 256, device=DEV, dtype=torch.bfloat16), data, QT.Q4_K, 16, 256)
-    mod = native.module()
+    mod = native.loaded()
     y = torch.empty(12, 16, device=DEV, dtype=torch.bfloat16)
     xq = torch.empty(12 * 512, device=DEV, dtype=torch.int8)
     xb = torch.empty(12 * 512 // 32 * 8 + 16, device=DEV, dtype=torch.uint8)

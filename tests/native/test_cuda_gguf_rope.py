@@ -17,6 +17,7 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -231,11 +232,11 @@ def test_method_stores_pairs_only_where_the_epilogue_runs(gguf_rope: Callable[[b
     assert torch.equal(fused(p["x"]), product(p["x"], fused.data, QT.Q4_K, p["n"], p["k"]))
     gguf_rope(False)
     (plain,) = build_linear_methods(shards, torch.bfloat16, DEV, rope_head_dim=p["d"])
-    assert plain.rope_pair_group == 0 and torch.equal(plain.data, p["blocks"])
+    assert plain.rope_pair_group == 0 and torch.equal(cast(torch.Tensor, plain.data), p["blocks"])
     assert plain.forward_rope_cache(p["x"], RopeCacheTarget(p["hk"], p["pos"], p["table"], cache, p["slots"])) is None
 
 
-TINY_LLAMA = {
+TINY_LLAMA: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
     "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "torch_dtype": "bfloat16",
@@ -279,5 +280,7 @@ def test_engine_greedy_equal_with_and_without_the_epilogue(
     assert calls[True] > 0 and calls[False] == 0, calls
     for a, b in zip(outs[True], outs[False], strict=True):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
-        for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True):
+        logprobs_a, logprobs_b = a.outputs[0].logprobs, b.outputs[0].logprobs
+        assert logprobs_a is not None and logprobs_b is not None
+        for la, lb in zip(logprobs_a, logprobs_b, strict=True):
             assert {k: v.logprob for k, v in la.items()} == {k: v.logprob for k, v in lb.items()}

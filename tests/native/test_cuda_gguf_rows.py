@@ -82,7 +82,7 @@ def test_choices_on_quantized_activations(dtype: torch.dtype) -> None:
     raw = random_blocks(qtype, n, k, seed=3)
     data = device_blocks(raw, qtype)
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(3)).to(dtype).to(DEV)
-    mod = native.module()
+    mod = native.loaded()
     xq = torch.empty(1, k, dtype=torch.int8, device=DEV)
     xb = torch.empty(1, k // BLOCK * mod.cuda_gguf_xblock_bytes, dtype=torch.uint8, device=DEV)
     want = torch.empty(1, n, dtype=dtype, device=DEV)

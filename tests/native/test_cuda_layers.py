@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -28,7 +30,7 @@ def test_rms_norm_matches_reference(dtype: torch.dtype, rows: int, hidden: int) 
     poison_allocator(DEV, rows * hidden)
     got = norm.rms_norm(x, w, 1e-6)
     want = norm.rms_norm_reference(x.double(), w.double(), 1e-6)
-    assert rel_error(got, want) < REL_TOL[dtype]
+    assert rel_error(cast(torch.Tensor, got), want) < REL_TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -41,7 +43,7 @@ def test_fused_add_rms_norm_matches_reference(dtype: torch.dtype, rows: int, hid
     want_out, want_res = norm.fused_add_rms_norm_reference(x.double(), r.double(), w.double(), 1e-5)
     got_out, got_res = norm.fused_add_rms_norm(x.clone(), r.clone(), w, 1e-5)
     assert rel_error(got_res, want_res) < REL_TOL[dtype]
-    assert rel_error(got_out, want_out) < REL_TOL[dtype]
+    assert rel_error(cast(torch.Tensor, got_out), want_out) < REL_TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -49,7 +51,7 @@ def test_fused_add_rms_norm_matches_reference(dtype: torch.dtype, rows: int, hid
 def test_silu_and_mul_matches_torch(dtype: torch.dtype, tokens: int, d: int) -> None:
     x = (torch.randn(tokens, 2 * d, generator=_gen(d), device=DEV) * 4).to(dtype)
     poison_allocator(DEV, tokens * d)
-    got = cuda.silu_and_mul(x)
+    got = cast("torch.Tensor | None", cuda.silu_and_mul(x))
     xd = x.double()
     want = F.silu(xd[:, :d]) * xd[:, d:]
     assert got is not None and got.shape == (tokens, d)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import torch
@@ -44,7 +45,7 @@ EPS = 1e-5
 ROWS = [1, 3, 8, 13]
 GEMV_TYPES = [QT.Q4_K, QT.Q8_0, QT.Q4_0, QT.Q6_K]
 VOCAB = 512
-TINY_LLAMA = {
+TINY_LLAMA: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": VOCAB,
     "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "torch_dtype": "bfloat16",
@@ -105,7 +106,7 @@ def quantizer_bytes(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Te
     dp4a GEMV's (q8_0 weight) for group 32, the tensor-core product's for a K-quant (q4k weight) for group 256."""
     m, k = x.shape
     w = quantize(_randn(16, k, dtype=torch.float32, seed=1), "q8_0" if group == 32 else "q4k")
-    mod = native.module()
+    mod = native.loaded()
     xq = torch.empty(m, k, dtype=torch.int8, device=DEV)
     xb = torch.empty(m, k // 32 * mod.cuda_gguf_xblock_bytes, dtype=torch.uint8, device=DEV)
     y = torch.empty(m, 16, dtype=x.dtype, device=DEV)
@@ -150,7 +151,7 @@ def test_rms_norm_codes(dtype: torch.dtype, hidden: int) -> None:
         for group in groups_for(hidden):
             act = rms_norm(x, w, EPS, q8=group)
             assert isinstance(act, Q8Activation) and act.group == group
-            assert torch.equal(act.x, rms_norm(x, w, EPS)), "the dense output changed"
+            assert torch.equal(act.x, cast(torch.Tensor, rms_norm(x, w, EPS))), "the dense output changed"
             assert_codes_follow_rule(act)
             assert_codes_equal_own_quantizer(act)
 
@@ -165,7 +166,9 @@ def test_fused_add_rms_norm_codes(dtype: torch.dtype, hidden: int) -> None:
         for group in groups_for(hidden):
             act, got_res = fused_add_rms_norm(x.clone(), res.clone(), w, EPS, q8=group)
             assert isinstance(act, Q8Activation) and act.group == group
-            assert torch.equal(act.x, want_x) and torch.equal(got_res, want_res), "the dense outputs changed"
+            assert torch.equal(act.x, cast(torch.Tensor, want_x)) and torch.equal(got_res, want_res), (
+                "the dense outputs changed"
+            )
             assert_codes_follow_rule(act)
             assert_codes_equal_own_quantizer(act)
 
@@ -178,7 +181,7 @@ def test_silu_and_mul_codes(dtype: torch.dtype, d: int) -> None:
         for group in groups_for(d):
             act = silu_and_mul(x, q8=group)
             assert isinstance(act, Q8Activation) and act.group == group
-            assert torch.equal(act.x, silu_and_mul(x)), "the dense output changed"
+            assert torch.equal(act.x, cast(torch.Tensor, silu_and_mul(x))), "the dense output changed"
             assert_codes_follow_rule(act)
             assert_codes_equal_own_quantizer(act)
 
@@ -224,10 +227,10 @@ CODE_CALLS = ("cuda_gguf_gemv_q8_quantized", "cuda_gguf_mmq(codes)")
 def launches(qtype: QT, rows: int, n: int, k: int) -> int:
     """Int8-activation launches ops.quant makes for ``rows`` rows of an [n, k] weight: one tensor-core product, or
     8-row GEMV passes."""
-    mod = native.module()
+    mod = native.loaded()
     mmq = (
         quant.mmq_enabled() and mod.cuda_gguf_mmq_supported(int(qtype)) and k % 256 == 0
-        and quant.mmq_min_rows(qtype, n, k) <= rows <= mod.cuda_gguf_mmq_max_m
+        and cast(int, quant.mmq_min_rows(qtype, n, k)) <= rows <= mod.cuda_gguf_mmq_max_m
     )
     return 1 if mmq else -(-rows // 8)
 
@@ -321,5 +324,7 @@ def test_engine_greedy_equal_with_and_without_fusion(tmp_path: Path, fusion: Cal
         del llm
     for a, b in zip(outs[True], outs[False], strict=True):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
-        for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True):
+        logprobs_a, logprobs_b = a.outputs[0].logprobs, b.outputs[0].logprobs
+        assert logprobs_a is not None and logprobs_b is not None
+        for la, lb in zip(logprobs_a, logprobs_b, strict=True):
             assert {k: v.logprob for k, v in la.items()} == {k: v.logprob for k, v in lb.items()}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 import torch
 from _cuda_helpers import REL_TOL, gemm_case, poison_allocator, rel_error
@@ -69,7 +71,7 @@ def test_silu_mul_epilogue_equals_gemm_then_silu(i: int, k: int, m: int, splits:
     x, w = gemm_case(m, 2 * i, k, torch.bfloat16, seed=m + i + k)
     poison_allocator(DEV, 1 << 22)
     fused = cuda.skinny_gemm(x, interleave_gate_up(w), splits=splits, warps=warps, silu_mul=True)
-    want = cuda.silu_and_mul(cuda.skinny_gemm(x, w, splits=splits, warps=warps))
+    want = cast(torch.Tensor, cuda.silu_and_mul(cuda.skinny_gemm(x, w, splits=splits, warps=warps)))
     assert fused.shape == (m, i) and torch.equal(fused, want)
 
 
@@ -80,7 +82,7 @@ def test_interleaved_silu_kernel(dtype: torch.dtype, tokens: int, i: int) -> Non
     g = torch.Generator(device=DEV).manual_seed(tokens + i)
     y = (torch.randn(tokens, 2 * i, generator=g, device=DEV) * 3).to(dtype)
     got = cuda.silu_and_mul_interleaved(y)
-    assert got is not None and torch.equal(got, cuda.silu_and_mul(deinterleave_gate_up(y)))
+    assert got is not None and torch.equal(got, cast(torch.Tensor, cuda.silu_and_mul(deinterleave_gate_up(y))))
     assert torch.equal(silu_and_mul_interleaved(y), got)  # the op dispatcher takes the kernel
 
 

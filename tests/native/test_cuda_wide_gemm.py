@@ -4,6 +4,8 @@ weight taller than one wave of its CTAs to it (and nothing else)."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 import torch
 from _cuda_helpers import REL_TOL, gemm_case, poison_allocator, rel_error
@@ -46,7 +48,7 @@ def test_repeats_bit_for_bit() -> None:
 def test_silu_mul_epilogue_equals_gemm_then_silu(m: int, i: int, k: int) -> None:
     x, w = gemm_case(m, 2 * i, k, torch.bfloat16, seed=i)
     fused = cuda_wide.wide_gemm(x, interleave_gate_up(w), silu_mul=True)
-    want = cuda.silu_and_mul(cuda_wide.wide_gemm(x, w))
+    want = cast(torch.Tensor, cuda.silu_and_mul(cuda_wide.wide_gemm(x, w)))
     assert fused.shape == (m, i) and torch.equal(fused, want)
 
 
@@ -73,7 +75,9 @@ def test_linear_layer_sends_tall_weights_of_17_to_64_rows_here(monkeypatch: pyte
         want = (x.double() @ w.double().T).float()
         assert rel_error(gate_up(x), want) < REL_TOL[torch.bfloat16]
         ref = torch.nn.functional.silu(want[:, : tall // 2]) * want[:, tall // 2 :]
-        assert rel_error(gate_up.forward_swiglu(x), ref) < REL_TOL[torch.bfloat16]
+        swiglu = gate_up.forward_swiglu(x)
+        assert swiglu is not None
+        assert rel_error(swiglu, ref) < REL_TOL[torch.bfloat16]
         assert short._decode_kernel(x) == ("skinny" if m <= 16 else None)
     monkeypatch.setenv(cuda_wide.ENV, "0")
     assert gate_up._decode_kernel(gemm_case(32, 1, 64, torch.bfloat16, seed=1)[0]) is None
