@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 import torch.nn.functional as F
 
@@ -11,6 +13,10 @@ from candle_vllm.pyengine.ops.q8_activation import Q8Activation, check_group
 from candle_vllm.pyengine.ops.row_pairs import deinterleave_halves, interleave_halves
 
 
+@overload
+def silu_and_mul(x: torch.Tensor, *, q8: Literal[0] = 0) -> torch.Tensor: ...
+@overload
+def silu_and_mul(x: torch.Tensor, *, q8: int) -> torch.Tensor | Q8Activation: ...
 def silu_and_mul(x: torch.Tensor, *, q8: int = 0) -> torch.Tensor | Q8Activation:
     """SwiGLU on a fused gate/up projection: ``x = [gate, up]`` on the last dim -> ``silu(gate) * up``.
 

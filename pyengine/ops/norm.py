@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple, overload
 
 import torch
 
@@ -45,6 +45,10 @@ def fused_add_rms_norm_reference(
     return rms_norm_reference(residual, weight, eps), residual
 
 
+@overload
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, q8: Literal[0] = 0) -> torch.Tensor: ...
+@overload
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, q8: int) -> torch.Tensor | Q8Activation: ...
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, q8: int = 0) -> torch.Tensor | Q8Activation:
     """Normalise the last dimension of ``x``; returns a new tensor.
 
@@ -78,6 +82,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, q8: int = 0) 
     return rms_norm_reference(x, weight, eps)
 
 
+@overload
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *, q8: Literal[0] = 0
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *, q8: int
+) -> tuple[torch.Tensor | Q8Activation, torch.Tensor]: ...
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *, q8: int = 0
 ) -> tuple[torch.Tensor | Q8Activation, torch.Tensor]:

@@ -30,7 +30,7 @@ def test_rms_norm_matches_reference(dtype: torch.dtype, rows: int, hidden: int) 
     poison_allocator(DEV, rows * hidden)
     got = norm.rms_norm(x, w, 1e-6)
     want = norm.rms_norm_reference(x.double(), w.double(), 1e-6)
-    assert rel_error(cast(torch.Tensor, got), want) < REL_TOL[dtype]
+    assert rel_error(got, want) < REL_TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -43,7 +43,7 @@ def test_fused_add_rms_norm_matches_reference(dtype: torch.dtype, rows: int, hid
     want_out, want_res = norm.fused_add_rms_norm_reference(x.double(), r.double(), w.double(), 1e-5)
     got_out, got_res = norm.fused_add_rms_norm(x.clone(), r.clone(), w, 1e-5)
     assert rel_error(got_res, want_res) < REL_TOL[dtype]
-    assert rel_error(cast(torch.Tensor, got_out), want_out) < REL_TOL[dtype]
+    assert rel_error(got_out, want_out) < REL_TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

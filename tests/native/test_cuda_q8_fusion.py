@@ -151,7 +151,7 @@ def test_rms_norm_codes(dtype: torch.dtype, hidden: int) -> None:
         for group in groups_for(hidden):
             act = rms_norm(x, w, EPS, q8=group)
             assert isinstance(act, Q8Activation) and act.group == group
-            assert torch.equal(act.x, cast(torch.Tensor, rms_norm(x, w, EPS))), "the dense output changed"
+            assert torch.equal(act.x, rms_norm(x, w, EPS)), "the dense output changed"
             assert_codes_follow_rule(act)
             assert_codes_equal_own_quantizer(act)
 
@@ -166,9 +166,7 @@ def test_fused_add_rms_norm_codes(dtype: torch.dtype, hidden: int) -> None:
         for group in groups_for(hidden):
             act, got_res = fused_add_rms_norm(x.clone(), res.clone(), w, EPS, q8=group)
             assert isinstance(act, Q8Activation) and act.group == group
-            assert torch.equal(act.x, cast(torch.Tensor, want_x)) and torch.equal(got_res, want_res), (
-                "the dense outputs changed"
-            )
+            assert torch.equal(act.x, want_x) and torch.equal(got_res, want_res), "the dense outputs changed"
             assert_codes_follow_rule(act)
             assert_codes_equal_own_quantizer(act)
 
@@ -181,7 +179,7 @@ def test_silu_and_mul_codes(dtype: torch.dtype, d: int) -> None:
         for group in groups_for(d):
             act = silu_and_mul(x, q8=group)
             assert isinstance(act, Q8Activation) and act.group == group
-            assert torch.equal(act.x, cast(torch.Tensor, silu_and_mul(x))), "the dense output changed"
+            assert torch.equal(act.x, silu_and_mul(x)), "the dense output changed"
             assert_codes_follow_rule(act)
             assert_codes_equal_own_quantizer(act)
 
