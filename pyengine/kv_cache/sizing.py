@@ -37,8 +37,12 @@ def host_available_bytes() -> int:
 
 
 def device_free_bytes(device: torch.device) -> int:
-    """Memory free on ``device`` now (after the weights were loaded)."""
+    """Memory free on ``device`` now (after the weights were loaded). On CUDA the allocator first returns the
+    blocks it caches for nothing (the loader's temporaries: a fused projection's concatenation, its interleaved or
+    transposed copy), which the driver would otherwise count as used."""
     if device.type == "cuda":
+        with torch.cuda.device(device):
+            torch.cuda.empty_cache()
         free, _total = torch.cuda.mem_get_info(device)
         return int(free)
     if device.type == "mps":

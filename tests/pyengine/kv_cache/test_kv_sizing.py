@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import pytest
@@ -29,8 +30,17 @@ def test_fraction_wins_over_mem_and_cpu_is_capped(monkeypatch: pytest.MonkeyPatc
 
 
 def test_cuda_fraction_uses_free_memory_uncapped(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 << 30, 141 << 30))
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())  # a CPU-only torch here
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+
+    def mem_get_info(device: torch.device | None = None) -> tuple[int, int]:
+        calls.append("mem_get_info")
+        return 100 << 30, 141 << 30
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
     assert sizing.kv_cache_budget_bytes(torch.device("cuda", 0), 0.6, 4096) == int((100 << 30) * 0.6)
+    assert calls == ["empty_cache", "mem_get_info"], "cached blocks must be released before free memory is read"
 
 
 def test_host_available_bytes_reads_meminfo() -> None:
