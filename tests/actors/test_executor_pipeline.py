@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -97,7 +98,7 @@ def test_a_failing_step_fails_only_its_requests(llm: LLM, monkeypatch: pytest.Mo
     forward = model.forward
     calls = 0
 
-    def failing_forward(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def failing_forward(*args: Any, **kwargs: Any) -> Any:
         nonlocal calls
         calls += 1
         if calls == 4:
@@ -164,7 +165,7 @@ def test_ended_requests_reach_the_runner_through_empty_plans(llm: LLM, monkeypat
         in_flight += not plan.is_empty
         return plan
 
-    def counted_apply(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def counted_apply(*args: Any, **kwargs: Any) -> Any:
         nonlocal in_flight
         in_flight -= 1
         return real_apply(*args, **kwargs)

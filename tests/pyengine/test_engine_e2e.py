@@ -156,13 +156,16 @@ def test_logprobs_equal_log_softmax_of_the_models_logits(llm: LLM) -> None:
     finally:
         model.kv_caches = caches
     n = len(prompt)
+    assert out.outputs[0].logprobs is not None
     for i, entry in enumerate(out.outputs[0].logprobs):
         tok_id = out.outputs[0].token_ids[i]
         assert entry[tok_id].logprob == pytest.approx(ref[n - 1 + i, tok_id].item(), abs=1e-5)
         top = torch.topk(ref[n - 1 + i], 5).indices.tolist()
         assert set(top) <= set(entry)
         assert entry[tok_id].rank == 1  # greedy picks the most likely token
+    assert out.prompt_logprobs is not None
     assert out.prompt_logprobs[0] is None
     for j in range(1, n):
-        entry = out.prompt_logprobs[j]
-        assert entry[prompt[j]].logprob == pytest.approx(ref[j - 1, prompt[j]].item(), abs=1e-5)
+        prompt_entry = out.prompt_logprobs[j]
+        assert prompt_entry is not None
+        assert prompt_entry[prompt[j]].logprob == pytest.approx(ref[j - 1, prompt[j]].item(), abs=1e-5)

@@ -9,6 +9,7 @@ import itertools
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from pipeline_cases import (
@@ -21,7 +22,8 @@ from pipeline_cases import (
 
 from candle_vllm import LLM, SamplingParams
 from candle_vllm.pyengine.kv_cache import kv_bytes_per_token
-from candle_vllm.pyengine.runner import ModelRunner
+from candle_vllm.pyengine.runner import ModelRunner, PendingStep, StepResult
+from candle_vllm.pyengine.scheduler.plan import StepPlan
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +43,13 @@ class StepOrder:
         self.events: list[tuple[str, int]] = []
         launch, collect = runner.launch, runner.collect
 
-        def spy_launch(plan):  # type: ignore[no-untyped-def]
+        def spy_launch(plan: StepPlan) -> PendingStep:
             step = launch(plan)
             if not plan.is_empty:
                 self.events.append(("launch", plan.step_id))
             return step
 
-        def spy_collect(step):  # type: ignore[no-untyped-def]
+        def spy_collect(step: PendingStep) -> StepResult:
             self.events.append(("collect", step.plan.step_id))
             return collect(step)
 
@@ -182,13 +184,13 @@ def test_preemption_under_a_tiny_cache_matches_serial(model_dir: Path, llm: LLM)
     preempted = 0
     schedule = small.engine.schedule
 
-    def counting_schedule():  # type: ignore[no-untyped-def]
+    def counting_schedule() -> StepPlan:
         nonlocal preempted
         plan = schedule()
         preempted += len(plan.preempted_ids)
         return plan
 
-    small.engine.schedule = counting_schedule  # type: ignore[method-assign]
+    small.engine.schedule = counting_schedule
     assert pipelined_generate(small, prompts, params) == want
     assert preempted > 0
     assert small.engine.scheduler.kv.usage == 0.0 and not small.engine.has_unfinished()
@@ -219,13 +221,14 @@ def test_aborts_between_pipelined_steps_lose_and_duplicate_nothing(llm: LLM) -> 
                     streamed[rid].extend(final.outputs[0].token_ids_delta)
     for i in range(len(prompts)):
         rid, tokens = f"a{i}", list(want[i][0][0])
-        out = finals[rid].outputs[0]
-        assert streamed[rid] == out.token_ids, "deltas add up to the final tokens, none lost or repeated"
+        completion = finals[rid].outputs[0]
+        assert streamed[rid] == completion.token_ids, (
+            "deltas add up to the final tokens, none lost or repeated")
         if i in (2, 4, 9):
-            assert out.finish_reason == "abort" and 0 < len(out.token_ids) < len(tokens)
-            assert out.token_ids == tokens[: len(out.token_ids)]
+            assert completion.finish_reason == "abort" and 0 < len(completion.token_ids) < len(tokens)
+            assert completion.token_ids == tokens[: len(completion.token_ids)]
         else:
-            assert out.token_ids == tokens
+            assert completion.token_ids == tokens
     assert engine.scheduler.kv.usage == 0.0
 
 
@@ -268,11 +271,13 @@ def test_gpu_with_cuda_graphs_pipelined_matches_serial(model_dir: Path) -> None:
     device_ids = []
     real_run = graphs.run
 
-    def spy_run(bucket, input_ids, *rest):  # type: ignore[no-untyped-def]
+    def spy_run(
+        bucket: int, input_ids: np.ndarray | torch.Tensor, *rest: np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         device_ids.append(isinstance(input_ids, torch.Tensor) and input_ids.is_cuda)
         return real_run(bucket, input_ids, *rest)
 
-    graphs.run = spy_run  # type: ignore[method-assign]
+    graphs.run = spy_run
     rng = random.Random(9)
     for batch in (1, 5, 32):
         prompts = random_prompts(rng, batch)

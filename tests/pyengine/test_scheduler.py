@@ -51,8 +51,10 @@ class FakePagedModel:
             if holes.size:  # a token sampled by a step whose result the scheduler has not seen yet
                 assert holes.tolist() == [qsl[i + 1] - qsl[i] - 1]
                 ids[qsl[i + 1] - 1] = self.last[req.request_id]
+        no_rows: list[list[int]] = [[]]
         assert (plan.positions == np.concatenate(
-            [np.arange(s, s + n) for s, n in zip(plan.start_positions, plan.num_new_tokens, strict=True)] or [[]])).all()
+            [np.arange(s, s + n) for s, n in zip(plan.start_positions, plan.num_new_tokens, strict=True)]
+            or no_rows)).all()
         self.kv[plan.slot_mapping] = ids
         self.kv_pos[plan.slot_mapping] = plan.positions
         out = []

@@ -28,7 +28,7 @@ def test_random_pieces_match_oracle(include: bool) -> None:
     for _ in range(2000):
         full = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
         stops = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 3))]
-        cuts = []
+        cuts: list[int] = []
         while not cuts or cuts[-1] < len(full):
             cuts.append(min(len(full), (cuts[-1] if cuts else 0) + rng.randint(1, 4)))
         m = StopStringMatcher(stops, include)

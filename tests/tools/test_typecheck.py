@@ -36,16 +36,18 @@ def package_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize(
-    "targets,extra_path",
+    "targets,extra_paths",
     [
-        (["-p", "candle_vllm"], None),
-        (["benches"], None),
-        (["tests/native"], "tests/native"),  # their shared helpers import as top-level modules
+        (["-p", "candle_vllm"], []),
+        (["benches"], []),
+        (["tests/native"], ["tests/native"]),  # their shared helpers import as top-level modules
+        # Two conftest.py files: module names from the tests/ base keep them apart.
+        (["--explicit-package-bases", "tests/pyengine", "tests/actors"], ["tests", "tests/native"]),
     ],
-    ids=["package", "benches", "gpu-tests"],
+    ids=["package", "benches", "native-tests", "engine-tests"],
 )
-def test_mypy_finds_no_errors(package_tree: Path, targets: list[str], extra_path: str | None) -> None:
-    mypy_path = os.pathsep.join(str(p) for p in (package_tree, extra_path and ROOT / extra_path) if p)
+def test_mypy_finds_no_errors(package_tree: Path, targets: list[str], extra_paths: list[str]) -> None:
+    mypy_path = os.pathsep.join([str(package_tree), *(str(ROOT / p) for p in extra_paths)])
     env = {**os.environ, "MYPYPATH": mypy_path}
     cache = package_tree / ".mypy_cache"
     run = subprocess.run(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import cast
 
 import gguf
 import numpy as np
@@ -15,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from tiny_checkpoints import write_tiny_gguf
 
 from candle_vllm.pyengine.loader import ModelLoadError, load_model, resolve_model_source
+from candle_vllm.pyengine.models.llama import LlamaForCausalLM
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 
 CPU = torch.device("cpu")
@@ -140,6 +142,6 @@ def test_gguf_llama3_rope_freqs_tensor_becomes_freq_factors(tmp_path: Path) -> N
     w.close()
     loaded = load_model(resolve_model_source(str(tmp_path / "r.gguf")), torch.float32, CPU)
     assert loaded.config.rope_freq_factors == pytest.approx(factors.tolist())
-    cache = loaded.model.model.layers[0].self_attn.rotary.cos_sin_cache
+    cache = cast(LlamaForCausalLM, loaded.model).model.layers[0].self_attn.rotary.cos_sin_cache
     inv = 1.0 / (10000.0 ** (torch.arange(0, 16, 2).float() / 16)) / torch.from_numpy(factors)
     torch.testing.assert_close(cache[5, :8], torch.cos(5 * inv), atol=1e-6, rtol=1e-6)

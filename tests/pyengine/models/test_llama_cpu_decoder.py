@@ -7,6 +7,7 @@ against transformers, so the fused path is not only self-consistent."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import gguf
 import pytest
@@ -38,7 +39,8 @@ def _as_gguf(t: torch.Tensor, qtype: QT) -> GGUFWeight:
 def _gguf_model(case: str, tmp_path: Path, qtype_of: dict[str, QT], seed: int = 0) -> tuple[LlamaForCausalLM, object]:
     """Our model of a random transformers model, every projection re-loaded as GGUF blocks."""
     hf = make_hf_model(case, seed=seed)
-    model = load_model(resolve_model_source(str(save_hf_model(hf, tmp_path))), torch.float32, CPU).model
+    model = cast(LlamaForCausalLM,
+                 load_model(resolve_model_source(str(save_hf_model(hf, tmp_path))), torch.float32, CPU).model)
     sd = hf.state_dict()
     model.load_weights(
         (name, _as_gguf(w, qtype_of.get(name.split(".")[-2], QT.F32)))
@@ -80,6 +82,7 @@ def _run_schedule(
         )
         ids = torch.cat([seqs[i][done[i] : done[i] + q] for i, q in zip(active, qlens, strict=True)])
         pos = torch.cat([torch.arange(done[i], done[i] + q) for i, q in zip(active, qlens, strict=True)])
+        assert meta.query_start_loc_cpu is not None
         rows = torch.tensor(meta.query_start_loc_cpu[1:]) - 1 if step % 2 else None
         with torch.inference_mode():
             outs.append(model(ids, pos, meta, output_rows=rows))
@@ -157,8 +160,8 @@ def test_fused_stack_with_f32_blocks_matches_transformers(tmp_path: Path, monkey
 
 def test_dense_weights_keep_the_op_by_op_path(tmp_path: Path) -> None:
     """torch-dense projections (F.linear) cannot be reproduced bit for bit natively: no stack is built."""
-    model = load_model(resolve_model_source(str(save_hf_model(make_hf_model("llama"), tmp_path))), torch.float32,
-                       CPU).model
+    path = save_hf_model(make_hf_model("llama"), tmp_path)
+    model = cast(LlamaForCausalLM, load_model(resolve_model_source(str(path)), torch.float32, CPU).model)
     assert model.cpu_decoder_stack() is None
 
 

@@ -6,6 +6,7 @@ and SiLU kernels apply the deferred scale; no worse against transformers than th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import torch
@@ -16,6 +17,8 @@ from candle_vllm.pyengine.models import llama
 from candle_vllm.pyengine.models.llama import LlamaForCausalLM
 from candle_vllm.pyengine.ops import cuda, cuda_rotary
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
+from candle_vllm.pyengine.ops.norm import DeferredRMSNorm
+from candle_vllm.pyengine.quant import UnquantizedLinear
 
 TOL = 1e-4
 BLOCK_SIZE, NUM_BLOCKS = 4, 24
@@ -24,7 +27,8 @@ SCHEDULES = [[20, 1, 18, 1], [17, 1, 17, 1]]
 
 
 def _load(path: Path, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
-    return load_model(resolve_model_source(str(path)), dtype, torch.device(device)).model
+    loaded = load_model(resolve_model_source(str(path)), dtype, torch.device(device))
+    return cast(LlamaForCausalLM, loaded.model)
 
 
 def _run_schedule(model: LlamaForCausalLM, seqs: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
@@ -37,7 +41,8 @@ def _run_schedule(model: LlamaForCausalLM, seqs: list[torch.Tensor], device: tor
         for _ in range(cfg.num_layers)
     ]
     tables = [list(range(0, 10)), list(range(10, 19))]
-    done, got = [0, 0], [[], []]
+    done = [0, 0]
+    got: list[list[torch.Tensor]] = [[], []]
     for step in range(len(SCHEDULES[0])):
         qlens = [SCHEDULES[i][step] for i in range(2)]
         meta = AttentionMetadata.build(
@@ -72,11 +77,11 @@ def test_folded_norms_match_transformers_on_cpu(case: str, tmp_path: Path) -> No
     hf = make_hf_model(case, seed=4)
     model = _load(save_hf_model(hf, tmp_path), torch.float32, torch.device("cpu"))
     assert not model.norms_folded, "the CPU path keeps its norms unless asked"
-    qkv_before = model.model.layers[0].self_attn.qkv_proj.methods[0].weight.clone()
+    qkv_before = cast(UnquantizedLinear, model.model.layers[0].self_attn.qkv_proj.methods[0]).weight.clone()
     assert model.fold_norms()
     layer = model.model.layers[0]
     assert torch.equal(layer.input_layernorm.weight, torch.ones_like(layer.input_layernorm.weight))
-    assert not torch.allclose(layer.self_attn.qkv_proj.methods[0].weight, qkv_before)
+    assert not torch.allclose(cast(UnquantizedLinear, layer.self_attn.qkv_proj.methods[0]).weight, qkv_before)
     calls = _norm_calls(model)
     seqs = _sequences()
     got = _run_schedule(model, seqs, torch.device("cpu"))
@@ -137,11 +142,11 @@ def test_folded_norms_on_the_gpu_are_as_close_to_transformers(tmp_path: Path, mo
     silu_norms: list[bool] = []
     rope, silu = cuda_rotary.rotary_embedding_cache_, cuda.silu_and_mul_interleaved
 
-    def counting_rope(*args: object, **kwargs: object) -> None:
+    def counting_rope(*args: Any, **kwargs: Any) -> None:
         rope_norms.append(len(args) > 9 and args[9] is not None)
         rope(*args, **kwargs)
 
-    def counting_silu(x: torch.Tensor, norm: object = None) -> torch.Tensor | None:
+    def counting_silu(x: torch.Tensor, norm: DeferredRMSNorm | None = None) -> torch.Tensor | None:
         out = silu(x, norm)
         silu_norms.append(norm is not None and out is not None)
         return out

@@ -55,7 +55,7 @@ def make_hf_model(case: str, seed: int = 0) -> PreTrainedModel:
 
 
 def save_hf_model(model: PreTrainedModel, path: Path, sharded: bool = False) -> Path:
-    kwargs = {"max_shard_size": "60KB"} if sharded else {}
+    kwargs: dict[str, Any] = {"max_shard_size": "60KB"} if sharded else {}
     model.save_pretrained(path, **kwargs)
     return path
 

@@ -5,6 +5,7 @@ tests/native/test_cuda_q8_fusion.py.)"""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
 import torch
@@ -34,11 +35,11 @@ def _x(rows: int, cols: int, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("group", [32, 256])
 def test_q8_is_a_no_op_on_cpu(group: int) -> None:
     x, res, w = _x(3, 256, 1), _x(3, 256, 2), _x(1, 256, 3)[0]
-    assert torch.equal(rms_norm(x, w, 1e-5, q8=group), rms_norm(x, w, 1e-5))
+    assert torch.equal(cast(torch.Tensor, rms_norm(x, w, 1e-5, q8=group)), rms_norm(x, w, 1e-5))
     got, got_res = fused_add_rms_norm(x.clone(), res.clone(), w, 1e-5, q8=group)
     want, want_res = fused_add_rms_norm(x.clone(), res.clone(), w, 1e-5)
     assert isinstance(got, torch.Tensor) and torch.equal(got, want) and torch.equal(got_res, want_res)
-    assert torch.equal(silu_and_mul(_x(3, 512, 4), q8=group), silu_and_mul(_x(3, 512, 4)))
+    assert torch.equal(cast(torch.Tensor, silu_and_mul(_x(3, 512, 4), q8=group)), silu_and_mul(_x(3, 512, 4)))
 
 
 def _linear(quantized: bool, bias: bool) -> Linear:
@@ -48,6 +49,7 @@ def _linear(quantized: bool, bias: bool) -> Linear:
         lin.load_shard(shard, isq_weight("model.layers.0.mlp.up_proj.weight", w, resolve_qtype("q8_0"), CPU)
                        if quantized else w)
     if bias:
+        assert lin.bias is not None
         lin.bias.data.copy_(_x(1, 96, 7)[0])
     return lin
 
@@ -71,8 +73,12 @@ def test_codes_of_another_group_are_not_taken(monkeypatch: pytest.MonkeyPatch) -
     seen: list[object] = []
     method = lin.methods[0]
     monkeypatch.setattr(method, "q8_group", lambda rows: 256)
-    monkeypatch.setattr(method, "forward", lambda x: (seen.append(x), torch.zeros(x.rows if isinstance(x, Q8Activation)
-                                                                                else x.shape[0], 64))[1])
+
+    def forward(x: torch.Tensor | Q8Activation) -> torch.Tensor:
+        seen.append(x)
+        return torch.zeros(x.rows if isinstance(x, Q8Activation) else x.shape[0], 64)
+
+    monkeypatch.setattr(method, "forward", forward)
     x = _x(4, 256, 13)
     codes, blocks = torch.zeros(4, 256, dtype=torch.int8), torch.zeros(4, 64, dtype=torch.uint8)
     lin(Q8Activation(x, codes, blocks, 32))

@@ -145,7 +145,7 @@ def matmul_case(qtype: QT, m: int, n: int, dtype: torch.dtype, seed: int):
 def run_native(x: torch.Tensor, raw: torch.Tensor, qtype: QT, n: int, portable: bool) -> torch.Tensor:
     m, k = x.shape
     y = torch.empty(m, n, dtype=x.dtype)
-    native.module().cpu_quant_matmul(
+    native.loaded().cpu_quant_matmul(
         y.data_ptr(), x.data_ptr(), raw.data_ptr(), m, n, k, int(qtype), native.DTYPE_CODES[x.dtype], portable
     )
     return y
@@ -157,7 +157,7 @@ def test_native_matmul_matches_gguf(qtype: QT, m: int) -> None:
     n = 13
     raw, x, w, want, float_bound = matmul_case(qtype, m, n, torch.float32, seed=m * 100 + int(qtype))
     got = run_native(x, raw, qtype, n, portable=False)
-    if qtype in FLOAT_TYPES or native.module().cpu_quant_isa() == "portable":
+    if qtype in FLOAT_TYPES or native.loaded().cpu_quant_isa() == "portable":
         assert_within(got, want, float_bound)
     else:
         bound = activation_scale_bound(x.double(), qtype) @ w.abs().t() / 254 * 1.001 + float_bound

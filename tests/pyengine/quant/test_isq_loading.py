@@ -5,6 +5,7 @@ unquantized model's; dummy weights, partial super-blocks and already-quantized G
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from candle_vllm.pyengine.engine_args import EngineArgs
 from candle_vllm.pyengine.llm import LLM
 from candle_vllm.pyengine.loader import ModelLoadError, load_model, resolve_model_source
+from candle_vllm.pyengine.models import llama
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 from candle_vllm.pyengine.quant import GGUFLinear, UnquantizedLinear
 
@@ -35,19 +37,20 @@ def _save_llama(path: Path, hidden: int = 256, inter: int = 512) -> Path:
     return path
 
 
-def _load(path: Path, isq: str | None, load_format: str = "auto") -> torch.nn.Module:
+def _load(path: Path, isq: str | None, load_format: str = "auto") -> llama.LlamaForCausalLM:
     src = resolve_model_source(str(path), load_format=load_format)
-    return load_model(src, torch.float32, CPU, load_format=load_format, isq=isq).model
+    loaded = load_model(src, torch.float32, CPU, load_format=load_format, isq=isq)
+    return cast(llama.LlamaForCausalLM, loaded.model)
 
 
 @torch.inference_mode()
-def _logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+def _logits(model: llama.LlamaForCausalLM, ids: torch.Tensor) -> torch.Tensor:
     pos = torch.arange(len(ids))
     return model.compute_logits(model(ids, pos, AttentionMetadata.build([len(ids)])))
 
 
 @torch.inference_mode()
-def _greedy(model: torch.nn.Module, prompt: torch.Tensor, steps: int) -> list[int]:
+def _greedy(model: llama.LlamaForCausalLM, prompt: torch.Tensor, steps: int) -> list[int]:
     ids = prompt.clone()
     for _ in range(steps):
         ids = torch.cat([ids, _logits(model, ids)[-1].argmax().view(1)])
@@ -60,7 +63,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def dense(checkpoint: Path) -> torch.nn.Module:
+def dense(checkpoint: Path) -> llama.LlamaForCausalLM:
     return _load(checkpoint, None)
 
 
@@ -71,7 +74,9 @@ CASES = {"q8_0": (QT.Q8_0, 0.025, 0.95, 8), "q4k": (QT.Q4_K, 0.22, 0.7, 2)}
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_safetensors_checkpoint_quantized_in_situ(name: str, checkpoint: Path, dense: torch.nn.Module) -> None:
+def test_safetensors_checkpoint_quantized_in_situ(
+    name: str, checkpoint: Path, dense: llama.LlamaForCausalLM
+) -> None:
     qtype, bound, top1, steps = CASES[name]
     model = _load(checkpoint, name)
     for layer in model.model.layers:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from typing import cast
 
 import jsonschema
 import llguidance
@@ -84,7 +85,8 @@ def test_random_walks_agree_with_the_library(smol_tokenizer: Tokenizer) -> None:
                 if t not in stops:
                     assert bool(ora.validate_tokens([t])) == bool(allowed[k, t]), (live[r], t)
         logits = torch.randn(len(live), vocab, generator=torch.Generator().manual_seed(step)) * 3
-        rows_in = [SamplingRow(req.sampling_params, outputs.get(i, [])) for i, req in zip(live, batch_reqs, strict=True)]
+        rows_in = [SamplingRow(cast(SamplingParams, req.sampling_params), outputs.get(i, []))
+                   for i, req in zip(live, batch_reqs, strict=True)]
         out = sampler(logits, SamplingBatch.build(rows_in, vocab, "cpu", token_mask=mask)).sampled_token_ids.tolist()
         grammars.advance(batch_reqs, rows, out)
         for k, (i, tok) in enumerate([(live[r], out[r]) for r in rows]):

@@ -6,7 +6,7 @@ import copy
 import importlib.util
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hf_dirs import llama3_dir, qwen3_dir
@@ -107,7 +107,7 @@ def test_llama31_template_matches_transformers(llama3: tuple[Tokenizer, Any], ca
 
 
 def test_llama31_ipython_tools_and_today(llama3: tuple[Tokenizer, Any]) -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "search it"},
         {"role": "assistant", "tool_calls": [_call("brave_search", {"query": "candle vllm"}, "c9")]},
         {"role": "ipython", "content": "results: 3"},
@@ -120,8 +120,10 @@ def test_llama31_ipython_tools_and_today(llama3: tuple[Tokenizer, Any]) -> None:
 
 def test_raise_exception_becomes_chat_template_error(llama3: tuple[Tokenizer, Any]) -> None:
     ours, ref = llama3
-    two_calls = [{"role": "user", "content": "x"},
-                 {"role": "assistant", "tool_calls": [_call("a", {}, "1"), _call("b", {}, "2")]}]
+    two_calls: list[dict[str, Any]] = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "tool_calls": [_call("a", {}, "1"), _call("b", {}, "2")]},
+    ]
     with pytest.raises(ChatTemplateError, match="single tool-calls"):
         ours.apply_chat_template(two_calls)
     with pytest.raises(Exception, match="single tool-calls"):
@@ -159,7 +161,9 @@ def test_smollm2_gguf_template_matches_transformers_and_llama_cpp() -> None:
 def _transformers_render(template: str, messages: list[dict[str, Any]], **kwargs: Any) -> str:
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    rendered, _ = render_jinja_template([messages], chat_template=template, **kwargs)
+    # transformers annotates it ``-> str`` but returns (rendered, generation_indices)
+    out = render_jinja_template([messages], chat_template=template, **kwargs)
+    rendered, _ = cast(tuple[list[str], Any], out)
     return rendered[0]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -84,9 +85,9 @@ def test_decode_window_stays_small(tokenizers_under_test: dict[str, Tokenizer]) 
     seen: list[int] = []
     original = tok.decode
 
-    def spy(token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        seen.append(len(token_ids))
-        return original(token_ids, skip_special_tokens)
+    def spy(ids: Sequence[int], skip_special_tokens: bool = True) -> str:  # decode's parameter names
+        seen.append(len(ids))
+        return original(ids, skip_special_tokens)
 
     tok.decode = spy  # type: ignore[method-assign]
     try:

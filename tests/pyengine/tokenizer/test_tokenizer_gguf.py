@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import gguf
 import pytest
@@ -23,6 +24,9 @@ from tokenizer_fixtures import (
 )
 
 from candle_vllm.pyengine.tokenizer import Tokenizer, load_tokenizer_from_gguf
+
+if TYPE_CHECKING:
+    from llama_cpp import Llama
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -40,11 +44,11 @@ def _smollm2_path() -> Path:
     return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def _llama(path: Path) -> llama_cpp.Llama:
+def _llama(path: Path) -> Llama:
     return llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
 
 
-def _assert_matches_llama_cpp(ours: Tokenizer, ref: llama_cpp.Llama, texts: list[str]) -> None:
+def _assert_matches_llama_cpp(ours: Tokenizer, ref: Llama, texts: list[str]) -> None:
     for text in texts:
         expected = ref.tokenize(text.encode(), add_bos=False, special=True)
         assert ours.encode(text, add_special_tokens=False) == expected, text
@@ -55,19 +59,19 @@ def _assert_matches_llama_cpp(ours: Tokenizer, ref: llama_cpp.Llama, texts: list
 
 
 @pytest.fixture(scope="module")
-def smollm2() -> tuple[Tokenizer, llama_cpp.Llama]:
+def smollm2() -> tuple[Tokenizer, Llama]:
     path = _smollm2_path()
     return load_tokenizer_from_gguf(path), _llama(path)
 
 
-def test_smollm2_matches_llama_cpp(smollm2: tuple[Tokenizer, llama_cpp.Llama]) -> None:
+def test_smollm2_matches_llama_cpp(smollm2: tuple[Tokenizer, Llama]) -> None:
     ours, ref = smollm2
     _assert_matches_llama_cpp(ours, ref, TEST_TEXTS + SPECIAL_TEXTS)
     for text in TEST_TEXTS:
         assert ours.decode(ours.encode(text)) == text
 
 
-def test_smollm2_metadata(smollm2: tuple[Tokenizer, llama_cpp.Llama]) -> None:
+def test_smollm2_metadata(smollm2: tuple[Tokenizer, Llama]) -> None:
     ours, ref = smollm2
     assert ours.vocab_size == ref.n_vocab() == 49152
     assert (ours.bos_token_id, ours.eos_token_id) == (ref.token_bos(), ref.token_eos())
@@ -81,7 +85,7 @@ def test_smollm2_metadata(smollm2: tuple[Tokenizer, llama_cpp.Llama]) -> None:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, object]]:
+def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
     """name -> (GGUF path, the original tokenizer it was built from)."""
     d = tmp_path_factory.mktemp("gguf")
     llama3 = train_byte_level_bpe(LLAMA3_REGEX, ["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>"])
@@ -98,14 +102,14 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, o
 
 
 @pytest.mark.parametrize("name", ["llama-bpe", "qwen2", "llama"])
-def test_trained_vocab_matches_llama_cpp(trained: dict[str, tuple[Path, object]], name: str) -> None:
+def test_trained_vocab_matches_llama_cpp(trained: dict[str, tuple[Path, Any]], name: str) -> None:
     path, _ = trained[name]
     extra = ["x<|eot_id|>y", "<|im_start|>user\nhi<|im_end|>", "a <tool> b<tool>c", "<s> a </s>"]
     _assert_matches_llama_cpp(load_tokenizer_from_gguf(path), _llama(path), TEST_TEXTS + extra)
 
 
 @pytest.mark.parametrize("name", ["llama-bpe", "qwen2", "llama"])
-def test_trained_vocab_matches_original_tokenizer(trained: dict[str, tuple[Path, object]], name: str) -> None:
+def test_trained_vocab_matches_original_tokenizer(trained: dict[str, tuple[Path, Any]], name: str) -> None:
     path, original = trained[name]
     ours = load_tokenizer_from_gguf(path)
     for text in TEST_TEXTS:
@@ -117,7 +121,7 @@ def test_trained_vocab_matches_original_tokenizer(trained: dict[str, tuple[Path,
         assert ours.decode(ours.encode(text)) == text
 
 
-def test_sentencepiece_flags(trained: dict[str, tuple[Path, object]]) -> None:
+def test_sentencepiece_flags(trained: dict[str, tuple[Path, Any]]) -> None:
     ours = load_tokenizer_from_gguf(trained["llama"][0])
     assert ours.add_bos and ours.encode("hi")[0] == ours.bos_token_id == 1
     assert ours.stop_token_ids == {2}

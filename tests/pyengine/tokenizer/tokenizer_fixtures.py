@@ -167,7 +167,7 @@ def sentencepiece_gguf(path: Path, model_proto: bytes) -> Path:
     """GGUF of a SentencePiece model: pieces, scores and piece types as llama.cpp's converter writes them."""
     from sentencepiece import sentencepiece_model_pb2 as pb
 
-    proto = pb.ModelProto()
+    proto = pb.ModelProto()  # type: ignore[attr-defined]  # protobuf builds the class at import time
     proto.ParseFromString(model_proto)
     kinds = {1: gguf.TokenType.NORMAL, 2: gguf.TokenType.UNKNOWN, 3: gguf.TokenType.CONTROL,
              4: gguf.TokenType.USER_DEFINED, 5: gguf.TokenType.UNUSED, 6: gguf.TokenType.BYTE}
