@@ -237,7 +237,7 @@ class ModelRunner:
         """Whether the model need only produce the sampled rows' hidden states: it supports that, some but not all
         rows are sampled, and no request wants prompt logprobs (they read every prompt row's state)."""
         return (
-            getattr(self.model, "supports_output_rows", False)
+            self.model.supports_output_rows
             and 0 < len(plan.sampled_requests) < plan.num_tokens
             and all(req.sampling_params.prompt_logprobs is None for req in plan.requests)  # type: ignore[attr-defined]
         )

@@ -47,13 +47,7 @@ def package_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ids=["package", "benches", "native-tests", "engine-tests"],
 )
 def test_mypy_finds_no_errors(package_tree: Path, targets: list[str], extra_paths: list[str]) -> None:
-    mypy_path = os.pathsep.join([str(package_tree), *(str(ROOT / p) for p in extra_paths)])
-    env = {**os.environ, "MYPYPATH": mypy_path}
-    cache = package_tree / ".mypy_cache"
-    run = subprocess.run(
-        [sys.executable, "-m", "mypy", "--cache-dir", str(cache), *targets],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )
+    run = _mypy(package_tree, targets, [ROOT / p for p in extra_paths])
     assert run.returncode == 0, f"mypy {' '.join(targets)}:\n{run.stdout[-6000:]}{run.stderr[-2000:]}"
 
 
@@ -62,9 +56,14 @@ def test_the_check_sees_through_the_package_mapping(package_tree: Path, tmp_path
     not followed)."""
     probe = tmp_path / "probe.py"
     probe.write_text("from candle_vllm.pyengine.runner import ModelRunner\n\nModelRunner(1)\n")
-    env = {**os.environ, "MYPYPATH": str(package_tree)}
-    run = subprocess.run(
-        [sys.executable, "-m", "mypy", "--cache-dir", str(package_tree / ".mypy_cache"), str(probe)],
+    run = _mypy(package_tree, [str(probe)], [])
+    assert run.returncode == 1 and "call-arg" in run.stdout, run.stdout
+
+
+def _mypy(package_tree: Path, args: list[str], extra_paths: list[Path]) -> subprocess.CompletedProcess[str]:
+    """mypy from the repository root (its pyproject config), the package tree first on its path."""
+    env = {**os.environ, "MYPYPATH": os.pathsep.join(str(p) for p in (package_tree, *extra_paths))}
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", str(package_tree / ".mypy_cache"), *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
-    assert run.returncode == 1 and "call-arg" in run.stdout, run.stdout
