@@ -23,13 +23,13 @@ import pytest
 import torch
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
-from torch import nn
 
 from candle_vllm.actors.engine import open_engine
 from candle_vllm.api.state import ServerConfig
 from candle_vllm.pyengine.config import ModelConfig
 from candle_vllm.pyengine.engine_args import EngineArgs
 from candle_vllm.pyengine.models import registry
+from candle_vllm.pyengine.models.base import CausalLM
 from tests.api.conftest import ServerThread, running, tcp_bind
 
 ARCH = "ScriptedTestForCausalLM"
@@ -82,7 +82,7 @@ EXPECTED_CALLS = [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"}
 CALL_ID = re.compile(r"^call_[A-Za-z0-9]{24}$")
 
 
-class ScriptedForCausalLM(nn.Module):
+class ScriptedForCausalLM(CausalLM):
     """Logits with all mass on ``script[p - start]`` at position ``p`` (EOS outside the script); records the
     prompt tokens of each prefill so tests can read the rendered prompt the engine really got."""
 
@@ -106,7 +106,9 @@ class ScriptedForCausalLM(nn.Module):
     def finish_loading(self) -> None:
         pass
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: Any) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: Any, output_rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if len(input_ids) > 1:
             self.prompts.append(input_ids.tolist())
         return positions.to(torch.float32).unsqueeze(1)  # the "hidden state" is the position
