@@ -409,4 +409,4 @@ cdef class KVCacheManager:
     @property
     def usage(self) -> float:
         """Fraction of blocks held by requests (``vllm:kv_cache_usage_perc``)."""
-        return 1.0 - (self._num_uncached_free + self._num_cached_free) / self.num_blocks
+        return 1.0 - <double>(self._num_uncached_free + self._num_cached_free) / self.num_blocks

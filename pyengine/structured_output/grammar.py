@@ -34,9 +34,11 @@ _UNUSABLE = "the JSON schema cannot be used for structured output"
 
 
 def grammar_key(params: StructuredOutputParams) -> str:
-    """Canonical JSON of the schema the params stand for: equal schemas share one compiled grammar."""
+    """Compact JSON of the schema the params stand for: equal schemas share one compiled grammar. Key order is
+    kept, not sorted: a schema's property order is the order the output writes them in (OpenAI's structured
+    outputs; "reasoning" before "answer" schemas rely on it)."""
     schema = ANY_JSON_OBJECT if params.json_object else params.json_schema
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
 
 
 class GrammarCompiler:

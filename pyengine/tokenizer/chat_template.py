@@ -166,7 +166,9 @@ def prepare_messages(messages: list[dict[str, Any]], wants_parts: bool) -> list[
     for raw in messages:
         if not isinstance(raw, dict):
             raise ChatTemplateError(f"each chat message must be an object, got {type(raw).__name__}")
-        message = {k: v for k, v in _plain(raw).items() if v is not None}
+        # content stays even when null (an assistant turn of tool calls): templates test `content is none`, and
+        # transformers passes it as given; the other null fields are dropped.
+        message = {k: v for k, v in _plain(raw).items() if v is not None or k == "content"}
         role = str(message.get("role", ""))
         if isinstance(message.get("content"), list) and not wants_parts:
             message["content"] = _join_text_parts(message["content"], role)

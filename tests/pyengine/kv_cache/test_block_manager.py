@@ -32,6 +32,7 @@ def test_allocate_free_and_ref_counts() -> None:
     assert not set(blocks_a) & set(blocks_b)
     assert all(m.ref_count(x) == 1 for x in blocks_a + blocks_b)
     assert m.num_free_blocks == 13
+    assert m.usage == pytest.approx(7 / 20)
     assert m.allocate(a, 12) and m.row_num_blocks(a) == 3  # still fits in 3 blocks
     assert m.allocate(a, 13) and m.row_num_blocks(a) == 4
 

@@ -37,16 +37,32 @@ def test_one_grammar_per_distinct_schema(smol_tokenizer: Tokenizer) -> None:
     compiler = compiler_for(smol_tokenizer)
     assert compiler_for(smol_tokenizer) is compiler
     a = {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "string"}}, "required": ["x"]}
-    b = {"required": ["x"], "properties": {"y": {"type": "string"}, "x": {"type": "integer"}}, "type": "object"}
     before = len(compiler._templates)
     check_structured_output(StructuredOutputParams(json_schema=a), smol_tokenizer)
-    first, second = (compiler.new_matcher(StructuredOutputParams(json_schema=s)) for s in (a, b))
+    first, second = (compiler.new_matcher(StructuredOutputParams(json_schema=dict(a))) for _ in range(2))
     assert len(compiler._templates) == before + 1
     ids = smol_tokenizer.encode('{"x":12,"y":"hi"}', add_special_tokens=False)
     assert first.consume_tokens(ids) and first.is_accepting()
     assert second.compute_bitmask() != first.compute_bitmask(), "each sequence has its own matcher state"
     check_structured_output(StructuredOutputParams(json_object=True), smol_tokenizer)
     assert len(compiler._templates) == before + 2
+
+
+@pytest.mark.parametrize("order", [("reasoning", "answer"), ("answer", "reasoning")])
+def test_properties_come_in_the_schema_order(order: tuple[str, str], smol_tokenizer: Tokenizer) -> None:
+    """OpenAI's structured outputs write the properties in the schema's order (a "reasoning" field placed before
+    "answer" is generated first), so schemas that differ only in key order are different grammars."""
+    types = {"reasoning": {"type": "string"}, "answer": {"type": "integer"}}
+    schema = {"type": "object", "properties": {k: types[k] for k in order}, "required": list(order),
+              "additionalProperties": False}
+    values = {"reasoning": '"two"', "answer": "2"}
+    in_order = "{" + ",".join(f'"{k}":{values[k]}' for k in order) + "}"
+    reversed_order = "{" + ",".join(f'"{k}":{values[k]}' for k in reversed(order)) + "}"
+    compiler = compiler_for(smol_tokenizer)
+    for text, accepted in ((in_order, True), (reversed_order, False)):
+        matcher = compiler.new_matcher(StructuredOutputParams(json_schema=schema))
+        ids = smol_tokenizer.encode(text, add_special_tokens=False)
+        assert (matcher.consume_tokens(ids) and matcher.is_accepting()) == accepted, text
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"json_schema": {"type": "object"}, "json_object": True}])
