@@ -70,6 +70,9 @@ class Request:
     stop_reason: int | str | None = None
     # Tokens whose KV is in the cache or being written by a step already planned.
     num_computed_tokens: int = 0
+    # Of those, the tokens whose KV a step that completed wrote (or a prefix hit found): only these are published
+    # to the prefix cache, so a step that fails never leaves unwritten blocks there for other requests to reuse.
+    num_written_tokens: int = 0
     # Prompt tokens reused from the prefix cache (or a fork) at first admission: usage.cached_tokens.
     num_cached_tokens: int = 0
     # Tokens sampled by planned steps whose results have not come back through Scheduler.update yet.

@@ -23,7 +23,8 @@ class StepPlan:
 
     ``new_request_ids``: admitted this step (fresh or resumed after preemption): the runner (re)builds their
     per-request state. ``preempted_ids`` lost their blocks this step; ``finished_ids`` ended since the
-    previous plan: the runner drops their state.
+    previous plan: the runner drops their state. ``incarnations[i]`` is ``requests[i].num_preemptions`` when
+    planned: the step's KV writes count for that incarnation of the request only.
     """
 
     step_id: int
@@ -41,6 +42,7 @@ class StepPlan:
     new_request_ids: list[str] = field(default_factory=list)
     preempted_ids: list[str] = field(default_factory=list)
     finished_ids: list[str] = field(default_factory=list)
+    incarnations: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

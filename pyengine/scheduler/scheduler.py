@@ -31,14 +31,15 @@ class RequestRejected(ValueError):
 class _StepLists:
     """Per-request columns of the step being planned."""
 
-    __slots__ = ("counts", "new_ids", "outputs", "preempted", "prompts", "requests", "rows", "sampled",
-                 "samples", "starts")
+    __slots__ = ("counts", "incarnations", "new_ids", "outputs", "preempted", "prompts", "requests", "rows",
+                 "sampled", "samples", "starts")
 
     def __init__(self) -> None:
         self.requests: list[Request] = []
         self.rows: list[int] = []
         self.starts: list[int] = []
         self.counts: list[int] = []
+        self.incarnations: list[int] = []
         self.prompts: list[list[int]] = []
         self.outputs: list[list[int]] = []
         self.samples: list[bool] = []
@@ -160,7 +161,8 @@ class Scheduler:
                                    lists.prompts, lists.outputs, lists.samples)
         finished_ids, self._finished_ids = self._finished_ids, []
         return StepPlan(step, lists.requests, lists.counts, lists.starts, lists.sampled, *arrays,
-                        new_request_ids=lists.new_ids, preempted_ids=lists.preempted, finished_ids=finished_ids)
+                        new_request_ids=lists.new_ids, preempted_ids=lists.preempted, finished_ids=finished_ids,
+                        incarnations=lists.incarnations)
 
     def update(self, plan: StepPlan, sampled_token_ids: Sequence[int]) -> list[Request]:
         """Apply a step's sampled ids (plain ints, one per ``plan.sampled_requests``): append them and end
@@ -170,6 +172,10 @@ class Scheduler:
         if len(sampled_token_ids) != len(sampled):
             raise ValueError(f"step {plan.step_id} sampled {len(sampled)} requests, got "
                              f"{len(sampled_token_ids)} token ids")
+        for req, start, count, incarnation in zip(plan.requests, plan.start_positions, plan.num_new_tokens,
+                                                  plan.incarnations, strict=True):
+            if req.status is RUNNING and req.num_preemptions == incarnation:
+                req.num_written_tokens = max(req.num_written_tokens, start + count)
         finished: list[Request] = []
         for req, tok in zip(sampled, sampled_token_ids, strict=True):
             req.num_placeholders -= 1
@@ -202,9 +208,9 @@ class Scheduler:
             if not self.config.chunked_prefill:
                 return 0
             num_new = limit
-        # Blocks computed by earlier steps become shareable now (never those written in this step).
+        # Blocks written by completed steps become shareable now.
         self.kv.publish(req.kv_row, req.prompt_token_ids, req.output_token_ids,
-                        min(req.num_computed_tokens, req.num_tokens))
+                        min(req.num_written_tokens, req.num_tokens))
         while not self.kv.allocate(req.kv_row, req.num_computed_tokens + num_new):
             victim = self._newest_unscheduled(step, req)
             if victim is None:
@@ -246,9 +252,10 @@ class Scheduler:
                 return None
             row = kv.fork_row(src.kv_row, shared_blocks, req.prefix_key)
             computed = shared_blocks * bs
+            written = min(computed, src.num_written_tokens)  # the source's blocks, written as far as its are
         else:
             row = kv.open_row(req.prefix_key)
-            computed = kv.match_prefix(row, req.prompt_token_ids, req.output_token_ids, req.num_tokens - 1)
+            computed = written = kv.match_prefix(row, req.prompt_token_ids, req.output_token_ids, req.num_tokens - 1)
         num_new = req.num_tokens - computed
         limit = min(budget, self._chunk)
         if num_new > limit:
@@ -267,6 +274,7 @@ class Scheduler:
         self.prefix_hit_tokens += computed
         req.kv_row = row
         req.num_computed_tokens = computed
+        req.num_written_tokens = written
         req.status = RUNNING
         self.running[req.request_id] = req
         lists.new_ids.append(req.request_id)
@@ -283,6 +291,7 @@ class Scheduler:
         lists.rows.append(req.kv_row)
         lists.starts.append(start)
         lists.counts.append(num_new)
+        lists.incarnations.append(req.num_preemptions)
         lists.prompts.append(req.prompt_token_ids)
         lists.outputs.append(req.output_token_ids)
         lists.samples.append(samples)
@@ -302,7 +311,7 @@ class Scheduler:
         resumes later by recomputing its prompt and the tokens it generated."""
         self._release_blocks(req)
         req.status = RequestStatus.PREEMPTED
-        req.num_computed_tokens = 0
+        req.num_computed_tokens = req.num_written_tokens = 0
         req.num_preemptions += 1
         del self.running[req.request_id]
         self.waiting.appendleft(req)
@@ -310,7 +319,7 @@ class Scheduler:
 
     def _release_blocks(self, req: Request) -> None:
         self.kv.publish(req.kv_row, req.prompt_token_ids, req.output_token_ids,
-                        min(req.num_computed_tokens, req.num_tokens))
+                        min(req.num_written_tokens, req.num_tokens))
         self.kv.free_row(req.kv_row)
         req.kv_row = -1
 

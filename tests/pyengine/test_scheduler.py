@@ -155,6 +155,35 @@ def test_prefix_hit_recomputes_last_token_and_shares_blocks() -> None:
     assert s.prefix_hit_tokens == 2 * 992
 
 
+@pytest.mark.parametrize("one_step_behind", [False, True])
+def test_a_failed_step_leaves_no_unwritten_blocks_in_the_prefix_cache(one_step_behind: bool) -> None:
+    """A step that raised wrote no KV: aborting its requests (the engine's answer to a failed step) must not
+    publish their blocks, or the next request with that prompt reuses never-written KV. Pipelined, the next plan
+    is made before the failed step's result, and it must not publish them either."""
+    bs = 8
+    prompt = [random.Random(5).randrange(VOCAB) for _ in range(40)]
+    for fail in (True, False):
+        s = Scheduler(SchedulerConfig(num_blocks=64, block_size=bs, max_model_len=256))
+        model = FakePagedModel(64, bs)
+        first = Request("a-0", list(prompt), SamplingParams(max_tokens=5, ignore_eos=True))
+        s.add_request(first)
+        plans = [s.schedule()]
+        if one_step_behind:
+            plans.append(s.schedule())  # the next step, planned while the first runs
+        if fail:
+            s.abort(first.request_id)
+        else:
+            for plan, toks in [(p, model.step(p)) for p in plans]:
+                s.update(plan, toks)
+            drive(s, model)
+        second = Request("b-1", list(prompt), SamplingParams(max_tokens=5, ignore_eos=True))
+        s.add_request(second)
+        drive(s, model)
+        assert second.num_cached_tokens == (0 if fail else 32)
+        assert second.output_token_ids == reference_output(prompt, 5, salt_of(second))
+        assert_all_blocks_free(s)
+
+
 def test_random_aborts_free_every_block() -> None:
     bs = 8
     rng = random.Random(3)
