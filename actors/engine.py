@@ -16,6 +16,7 @@ from candle_vllm.actors.messages import (
     Abort,
     Executed,
     ExecutorInbox,
+    IntakeInbox,
     OutputInbox,
     SchedulerInbox,
     SinkItem,
@@ -54,7 +55,7 @@ class AsyncEngine:
         self.max_model_len = core.max_model_len
         self.model_name = core.info.model_name
         self.info = core.info
-        self._intake_send, self._intake_recv = trio.open_memory_channel[Submit](INBOX_SIZE)
+        self._intake_send, self._intake_recv = trio.open_memory_channel[IntakeInbox](INBOX_SIZE)
         self._sched_send, self._sched_recv = trio.open_memory_channel[SchedulerInbox](INBOX_SIZE)
         exec_send, exec_recv = trio.open_memory_channel[ExecutorInbox](PIPELINE_DEPTH)
         result_send, result_recv = trio.open_memory_channel[Executed](PIPELINE_DEPTH)
@@ -93,11 +94,11 @@ class AsyncEngine:
         finally:
             if not finished:
                 with trio.CancelScope(shield=True):
-                    await self._sched_send.send(Abort(request_id))
+                    await self._intake_send.send(Abort(request_id))
 
     async def abort(self, request_id: str) -> None:
         """Cancel a request; its stream ends with ``finish_reason="abort"`` if anyone still reads it."""
-        await self._sched_send.send(Abort(request_id))
+        await self._intake_send.send(Abort(request_id))
 
     def stats(self) -> EngineStats:
         sched = self.core.scheduler

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import trio
 
-from candle_vllm.actors.messages import SchedulerInbox, Submit, send_to_sink
+from candle_vllm.actors.messages import Abort, IntakeInbox, SchedulerInbox, reject
 from candle_vllm.pyengine.engine_core import EngineCore
 
 
 class IntakeActor:
     """Resolves sampling defaults and limits, tokenizes text prompts; rejects invalid requests on their sink."""
 
-    def __init__(self, core: EngineCore, inbox: trio.MemoryReceiveChannel[Submit],
+    def __init__(self, core: EngineCore, inbox: trio.MemoryReceiveChannel[IntakeInbox],
                  scheduler: trio.MemorySendChannel[SchedulerInbox]) -> None:
         self.core = core
         self.inbox = inbox
@@ -20,6 +20,9 @@ class IntakeActor:
     async def run(self) -> None:
         async with self.inbox, self.scheduler:
             async for msg in self.inbox:
+                if isinstance(msg, Abort):  # in order behind the request's Submit
+                    await self.scheduler.send(msg)
+                    continue
                 try:
                     if msg.prompt_token_ids is None:
                         if msg.prompt is None:
@@ -27,11 +30,6 @@ class IntakeActor:
                         msg.prompt_token_ids = self.core.tokenizer.encode(msg.prompt)
                     msg.params = self.core.resolve_params(msg.params)
                 except ValueError as exc:
-                    _reject(msg, exc)
+                    reject(msg, exc)
                     continue
                 await self.scheduler.send(msg)
-
-
-def _reject(msg: Submit, exc: Exception) -> None:
-    send_to_sink(msg.sink, exc)
-    msg.sink.close()

@@ -27,6 +27,12 @@ def send_to_sink(sink: Sink, item: SinkItem) -> None:
         sink.send_nowait(item)
 
 
+def reject(msg: Submit, error: Exception) -> None:
+    """End a request that can never run: its reader gets the error (intake or scheduler, before registration)."""
+    send_to_sink(msg.sink, error)
+    msg.sink.close()
+
+
 @dataclass(slots=True)
 class Submit:
     """A new user request (API -> intake -> scheduler). ``prompt_token_ids`` None: intake tokenizes ``prompt``."""
@@ -40,7 +46,8 @@ class Submit:
 
 @dataclass(slots=True)
 class Abort:
-    """Cancel a request (client gone, or shutdown); applied between steps, frees its KV blocks."""
+    """Cancel a request (client gone, or shutdown); applied between steps, frees its KV blocks. Clients send it
+    through the intake, behind their Submit, so it never reaches the scheduler before the request does."""
 
     request_id: str
 
@@ -53,6 +60,7 @@ class StopStrings:
 
 
 SchedulerInbox = Submit | Abort | StopStrings
+IntakeInbox = Submit | Abort
 
 
 @dataclass(slots=True)
@@ -96,14 +104,6 @@ class Deliver:
 
 
 @dataclass(slots=True)
-class Reject:
-    """A request that can never run: its sink gets the error (scheduler -> output)."""
-
-    request_id: str
-    error: Exception
-
-
-@dataclass(slots=True)
 class Register:
     """Route a request's outputs to its sink (scheduler -> output, before the request's first step)."""
 
@@ -111,4 +111,4 @@ class Register:
     sink: Sink
 
 
-OutputInbox = Emit | Deliver | Reject | Register
+OutputInbox = Emit | Deliver | Register

@@ -10,7 +10,6 @@ from candle_vllm.actors.messages import (
     Emit,
     OutputInbox,
     Register,
-    Reject,
     SchedulerInbox,
     Sink,
     StopStrings,
@@ -42,11 +41,6 @@ class OutputActor:
                         await self.scheduler.send(StopStrings(hits))
                 elif isinstance(msg, Deliver):
                     self._deliver(msg.outputs)
-                elif isinstance(msg, Reject):
-                    sink = self.sinks.pop(msg.request_id, None)
-                    if sink is not None:
-                        send_to_sink(sink, msg.error)
-                        sink.close()
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:

@@ -22,10 +22,10 @@ from candle_vllm.actors.messages import (
     Flush,
     OutputInbox,
     Register,
-    Reject,
     SchedulerInbox,
     StopStrings,
     Submit,
+    reject,
 )
 from candle_vllm.pyengine.engine_core import PIPELINE_DEPTH, EngineCore
 
@@ -87,12 +87,14 @@ class SchedulerActor:
     async def _handle(self, msg: SchedulerInbox) -> None:
         core = self.core
         if isinstance(msg, Submit):
-            await self.output.send(Register(msg.request_id, msg.sink))
             try:
                 assert msg.prompt_token_ids is not None
                 core.add_request(msg.request_id, msg.prompt_token_ids, msg.params, msg.prompt)
-            except ValueError as exc:
-                await self.output.send(Reject(msg.request_id, exc))
+            except ValueError as exc:  # refused before any state changed: a live request with its id keeps its sink
+                reject(msg, exc)
+                return
+            # Registered before this handler returns, so ahead of every step that carries the request.
+            await self.output.send(Register(msg.request_id, msg.sink))
         elif isinstance(msg, Abort):
             final = core.abort(msg.request_id)
             if final is not None:

@@ -129,7 +129,8 @@ class EngineCore:
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prompt: str | None = None) -> None:
         """Queue a user request (``n`` engine requests sharing the prompt). Raises ``RequestRejected`` or
-        ``ValueError`` when it can never run."""
+        ``ValueError`` when it can never run, before any state changes."""
+        self.check_prompt_ids(prompt_token_ids)
         params = self.resolve_params(params)
         group = RequestGroup(request_id, prompt, list(prompt_token_ids), params)
         requests: list[Request] = []
@@ -145,11 +146,19 @@ class EngineCore:
             for req in requests:
                 self.scheduler.add_request(req)
                 added.append(req)
-        except ValueError:
+            self.outputs.add(group, requests)
+        except Exception:
             for req in added:
                 self.scheduler.abort(req.request_id)
             raise
-        self.outputs.add(group, requests)
+
+    def check_prompt_ids(self, prompt_token_ids: list[int]) -> None:
+        """Every id must name a token the model embeds and the tokenizer decodes: an id past either would fail
+        the whole step it runs in (taking its batch-mates with it), a negative one the detokenizer."""
+        size = min(self.model_config.vocab_size, self.tokenizer.vocab_size)
+        bad = [t for t in prompt_token_ids if not 0 <= t < size]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary (ids 0..{size - 1})")
 
     def resolve_params(self, params: SamplingParams) -> SamplingParams:
         """Server defaults for unset fields, the output cap, and vocabulary checks."""

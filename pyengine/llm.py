@@ -93,10 +93,15 @@ class LLM:
     def _run(self, requests: list[tuple[str | None, list[int], SamplingParams]], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.engine
         order: dict[str, int] = {}
-        for text, token_ids, params in requests:
-            request_id = str(next(self._ids))
-            engine.add_request(request_id, token_ids, params, prompt=text)
-            order[request_id] = len(order)
+        try:
+            for text, token_ids, params in requests:
+                request_id = str(next(self._ids))
+                engine.add_request(request_id, token_ids, params, prompt=text)
+                order[request_id] = len(order)
+        except Exception:  # a refused prompt: the ones queued before it must not run in a later call
+            for request_id in order:
+                engine.abort(request_id)
+            raise
         results: list[RequestOutput | None] = [None] * len(requests)
         bar = tqdm(total=len(requests), desc="Generating", disable=not use_tqdm)
         while engine.has_unfinished():

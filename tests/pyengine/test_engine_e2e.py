@@ -115,6 +115,20 @@ def test_random_aborts_free_every_block() -> None:
     assert engine.scheduler.kv.num_free_blocks == engine.info.num_blocks
 
 
+def test_out_of_vocabulary_prompt_ids_are_refused_and_leave_nothing_behind(llm: LLM) -> None:
+    """An id past the vocabulary (or negative) would fail the whole step it runs in, and before this check left
+    the engine stuck: it is refused up front, and the prompts queued before it in the same call are dropped."""
+    engine: EngineCore = llm.engine
+    vocab = min(engine.model_config.vocab_size, llm.get_tokenizer().vocab_size)
+    want = _texts(llm.generate(PROMPTS[:2], GREEDY))
+    for bad in (vocab, vocab + 7, -3):
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            llm.generate([PROMPTS[0], {"prompt_token_ids": [1, 2, bad]}], GREEDY)
+        assert not engine.has_unfinished()
+        assert engine.scheduler.kv.num_free_blocks == engine.info.num_blocks
+    assert _texts(llm.generate(PROMPTS[:2], GREEDY)) == want
+
+
 def test_seeded_sampling_is_reproducible_inside_different_batches(llm: LLM) -> None:
     seeded = SamplingParams(temperature=1.0, seed=1234, max_tokens=16, ignore_eos=True)
     others = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)

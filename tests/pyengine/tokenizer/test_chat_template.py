@@ -190,8 +190,9 @@ def test_null_content_reaches_the_template_as_none() -> None:
     template = ("{% for m in messages %}[{{ m.role }}:{% if m.content is none %}NONE{% else %}{{ m.content }}"
                 "{% endif %}{% if m.tool_calls %}:{{ m.tool_calls[0].function.name }}{% endif %}]{% endfor %}")
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
-    messages = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
     ours = render_chat_template(template, messages, add_generation_prompt=False)
     assert ours == _transformers_render(template, messages, add_generation_prompt=False)
     assert "[assistant:NONE:get_weather]" in ours
