@@ -2,7 +2,10 @@
 
 Streamed and whole responses run the very same pipeline over the engine's per-step deltas, so a client that
 accumulates the stream gets exactly the non-streamed message: the same content, reasoning, tool calls (ids
-included) and finish reason.
+included) and finish reason. That holds for outputs cut by ``max_tokens`` too: the tool parsers keep a cut
+call whose header went out (``tool_parsers.base``). The one exception is a call whose header was streamed
+before its text turned out malformed (a stream cannot take it back); that happens only with ``tool_choice``
+``auto``, since ``required`` and named outputs follow a grammar.
 """
 
 from __future__ import annotations

@@ -89,7 +89,13 @@ class ToolPlan:
         return make_parser(self.parser_name, self.tools)
 
     def output_schema(self) -> dict[str, Any] | None:
-        """The JSON schema the output must follow (``required``: a list of calls; named: the arguments)."""
+        """The JSON schema the output must follow (``required``: a list of calls; named: the arguments).
+
+        The call objects built here close with ``additionalProperties: false``: JSON Schema (and the grammar
+        compiled from it) allows extra keys by default, and a small model then keeps writing keys such as
+        ``"description"`` until ``max_tokens`` instead of closing the call. The tools' own parameter schemas
+        are passed through as given, as vLLM does (their authors decide whether extra arguments are allowed).
+        """
         if self.mode == "named":
             fn = next(t["function"] for t in self.tools or [] if t["function"]["name"] == self.named)
             return fn.get("parameters") or {"type": "object"}
@@ -99,7 +105,7 @@ class ToolPlan:
             {"type": "object",
              "properties": {"name": {"type": "string", "enum": [t["function"]["name"]]},
                             "parameters": t["function"].get("parameters") or {"type": "object"}},
-             "required": ["name", "parameters"]}
+             "required": ["name", "parameters"], "additionalProperties": False}
             for t in self.tools or []
         ]
         schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": variants}}

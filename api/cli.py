@@ -50,6 +50,7 @@ class ServerArgs:
     mcp_command: str | None = None
     mcp_args: list[str] | None = None
     mcp_refresh_s: float = DEFAULT_REFRESH_S
+    trust_request_chat_template: bool = False
     log: bool = False
 
     def __post_init__(self) -> None:
@@ -157,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--api-key", metavar="KEY", help="require this bearer token on API requests")
     g.add_argument("--ui-server", action="store_true", help="also serve the web UI on the API port minus one")
+    g.add_argument("--trust-request-chat-template", action="store_true",
+                   help="let requests bring their own chat_template (Jinja run on the server; off: refused with 400)")
     g.add_argument("--log", action="store_true", help=f"also write logs to ./{LOG_FILE}")
 
     g = p.add_argument_group("engine and cache")

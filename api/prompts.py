@@ -66,20 +66,50 @@ def _parse_arguments(call: Any) -> Any:
     return call
 
 
+def requested_template(tokenizer: Any, req: ChatCompletionRequest | TokenizeRequest, trusted: bool) -> str | None:
+    """The chat template a request asks for: ``chat_template``, or ``chat_template_kwargs.chat_template`` (which
+    vLLM and transformers also read as the template); None for the model's default.
+
+    A name of one of the model's own templates is always fine. A template brought by the request is Jinja run
+    on the server, where a loop of a few lines can take hours, so it is refused (400 naming the field) unless
+    the server runs with ``--trust-request-chat-template`` (vLLM's flag and default)."""
+    given = {"chat_template": req.chat_template,
+             "chat_template_kwargs": (req.chat_template_kwargs or {}).get("chat_template")}
+    given = {param: value for param, value in given.items() if value is not None}
+    if not given:
+        return None
+    param, template = next(iter(given.items()))
+    if len(given) == 2 and given["chat_template"] != given["chat_template_kwargs"]:
+        raise bad_request("chat_template and chat_template_kwargs.chat_template differ; give the template once",
+                          param="chat_template_kwargs")
+    field = "chat_template" if param == "chat_template" else "chat_template_kwargs.chat_template"
+    if not isinstance(template, str):  # only chat_template_kwargs can hold another type
+        raise bad_request(f"{field} must be a string", param=param)
+    if template in tokenizer.chat_templates or trusted:
+        return template
+    names = ", ".join(sorted(tokenizer.chat_templates)) or "none"
+    raise bad_request(f"{field} sends a chat template, but this server renders only the model's own templates "
+                      f"(by name: {names}); start the server with --trust-request-chat-template to accept "
+                      "templates sent with requests", param=param)
+
+
 def render_chat(tokenizer: Any, req: ChatCompletionRequest | TokenizeRequest, tools: list[dict[str, Any]] | None,
-                thinking: bool | None = None) -> str:
+                thinking: bool | None = None, *, trust_template: bool = False) -> str:
     """The prompt text of a chat request, rendered by the model's chat template (errors are 400s).
 
     ``tools`` are the ones the prompt offers (none for ``tool_choice: "none"``); ``thinking`` (the request's
-    reasoning switch) reaches templates as ``enable_thinking`` (Qwen3) and ``thinking`` (DeepSeek-V3.1)."""
+    reasoning switch) reaches templates as ``enable_thinking`` (Qwen3) and ``thinking`` (DeepSeek-V3.1).
+    ``trust_template`` (``--trust-request-chat-template``) lets the request bring its own template.
+    CPU-heavy: routes call it in a worker thread (see ``routes.common.in_worker``)."""
+    template = requested_template(tokenizer, req, trust_template)
     messages = [_message_dict(m, i) for i, m in enumerate(req.messages or [])]
-    kwargs = dict(req.chat_template_kwargs or {})
+    kwargs = {k: v for k, v in (req.chat_template_kwargs or {}).items() if k != "chat_template"}
     if thinking is not None:
         kwargs = {"enable_thinking": thinking, "thinking": thinking, **kwargs}
     try:
         return tokenizer.apply_chat_template(
             messages, tools=tools, add_generation_prompt=req.add_generation_prompt,
-            chat_template_kwargs=kwargs or None, chat_template=req.chat_template)
+            chat_template_kwargs=kwargs or None, chat_template=template)
     except Exception as exc:  # jinja errors, raise_exception() in templates, templates missing
         log.info("chat template failed: %s", exc)
         raise bad_request(f"the chat template could not be rendered: {exc}", param="messages") from None

@@ -6,6 +6,7 @@ Tracking in-flight requests here is what lets a drain (SIGTERM) wait for them, t
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,13 @@ class ServerConfig:
     enforce_parser: str | None = None  # --enforce-parser: the tool-call parser instead of the model family's
     mcp_servers: list[McpServerSpec] = field(default_factory=list)  # --mcp-config / --mcp-command
     mcp_refresh_s: float = DEFAULT_REFRESH_S  # --mcp-refresh-s
+    trust_request_chat_template: bool = False  # --trust-request-chat-template: requests may bring a template
+
+
+# Worker threads preparing prompts (template render, tokenize) at once; more requests wait for a free one.
+# Tokenizing releases the GIL and uses one core per thread; rendering holds the GIL, so more threads would
+# not render faster and would only take more of the event loop's share.
+PROMPT_THREADS = max(2, min(8, os.cpu_count() or 2))
 
 
 class ServerState:
@@ -54,6 +62,7 @@ class ServerState:
         self.tool_parser: str | None = config.enforce_parser or default_parser_name(
             getattr(model_config, "architecture", ""), engine.model_name, engine.tokenizer.chat_template)
         self._nursery = nursery
+        self.prompt_limiter = trio.CapacityLimiter(PROMPT_THREADS)
         self.draining = False
         self._active: set[GenerationBatch] = set()
         self._idle = trio.Event()

@@ -21,7 +21,15 @@ from candle_vllm.api.generation import EngineRequest, KeepAlive
 from candle_vllm.api.logprobs import chat_logprobs
 from candle_vllm.api.prompts import check_length, render_chat, sampling_params
 from candle_vllm.api.reasoning import ReasoningSplitter, ThinkMarkers, prompt_opens_reasoning
-from candle_vllm.api.routes.common import check_model, event_stream, get_state, now_s, read_json, submit
+from candle_vllm.api.routes.common import (
+    check_model,
+    event_stream,
+    get_state,
+    in_worker,
+    now_s,
+    read_json,
+    submit,
+)
 from candle_vllm.api.routes.common import usage as usage_of
 from candle_vllm.api.schemas import ChatCompletionRequest, parse_request
 from candle_vllm.api.state import ServerState
@@ -76,6 +84,13 @@ def _engine_params(req: ChatCompletionRequest, state: ServerState, setup: ChatSe
     return params
 
 
+def _prompt(tokenizer: Any, req: ChatCompletionRequest, tools: list[dict[str, Any]] | None, thinking: bool | None,
+            trust_template: bool) -> tuple[str, list[int]]:
+    """The rendered prompt and its token ids (runs in a worker thread)."""
+    text = render_chat(tokenizer, req, tools, thinking, trust_template=trust_template)
+    return text, tokenizer.encode(text, add_special_tokens=False)
+
+
 @bp.post("/v1/chat/completions")
 async def chat_completions() -> Any:
     state = get_state()
@@ -85,10 +100,10 @@ async def chat_completions() -> Any:
     tools = plan_tools(req, state.mcp_tools(), state.tool_parser, model)
     thinking = req.thinking_switch()
     tokenizer = state.engine.tokenizer
-    text = render_chat(tokenizer, req, tools.tools, thinking)
+    text, ids = await in_worker(state, _prompt, tokenizer, req, tools.tools, thinking,
+                                state.config.trust_request_chat_template)
     markers = state.think_markers if thinking is not False else None
     setup = ChatSetup(tools, markers, markers is not None and prompt_opens_reasoning(text, markers))
-    ids = tokenizer.encode(text, add_special_tokens=False)
     limit = req.token_limit()
     check_length(len(ids), limit, state.engine.max_model_len)
     top = (req.top_logprobs or 0) if req.logprobs else None

@@ -6,8 +6,9 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
+import trio
 from quart import Response, current_app, request
 
 from candle_vllm.api import sse
@@ -18,6 +19,7 @@ from candle_vllm.pyengine.outputs import RequestOutput
 
 STATE_KEY = "candle_vllm"
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def get_state() -> ServerState:
@@ -45,6 +47,16 @@ def check_model(state: ServerState, model: str | None) -> str:
         return model or state.model_names[0]
     raise APIError(404, f"The model `{model}` does not exist. Available: {', '.join(state.model_names)}",
                    param="model", code="model_not_found")
+
+
+async def in_worker(state: ServerState, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a worker thread: prompt preparation (chat template render, tokenizing a prompt of
+    megabytes) takes seconds of CPU, and on the event loop it would stall every other request, /health included.
+
+    ``state.prompt_limiter`` caps the threads, so a flood of such requests queues instead of spawning threads
+    without bound. A cancelled caller (client gone, server draining) returns at once; its thread finishes in
+    the background (Python threads cannot be stopped) and holds its limiter slot until then."""
+    return await trio.to_thread.run_sync(fn, *args, limiter=state.prompt_limiter, abandon_on_cancel=True)
 
 
 def now_s() -> int:

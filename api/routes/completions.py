@@ -20,6 +20,7 @@ from candle_vllm.api.routes.common import (
     collect,
     event_stream,
     get_state,
+    in_worker,
     now_s,
     read_json,
     submit,
@@ -38,6 +39,7 @@ class _Prompt:
 
 
 def _prompts(req: CompletionRequest, tokenizer: Any, max_model_len: int) -> list[_Prompt]:
+    """Each prompt's text and ids, length-checked (runs in a worker thread: tokenizing megabytes takes seconds)."""
     out = []
     for i, item in enumerate(req.prompts()):
         param = "prompt" if not isinstance(req.prompt, list) else f"prompt.{i}"
@@ -57,7 +59,7 @@ async def completions() -> Any:
     req = parse_request(CompletionRequest, await read_json())
     model = check_model(state, req.model)
     tokenizer = state.engine.tokenizer
-    prompts = _prompts(req, tokenizer, state.engine.max_model_len)
+    prompts = await in_worker(state, _prompts, req, tokenizer, state.engine.max_model_len)
     echo_logprobs = req.logprobs if req.echo else None
     params = sampling_params(req, req.token_limit(), tokenizer.vocab_size, logprobs=req.logprobs,
                              prompt_logprobs=echo_logprobs)

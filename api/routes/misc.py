@@ -10,7 +10,7 @@ from candle_vllm import __version__
 from candle_vllm.api import metrics as metrics_mod
 from candle_vllm.api.openapi import openapi_document
 from candle_vllm.api.prompts import check_token_ids, render_chat
-from candle_vllm.api.routes.common import check_model, get_state, read_json
+from candle_vllm.api.routes.common import check_model, get_state, in_worker, read_json
 from candle_vllm.api.schemas import DetokenizeRequest, TokenizeRequest, parse_request
 
 bp = Blueprint("misc", __name__)
@@ -52,17 +52,23 @@ async def metrics() -> Response:
                     content_type=metrics_mod.CONTENT_TYPE)
 
 
+def _token_ids(tokenizer: Any, req: TokenizeRequest, tools: list[dict[str, Any]] | None,
+               trust_template: bool) -> list[int]:
+    """The ids of the request's prompt or rendered messages (runs in a worker thread)."""
+    if req.messages is not None:
+        text = render_chat(tokenizer, req, tools, trust_template=trust_template)
+        return tokenizer.encode(text, add_special_tokens=False)
+    return tokenizer.encode(req.prompt or "", add_special_tokens=req.add_special_tokens)
+
+
 @bp.post("/tokenize")
 async def tokenize() -> dict[str, Any]:
     state = get_state()
     req = parse_request(TokenizeRequest, await read_json())
     check_model(state, req.model)
     tokenizer = state.engine.tokenizer
-    if req.messages is not None:
-        tools = req.tools or state.mcp_tools()  # what a chat request with these messages would offer
-        ids = tokenizer.encode(render_chat(tokenizer, req, tools), add_special_tokens=False)
-    else:
-        ids = tokenizer.encode(req.prompt or "", add_special_tokens=req.add_special_tokens)
+    tools = req.tools or state.mcp_tools()  # what a chat request with these messages would offer
+    ids = await in_worker(state, _token_ids, tokenizer, req, tools, state.config.trust_request_chat_template)
     body: dict[str, Any] = {"count": len(ids), "max_model_len": state.engine.max_model_len, "tokens": ids}
     if req.return_token_strs:
         body["token_strs"] = [tokenizer.id_to_piece(t) for t in ids]
@@ -76,7 +82,7 @@ async def detokenize() -> dict[str, Any]:
     check_model(state, req.model)
     tokenizer = state.engine.tokenizer
     check_token_ids(req.tokens, tokenizer.vocab_size, "tokens")
-    return {"prompt": tokenizer.decode(req.tokens, skip_special_tokens=False)}
+    return {"prompt": await in_worker(state, tokenizer.decode, req.tokens, False)}
 
 
 @bp.get("/tokenizer_info")

@@ -5,9 +5,12 @@ whitespace (released with the next visible text; dropped when a call follows it 
 right after calls). Markers inside Markdown code fences do not count. From a marker on, the format's
 :class:`Reader` consumes the text and sends each call's header (id, name) once and its arguments as
 fragments that are never taken back. A region the reader rejects -- malformed JSON, unknown tool,
-arguments that are not an object, required keys missing, the output ending mid-call -- is released as
-text: its marker becomes content and what followed it is scanned again. Only calls of regions read to the
-end join :attr:`ToolParser.calls`.
+arguments that are not an object, required keys missing, the output ending before a call's header went
+out -- is released as text: its marker becomes content and what followed it is scanned again. Only calls of
+regions read to the end join :attr:`ToolParser.calls`, with one exception: when the output ends inside a
+region (cut by ``max_tokens``) after headers went out, the calls sent so far join ``calls`` with their
+arguments as far as they got (as OpenAI returns a cut call), and the rest of the region, never sent, is
+dropped, so no text is sent both as a call and as content.
 
 Every decision depends on the text so far, never on how it was cut into pushes, so a stream of deltas
 accumulates to exactly what the whole text gives (``push(all) + finish()`` is the whole-text parse). The
@@ -219,9 +222,15 @@ class ToolParser:
             if not final:
                 return False
             status = Status.DONE if self._reader.end() else Status.FAIL
-        if status is Status.DONE:
-            self.calls.extend(ToolCall(c.id, c.name or "", "".join(c.arguments)) for c in self._region_calls)
+        # At the end of the output a region fails for want of text (a cut call, a partial closing tag): every
+        # other error showed while the text was pushed. Calls already streamed stay calls.
+        cut = final and status is Status.FAIL and any(c.index is not None for c in self._region_calls)
+        if status is Status.DONE or cut:
+            self.calls.extend(ToolCall(c.id, c.name or "", "".join(c.arguments))
+                              for c in self._region_calls if c.index is not None)
             self._after_call, self._line_blank = True, False
+            if cut:
+                self._buf = ""  # what the reader left unread belongs to the cut region
         else:
             raw = "".join(self._region_raw)
             keep = max(self._marker_len, 1)  # the marker (or a line marker's first character) becomes text

@@ -19,6 +19,8 @@ _CLEANUPS = (
     (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"),
 )
 
+_LONG_TEXT = 1 << 16  # characters; about 50 ms of tokenizing, below which holding the GIL does not matter
+
 
 class Tokenizer:
     """Text <-> token ids for one model, with its special tokens and chat templates.
@@ -58,7 +60,11 @@ class Tokenizer:
         """Token ids of ``text``; special-token strings in it are matched whole (chat prompts need that).
 
         ``add_special_tokens`` adds what the model's tokenizer adds around a sequence (BOS for most).
+        A long text goes through ``encode_batch``, the one call of ``tokenizers`` that releases the GIL: a
+        prompt of megabytes takes seconds, and other threads (the server's event loop) must keep running.
         """
+        if len(text) >= _LONG_TEXT:
+            return self.hf.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:

@@ -65,6 +65,7 @@ EXTRA_FLAGS = [
     "--log",
     "--cpu",
     "--api-key",
+    "--trust-request-chat-template",
     "--load-format",
     "--max-model-len",
     "--seed",
@@ -251,6 +252,7 @@ def test_accepted_flags_reach_the_server_step_with_the_embedded_model(
         "127.0.0.1:8000",
         "--api-key",
         "k",
+        "--trust-request-chat-template",
     ]
     assert cli.main(argv) == 0
     assert calls["model"] == str(embedded.default_model_path())
@@ -261,7 +263,9 @@ def test_accepted_flags_reach_the_server_step_with_the_embedded_model(
         {"temperature": 0.5},
     )
     assert (got.kv_fraction, got.block_size) == (0.4, 32)  # resolved for the CPU
-    assert (calls["server_args"].host, calls["server_args"].api_key) == ("127.0.0.1:8000", "k")
+    server_args = calls["server_args"]
+    assert (server_args.host, server_args.api_key, server_args.trust_request_chat_template) == (
+        "127.0.0.1:8000", "k", True)
     assert calls["source"] is not None
 
 

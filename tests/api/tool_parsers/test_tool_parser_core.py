@@ -7,9 +7,9 @@ import json
 import re
 
 import pytest
-from tool_parser_fixtures import TOOLS, run
+from tool_parser_fixtures import TOOLS, cases, run
 
-from candle_vllm.api.tool_parsers import make_parser, parse_tool_calls
+from candle_vllm.api.tool_parsers import ToolCallDelta, make_parser, parse_tool_calls
 
 PARIS_ARGS = '{"city": "Paris"}'
 CALL_TEXT = {
@@ -82,7 +82,6 @@ BROKEN = {
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}, "id": 1}\n</tool_call>',  # extra key
         '<tool_call>\n{"name": ["get_weather"], "arguments": {"city": "Paris"}}\n</tool_call>',  # name not a string
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}} trailing</tool_call>',
-        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',  # output ends mid-call
     ],
     "qwen_coder": [
         "<tool_call>\n<function=get_time>\n</function>\n</tool_call>",  # unknown tool
@@ -90,7 +89,6 @@ BROKEN = {
         "<tool_call>\n<function=get_weather>\n<parameter=city>\nA\n</parameter>\n<parameter=city>\nB\n"
         "</parameter>\n</function>\n</tool_call>",  # a parameter twice
         "<tool_call>\n{\"name\": \"get_weather\"}\n</tool_call>",  # JSON, not XML
-        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n",  # ends mid-call
         "<tool_call>\n<function=get_weather\nis a tool\n",  # no closing >
     ],
     "mistral": [
@@ -100,22 +98,16 @@ BROKEN = {
         '[TOOL_CALLS]get_weather[ARGS]["Paris"]',
         '[TOOL_CALLS]get_weather[ARGS]{"city": Paris}',
         '[TOOL_CALLS] and some prose about tools',
-        '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"',
-        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "argu',
     ],
     "llama3": [
         '<|python_tag|>brave_search.call(query="weather")',  # built-in tool syntax: not JSON calls
         '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "nope", "parameters": {}}',
         '{"name": "get_weather", "parameters": {"city": "Paris"}}; and more',
-        '{"name": "get_weather", "parameters": {"city": "Paris"}',
-        '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_weather", "parameters": {"ci',
     ],
     "json": [
         '{"name": "get_weather", "arguments": {"city": "Paris"}, "extra": true}',
         '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather"}]',
-        '{"name": "get_weather", "arguments": {"city": "Paris"}',
         '{"function": "get_weather"}',
-        '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "arguments": {"ci',
     ],
 }
 
@@ -131,6 +123,62 @@ def test_failed_calls_are_released_as_text(parser: str, text: str) -> None:
     content, calls = parse_tool_calls(parser, text + "\n" + good, TOOLS)
     assert [c.name for c in calls] == ["get_weather"] and json.loads(calls[0].arguments) == {"city": "Paris"}
     assert content == text.rstrip()  # whitespace right before a call is not content
+
+
+WEATHER = ("get_weather", PARIS_ARGS)
+# Outputs cut by max_tokens after a call's header went out: (parser, text, content, calls).
+CUT = [
+    ("qwen", 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par', "Checking.",
+     [("get_weather", '{"city": "Par')]),
+    ("qwen", '<tool_call>\n{"name": "get_weather", "arguments": ' + PARIS_ARGS + "}\n</tool_", "", [WEATHER]),
+    ("qwen_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n", "",
+     [("get_weather", '{"city": "Paris"')]),
+    ("qwen_coder", "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n", "",
+     [("get_weather", '{"city": "Paris"')]),
+    ("mistral", "[TOOL_CALLS]get_weather[ARGS]" + PARIS_ARGS[:-1], "", [("get_weather", PARIS_ARGS[:-1])]),
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": ' + PARIS_ARGS + '}, {"name": "get_weather", "argu',
+     "", [WEATHER]),
+    ("llama3", '{"name": "get_weather", "parameters": ' + PARIS_ARGS, "", [WEATHER]),
+    ("llama3", '{"name": "get_weather", "parameters": ' + PARIS_ARGS + '}; {"name": "get_weather", "parameters": {"ci',
+     "", [WEATHER, ("get_weather", '{"ci')]),
+    ("json", '{"name": "get_weather", "arguments": ' + PARIS_ARGS, "", [WEATHER]),
+    ("json", '[{"name": "get_weather", "arguments": ' + PARIS_ARGS + '}, {"name": "get_weather", "arguments": {"ci',
+     "", [WEATHER, ("get_weather", '{"ci')]),
+]
+
+
+@pytest.mark.parametrize(("parser", "text", "content", "calls"), CUT)
+def test_a_cut_output_keeps_the_calls_it_streamed(parser: str, text: str, content: str,
+                                                 calls: list[tuple[str, str]]) -> None:
+    """The output ends inside a call region after headers went out (``max_tokens``): those calls stay calls,
+    arguments as far as they got; the region's unsent rest is dropped, never shown as content as well."""
+    for pieces in ([text], list(text)):
+        result = run(parser, pieces)
+        assert (result.content, [(c.name, c.arguments) for c in result.calls]) == (content, calls)
+        assert _accumulated(result.deltas) == calls
+
+
+def _accumulated(deltas: list[ToolCallDelta]) -> list[tuple[str, str]]:
+    """The calls a client folding these deltas ends up with."""
+    calls: dict[int, list[str]] = {}
+    for d in deltas:
+        call = calls.setdefault(d.index, ["", ""])
+        call[0] += d.name or ""
+        call[1] += d.arguments
+    return [(calls[i][0], calls[i][1]) for i in sorted(calls)]
+
+
+@pytest.mark.parametrize("parser", sorted(cases()))
+def test_every_cut_of_an_output_streams_to_the_whole_text_result(parser: str) -> None:
+    """Cut anywhere (as ``max_tokens`` does), streamed per character and parsed whole give the same content and
+    calls, and the streamed deltas add up to exactly those calls: nothing is sent as a call and as content."""
+    for case in cases()[parser]:
+        for k in range(len(case.text) + 1):
+            whole, streamed = run(parser, [case.text[:k]]), run(parser, list(case.text[:k]))
+            calls = [(c.name, c.arguments) for c in whole.calls]
+            assert streamed.content == whole.content, (case.name, k)
+            assert [(c.name, c.arguments) for c in streamed.calls] == calls, (case.name, k)
+            assert _accumulated(streamed.deltas) == calls, (case.name, k)
 
 
 def test_broken_call_after_its_header_went_out() -> None:

@@ -81,7 +81,6 @@ BARE_BROKEN = [
     ("<function=get_weather\nis a tool", False),  # no closing >
     ("<functions are not calls>", False),
     ("<function=get_weather>\n<parameter=days>\n2\n</parameter>\n</function>", True),  # required key missing
-    ("<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n", True),  # ends mid-call
 ]
 
 
