@@ -25,7 +25,7 @@ from candle_vllm.pyengine.kv_cache import (
 from candle_vllm.pyengine.loader import load_model, resolve_model_source
 from candle_vllm.pyengine.loader.embedded import default_model_path
 from candle_vllm.pyengine.output_processor import OutputProcessor, RequestGroup, StopStringHit, TokenEvent
-from candle_vllm.pyengine.outputs import RequestOutput, TokenLogprobs
+from candle_vllm.pyengine.outputs import PromptLogprobsChunk, RequestOutput
 from candle_vllm.pyengine.request import FinishReason, Request
 from candle_vllm.pyengine.runner import ModelRunner, PendingStep, StepResult
 from candle_vllm.pyengine.sampling import SamplingDefaults, SamplingParams
@@ -43,7 +43,7 @@ class StepEvents:
     """A step's results as the output processor needs them, detached from scheduler state."""
 
     events: list[TokenEvent]
-    prompt_logprobs: dict[str, list[TokenLogprobs | None]]
+    prompt_logprobs: dict[str, PromptLogprobsChunk]
 
 
 @dataclass(frozen=True)
@@ -202,8 +202,8 @@ class EngineCore:
 
     def process(self, step: StepEvents) -> tuple[list[RequestOutput], list[StopStringHit]]:
         """Detokenize and match stop strings; the caller ends the hit requests with ``finish_stop``."""
-        for engine_id, entries in step.prompt_logprobs.items():
-            self.outputs.add_prompt_logprobs(engine_id, entries)
+        for engine_id, chunk in step.prompt_logprobs.items():
+            self.outputs.add_prompt_logprobs(engine_id, chunk)
         return self.outputs.process(step.events)
 
     def finish_stop(self, hits: list[StopStringHit]) -> None:

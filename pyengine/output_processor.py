@@ -12,7 +12,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from candle_vllm.pyengine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
+from candle_vllm.pyengine.outputs import (
+    CompletionOutput,
+    PromptLogprobsChunk,
+    RequestMetrics,
+    RequestOutput,
+    TokenLogprobs,
+)
 from candle_vllm.pyengine.request import Request
 from candle_vllm.pyengine.sampling import SamplingParams
 from candle_vllm.pyengine.stop_strings import StopStringMatcher
@@ -96,13 +102,19 @@ class OutputProcessor:
         group = self._group_of.get(engine_request_id)
         return group.request_id if group else None
 
-    def add_prompt_logprobs(self, engine_request_id: str, entries: list[TokenLogprobs | None]) -> None:
-        """Prompt logprobs of a prefill chunk (only the first choice's are kept: all choices share the prompt)."""
+    def add_prompt_logprobs(self, engine_request_id: str, chunk: PromptLogprobsChunk) -> None:
+        """Prompt logprobs of a prefill chunk (only the first choice's are kept: all choices share the prompt).
+        The positions already held (a chunk recomputed after a preemption) are not added again."""
         group = self._group_of.get(engine_request_id)
         if group is None or group.prompt_logprobs is None or group.choices[0].request_id != engine_request_id:
             return
-        self._decode_logprobs(entries)
-        group.prompt_logprobs.extend(entries)
+        held = len(group.prompt_logprobs)
+        if chunk.first_position > held:
+            raise ValueError(f"prompt logprobs of {engine_request_id!r} from position {chunk.first_position}, but "
+                             f"only {held} are held: positions were skipped")
+        new = chunk.entries[held - chunk.first_position:]
+        self._decode_logprobs(new)
+        group.prompt_logprobs.extend(new)
 
     def process(self, events: list[TokenEvent]) -> tuple[list[RequestOutput], list[StopStringHit]]:
         """Turn a step's token events into outputs (one per user request that changed); finished user

@@ -20,6 +20,16 @@ TokenLogprobs = dict[int, Logprob]
 
 
 @dataclass(slots=True)
+class PromptLogprobsChunk:
+    """The prompt logprobs one prefill chunk produced: ``entries[j]`` is prompt token ``first_position + j``'s
+    (None for token 0, which nothing predicts). A chunk recomputed after a preemption repeats positions the
+    output already holds; the position says which."""
+
+    first_position: int
+    entries: list[TokenLogprobs | None]
+
+
+@dataclass(slots=True)
 class CompletionOutput:
     """One choice of a request (``n > 1`` gives several); cumulative fields plus the delta since the last yield."""
 

@@ -26,6 +26,7 @@ class SamplingLimits(Protocol):
     min_tokens: int
     ignore_eos: bool
     stop_token_ids: list[int]
+    prompt_logprobs: int | None
 
 
 class RequestStatus(enum.Enum):

@@ -42,7 +42,7 @@ from candle_vllm.pyengine.cuda_graphs import DecodeGraphs, unsupported_reason
 from candle_vllm.pyengine.models.base import CausalLM
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 from candle_vllm.pyengine.ops.transfer import to_device
-from candle_vllm.pyengine.outputs import TokenLogprobs
+from candle_vllm.pyengine.outputs import PromptLogprobsChunk, TokenLogprobs
 from candle_vllm.pyengine.request import Request
 from candle_vllm.pyengine.runner_steps import PendingStep, PipelineStats, StepResult, placeholder_sources
 from candle_vllm.pyengine.sampling import (
@@ -239,7 +239,7 @@ class ModelRunner:
         return (
             self.model.supports_output_rows
             and 0 < len(plan.sampled_requests) < plan.num_tokens
-            and all(req.sampling_params.prompt_logprobs is None for req in plan.requests)  # type: ignore[attr-defined]
+            and all(req.sampling_params.prompt_logprobs is None for req in plan.requests)
         )
 
     def _graph_bucket(self, plan: StepPlan) -> int | None:
@@ -305,7 +305,7 @@ class ModelRunner:
                 logits = self.model.compute_logits(hidden[first : first + n_rows])
                 targets = to_device(torch.tensor(req.prompt_token_ids[start + 1 : start + 1 + n_rows]), self.device)
                 lp = prompt_logprobs(logits, targets, params.prompt_logprobs)
-            step.prompt_logprobs[req.request_id] = (start == 0, lp, params.prompt_logprobs, n_rows)
+            step.prompt_logprobs[req.request_id] = (start, lp, params.prompt_logprobs, n_rows)
 
     # ---- reading a step back -----------------------------------------------------------------------------
 
@@ -324,11 +324,12 @@ class ModelRunner:
             else:
                 tensors, num_top = step.logprobs
                 result.logprobs = tensors.tolists(num_top)
-            for request_id, (first, lp, k, n_rows) in step.prompt_logprobs.items():
-                entries: list[TokenLogprobs | None] = [None] if first else []
+            for request_id, (start, lp, k, n_rows) in step.prompt_logprobs.items():
+                # Row j predicts prompt token start + j + 1; token 0 (no prediction) is None.
+                entries: list[TokenLogprobs | None] = [None] if start == 0 else []
                 if lp is not None:
                     entries.extend(lp.tolists([k] * n_rows))
-                result.prompt_logprobs[request_id] = entries
+                result.prompt_logprobs[request_id] = PromptLogprobsChunk(0 if start == 0 else start + 1, entries)
             step.result = result
         except Exception as exc:  # reported through collect(); the runner itself stays usable
             step.error = exc

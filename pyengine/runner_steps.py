@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from candle_vllm.pyengine.ops.transfer import to_host
-from candle_vllm.pyengine.outputs import TokenLogprobs
+from candle_vllm.pyengine.outputs import PromptLogprobsChunk, TokenLogprobs
 from candle_vllm.pyengine.request import Request
 from candle_vllm.pyengine.sampling.logprobs import LogprobsTensors
 from candle_vllm.pyengine.scheduler.plan import StepPlan
@@ -22,7 +22,7 @@ class StepResult:
     step_id: int
     sampled_token_ids: list[int]
     logprobs: list[TokenLogprobs | None]
-    prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -49,8 +49,8 @@ class PendingStep:
     histories: list[list[int]] = field(default_factory=list)  # each sampled request's token record
     grammar_rows: list[int] = field(default_factory=list)
     logprobs: tuple[LogprobsTensors, list[int | None]] | None = None
-    # request id -> (the first prompt token is in this chunk, logprobs of the rest, top-k, rows)
-    prompt_logprobs: dict[str, tuple[bool, LogprobsTensors | None, int, int]] = field(default_factory=dict)
+    # request id -> (the chunk's first position, logprobs of the prompt tokens it predicts, top-k, rows)
+    prompt_logprobs: dict[str, tuple[int, LogprobsTensors | None, int, int]] = field(default_factory=dict)
     result: StepResult | None = None
     error: BaseException | None = None
     row_of: dict[str, int] = field(default_factory=dict)
@@ -74,8 +74,8 @@ class PendingStep:
         if self.logprobs is not None:
             self.logprobs = (_logprobs_to_host(self.logprobs[0]), self.logprobs[1])
         self.prompt_logprobs = {
-            rid: (first, None if lp is None else _logprobs_to_host(lp), k, n)
-            for rid, (first, lp, k, n) in self.prompt_logprobs.items()
+            rid: (start, None if lp is None else _logprobs_to_host(lp), k, n)
+            for rid, (start, lp, k, n) in self.prompt_logprobs.items()
         }
         if device.type == "cuda":
             self._ready = torch.cuda.Event()

@@ -255,7 +255,9 @@ class Scheduler:
             written = min(computed, src.num_written_tokens)  # the source's blocks, written as far as its are
         else:
             row = kv.open_row(req.prefix_key)
-            computed = written = kv.match_prefix(row, req.prompt_token_ids, req.output_token_ids, req.num_tokens - 1)
+            # Prompt logprobs need every prompt row's logits, which a prefix hit would skip (as in vLLM).
+            computed = written = (0 if req.sampling_params.prompt_logprobs is not None else
+                                  kv.match_prefix(row, req.prompt_token_ids, req.output_token_ids, req.num_tokens - 1))
         num_new = req.num_tokens - computed
         limit = min(budget, self._chunk)
         if num_new > limit:

@@ -69,6 +69,55 @@ def test_preemption_finishes_everything_with_identical_outputs(llm: LLM) -> None
     assert small.engine.scheduler.kv.usage == 0.0
 
 
+def _prompt_lps(out: object) -> list[dict[int, float] | None]:
+    entries = out.prompt_logprobs  # type: ignore[attr-defined]
+    assert entries is not None
+    return [None if e is None else {t: lp.logprob for t, lp in e.items()} for e in entries]
+
+
+def _assert_close(got: list[dict[int, float] | None], want: list[dict[int, float] | None]) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert (g is None) == (w is None)
+        if g is not None and w is not None:
+            assert g.keys() == w.keys() and all(g[t] == pytest.approx(w[t], abs=1e-4) for t in w)
+
+
+def test_prompt_logprobs_survive_prefix_hits_and_preemption(llm: LLM) -> None:
+    """One entry per prompt token, equal to a plain run's, when the prompt is in the prefix cache (such requests
+    skip it: a hit computes no logits for the cached rows) and when the request is preempted and recomputes
+    its prompt (the recomputed chunks must not be added again)."""
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, prompt_logprobs=1)
+    prompts = [p * 4 for p in PROMPTS[:6]]
+    tok = llm.get_tokenizer()
+    want = llm.generate(prompts, params)
+    for prompt, out in zip(prompts, want, strict=True):
+        assert len(_prompt_lps(out)) == len(tok.encode(prompt))
+    again = llm.generate(prompts, params)  # every prompt is in the prefix cache now
+    for first, second in zip(want, again, strict=True):
+        assert second.num_cached_tokens == 0
+        _assert_close(_prompt_lps(second), _prompt_lps(first))
+
+    longest = max(len(tok.encode(p)) for p in prompts) + 12
+    cfg = llm.engine.model_config
+    per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, llm.engine.info.dtype)
+    small = LLM(max_num_seqs=64, block_size=16, mem=-(-int(2.5 * longest * per_token) // 2**20))
+    preempt = small.engine.scheduler._preempt
+    preemptions = 0
+
+    def counting(*args: object) -> None:
+        nonlocal preemptions
+        preemptions += 1
+        preempt(*args)  # type: ignore[arg-type]
+
+    small.engine.scheduler._preempt = counting  # type: ignore[method-assign, assignment]
+    got = small.generate(prompts, params)
+    assert preemptions > 0, "the cache must be small enough to preempt"
+    for g, w in zip(got, want, strict=True):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        _assert_close(_prompt_lps(g), _prompt_lps(w))
+
+
 def test_prefix_cache_hit_reports_cached_tokens_and_same_output(llm: LLM) -> None:
     tok = llm.get_tokenizer()
     words = " ".join(f"w{i}" for i in range(2000))
