@@ -65,10 +65,12 @@ class ChoiceOutput:
     only of calls has ``content: null`` in the stream and in the whole response alike.
     """
 
-    def __init__(self, splitter: ReasoningSplitter | None, reader: CallReader | None, parallel: bool = True) -> None:
+    def __init__(self, splitter: ReasoningSplitter | None, reader: CallReader | None, parallel: bool = True,
+                 tool_calls_finish: bool = True) -> None:
         self.splitter = splitter
         self.reader = reader
         self.parallel = parallel
+        self.tool_calls_finish = tool_calls_finish  # False: calls end with the engine's reason (named tool_choice)
         self.reasoning_tokens = 0
         self.reasoning = ""
         self.content = ""
@@ -127,8 +129,9 @@ class ChoiceOutput:
         return self.reader.calls[:1] if not self.parallel else list(self.reader.calls)
 
     def finish_reason(self, engine_reason: str | None) -> str:
-        """``tool_calls`` when the model stopped after making calls; the engine's reason otherwise."""
-        if engine_reason == "stop" and self.calls:
+        """``tool_calls`` when the model stopped after making calls (unless ``tool_calls_finish`` is off); the
+        engine's reason otherwise."""
+        if engine_reason == "stop" and self.tool_calls_finish and self.calls:
             return "tool_calls"
         return engine_reason or "abort"
 

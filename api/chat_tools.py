@@ -76,6 +76,13 @@ class ToolPlan:
     parallel: bool = True
 
     @property
+    def finishes_with_tool_calls(self) -> bool:
+        """Whether a choice that made calls ends with ``finish_reason: "tool_calls"``: for ``auto`` and
+        ``required``, as OpenAI and vLLM answer; a named ``tool_choice`` ends with ``"stop"`` (the caller forced
+        that call, so the reason reports only how the output ended), in stream and whole response alike."""
+        return self.mode != "named"
+
+    @property
     def parses(self) -> bool:
         return self.mode == "named" or self.parser_name is not None
 

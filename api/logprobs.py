@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from candle_vllm.api.token_bytes import TokenBytes
 from candle_vllm.pyengine.outputs import Logprob
 
 FLOOR = -9999.0  # OpenAI clients choke on -inf; vLLM clamps to this value too
@@ -32,19 +33,24 @@ def _top(entry: TokenLogprobs, k: int) -> list[tuple[int, Logprob]]:
     return sorted(entry.items(), key=lambda kv: -kv[1].logprob)[:k]
 
 
-def chat_logprobs(token_ids: Sequence[int], entries: Sequence[TokenLogprobs], top_k: int,
-                  tokenizer: Any) -> list[dict[str, Any]]:
-    """``choices[].logprobs.content`` items for generated tokens (one per token id)."""
-    content = []
-    for tid, entry in zip(token_ids, entries, strict=False):
-        text = _text(tid, entry.get(tid), tokenizer)
-        tops = []
-        for cand, lp in _top(entry, top_k):
-            cand_text = _text(cand, lp, tokenizer)
-            tops.append({"token": cand_text, "logprob": _value(lp), "bytes": list(cand_text.encode())})
-        content.append({"token": text, "logprob": _value(entry.get(tid)), "bytes": list(text.encode()),
-                        "top_logprobs": tops})
-    return content
+class ChatLogprobs:
+    """Builds ``choices[].logprobs.content`` items; ``bytes`` are each token's own bytes (``TokenBytes``), so
+    the tokens of an emoji split over several tokens join back into the text, where their decoded strings are
+    U+FFFD. One instance per server (it caches the bytes of every token it has shown)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.token_bytes = TokenBytes(tokenizer)
+
+    def content(self, token_ids: Sequence[int], entries: Sequence[TokenLogprobs], top_k: int) -> list[dict[str, Any]]:
+        """One item per generated token id, with its ``top_k`` most likely candidates."""
+        items = []
+        for tid, entry in zip(token_ids, entries, strict=False):
+            tops = [{"token": _text(cand, lp, self.tokenizer), "logprob": _value(lp), "bytes": self.token_bytes(cand)}
+                    for cand, lp in _top(entry, top_k)]
+            items.append({"token": _text(tid, entry.get(tid), self.tokenizer), "logprob": _value(entry.get(tid)),
+                          "bytes": self.token_bytes(tid), "top_logprobs": tops})
+        return items
 
 
 class CompletionLogprobs:

@@ -1,8 +1,8 @@
 """From a validated request to what the engine takes: prompt token ids and ``SamplingParams``.
 
 Every check a client can fail happens here, before the engine sees the request, and fails as a 400 that names
-the parameter: template errors, unsupported content, token ids outside the vocabulary, and prompts that
-(with the requested ``max_tokens``) do not fit the model's context.
+the parameter: template errors, unsupported content, token ids outside the vocabulary (and, in ``limits``,
+prompts that with the requested ``max_tokens`` do not fit the model's context or KV cache).
 """
 
 from __future__ import annotations
@@ -169,20 +169,6 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
     bad = [t for t in ids if t < 0 or t >= vocab_size]
     if bad:
         raise bad_request(f"token ids {bad[:5]} are outside the vocabulary (size {vocab_size})", param=param)
-
-
-def check_length(prompt_len: int, max_tokens: int | None, max_model_len: int) -> None:
-    """vLLM's context checks: the prompt must leave room for one token, and prompt + max_tokens must fit."""
-    if prompt_len == 0:
-        raise bad_request("the prompt is empty after tokenization", param="prompt")
-    if prompt_len >= max_model_len:
-        raise bad_request(f"this model's maximum context length is {max_model_len} tokens, but the prompt has "
-                          f"{prompt_len} tokens; shorten the prompt", param="input_tokens",
-                          code="context_length_exceeded")
-    if max_tokens is not None and prompt_len + max_tokens > max_model_len:
-        raise bad_request(f"this model's maximum context length is {max_model_len} tokens; the prompt has "
-                          f"{prompt_len} tokens and max_tokens asks for {max_tokens} more; lower max_tokens",
-                          param="max_tokens", code="context_length_exceeded")
 
 
 def sampling_params(req: SamplingFields, max_tokens: int | None, vocab_size: int, *, logprobs: int | None,

@@ -183,6 +183,7 @@ class CompletionRequest(SamplingFields):
     """``POST /v1/completions``: the prompt is text, token ids, or a batch of either."""
 
     prompt: PromptInput
+    max_tokens: int | None = Field(None, ge=0)  # 0 only with echo: see scores_prompt_only
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     suffix: str | None = None
@@ -206,8 +207,20 @@ class CompletionRequest(SamplingFields):
             return [list(p)]  # type: ignore[arg-type]
         return list(p)  # type: ignore[arg-type]
 
+    def scores_prompt_only(self) -> bool:
+        """``echo`` with ``max_tokens: 0``: vLLM's prompt scoring (lm-eval's loglikelihood), which answers the
+        prompt's tokens and logprobs and generates nothing. ``max_tokens: 0`` without ``echo`` is a 400."""
+        if self.max_tokens != 0:
+            return False
+        if not self.echo:
+            raise bad_request("max_tokens 0 generates nothing and is accepted only with echo true (to score the "
+                              "prompt); ask for at least 1 token", param="max_tokens")
+        return True
+
     def token_limit(self) -> int | None:
-        return self.max_tokens
+        """The ``max_tokens`` the engine runs with. The engine generates at least one token, so prompt scoring
+        (``max_tokens: 0``) runs one, with prompt logprobs, and the answer leaves it out."""
+        return 1 if self.max_tokens == 0 else self.max_tokens
 
 
 class TokenizeRequest(_Open):

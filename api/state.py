@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from candle_vllm.api.limits import TokenLimits
+from candle_vllm.api.logprobs import ChatLogprobs
 from candle_vllm.api.mcp.config import DEFAULT_REFRESH_S, McpServerSpec
 from candle_vllm.api.metrics import ServerMetrics
 from candle_vllm.api.reasoning import ThinkMarkers, think_markers
@@ -49,7 +51,7 @@ PROMPT_THREADS = max(2, min(8, os.cpu_count() or 2))
 class ServerState:
     """Shared by the routes of one app; ``nursery`` hosts the background pumps of engine requests.
 
-    The model's think markers and tool-call parser are found once here, at start-up."""
+    The model's think markers, tool-call parser, token limits and token bytes are found once here, at start-up."""
 
     def __init__(self, engine: Any, config: ServerConfig, nursery: trio.Nursery | None = None) -> None:
         self.engine = engine
@@ -58,6 +60,8 @@ class ServerState:
         self.metrics = ServerMetrics(self.model_names[0], engine.max_model_len)
         self.created = int(time.time())
         self.think_markers: ThinkMarkers | None = think_markers(engine.tokenizer)
+        self.token_limits = TokenLimits.of(engine)
+        self.chat_logprobs = ChatLogprobs(engine.tokenizer)
         model_config = getattr(engine, "model_config", None)
         self.tool_parser: str | None = config.enforce_parser or default_parser_name(
             getattr(model_config, "architecture", ""), engine.model_name, engine.tokenizer.chat_template)

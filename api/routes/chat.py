@@ -18,8 +18,8 @@ from candle_vllm.api.chat_output import ChoiceDelta, ChoiceOutput
 from candle_vllm.api.chat_tools import ToolPlan, check_tool_history, plan_tools
 from candle_vllm.api.errors import bad_request
 from candle_vllm.api.generation import EngineRequest, KeepAlive
-from candle_vllm.api.logprobs import chat_logprobs
-from candle_vllm.api.prompts import check_length, render_chat, sampling_params
+from candle_vllm.api.logprobs import ChatLogprobs
+from candle_vllm.api.prompts import render_chat, sampling_params
 from candle_vllm.api.reasoning import ReasoningSplitter, ThinkMarkers, prompt_opens_reasoning
 from candle_vllm.api.routes.common import (
     check_model,
@@ -50,7 +50,7 @@ class ChatSetup:
 
     def choice(self) -> ChoiceOutput:
         splitter = None if self.markers is None else ReasoningSplitter(self.markers, self.starts_in_reasoning)
-        return ChoiceOutput(splitter, self.tools.reader(), self.tools.parallel)
+        return ChoiceOutput(splitter, self.tools.reader(), self.tools.parallel, self.tools.finishes_with_tool_calls)
 
 
 def _is_special(tokenizer: Any, text: str) -> bool:
@@ -104,13 +104,12 @@ async def chat_completions() -> Any:
                                 state.config.trust_request_chat_template)
     markers = state.think_markers if thinking is not False else None
     setup = ChatSetup(tools, markers, markers is not None and prompt_opens_reasoning(text, markers))
-    limit = req.token_limit()
-    check_length(len(ids), limit, state.engine.max_model_len)
+    limit = state.token_limits.resolve(len(ids), req.token_limit())
     top = (req.top_logprobs or 0) if req.logprobs else None
     params = _engine_params(req, state, setup, limit, top)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     batch, outputs, head = await submit(state, [EngineRequest(request_id, ids, params, text)], req.stream)
-    stream = ChatStream(req, request_id, model, now_s(), len(ids), tokenizer, setup)
+    stream = ChatStream(req, request_id, model, now_s(), len(ids), state.chat_logprobs, setup)
     if req.stream:
         return event_stream(batch, lambda: stream.events(head, outputs))
     try:
@@ -125,14 +124,14 @@ class ChatStream(sse.EventStream):
     same object folds the outputs into the whole ``chat.completion`` for non-streamed requests."""
 
     def __init__(self, req: ChatCompletionRequest, request_id: str, model: str, created: int, prompt_len: int,
-                 tokenizer: Any, setup: ChatSetup) -> None:
+                 logprobs: ChatLogprobs, setup: ChatSetup) -> None:
         self.req = req
         self.base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
         opts = req.stream_options
         self.include_usage = bool(opts and opts.include_usage)
         self.continuous_usage = bool(opts and opts.continuous_usage_stats)
         self.prompt_len = prompt_len
-        self.tokenizer = tokenizer
+        self.logprobs = logprobs
         self.setup = setup
         self.choices = [setup.choice() for _ in range(req.n)]
         self.role_sent: set[int] = set()
@@ -167,8 +166,8 @@ class ChatStream(sse.EventStream):
                 choice.finish()
             logprobs = None
             if self.req.logprobs:
-                logprobs = {"content": chat_logprobs(c.token_ids, c.logprobs or [], self.req.top_logprobs or 0,
-                                                     self.tokenizer)}
+                logprobs = {"content": self.logprobs.content(c.token_ids, c.logprobs or [],
+                                                             self.req.top_logprobs or 0)}
             body.append({"index": i, "message": choice.message(), "logprobs": logprobs,
                          "finish_reason": choice.finish_reason(c.finish_reason), "stop_reason": c.stop_reason})
         return {"id": self.base["id"], "object": "chat.completion", "created": self.base["created"],
@@ -195,8 +194,8 @@ class ChatStream(sse.EventStream):
             return out
         logprobs = None
         if self.req.logprobs:
-            logprobs = {"content": chat_logprobs(c.token_ids_delta, c.logprobs_delta or [],
-                                                 self.req.top_logprobs or 0, self.tokenizer)}
+            logprobs = {"content": self.logprobs.content(c.token_ids_delta, c.logprobs_delta or [],
+                                                         self.req.top_logprobs or 0)}
         entry: dict[str, Any] = {"index": c.index, "delta": delta.to_json(), "logprobs": logprobs,
                                  "finish_reason": None}
         if c.finish_reason:

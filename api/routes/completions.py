@@ -1,6 +1,7 @@
 """``POST /v1/completions``: text or token-id prompts (one or a batch), echo, integer logprobs, SSE or JSON.
 
-A batch of prompts runs as one engine request per prompt; choice ``index`` is ``prompt_i * n + j``.
+A batch of prompts runs as one engine request per prompt; choice ``index`` is ``prompt_i * n + j``. With
+``echo`` and ``max_tokens: 0`` (prompt scoring) the engine runs one token, which the answer leaves out.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from quart import Blueprint
 
 from candle_vllm.api import sse
 from candle_vllm.api.generation import EngineRequest, KeepAlive
+from candle_vllm.api.limits import TokenLimits
 from candle_vllm.api.logprobs import CompletionLogprobs
-from candle_vllm.api.prompts import check_length, check_token_ids, sampling_params
+from candle_vllm.api.prompts import check_token_ids, sampling_params
 from candle_vllm.api.routes.common import (
     check_model,
     collect,
@@ -28,6 +30,7 @@ from candle_vllm.api.routes.common import (
 from candle_vllm.api.routes.common import usage as usage_of
 from candle_vllm.api.schemas import CompletionRequest, parse_request
 from candle_vllm.pyengine.outputs import CompletionOutput, RequestOutput
+from candle_vllm.pyengine.sampling.params import SamplingParams
 
 bp = Blueprint("completions", __name__)
 
@@ -36,21 +39,34 @@ bp = Blueprint("completions", __name__)
 class _Prompt:
     text: str
     ids: list[int]
+    max_tokens: int | None  # what the engine runs it with (None: the engine's default)
 
 
-def _prompts(req: CompletionRequest, tokenizer: Any, max_model_len: int) -> list[_Prompt]:
-    """Each prompt's text and ids, length-checked (runs in a worker thread: tokenizing megabytes takes seconds)."""
+def _prompts(req: CompletionRequest, tokenizer: Any, limits: TokenLimits) -> list[_Prompt]:
+    """Each prompt's text, ids and token limit, length-checked (runs in a worker thread: tokenizing megabytes
+    takes seconds)."""
     out = []
     for i, item in enumerate(req.prompts()):
         param = "prompt" if not isinstance(req.prompt, list) else f"prompt.{i}"
         if isinstance(item, str):
-            ids = tokenizer.encode(item, add_special_tokens=True)
-            out.append(_Prompt(item, ids))
+            text, ids = item, tokenizer.encode(item, add_special_tokens=True)
         else:
             check_token_ids(item, tokenizer.vocab_size, param)
-            out.append(_Prompt(tokenizer.decode(item, skip_special_tokens=False) if req.echo else "", item))
-        check_length(len(out[-1].ids), req.token_limit(), max_model_len)
+            text, ids = (tokenizer.decode(item, skip_special_tokens=False) if req.echo else ""), item
+        out.append(_Prompt(text, ids, limits.resolve(len(ids), req.token_limit())))
     return out
+
+
+def _engine_params(req: CompletionRequest, prompts: list[_Prompt], vocab_size: int) -> list[SamplingParams]:
+    """Each prompt's ``SamplingParams``; prompts differ only in a defaulted ``max_tokens`` (clamped to what fits
+    after each), so one object is built per distinct limit."""
+    echo_logprobs = req.logprobs if req.echo else None
+    by_limit: dict[int | None, SamplingParams] = {}
+    for p in prompts:
+        if p.max_tokens not in by_limit:
+            by_limit[p.max_tokens] = sampling_params(req, p.max_tokens, vocab_size, logprobs=req.logprobs,
+                                                     prompt_logprobs=echo_logprobs)
+    return [by_limit[p.max_tokens] for p in prompts]
 
 
 @bp.post("/v1/completions")
@@ -58,13 +74,13 @@ async def completions() -> Any:
     state = get_state()
     req = parse_request(CompletionRequest, await read_json())
     model = check_model(state, req.model)
+    req.scores_prompt_only()  # max_tokens 0 without echo is a 400 before any tokenizing
     tokenizer = state.engine.tokenizer
-    prompts = await in_worker(state, _prompts, req, tokenizer, state.engine.max_model_len)
-    echo_logprobs = req.logprobs if req.echo else None
-    params = sampling_params(req, req.token_limit(), tokenizer.vocab_size, logprobs=req.logprobs,
-                             prompt_logprobs=echo_logprobs)
+    prompts = await in_worker(state, _prompts, req, tokenizer, state.token_limits)
+    params = _engine_params(req, prompts, tokenizer.vocab_size)
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    requests = [EngineRequest(f"{request_id}-{i}", p.ids, params, p.text or None) for i, p in enumerate(prompts)]
+    requests = [EngineRequest(f"{request_id}-{i}", p.ids, ps, p.text or None)
+                for i, (p, ps) in enumerate(zip(prompts, params, strict=True))]
     batch, outputs, head = await submit(state, requests, req.stream)
     view = CompletionView(req, request_id, model, now_s(), prompts, tokenizer)
     if req.stream:
@@ -77,7 +93,10 @@ async def completions() -> Any:
 
 
 class CompletionView(sse.EventStream):
-    """Builds ``text_completion`` objects (whole, or chunk by chunk) for the prompts of one request."""
+    """Builds ``text_completion`` objects (whole, or chunk by chunk) for the prompts of one request.
+
+    For prompt scoring (``prompt_only``) the engine's one generated token is left out of text, logprobs and
+    usage, and every choice ends with ``length`` (the zero tokens asked for were all generated), as in vLLM."""
 
     def __init__(self, req: CompletionRequest, request_id: str, model: str, created: int, prompts: list[_Prompt],
                  tokenizer: Any) -> None:
@@ -92,9 +111,13 @@ class CompletionView(sse.EventStream):
         self.started: set[int] = set()
         self.finished: set[int] = set()
         self.logprobs: dict[int, CompletionLogprobs] = {}
+        self.prompt_only = req.scores_prompt_only()
 
     def _usage(self) -> dict[str, Any]:
-        return usage_of(self.last, [len(p.ids) for p in self.prompts])
+        usage = usage_of(self.last, [len(p.ids) for p in self.prompts])
+        if self.prompt_only:
+            usage.update(completion_tokens=0, total_tokens=usage["prompt_tokens"])
+        return usage
 
     def _choice(self, prompt_i: int, out: RequestOutput | None, c: CompletionOutput, whole: bool) -> dict[str, Any]:
         """A choice with the text/logprobs since the last chunk (``whole``: everything, for a response)."""
@@ -104,6 +127,11 @@ class CompletionView(sse.EventStream):
         text = c.text if whole else c.text_delta
         ids = c.token_ids if whole else c.token_ids_delta
         entries = c.logprobs if whole else c.logprobs_delta
+        finish, stop_reason = c.finish_reason, c.stop_reason
+        if self.prompt_only:
+            text, ids, entries, stop_reason = "", [], [], None
+            if finish not in (None, "abort"):
+                finish = "length"
         prompt = self.prompts[prompt_i]
         if self.req.echo and first:
             text = prompt.text + text
@@ -115,11 +143,10 @@ class CompletionView(sse.EventStream):
                 acc.add(prompt.ids, prompt_entries)
             acc.add(ids, entries or [{} for _ in ids])
             logprobs = acc.take()
-        finish = c.finish_reason
         if finish:
             self.finished.add(index)
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish,
-                "stop_reason": c.stop_reason}
+                "stop_reason": stop_reason}
 
     def response(self, last: list[RequestOutput | None]) -> dict[str, Any]:
         self.last = last

@@ -148,3 +148,59 @@ def test_errors_raise_sdk_exceptions(server: ServerThread, model: str) -> None:
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=model, messages=MESSAGES, seed=-(2**63) - 1)
     assert server.metrics()["vllm:num_requests_running"] == 0
+
+
+def test_echo_with_max_tokens_0_scores_the_prompt(server: ServerThread, model: str) -> None:
+    """vLLM's prompt scoring: the prompt's tokens and logprobs, nothing generated, in both modes."""
+    client = server.openai()
+    prompt = "The capital of France is"
+    n = len(server.engine.tokenizer.encode(prompt))
+    kw = {"model": model, "prompt": prompt, "echo": True, "logprobs": 2, "temperature": 0}
+    scored = client.completions.create(max_tokens=0, **kw)
+    one = client.completions.create(max_tokens=1, **kw).choices[0].logprobs  # the prompt part is the same
+    c = scored.choices[0]
+    assert c.text == prompt and c.finish_reason == "length"
+    assert c.logprobs.tokens == one.tokens[:n] and c.logprobs.text_offset == one.text_offset[:n]
+    assert c.logprobs.token_logprobs[0] is None
+    assert c.logprobs.token_logprobs[1:] == pytest.approx(one.token_logprobs[1:n], abs=1e-4)
+    assert (scored.usage.prompt_tokens, scored.usage.completion_tokens, scored.usage.total_tokens) == (n, 0, n)
+
+    chunks = list(client.completions.create(max_tokens=0, stream=True, stream_options={"include_usage": True}, **kw))
+    choices = [ch.choices[0] for ch in chunks if ch.choices]
+    assert "".join(x.text for x in choices) == prompt
+    assert [t for x in choices if x.logprobs for t in x.logprobs.tokens] == c.logprobs.tokens
+    assert [x.finish_reason for x in choices if x.finish_reason] == ["length"]
+    assert chunks[-1].usage.completion_tokens == 0
+
+    with pytest.raises(openai.BadRequestError, match="echo") as info:
+        client.completions.create(model=model, prompt=prompt, max_tokens=0)
+    assert info.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=0)
+
+
+def test_embeddings_answer_a_clear_400(server: ServerThread, model: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        server.openai().embeddings.create(model=model, input="hello")
+    err = info.value.body
+    assert err["type"] == "invalid_request_error" and "does not support Embeddings API" in err["message"]
+    assert "/v1/chat/completions" in err["message"]
+
+
+@pytest.mark.parametrize(("content", "max_tokens"), [("Reply only with emoji: 🙂🙂🙂", 9),
+                                                      ("Write Chinese characters: 你好世界", 8)])
+def test_chat_logprob_bytes_rebuild_multibyte_text(server: ServerThread, model: str, content: str,
+                                                   max_tokens: int) -> None:
+    """Tokens holding part of a character show U+FFFD as text; their bytes must still join into the answer."""
+    client = server.openai()
+    kw = {"model": model, "messages": [{"role": "user", "content": content}], "temperature": 0,
+          "max_tokens": max_tokens, "logprobs": True, "top_logprobs": 2}
+    r = client.chat.completions.create(**kw)
+    text = r.choices[0].message.content
+    items = r.choices[0].logprobs.content
+    assert any(t.token == "\ufffd" for t in items), "the answer must split a character over tokens"
+    assert b"".join(bytes(t.bytes) for t in items).decode("utf-8") == text
+    assert all(top.bytes for t in items for top in t.top_logprobs)
+    chunks = client.chat.completions.create(stream=True, **kw)
+    streamed = b"".join(bytes(t.bytes) for ch in chunks for x in ch.choices if x.logprobs for t in x.logprobs.content)
+    assert streamed.decode("utf-8") == text
