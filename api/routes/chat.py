@@ -68,7 +68,7 @@ def _engine_params(req: ChatCompletionRequest, state: ServerState, setup: ChatSe
     keep = setup.tools.parses or (markers is not None and (_is_special(tokenizer, markers.start)
                                                           or _is_special(tokenizer, markers.end)))
     if keep:
-        params = dataclasses.replace(params, skip_special_tokens=False)
+        params = params.with_settings(skip_special_tokens=False)
     schema = setup.tools.output_schema()
     if schema is not None:  # tool_choice required / named: the output is the calls' JSON
         if params.structured_output is not None:
@@ -77,7 +77,7 @@ def _engine_params(req: ChatCompletionRequest, state: ServerState, setup: ChatSe
         try:
             structured = StructuredOutputParams(json_schema=schema)
             check_structured_output(structured, None)
-            params = dataclasses.replace(params, structured_output=structured)
+            params = params.with_settings(structured_output=structured)
         except ValueError as exc:
             raise bad_request(f"the tools' parameter schemas cannot constrain the output: {exc}",
                               param="tools") from None

@@ -118,6 +118,12 @@ class SamplingParams:
         """Greedy rows take the argmax of the (biased, penalised) logits and draw no random numbers."""
         return self.temperature == 0.0
 
+    def with_settings(self, **settings: Any) -> SamplingParams:
+        """A validated copy with ``settings`` applied as the caller's own (explicit); the other fields keep whether
+        they were set. ``dataclasses.replace`` would mark every field explicit, and server defaults would then
+        never reach the request."""
+        return SamplingParams(**{**{name: getattr(self, name) for name in self._explicit}, **settings})
+
     def with_defaults(self, defaults: Mapping[str, Any]) -> SamplingParams:
         """A validated copy where the fields this request left unset take ``defaults``; explicit ones stay."""
         current = {name: getattr(self, name) for name in self._explicit}

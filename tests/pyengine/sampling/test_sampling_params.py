@@ -66,6 +66,16 @@ def test_explicit_fields() -> None:
     assert params.explicit_fields == {"temperature", "max_tokens", "stop"}
 
 
+def test_settings_added_later_keep_the_other_fields_unset() -> None:
+    """``with_settings`` (how the chat route adds its own settings) leaves unset fields open to server defaults."""
+    params = SamplingParams(top_p=0.5).with_settings(skip_special_tokens=False, top_p=0.7)
+    assert params.explicit_fields == {"top_p", "skip_special_tokens"}
+    filled = params.with_defaults({"temperature": 0.0, "top_p": 0.9})
+    assert (filled.temperature, filled.top_p, filled.skip_special_tokens) == (0.0, 0.7, False)
+    with pytest.raises(ValueError, match="top_p"):
+        params.with_settings(top_p=2.0)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
