@@ -85,11 +85,13 @@ class Sampler:
             return greedy_ids
         assert batch.temperature is not None
         logits = logits / batch.temperature[:, None]  # a new tensor: the caller's may be the raw logits
+        # vLLM v1's order: min-p (invariant to the argmax) first, then top-k and top-p over what it kept, so a
+        # top-p mass is measured after min-p's cut.
+        if batch.min_p is not None:
+            apply_min_p(logits, batch.min_p)
         logits = apply_top_k_top_p(
             logits, batch.top_k, batch.max_top_k, batch.top_p, batch.top_k_on_every_row
         )
-        if batch.min_p is not None:
-            apply_min_p(logits, batch.min_p)
         probs = logits.softmax(dim=-1)
         random_ids = probs.div_(self._exponential_noise(probs, batch)).argmax(dim=-1)
         if greedy_ids is None:

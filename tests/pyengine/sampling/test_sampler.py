@@ -223,3 +223,16 @@ def test_cuda_matches_cpu_semantics() -> None:
         first.logprobs.logprobs[:, 0],
         torch.log_softmax(logits, -1).gather(1, first.sampled_token_ids[:, None])[:, 0],
     )
+
+
+def test_min_p_cuts_before_top_p_measures_its_mass() -> None:
+    """vLLM v1 applies min-p, then top-k/top-p to what it kept: probabilities [.5, .3, .15, .05] with min_p 0.2
+    drop the last token (0.05 < 0.2 * 0.5); renormalized, the first two hold 0.842 >= top_p 0.83, so only they
+    can be drawn. Filtering top-p first would keep the third token (0.5 + 0.3 < 0.83), which min-p then keeps."""
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log().repeat(2000, 1)
+    rows = [SamplingRow(SamplingParams(temperature=1.0, min_p=0.2, top_p=0.83, seed=i), [],
+                        generator=make_generator(i, "cpu")) for i in range(2000)]
+    drawn = Sampler()(logits, SamplingBatch.build(rows, 4, "cpu")).sampled_token_ids
+    counts = torch.bincount(drawn, minlength=4).tolist()
+    assert counts[2] == counts[3] == 0, counts
+    assert 0.55 < counts[0] / 2000 < 0.70, counts  # 0.5 / 0.8 = 0.625

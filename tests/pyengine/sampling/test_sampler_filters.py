@@ -13,10 +13,14 @@ V = 64
 
 
 def kept_reference(logits: np.ndarray, top_k: int, top_p: float, min_p: float) -> set[int]:
-    """Tokens that survive, in float64: k best (ties with the k-th kept), then the shortest most-likely prefix
-    reaching mass top_p, then those with probability >= min_p * the best one's."""
+    """Tokens that survive, in float64, in vLLM v1's order: those with probability >= min_p * the best one's,
+    then the k best of them (ties with the k-th kept), then the shortest most-likely prefix reaching mass top_p
+    of what is left."""
     order = sorted(range(len(logits)), key=lambda t: -logits[t])
-    if 0 < top_k < len(logits):
+    if min_p > 0:
+        weights = np.exp(logits[order] - logits[order[0]])
+        order = [t for t, weight in zip(order, weights, strict=True) if weight >= min_p]
+    if 0 < top_k < len(order):
         kth = logits[order[top_k - 1]]
         order = [t for t in order if logits[t] >= kth]
     weights = np.exp(logits[order] - logits[order[0]])
@@ -27,10 +31,6 @@ def kept_reference(logits: np.ndarray, top_k: int, top_p: float, min_p: float) -
             break
         kept.append(token)
         mass += prob
-    if min_p > 0:
-        weights = np.exp(logits[kept] - logits[kept[0]])
-        probs = weights / weights.sum()
-        kept = [t for t, prob in zip(kept, probs, strict=True) if prob >= min_p * probs[0]]
     return set(kept)
 
 
@@ -66,7 +66,7 @@ def test_masks_match_reference(seed: int) -> None:
     top_k = torch.tensor([0 if k >= V else k for k, _, _ in ROW_SETTINGS])
     top_p = torch.tensor([p for _, p, _ in ROW_SETTINGS])
     min_p = torch.tensor([m for _, _, m in ROW_SETTINGS])
-    masked = apply_min_p(apply_top_k_top_p(logits.clone(), top_k, int(top_k.max()), top_p, False), min_p)
+    masked = apply_top_k_top_p(apply_min_p(logits.clone(), min_p), top_k, int(top_k.max()), top_p, False)
     for i, (k, p, m) in enumerate(ROW_SETTINGS):
         kept = kept_tokens(masked[i])
         assert kept == kept_reference(logits[i].double().numpy(), k, p, m), (k, p, m)
