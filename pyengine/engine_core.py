@@ -7,6 +7,7 @@ device; the serving actors call the same stages (``schedule``, ``runner.launch``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections import deque
@@ -227,9 +228,28 @@ class EngineCore:
                 raise RuntimeError("the scheduler has unfinished requests but planned nothing")
             return []
         plan, pending = in_flight.popleft()
-        outputs, hits = self.process(self.apply(plan, self.runner.collect(pending)))
+        try:
+            result = self.runner.collect(pending)
+        except Exception:
+            self._fail_in_flight(plan)
+            raise
+        outputs, hits = self.process(self.apply(plan, result))
         self.finish_stop(hits)
         return outputs
+
+    def _fail_in_flight(self, failed: StepPlan) -> None:
+        """A step raised: abort its requests and those of every step launched after it (they read tokens the
+        failed step never sampled), reading those steps back first, so the engine is usable again."""
+        plans = [failed]
+        while self._in_flight:
+            plan, pending = self._in_flight.popleft()
+            with contextlib.suppress(Exception):
+                self.runner.collect(pending)
+            plans.append(plan)
+        groups = {self.outputs.group_id(req.request_id) for plan in plans for req in plan.requests}
+        for group in groups:
+            if group is not None:
+                self.abort(group)
 
 
 def _quantization(fmt: str, loaded: object) -> str:

@@ -104,10 +104,17 @@ class LLM:
             raise
         results: list[RequestOutput | None] = [None] * len(requests)
         bar = tqdm(total=len(requests), desc="Generating", disable=not use_tqdm)
-        while engine.has_unfinished():
-            for out in engine.step():
-                if out.finished:
-                    results[order[out.request_id]] = out
-                    bar.update(1)
-        bar.close()
+        try:
+            while engine.has_unfinished():
+                for out in engine.step():
+                    if out.finished:
+                        results[order[out.request_id]] = out
+                        bar.update(1)
+        except Exception:  # a failed step: this call's other requests must not run in a later call either
+            for request_id, i in order.items():
+                if results[i] is None:
+                    engine.abort(request_id)
+            raise
+        finally:
+            bar.close()
         return [r for r in results if r is not None]

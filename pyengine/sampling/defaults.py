@@ -43,6 +43,7 @@ class SamplingDefaults:
         )
 
     def apply(self, params: SamplingParams) -> SamplingParams:
-        """The request's params with every unset field that has a default here filled in (validated)."""
+        """A new copy of the request's params with every unset field that has a default here filled in,
+        normalized and validated again (the caller may have changed fields since constructing it)."""
         fills = {name: value for name, value in dataclasses.asdict(self).items() if value is not None}
-        return params.with_defaults(fills) if fills else params
+        return params.with_defaults(fills)

@@ -99,9 +99,25 @@ class SamplingParams:
             else:
                 value = f.default
             setattr(self, f.name, value)
-        self._explicit = frozenset(given)
         self._normalize()
         self._validate()
+        object.__setattr__(self, "_explicit", frozenset(given))  # from now on __setattr__ tracks changes
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A field set after construction is the caller's own, as if passed to the constructor (vLLM users
+        change params that way), so server defaults no longer fill it; None unsets it. The engine normalizes
+        and validates the params again when it takes the request (``with_defaults``)."""
+        explicit: frozenset[str] | None = getattr(self, "_explicit", None)
+        if explicit is None or name not in _FIELD_NAMES:
+            object.__setattr__(self, name, value)
+            return
+        if value is None:
+            f = _FIELDS[name]
+            value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            object.__setattr__(self, "_explicit", explicit - {name})
+        else:
+            object.__setattr__(self, "_explicit", explicit | {name})
+        object.__setattr__(self, name, value)
 
     @property
     def explicit_fields(self) -> frozenset[str]:
@@ -249,6 +265,10 @@ def _as_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     return int(value)
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(SamplingParams)}
+_FIELD_NAMES = frozenset(_FIELDS)
 
 
 def _normalize_logit_bias(bias: Mapping[Any, Any]) -> dict[int, float]:

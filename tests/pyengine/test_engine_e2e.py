@@ -178,6 +178,41 @@ def test_out_of_vocabulary_prompt_ids_are_refused_and_leave_nothing_behind(llm: 
     assert _texts(llm.generate(PROMPTS[:2], GREEDY)) == want
 
 
+def test_a_failed_step_leaves_the_offline_engine_usable(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step that raises fails its generate call; the engine then has nothing left over, and the next call
+    runs as if nothing had happened (before, every later call failed on the failed step's placeholders)."""
+    engine: EngineCore = llm.engine
+    want = _texts(llm.generate(PROMPTS[:3], GREEDY))
+    model = engine.runner.model
+    forward, calls = model.forward, 0
+
+    def failing_forward(*args: object, **kwargs: object) -> object:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("injected device fault")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", failing_forward)
+    with pytest.raises(RuntimeError, match="injected device fault"):
+        llm.generate(PROMPTS[:3], GREEDY)
+    assert not engine.has_unfinished()
+    assert engine.scheduler.kv.num_free_blocks == engine.info.num_blocks
+    assert _texts(llm.generate(PROMPTS[:3], GREEDY)) == want
+
+
+def test_params_changed_after_construction_are_honoured() -> None:
+    """Server defaults fill only the fields a caller left unset, including those it set after construction."""
+    llm = LLM(temperature=0.8)
+    params = SamplingParams(temperature=0.0, ignore_eos=True)
+    params.max_tokens = 3
+    assert len(llm.generate(["The ocean is"], params)[0].outputs[0].token_ids) == 3
+    later = SamplingParams(max_tokens=8, seed=0, ignore_eos=True)
+    later.temperature = 0.0
+    greedy = llm.generate(["The ocean is"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert _texts(llm.generate(["The ocean is"], later)) == _texts(greedy)
+
+
 def test_seeded_sampling_is_reproducible_inside_different_batches(llm: LLM) -> None:
     seeded = SamplingParams(temperature=1.0, seed=1234, max_tokens=16, ignore_eos=True)
     others = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)

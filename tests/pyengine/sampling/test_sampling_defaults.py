@@ -42,9 +42,12 @@ def test_applying_twice_uses_the_latest_defaults() -> None:
     assert (once.temperature, twice.temperature) == (0.2, 0.7)
 
 
-def test_no_defaults_returns_same_params() -> None:
+def test_no_defaults_returns_an_equal_validated_copy() -> None:
+    """Even with no defaults the engine takes a fresh copy: a field changed after construction is normalized
+    and validated there, and the caller's object is never the engine's."""
     params = SamplingParams(seed=3)
-    assert SamplingDefaults.from_generation_config(None).apply(params) is params
+    got = SamplingDefaults.from_generation_config(None).apply(params)
+    assert got == params and got is not params and got.explicit_fields == {"seed"}
 
 
 def test_invalid_default_is_reported() -> None:

@@ -161,3 +161,19 @@ def test_numpy_scalars_accepted() -> None:
     )
     assert (params.temperature, params.top_k, params.logit_bias) == (0.5, 3, {4: 2.0})
     assert type(params.top_k) is int and type(params.temperature) is float
+
+
+def test_fields_set_after_construction_count_as_the_callers() -> None:
+    """vLLM users change params after building them: such a field is explicit (server defaults do not replace
+    it), None unsets it, and the engine's copy (``with_defaults``) is normalized and validated again."""
+    params = SamplingParams(temperature=0.0)
+    params.max_tokens = 3
+    params.top_k = -1  # vLLM's "disabled"
+    assert params.explicit_fields == {"temperature", "max_tokens", "top_k"}
+    resolved = params.with_defaults({"temperature": 0.8, "max_tokens": 1638, "top_p": 0.9})
+    assert (resolved.temperature, resolved.max_tokens, resolved.top_k, resolved.top_p) == (0.0, 3, 0, 0.9)
+    params.temperature = None
+    assert "temperature" not in params.explicit_fields and params.with_defaults({"temperature": 0.8}).temperature == 0.8
+    params.top_p = 7.0
+    with pytest.raises(ValueError, match="top_p"):
+        params.with_defaults({})
