@@ -101,7 +101,7 @@ class SamplingParams:
             setattr(self, f.name, value)
         self._normalize()
         self._validate()
-        object.__setattr__(self, "_explicit", frozenset(given))  # from now on __setattr__ tracks changes
+        self._explicit: frozenset[str] = frozenset(given)  # from now on __setattr__ tracks changes
 
     def __setattr__(self, name: str, value: Any) -> None:
         """A field set after construction is the caller's own, as if passed to the constructor (vLLM users

@@ -4,6 +4,7 @@ and sampling through the offline API and EngineCore."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -186,7 +187,7 @@ def test_a_failed_step_leaves_the_offline_engine_usable(llm: LLM, monkeypatch: p
     model = engine.runner.model
     forward, calls = model.forward, 0
 
-    def failing_forward(*args: object, **kwargs: object) -> object:
+    def failing_forward(*args: Any, **kwargs: Any) -> Any:
         nonlocal calls
         calls += 1
         if calls == 3:

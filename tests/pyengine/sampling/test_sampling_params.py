@@ -172,7 +172,7 @@ def test_fields_set_after_construction_count_as_the_callers() -> None:
     assert params.explicit_fields == {"temperature", "max_tokens", "top_k"}
     resolved = params.with_defaults({"temperature": 0.8, "max_tokens": 1638, "top_p": 0.9})
     assert (resolved.temperature, resolved.max_tokens, resolved.top_k, resolved.top_p) == (0.0, 3, 0, 0.9)
-    params.temperature = None
+    params.temperature = None  # type: ignore[assignment]
     assert "temperature" not in params.explicit_fields and params.with_defaults({"temperature": 0.8}).temperature == 0.8
     params.top_p = 7.0
     with pytest.raises(ValueError, match="top_p"):
