@@ -152,7 +152,9 @@ class OutputProcessor:
         stop_token = event.finish_reason == "stop"
         # A stop token's text is not part of the output, except a requested stop id with include_stop_str.
         if not stop_token or (params.include_stop_str_in_output and event.stop_reason is not None):
-            match = choice.stops.append(choice.detokenizer.push(event.token_id))
+            # vLLM: text made within the first min_tokens tokens never matches a stop string.
+            searchable = len(out.token_ids) > params.min_tokens
+            match = choice.stops.append(choice.detokenizer.push(event.token_id), searchable)
             if match is not None:
                 out.finish_reason, out.stop_reason = "stop", match.stop
                 hit = StopStringHit(choice.request_id, match.stop)

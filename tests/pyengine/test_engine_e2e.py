@@ -202,6 +202,15 @@ def test_a_failed_step_leaves_the_offline_engine_usable(llm: LLM, monkeypatch: p
     assert _texts(llm.generate(PROMPTS[:3], GREEDY)) == want
 
 
+def test_min_tokens_holds_back_stop_strings(llm: LLM) -> None:
+    """vLLM: the text of the first min_tokens tokens never matches a stop string, so generation goes on."""
+    prompt = "The capital of France is"
+    free = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=10, stop=["."]))[0].outputs[0]
+    assert free.finish_reason == "stop" and len(free.token_ids) < 8, "the prompt must stop early on its own"
+    held = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=10, min_tokens=8, stop=["."]))[0]
+    assert len(held.outputs[0].token_ids) >= 8
+
+
 def test_params_changed_after_construction_are_honoured() -> None:
     """Server defaults fill only the fields a caller left unset, including those it set after construction."""
     llm = LLM(temperature=0.8)

@@ -10,10 +10,11 @@ import pytest
 from candle_vllm.pyengine.stop_strings import StopStringMatcher
 
 
-def oracle(full: str, cuts: list[int], stops: list[str], include: bool) -> str:
+def oracle(full: str, cuts: list[int], stops: list[str], include: bool, floor: int = 0) -> str:
+    """``floor``: stop strings start there or later (the text of the first min_tokens tokens is not searched)."""
     for end in cuts:
         prefix = full[:end]
-        found = [(prefix.find(s), s) for s in stops if s in prefix]
+        found = [(prefix.find(s, floor), s) for s in stops if prefix.find(s, floor) >= 0]
         if found:
             pos = min(p for p, _ in found)
             stop = min((s for p, s in found if p == pos), key=len) if include else ""
@@ -21,8 +22,10 @@ def oracle(full: str, cuts: list[int], stops: list[str], include: bool) -> str:
     return full
 
 
+@pytest.mark.parametrize("unsearched", [0, 2])
 @pytest.mark.parametrize("include", [False, True])
-def test_random_pieces_match_oracle(include: bool) -> None:
+def test_random_pieces_match_oracle(include: bool, unsearched: int) -> None:
+    """``unsearched``: the first pieces come in as a request's first min_tokens tokens do (never matched)."""
     rng = random.Random(7)
     alphabet = "ab c\n"
     for _ in range(2000):
@@ -35,8 +38,8 @@ def test_random_pieces_match_oracle(include: bool) -> None:
         emitted = ""
         start = 0
         matched = False
-        for end in cuts:
-            match = m.append(full[start:end])
+        for i, end in enumerate(cuts):
+            match = m.append(full[start:end], searchable=i >= unsearched)
             start = end
             if match:
                 matched = True
@@ -48,7 +51,8 @@ def test_random_pieces_match_oracle(include: bool) -> None:
             emitted = m.text[:safe]
         if not matched:
             emitted = m.text
-        want = oracle(full, cuts, stops, include)
+        floor = cuts[min(unsearched, len(cuts)) - 1] if unsearched else 0
+        want = oracle(full, cuts[unsearched:] or cuts[-1:], stops, include, floor)
         assert emitted == want, (full, stops, emitted, want)
 
 
