@@ -113,7 +113,8 @@ class OutputProcessor:
             raise ValueError(f"prompt logprobs of {engine_request_id!r} from position {chunk.first_position}, but "
                              f"only {held} are held: positions were skipped")
         new = chunk.entries[held - chunk.first_position:]
-        self._decode_logprobs(new)
+        if group.params.detokenize:
+            self._decode_logprobs(new)
         group.prompt_logprobs.extend(new)
 
     def process(self, events: list[TokenEvent]) -> tuple[list[RequestOutput], list[StopStringHit]]:
@@ -145,7 +146,8 @@ class OutputProcessor:
         out.token_ids.append(event.token_id)
         out.token_ids_delta.append(event.token_id)
         if event.logprobs is not None and out.logprobs is not None:
-            self._decode_logprobs([event.logprobs])
+            if params.detokenize:
+                self._decode_logprobs([event.logprobs])
             out.logprobs.append(event.logprobs)
             out.logprobs_delta = [*(out.logprobs_delta or []), event.logprobs]
         hit: StopStringHit | None = None
@@ -154,13 +156,14 @@ class OutputProcessor:
         if not stop_token or (params.include_stop_str_in_output and event.stop_reason is not None):
             # vLLM: text made within the first min_tokens tokens never matches a stop string.
             searchable = len(out.token_ids) > params.min_tokens
-            match = choice.stops.append(choice.detokenizer.push(event.token_id), searchable)
+            text = choice.detokenizer.push(event.token_id) if params.detokenize else ""  # vLLM: ids only
+            match = choice.stops.append(text, searchable)
             if match is not None:
                 out.finish_reason, out.stop_reason = "stop", match.stop
                 hit = StopStringHit(choice.request_id, match.stop)
         if out.finish_reason is None and event.finish_reason is not None:
             out.finish_reason, out.stop_reason = event.finish_reason, event.stop_reason
-            choice.stops.append(choice.detokenizer.flush())
+            choice.stops.append(choice.detokenizer.flush() if params.detokenize else "")
         end = len(choice.stops.text) if out.finish_reason is not None else choice.stops.safe_length()
         if end > choice.emitted:
             delta = choice.stops.text[choice.emitted : end]

@@ -80,8 +80,10 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    # Kept for vLLM's signature: like vLLM's detokenizer for fast tokenizers (the only kind here), special tokens
+    # decode as the tokenizer's own decoder joins them, so this has no effect.
     spaces_between_special_tokens: bool = True
-    detokenize: bool = True
+    detokenize: bool = True  # False: token ids only (text and logprobs' decoded_token stay empty), as in vLLM
     structured_output: StructuredOutputParams | None = None
 
     def __init__(self, **params: Any) -> None:

@@ -211,6 +211,18 @@ def test_min_tokens_holds_back_stop_strings(llm: LLM) -> None:
     assert len(held.outputs[0].token_ids) >= 8
 
 
+def test_detokenize_false_gives_ids_only(llm: LLM) -> None:
+    """vLLM's detokenize=False: the same token ids, no text, logprobs without decoded tokens."""
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=2, prompt_logprobs=1)
+    ids_only = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=2, prompt_logprobs=1,
+                              detokenize=False)
+    want, got = (llm.generate([PROMPTS[0]], p)[0] for p in (greedy, ids_only))
+    assert got.outputs[0].token_ids == want.outputs[0].token_ids and want.outputs[0].text
+    assert got.outputs[0].text == ""
+    entries = [*(got.outputs[0].logprobs or []), *(e for e in got.prompt_logprobs or [] if e is not None)]
+    assert entries and all(lp.decoded_token is None for e in entries for lp in e.values())
+
+
 def test_params_changed_after_construction_are_honoured() -> None:
     """Server defaults fill only the fields a caller left unset, including those it set after construction."""
     llm = LLM(temperature=0.8)
