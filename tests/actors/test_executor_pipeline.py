@@ -14,7 +14,7 @@ import pytest
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pyengine"))
-from pipeline_cases import random_prompts, serial_generate, tiny_llm, tiny_model_dir
+from pipeline_cases import fail_forward_on_call, random_prompts, serial_generate, tiny_llm, tiny_model_dir
 
 from candle_vllm import LLM, SamplingParams
 from candle_vllm.actors import AsyncEngine
@@ -94,18 +94,7 @@ def test_a_failing_step_fails_only_its_requests(llm: LLM, monkeypatch: pytest.Mo
     late = random_prompts(rng, 3)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     want = serial_generate(llm.engine, late, [params] * len(late))
-    model = llm.engine.runner.model
-    forward = model.forward
-    calls = 0
-
-    def failing_forward(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == 4:
-            raise RuntimeError("injected device fault")
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(model, "forward", failing_forward)
+    calls = fail_forward_on_call(llm, monkeypatch, 4)
 
     async def main() -> tuple[list[str | None], list[list[int]]]:
         engine = AsyncEngine(llm.engine)
@@ -127,7 +116,7 @@ def test_a_failing_step_fails_only_its_requests(llm: LLM, monkeypatch: pytest.Mo
             async with trio.open_nursery() as clients:
                 for i in range(len(prompts)):
                     clients.start_soon(first, i)
-            assert calls >= 4
+            assert calls() >= 4
             async with trio.open_nursery() as clients:
                 for i in range(len(late)):
                     clients.start_soon(second, i)

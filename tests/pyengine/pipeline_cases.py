@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,3 +75,21 @@ def serial_generate(core: EngineCore, prompts: list[list[int]], params: list[Sam
 def pipelined_generate(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> list[Summary]:
     """The offline API (``EngineCore.step``: up to two steps in flight)."""
     return [summary(o) for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+
+
+def fail_forward_on_call(llm: LLM, monkeypatch: Any, call: int) -> Callable[[], int]:
+    """Make the model's ``call``-th forward (from now) raise an injected device fault; returns a counter of the
+    forwards made so far."""
+    model = llm.engine.runner.model
+    forward = model.forward
+    calls = 0
+
+    def failing_forward(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == call:
+            raise RuntimeError("injected device fault")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", failing_forward)
+    return lambda: calls

@@ -4,10 +4,10 @@ and sampling through the offline API and EngineCore."""
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import pytest
 import torch
+from pipeline_cases import fail_forward_on_call
 
 from candle_vllm import LLM, SamplingParams
 from candle_vllm.pyengine.engine_core import EngineCore
@@ -184,17 +184,7 @@ def test_a_failed_step_leaves_the_offline_engine_usable(llm: LLM, monkeypatch: p
     runs as if nothing had happened (before, every later call failed on the failed step's placeholders)."""
     engine: EngineCore = llm.engine
     want = _texts(llm.generate(PROMPTS[:3], GREEDY))
-    model = engine.runner.model
-    forward, calls = model.forward, 0
-
-    def failing_forward(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == 3:
-            raise RuntimeError("injected device fault")
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(model, "forward", failing_forward)
+    fail_forward_on_call(llm, monkeypatch, 3)
     with pytest.raises(RuntimeError, match="injected device fault"):
         llm.generate(PROMPTS[:3], GREEDY)
     assert not engine.has_unfinished()
