@@ -39,7 +39,8 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None  # transformers-style, always with "rope_type"; None = plain RoPE
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool = False
+    attention_bias: bool = False  # q/k/v projections carry a bias
+    o_proj_bias: bool = False  # the output projection does too (Llama/Qwen3 ``attention_bias``; not Qwen2)
     qk_norm: bool = False
     sliding_window: int | None = None
     layer_types: list[str] | None = None  # per layer "full_attention" | "sliding_attention"
@@ -102,8 +103,9 @@ def config_from_hf_dict(raw: Mapping[str, Any]) -> ModelConfig:
     num_layers = int(raw["num_hidden_layers"])
     if model_type in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
         sliding, layer_types = None, None
-    elif sliding is not None and layer_types is None and "max_window_layers" in raw:
-        first = int(raw["max_window_layers"])
+    elif sliding is not None and layer_types is None and (model_type in ("qwen2", "qwen3")
+                                                          or "max_window_layers" in raw):
+        first = int(raw.get("max_window_layers", 28))  # transformers' Qwen2/Qwen3 default
         layer_types = ["full_attention" if i < first else "sliding_attention" for i in range(num_layers)]
     act = str(raw.get("hidden_act", raw.get("hidden_activation", "silu")))
     if act != "silu":
@@ -123,7 +125,10 @@ def config_from_hf_dict(raw: Mapping[str, Any]) -> ModelConfig:
         rope_scaling=scaling,
         max_position_embeddings=max_pos,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
+        # transformers: Qwen2 always biases q/k/v (never o), whatever the config says; Llama and Qwen3 bias all four
+        # with attention_bias; Mistral none.
+        attention_bias=model_type == "qwen2" or (model_type != "mistral" and bool(raw.get("attention_bias", False))),
+        o_proj_bias=model_type not in ("qwen2", "mistral") and bool(raw.get("attention_bias", False)),
         qk_norm=model_type == "qwen3",
         sliding_window=int(sliding) if sliding is not None else None,
         layer_types=list(layer_types) if layer_types is not None else None,
@@ -205,6 +210,7 @@ def config_from_gguf_metadata(
         max_position_embeddings=max_pos,
         tie_word_embeddings="output.weight" not in tensor_shapes,
         attention_bias="blk.0.attn_q.bias" in tensor_shapes,
+        o_proj_bias="blk.0.attn_output.bias" in tensor_shapes,
         qk_norm="blk.0.attn_q_norm.weight" in tensor_shapes,
         sliding_window=int(sliding) if sliding else None,
         rope_freq_factors=freq_factors,

@@ -91,6 +91,9 @@ class EngineCore:
         cfg = loaded.config
         max_model_len = cfg.max_position_embeddings
         if args.max_model_len is not None:
+            if args.max_model_len > max_model_len:
+                log.warning("--max-model-len %d is beyond the model's context (%d tokens); serving %d (extend the "
+                            "context with --yarn-scaling-factor)", args.max_model_len, max_model_len, max_model_len)
             max_model_len = min(args.max_model_len, max_model_len)
         self.max_model_len = max_model_len
 

@@ -88,7 +88,7 @@ class LlamaAttention(nn.Module):
                    and not cfg.qk_norm and not cfg.attention_bias)
         self.qkv_proj = Linear(cfg.hidden_size, self.sizes, cfg.attention_bias, dtype, device,
                                rope_head_dim=d if fusable else 0)
-        self.o_proj = Linear(h * d, [cfg.hidden_size], False, dtype, device)
+        self.o_proj = Linear(h * d, [cfg.hidden_size], cfg.o_proj_bias, dtype, device)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
         self.rotary = rotary
@@ -326,6 +326,8 @@ class LlamaForCausalLM(CausalLM):
             }
             if c.attention_bias:
                 out |= {p + f"self_attn.{x}_proj.bias": (s,) for x, s in zip("qkv", (h * d, hk * d, hk * d), strict=True)}
+            if c.o_proj_bias:
+                out[p + "self_attn.o_proj.bias"] = (hid,)
             if c.qk_norm:
                 out |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
         return out
@@ -390,7 +392,7 @@ def _build_cpu_stack(model: LlamaModel) -> CpuDecoderStack | None:
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         parts = [_gguf_parts(lin) for lin in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
-        if any(p is None for p in parts) or attn.attn.softcap is not None:
+        if any(p is None for p in parts) or attn.attn.softcap is not None or attn.o_proj.bias is not None:
             return None
         qkv, o, gate_up, down = parts
         stack.add_layer(

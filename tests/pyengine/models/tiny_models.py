@@ -30,6 +30,8 @@ CASES: dict[str, tuple[type, dict[str, Any]]] = {
     "mistral_sliding": (MistralConfig, {"sliding_window": 6}),
     "qwen2_bias": (Qwen2Config, {}),
     "qwen3_qk_norm": (Qwen3Config, {"head_dim": 32}),
+    "llama_attention_bias": (LlamaConfig, {"attention_bias": True}),  # q/k/v and o_proj biased
+    "qwen3_attention_bias": (Qwen3Config, {"head_dim": 32, "attention_bias": True}),
     "yi": (LlamaConfig, {"rope_parameters": {"rope_type": "default", "rope_theta": 5e6}, "num_key_value_heads": 1}),
     "smollm_tied": (LlamaConfig, {"tie_word_embeddings": True}),
 }
