@@ -107,9 +107,7 @@ def config_from_hf_dict(raw: Mapping[str, Any]) -> ModelConfig:
                                                           or "max_window_layers" in raw):
         first = int(raw.get("max_window_layers", 28))  # transformers' Qwen2/Qwen3 default
         layer_types = ["full_attention" if i < first else "sliding_attention" for i in range(num_layers)]
-    act = str(raw.get("hidden_act", raw.get("hidden_activation", "silu")))
-    if act != "silu":
-        raise ValueError(f"hidden_act {act!r} is not supported by the Llama family (only 'silu')")
+    act = str(raw.get("hidden_act", raw.get("hidden_activation", "silu")))  # the model class checks it
     return ModelConfig(
         architecture=str(archs[0]),
         model_type=model_type,

@@ -228,6 +228,8 @@ class LlamaForCausalLM(CausalLM):
         super().__init__()
         if config.extra.get("mlp_bias"):
             raise ValueError("mlp_bias=true is not supported by the Llama family implementation")
+        if config.hidden_act != "silu":
+            raise ValueError(f"hidden_act {config.hidden_act!r} is not supported by the Llama family (only 'silu')")
         self.config = config
         self.model = LlamaModel(config, dtype, device)
         self.lm_head = Linear(config.hidden_size, [config.vocab_size], False, dtype, device)

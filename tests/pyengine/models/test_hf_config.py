@@ -3,12 +3,17 @@ checked against the transformers model built from the same dict (its modules are
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
 
 from candle_vllm.pyengine.config import config_from_hf_dict
+from candle_vllm.pyengine.loader import load_model, resolve_model_source
+from candle_vllm.pyengine.loader.errors import ModelLoadError
 
 SMALL: dict[str, Any] = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
                              num_key_value_heads=2, vocab_size=64, max_position_embeddings=64)
@@ -43,3 +48,17 @@ def test_sliding_window_without_max_window_layers_uses_the_transformers_default(
     ours = config_from_hf_dict(raw)
     assert [ours.layer_sliding_window(i) for i in range(3)] == [None, None, None]
     assert hf.layer_types == ["full_attention"] * 3
+
+
+def test_an_unported_architecture_is_named_before_its_activation(tmp_path: Path) -> None:
+    """Gemma-style configs (another activation too) must be refused for their architecture, the real reason."""
+    raw = {**SMALL, "architectures": ["GemmaForCausalLM"], "model_type": "gemma", "hidden_act": "gelu_pytorch_tanh"}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ModelLoadError, match="architecture 'GemmaForCausalLM' is not supported"):
+        load_model(resolve_model_source(str(tmp_path), load_format="dummy"), torch.float32, torch.device("cpu"),
+                   load_format="dummy")
+    raw["architectures"] = ["LlamaForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ModelLoadError, match="hidden_act 'gelu_pytorch_tanh' is not supported"):
+        load_model(resolve_model_source(str(tmp_path), load_format="dummy"), torch.float32, torch.device("cpu"),
+                   load_format="dummy")
