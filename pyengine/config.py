@@ -83,6 +83,8 @@ def _normalize_rope(raw: Mapping[str, Any], max_pos: int) -> tuple[float, dict[s
     rope_type = params.pop("rope_type", params.pop("type", "default"))
     if rope_type == "default":
         return theta, None
+    if rope_type in ("yarn", "llama3", "linear") and "factor" not in params:
+        raise ValueError(f"rope scaling {rope_type!r} needs a 'factor' (rope_parameters / rope_scaling in config.json)")
     if rope_type in ("yarn", "llama3"):
         params.setdefault("original_max_position_embeddings", max_pos)
     return theta, {"rope_type": rope_type, **params}

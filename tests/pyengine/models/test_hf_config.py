@@ -62,3 +62,10 @@ def test_an_unported_architecture_is_named_before_its_activation(tmp_path: Path)
     with pytest.raises(ModelLoadError, match="hidden_act 'gelu_pytorch_tanh' is not supported"):
         load_model(resolve_model_source(str(tmp_path), load_format="dummy"), torch.float32, torch.device("cpu"),
                    load_format="dummy")
+
+
+@pytest.mark.parametrize("rope_type", ["yarn", "llama3", "linear"])
+def test_rope_scaling_without_a_factor_is_a_clear_error(rope_type: str) -> None:
+    raw = {**SMALL, "architectures": ["LlamaForCausalLM"], "rope_parameters": {"rope_type": rope_type}}
+    with pytest.raises(ValueError, match=f"rope scaling '{rope_type}' needs a 'factor'"):
+        config_from_hf_dict(raw)
