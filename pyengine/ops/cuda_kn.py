@@ -1,0 +1,94 @@
+"""The decode GEMM over weights stored [K, N] (native/cuda/skinny_gemm_kn.cu): checks, launch rules, pointers.
+
+Why a second layout: cuBLASLt multiplies 17-64 tokens by a weight stored [K, N] (``x @ W``) 1-5 % faster than by
+the same weight stored [N, K] (session 28), and keeping the gate/up projection [K, N] made batch-64 decode 1.0 %
+faster in the model (session 30). A weight is kept in one layout only, so its 1-16-token batches need this kernel,
+which reads [K, N] at the speed ``cuda.skinny_gemm`` reads [N, K]. The launch rules below are the best settings of
+``benches/probe_kn_gemv.py`` on the H200 (benches/RESULTS.md, session 30): strips of 64 columns; one split with
+4 warps and 4 slabs per stage where the strips fill two CTAs per SM (gate/up: 55.2-55.9 us at one token against
+skinny_gemm's 56.0-56.6), else about four CTAs per SM of 8 warps, the next slab loaded ahead (4096x14336: 29.8 us
+against 28.2).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from candle_vllm.pyengine.ops import native
+from candle_vllm.pyengine.ops.cuda import HALF_DTYPES, _device_index, _split_counters, available, sm_count
+
+STRIP = 64  # weight columns per CTA (kSkinnyKnStrip)
+SLAB = 16  # k rows per slab (kSkinnyKnSlab)
+
+
+def skinny_gemm_kn_supported(x: torch.Tensor, weight_kn: torch.Tensor) -> bool:
+    """True when ``x @ weight_kn`` can run on the kernel: x [1..16, K] and weight [K, N] contiguous, 16-byte aligned
+    f16/bf16 of one dtype on one CUDA device, K % 16 == 0 and N % 64 == 0."""
+    return (
+        available(x.device)
+        and x.dim() == 2
+        and weight_kn.dim() == 2
+        and x.dtype in HALF_DTYPES
+        and weight_kn.dtype == x.dtype
+        and weight_kn.device == x.device
+        and 1 <= x.shape[0] <= native.module().cuda_skinny_kn_max_m
+        and x.shape[1] == weight_kn.shape[0]
+        and x.shape[1] % SLAB == 0
+        and weight_kn.shape[1] % STRIP == 0
+        and x.is_contiguous()
+        and weight_kn.is_contiguous()
+        and x.data_ptr() % 16 == 0
+        and weight_kn.data_ptr() % 16 == 0
+    )
+
+
+def skinny_gemm_kn_launch(n: int, k: int, sms: int) -> tuple[int, int, int]:
+    """(splits, warps, slabs per stage) for a [K, N] weight: see the module docstring."""
+    strips = n // STRIP
+    if strips >= 2 * sms:
+        return 1, 4, 4
+    slabs = k // SLAB
+    splits = max(1, min(16, math.ceil(4 * sms / strips), slabs // 8))
+    per_split = math.ceil(slabs / splits)
+    return math.ceil(slabs / per_split), 8, 1
+
+
+def skinny_gemm_kn(
+    x: torch.Tensor,
+    weight_kn: torch.Tensor,
+    *,
+    silu_mul: bool = False,
+    splits: int | None = None,
+    warps: int | None = None,
+    stage_slabs: int | None = None,
+) -> torch.Tensor:
+    """y [M, N] = x [M, K] @ weight_kn [K, N] for decode-sized M (<= 16), reading the weight once.
+
+    ``splits``, ``warps`` (4 or 8) and ``stage_slabs`` (1, 2 or 4) override :func:`skinny_gemm_kn_launch`
+    (benchmarks sweep them); the result depends on them only through the f32 summation order. ``silu_mul``: the
+    weight's columns are gate/up pairs (column 2f the gate of feature f, 2f + 1 its up) and the result is
+    y [M, N / 2] = silu(gate) * up, rounded as the projection followed by ``silu_and_mul`` rounds it.
+    """
+    if not skinny_gemm_kn_supported(x, weight_kn):
+        raise ValueError(
+            "skinny_gemm_kn needs x [M<=16, K] and weight [K, N] contiguous f16/bf16 CUDA tensors of one dtype, "
+            f"16-byte aligned, K % {SLAB} == 0, N % {STRIP} == 0; got x {tuple(x.shape)} {x.dtype}, weight "
+            f"{tuple(weight_kn.shape)} {weight_kn.dtype}"
+        )
+    m, k = x.shape
+    n = weight_kn.shape[1]
+    dev = _device_index(x.device)
+    auto = skinny_gemm_kn_launch(n, k, sm_count(dev))
+    splits = auto[0] if splits is None else splits
+    warps = auto[1] if warps is None else warps
+    stage_slabs = auto[2] if stage_slabs is None else stage_slabs
+    partials = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else None
+    y = torch.empty(m, n // 2 if silu_mul else n, dtype=x.dtype, device=x.device)
+    native.module().cuda_skinny_gemm_kn(
+        y.data_ptr(), x.data_ptr(), weight_kn.data_ptr(), 0 if partials is None else partials.data_ptr(),
+        _split_counters(dev).data_ptr() if splits > 1 else 0, m, n, k, splits, warps, stage_slabs, silu_mul,
+        native.dtype_code(x), native.stream(x.device),
+    )
+    return y
