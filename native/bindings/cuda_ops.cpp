@@ -51,7 +51,7 @@ static Registrar registrar([](py::module_& m) {
                              stream);
       },
       "y[M,N] = x[M,K] @ W[K,N] for M <= 16 (decode) over a weight stored [K, N], optional serial split-K; with "
-      "silu_mul W's columns are gate/up pairs and y[M,N/2] = silu(gate) * up");
+      "silu_mul W's columns are gate/up interleaved in groups of 8 and y[M,N/2] = silu(gate) * up");
   m.def(
       "cuda_wide_gemm",
       [](uintptr_t y, uintptr_t x, uintptr_t w, int64_t M, int64_t N, int64_t K, bool silu_mul, int dtype,

@@ -178,13 +178,14 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kn_kernel(T* __restri
     if (valid[r]) tile[toks[r]][cols[r]] = sums[r];
   __syncthreads();
   if constexpr (kSiluMul) {
-    // Columns 2f and 2f + 1 are the gate and up of feature strip * 32 + f: y = silu(gate) * up, each rounded to T
-    // first, exactly as the projection followed by silu_and_mul computes it.
+    // Columns 16j..16j+7 are the gates of features 8j..8j+7 of the strip and 16j+8..16j+15 their ups (the [N, K]
+    // layout's interleave_gate_up, transposed): y = silu(gate) * up, each rounded to T first, exactly as the
+    // projection followed by silu_and_mul computes it.
     constexpr int kFeat = kSkinnyKnStrip / 2;
     const int half = N / 2;
     for (int e = threadIdx.x; e < M * kFeat; e += kWarps * 32) {
-      const int tok = e / kFeat, f = e % kFeat;
-      const float gate = round_to<T>(tile[tok][2 * f]), up = round_to<T>(tile[tok][2 * f + 1]);
+      const int tok = e / kFeat, f = e % kFeat, c = 16 * (f >> 3) + (f & 7);
+      const float gate = round_to<T>(tile[tok][c]), up = round_to<T>(tile[tok][c + 8]);
       y[static_cast<size_t>(tok) * half + strip * kFeat + f] = from_f32<T>(silu_mul(gate, up));
     }
   } else {

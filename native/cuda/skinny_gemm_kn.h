@@ -18,9 +18,9 @@ constexpr int kSkinnyKnSlab = 16;   // k rows per slab (one mma k step)
 // and counters (int32, N / 64, zero before the call, left zero) elect the CTA of a strip that adds them up. `warps`
 // (4 or 8) interleave over a split's slabs, `stage_slabs` (1, 2 or 4) of them per warp at a time: with 1 the next
 // slab's weights are loaded before the current one is multiplied, with 2 or 4 all their loads are issued together.
-// silu_mul: W holds a gate/up projection with its columns interleaved in pairs (column 2f the gate of feature f,
-// 2f + 1 its up) and y [M, N / 2] receives silu(gate) * up, each rounded as the projection followed by silu_and_mul
-// would round it.
+// silu_mul: W holds a gate/up projection with its columns interleaved in groups of 8 (the gates of features
+// 8j..8j+7, then their ups: skinny_gemm's row layout, transposed; N % 64 == 0) and y [M, N / 2] receives
+// silu(gate) * up, each rounded as the projection followed by silu_and_mul would round it.
 void skinny_gemm_kn(void* y, const void* x, const void* w, float* partials, int* counters, int64_t M, int64_t N,
                     int64_t K, int splits, int warps, int stage_slabs, bool silu_mul, DType dtype,
                     std::uintptr_t stream);

@@ -5,9 +5,9 @@ the same weight stored [N, K] (session 28), and keeping the gate/up projection [
 faster in the model (session 30). A weight is kept in one layout only, so its 1-16-token batches need this kernel,
 which reads [K, N] at the speed ``cuda.skinny_gemm`` reads [N, K]. The launch rules below are the best settings of
 ``benches/probe_kn_gemv.py`` on the H200 (benches/RESULTS.md, session 30): strips of 64 columns; one split with
-4 warps and 4 slabs per stage where the strips fill two CTAs per SM (gate/up: 55.2-55.9 us at one token against
-skinny_gemm's 56.0-56.6), else about four CTAs per SM of 8 warps, the next slab loaded ahead (4096x14336: 29.8 us
-against 28.2).
+4 warps and 4 slabs per stage (2 for 9-16 tokens) where the strips fill two CTAs per SM (gate/up: 55.2-55.9 us at
+one token against skinny_gemm's 56.0-56.6), else at most four CTAs per SM of 8 warps, the next slab loaded ahead
+(4096x14336: 29.8 us against 28.2).
 """
 
 from __future__ import annotations
@@ -44,13 +44,16 @@ def skinny_gemm_kn_supported(x: torch.Tensor, weight_kn: torch.Tensor) -> bool:
     )
 
 
-def skinny_gemm_kn_launch(n: int, k: int, sms: int) -> tuple[int, int, int]:
-    """(splits, warps, slabs per stage) for a [K, N] weight: see the module docstring."""
+def skinny_gemm_kn_launch(m: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
+    """(splits, warps, slabs per stage) for ``m`` tokens and a [K, N] weight: see the module docstring. The grid
+    must fit one wave: call 7 (session 30) ran 9 splits of 64 strips (576 CTAs of 8 warps where 528 fit) at 36.8 us
+    on 4096x14336 against the probe's 29.8 with 8, and 16 tokens with 4 slabs per stage (148 registers, 3 CTAs
+    per SM: 1.1 waves of gate/up's 448 strips) at 91.3 us against 60.1 with 2. NOT YET MEASURED in this form."""
     strips = n // STRIP
     if strips >= 2 * sms:
-        return 1, 4, 4
+        return 1, 4, 4 if m <= 8 else 2
     slabs = k // SLAB
-    splits = max(1, min(16, math.ceil(4 * sms / strips), slabs // 8))
+    splits = max(1, min(16, 4 * sms // strips, slabs // 8))
     per_split = math.ceil(slabs / splits)
     return math.ceil(slabs / per_split), 8, 1
 
@@ -68,8 +71,9 @@ def skinny_gemm_kn(
 
     ``splits``, ``warps`` (4 or 8) and ``stage_slabs`` (1, 2 or 4) override :func:`skinny_gemm_kn_launch`
     (benchmarks sweep them); the result depends on them only through the f32 summation order. ``silu_mul``: the
-    weight's columns are gate/up pairs (column 2f the gate of feature f, 2f + 1 its up) and the result is
-    y [M, N / 2] = silu(gate) * up, rounded as the projection followed by ``silu_and_mul`` rounds it.
+    weight is a gate/up projection whose columns alternate in groups of 8 (``interleave_gate_up`` of the [N, K]
+    weight, transposed) and the result is y [M, N / 2] = silu(gate) * up, rounded as the projection followed by
+    ``silu_and_mul`` rounds it.
     """
     if not skinny_gemm_kn_supported(x, weight_kn):
         raise ValueError(
@@ -80,7 +84,7 @@ def skinny_gemm_kn(
     m, k = x.shape
     n = weight_kn.shape[1]
     dev = _device_index(x.device)
-    auto = skinny_gemm_kn_launch(n, k, sm_count(dev))
+    auto = skinny_gemm_kn_launch(m, n, k, sm_count(dev))
     splits = auto[0] if splits is None else splits
     warps = auto[1] if warps is None else warps
     stage_slabs = auto[2] if stage_slabs is None else stage_slabs

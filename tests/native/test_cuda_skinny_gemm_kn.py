@@ -7,6 +7,7 @@ import torch
 from _cuda_helpers import REL_TOL, gemm_case, poison_allocator, rel_error
 
 from candle_vllm.pyengine.ops import cuda, cuda_kn
+from candle_vllm.pyengine.ops.activation import interleave_gate_up
 
 pytestmark = pytest.mark.cuda
 DEV = torch.device("cuda")
@@ -54,13 +55,12 @@ def test_every_launch_choice_and_repeats(m: int, splits: int, warps: int, stage_
 @pytest.mark.parametrize("m", [1, 9, 16])
 @pytest.mark.parametrize("i,k", [(32, 48), (1024, 2048), (14336, 4096)])
 def test_silu_mul_epilogue_equals_gemm_then_silu(i: int, k: int, m: int, splits: int | None) -> None:
-    """Gate/up columns in pairs: the fused SwiGLU epilogue gives, bit for bit, the plain [gate | up] GEMM followed by
-    the native silu_and_mul (a column's sum does not depend on its place in the strip)."""
-    x, w = kn_case(m, 2 * i, k, torch.bfloat16, seed=m + i + k)
-    pairs = torch.stack([w[:, :i], w[:, i:]], dim=-1).reshape(k, 2 * i)
+    """Gate/up columns interleaved in groups of 8: the fused SwiGLU epilogue gives, bit for bit, the plain
+    [gate | up] GEMM followed by the native silu_and_mul (a column's sum does not depend on its place in the strip)."""
+    x, w = gemm_case(m, 2 * i, k, torch.bfloat16, seed=m + i + k)
     poison_allocator(DEV, 1 << 22)
-    fused = cuda_kn.skinny_gemm_kn(x, pairs, splits=splits, silu_mul=True)
-    want = cuda.silu_and_mul(cuda_kn.skinny_gemm_kn(x, w, splits=splits))
+    fused = cuda_kn.skinny_gemm_kn(x, interleave_gate_up(w).t().contiguous(), splits=splits, silu_mul=True)
+    want = cuda.silu_and_mul(cuda_kn.skinny_gemm_kn(x, w.t().contiguous(), splits=splits))
     assert fused.shape == (m, i) and torch.equal(fused, want)
 
 
