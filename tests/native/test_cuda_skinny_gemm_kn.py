@@ -8,6 +8,7 @@ from _cuda_helpers import REL_TOL, gemm_case, poison_allocator, rel_error
 
 from candle_vllm.pyengine.ops import cuda, cuda_kn
 from candle_vllm.pyengine.ops.activation import interleave_gate_up
+from candle_vllm.pyengine.quant.unquantized import KN_ENV, UnquantizedLinear
 
 pytestmark = pytest.mark.cuda
 DEV = torch.device("cuda")
@@ -93,3 +94,32 @@ def test_rejects_unsupported_input() -> None:
         cuda_kn.skinny_gemm_kn(x, w, warps=6)
     with pytest.raises(ValueError, match="stage_slabs must be 1, 2 or 4"):
         cuda_kn.skinny_gemm_kn(x, w, stage_slabs=3)
+
+
+@pytest.mark.parametrize("m", [1, 16, 17, 64])
+def test_gate_up_layer_keeps_its_weight_kn(m: int) -> None:
+    """A dense gate/up layer on CUDA holds [K, N]: decode batches take this kernel (SiLU fused), larger ones
+    cuBLAS on the same weight; both layouts of the projection and the SwiGLU match the float64 reference."""
+    i, k = 1024, 512
+    x, w = gemm_case(m, 2 * i, k, torch.bfloat16, seed=m)
+    layer = UnquantizedLinear(w, gate_up_interleaved=True)
+    assert layer.kn and layer.weight.shape == (k, 2 * i)
+    assert layer._decode_kernel(x) == ("skinny_kn" if m <= 16 else None)
+    want = x.double() @ w.double().T
+    assert rel_error(layer(x), want) < REL_TOL[torch.bfloat16]
+    ref = torch.nn.functional.silu(want[:, :i]) * want[:, i:]
+    assert rel_error(layer.forward_swiglu(x), ref) < REL_TOL[torch.bfloat16]
+
+
+def test_norm_scale_folds_into_the_rows_of_a_kn_weight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``scale_input_columns`` scales input feature k: row k of a [K, N] weight, column k of [N, K]; the two
+    layers then hold the same numbers."""
+    _, w = gemm_case(1, 256, 128, torch.bfloat16, seed=3)
+    scale = torch.rand(128, device=DEV) + 0.5
+    kn = UnquantizedLinear(w.clone(), gate_up_interleaved=True)
+    monkeypatch.setenv(KN_ENV, "0")
+    nk = UnquantizedLinear(w.clone(), gate_up_interleaved=True)
+    assert kn.kn and not nk.kn
+    kn.scale_input_columns(scale)
+    nk.scale_input_columns(scale)
+    assert torch.equal(kn.weight.t(), nk.weight)
