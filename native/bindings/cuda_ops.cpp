@@ -53,6 +53,12 @@ static Registrar registrar([](py::module_& m) {
       "y[M,N] = x[M,K] @ W[K,N] for M <= 16 (decode) over a weight stored [K, N], optional serial split-K; with "
       "silu_mul W's columns are gate/up interleaved in groups of 8 and y[M,N/2] = silu(gate) * up");
   m.def(
+      "cuda_skinny_gemm_kn_ctas_per_sm",
+      [](int64_t M, int warps, int stage_slabs, bool silu_mul, int dtype) {
+        return cuda::skinny_gemm_kn_ctas_per_sm(M, warps, stage_slabs, silu_mul, to_dtype(dtype));
+      },
+      "CTAs of a cuda_skinny_gemm_kn launch (M, warps, stage_slabs, silu_mul, dtype) one SM holds at once");
+  m.def(
       "cuda_wide_gemm",
       [](uintptr_t y, uintptr_t x, uintptr_t w, int64_t M, int64_t N, int64_t K, bool silu_mul, int dtype,
          uintptr_t stream) {

@@ -9,6 +9,7 @@
 // split's slabs and reduce through shared memory; with splits > 1 the last CTA of a strip adds the f32 partials
 // (serial split-K, as skinny_gemm.cu). The loads carry no L2 size hint: skinny_gemm's L2::256B fetch would pull in a
 // neighbour strip's bytes, which another CTA reads later (the probe, benches/probe_kn_gemv.py: 2-10 % slower).
+#include <string>
 #include <type_traits>
 
 #include "cuda/common.cuh"
@@ -35,12 +36,13 @@ struct Stage {
   uint32_t x[kU][NT][2];
 };
 
+// The split-K form (8 warps, one slab per stage, up to 8 tokens) is held to 4 CTAs per SM (64 registers, no spill;
+// the compiler took 68, i.e. 3): a 4096-column weight's 64 strips then run 8 splits in one wave, the probe's best.
 template <typename T, int NT, int kWarps, int kU, bool kSiluMul>
-__global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kn_kernel(T* __restrict__ y, const T* __restrict__ x,
-                                                                     const T* __restrict__ w,
-                                                                     float* __restrict__ partials,
-                                                                     int* __restrict__ counters, int M, int N, int K,
-                                                                     int slabs_per_split) {
+__global__ void __launch_bounds__(kWarps * 32, NT == 1 && kWarps == 8 && kU == 1 ? 4 : 1)
+    skinny_gemm_kn_kernel(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ w,
+                          float* __restrict__ partials, int* __restrict__ counters, int M, int N, int K,
+                          int slabs_per_split) {
   constexpr int kAcc = NT * 16;  // a lane's sums: NT token groups x 4 column tiles x 4
   constexpr int kStep = kWarps * kU;
   constexpr bool kPipe = kU == 1;  // the next slab's weights in flight while this one is multiplied
@@ -72,7 +74,8 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kn_kernel(T* __restri
       const int k0 = kSkinnyKnSlab * min(su, slab_end - 1) + 2 * t;
 #pragma unroll
       for (int r = 0; r < 4; ++r)
-        st.w[u][r] = su < slab_end ? load_weight(w_lane + static_cast<size_t>(k0 + kRow[r]) * N) : make_uint4(0, 0, 0, 0);
+        st.w[u][r] =
+            su < slab_end ? load_weight(w_lane + static_cast<size_t>(k0 + kRow[r]) * N) : make_uint4(0, 0, 0, 0);
     }
   };
   // x is the output of the kernel before (a programmatic dependent launch): read after pdl_wait, through L1.
@@ -196,39 +199,23 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kn_kernel(T* __restri
   }
 }
 
-}  // namespace
-
-void skinny_gemm_kn(void* y, const void* x, const void* w, float* partials, int* counters, int64_t M, int64_t N,
-                    int64_t K, int splits, int warps, int stage_slabs, bool silu_mul, DType dtype,
-                    std::uintptr_t stream) {
-  if (M < 1 || M > kSkinnyKnMaxM) throw std::invalid_argument("skinny_gemm_kn: M must be in 1..16");
-  if (K < kSkinnyKnSlab || K % kSkinnyKnSlab != 0 || K > INT32_MAX)
-    throw std::invalid_argument("skinny_gemm_kn: K must be a positive multiple of 16");
-  if (N < kSkinnyKnStrip || N % kSkinnyKnStrip != 0 || N > INT32_MAX)
-    throw std::invalid_argument("skinny_gemm_kn: N must be a positive multiple of 64");
-  if (splits < 1) throw std::invalid_argument("skinny_gemm_kn: splits must be >= 1");
-  if (warps != 4 && warps != 8) throw std::invalid_argument("skinny_gemm_kn: warps must be 4 or 8");
+// Calls f(kernel) with the instance that serves M tokens, `warps`, `stage_slabs` and the epilogue, after checking
+// the launch choices: the launcher and the occupancy query must agree on it.
+template <typename F>
+void with_kernel(const char* what, int64_t M, int warps, int stage_slabs, bool silu_mul, DType dtype, F&& f) {
+  const std::string op(what);
+  if (M < 1 || M > kSkinnyKnMaxM) throw std::invalid_argument(op + ": M must be in 1..16");
+  if (warps != 4 && warps != 8) throw std::invalid_argument(op + ": warps must be 4 or 8");
   if (stage_slabs != 1 && stage_slabs != 2 && stage_slabs != 4)
-    throw std::invalid_argument("skinny_gemm_kn: stage_slabs must be 1, 2 or 4");
-  const int slabs = static_cast<int>(K / kSkinnyKnSlab);
-  const int per_split = (slabs + splits - 1) / splits;
-  splits = (slabs + per_split - 1) / per_split;  // no empty split
-  if (splits > 1 && (partials == nullptr || counters == nullptr))
-    throw std::invalid_argument("skinny_gemm_kn: split-K needs partials and counters");
-  const dim3 grid(static_cast<unsigned>(N / kSkinnyKnStrip), static_cast<unsigned>(splits));
-  dispatch_float<false>(dtype, "skinny_gemm_kn", [&](auto tag) {
+    throw std::invalid_argument(op + ": stage_slabs must be 1, 2 or 4");
+  dispatch_float<false>(dtype, what, [&](auto tag) {
     using T = decltype(tag);
-    auto launch = [&](auto kernel) {
-      launch_pdl("skinny_gemm_kn", kernel, grid, dim3(warps * 32), 0, as_stream(stream), static_cast<T*>(y),
-                 static_cast<const T*>(x), static_cast<const T*>(w), partials, counters, static_cast<int>(M),
-                 static_cast<int>(N), static_cast<int>(K), per_split);
-    };
     auto by_stage = [&](auto nt, auto wp, auto silu) {
       constexpr int kNt = decltype(nt)::value, kW = decltype(wp)::value;
       constexpr bool kSilu = decltype(silu)::value;
-      if (stage_slabs == 1) launch(skinny_gemm_kn_kernel<T, kNt, kW, 1, kSilu>);
-      else if (stage_slabs == 2) launch(skinny_gemm_kn_kernel<T, kNt, kW, 2, kSilu>);
-      else launch(skinny_gemm_kn_kernel<T, kNt, kW, 4, kSilu>);
+      if (stage_slabs == 1) f(T{}, skinny_gemm_kn_kernel<T, kNt, kW, 1, kSilu>);
+      else if (stage_slabs == 2) f(T{}, skinny_gemm_kn_kernel<T, kNt, kW, 2, kSilu>);
+      else f(T{}, skinny_gemm_kn_kernel<T, kNt, kW, 4, kSilu>);
     };
     auto by_warps = [&](auto nt, auto silu) {
       if (warps == 4) by_stage(nt, std::integral_constant<int, 4>{}, silu);
@@ -241,6 +228,39 @@ void skinny_gemm_kn(void* y, const void* x, const void* w, float* partials, int*
     if (silu_mul) by_tokens(std::true_type{});
     else by_tokens(std::false_type{});
   });
+}
+
+}  // namespace
+
+void skinny_gemm_kn(void* y, const void* x, const void* w, float* partials, int* counters, int64_t M, int64_t N,
+                    int64_t K, int splits, int warps, int stage_slabs, bool silu_mul, DType dtype,
+                    std::uintptr_t stream) {
+  if (K < kSkinnyKnSlab || K % kSkinnyKnSlab != 0 || K > INT32_MAX)
+    throw std::invalid_argument("skinny_gemm_kn: K must be a positive multiple of 16");
+  if (N < kSkinnyKnStrip || N % kSkinnyKnStrip != 0 || N > INT32_MAX)
+    throw std::invalid_argument("skinny_gemm_kn: N must be a positive multiple of 64");
+  if (splits < 1) throw std::invalid_argument("skinny_gemm_kn: splits must be >= 1");
+  const int slabs = static_cast<int>(K / kSkinnyKnSlab);
+  const int per_split = (slabs + splits - 1) / splits;
+  splits = (slabs + per_split - 1) / per_split;  // no empty split
+  if (splits > 1 && (partials == nullptr || counters == nullptr))
+    throw std::invalid_argument("skinny_gemm_kn: split-K needs partials and counters");
+  const dim3 grid(static_cast<unsigned>(N / kSkinnyKnStrip), static_cast<unsigned>(splits));
+  with_kernel("skinny_gemm_kn", M, warps, stage_slabs, silu_mul, dtype, [&](auto tag, auto kernel) {
+    using T = decltype(tag);
+    launch_pdl("skinny_gemm_kn", kernel, grid, dim3(warps * 32), 0, as_stream(stream), static_cast<T*>(y),
+               static_cast<const T*>(x), static_cast<const T*>(w), partials, counters, static_cast<int>(M),
+               static_cast<int>(N), static_cast<int>(K), per_split);
+  });
+}
+
+int skinny_gemm_kn_ctas_per_sm(int64_t M, int warps, int stage_slabs, bool silu_mul, DType dtype) {
+  int ctas = 0;
+  with_kernel("skinny_gemm_kn_ctas_per_sm", M, warps, stage_slabs, silu_mul, dtype, [&](auto, auto kernel) {
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, warps * 32, 0),
+               "skinny_gemm_kn_ctas_per_sm");
+  });
+  return ctas;
 }
 
 }  // namespace candle_vllm::cuda

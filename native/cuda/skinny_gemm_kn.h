@@ -25,4 +25,8 @@ void skinny_gemm_kn(void* y, const void* x, const void* w, float* partials, int*
                     int64_t K, int splits, int warps, int stage_slabs, bool silu_mul, DType dtype,
                     std::uintptr_t stream);
 
+// CTAs of that launch (M tokens, `warps`, `stage_slabs`, the epilogue) one SM of the current device holds at once:
+// the launch rule sizes its grids to one wave with it (a grid of 1.1 waves ran 30 % slower, benches/RESULTS.md).
+int skinny_gemm_kn_ctas_per_sm(int64_t M, int warps, int stage_slabs, bool silu_mul, DType dtype);
+
 }  // namespace candle_vllm::cuda

@@ -6,18 +6,26 @@ faster in the model (session 30). A weight is kept in one layout only, so its 1-
 which reads [K, N] at the speed ``cuda.skinny_gemm`` reads [N, K]. The launch rules below are the best settings of
 ``benches/probe_kn_gemv.py`` on the H200 (benches/RESULTS.md, session 30): strips of 64 columns; one split with
 4 warps and 4 slabs per stage (2 for 9-16 tokens) where the strips fill two CTAs per SM (gate/up: 55.2-55.9 us at
-one token against skinny_gemm's 56.0-56.6), else at most four CTAs per SM of 8 warps, the next slab loaded ahead
-(4096x14336: 29.8 us against 28.2).
+one token against skinny_gemm's 56.0-56.6), else 8 warps, the next slab loaded ahead, and as many splits as one
+wave holds (4096x14336: 29.8 us against 28.2).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from candle_vllm.pyengine.ops import native
-from candle_vllm.pyengine.ops.cuda import HALF_DTYPES, _device_index, _split_counters, available, sm_count
+from candle_vllm.pyengine.ops.cuda import (
+    _COUNTER_SLOTS,
+    HALF_DTYPES,
+    _device_index,
+    _split_counters,
+    available,
+    sm_count,
+)
 
 STRIP = 64  # weight columns per CTA (kSkinnyKnStrip)
 SLAB = 16  # k rows per slab (kSkinnyKnSlab)
@@ -44,18 +52,29 @@ def skinny_gemm_kn_supported(x: torch.Tensor, weight_kn: torch.Tensor) -> bool:
     )
 
 
-def skinny_gemm_kn_launch(m: int, n: int, k: int, sms: int) -> tuple[int, int, int]:
-    """(splits, warps, slabs per stage) for ``m`` tokens and a [K, N] weight: see the module docstring. The grid
-    must fit one wave: call 7 (session 30) ran 9 splits of 64 strips (576 CTAs of 8 warps where 528 fit) at 36.8 us
-    on 4096x14336 against the probe's 29.8 with 8, and 16 tokens with 4 slabs per stage (148 registers, 3 CTAs
-    per SM: 1.1 waves of gate/up's 448 strips) at 91.3 us against 60.1 with 2. NOT YET MEASURED in this form."""
+@functools.cache
+def ctas_per_sm(
+    device_index: int, many_tokens: bool, warps: int, stage_slabs: int, silu_mul: bool, dtype: torch.dtype
+) -> int:
+    """CTAs of one launch kind an SM holds at once (its registers decide: ptxas sm_90a, 8 warps and one slab per
+    stage, 64 for up to 8 tokens, 86 for 9-16), from the CUDA occupancy calculator."""
+    with torch.cuda.device(device_index):
+        return int(native.module().cuda_skinny_gemm_kn_ctas_per_sm(
+            16 if many_tokens else 1, warps, stage_slabs, silu_mul, native.DTYPE_CODES[dtype]))
+
+
+def skinny_gemm_kn_launch(n: int, k: int, sms: int, resident: int, m: int) -> tuple[int, int, int]:
+    """(splits, warps, slabs per stage) for ``m`` tokens and a [K, N] weight (see the module docstring), with
+    ``resident(warps, stage_slabs)`` the CTAs an SM holds: the grid is sized to one wave, since call 7 (session 30)
+    ran 576 CTAs where 528 fit (9 splits of 4096x14336's 64 strips) at 36.8 us against the probe's 29.8 with 512,
+    and 16 tokens at 4 slabs per stage (3 CTAs per SM: gate/up's 448 strips in 1.1 waves) at 91.3 us against the
+    probe's 60.1 with 2."""
     strips = n // STRIP
-    if strips >= 2 * sms:
-        return 1, 4, 4 if m <= 8 else 2
-    slabs = k // SLAB
-    splits = max(1, min(16, 4 * sms // strips, slabs // 8))
-    per_split = math.ceil(slabs / splits)
-    return math.ceil(slabs / per_split), 8, 1
+    warps, stage = (4, 4 if m <= 8 else 2) if strips >= 2 * sms else (8, 1)
+    capacity = resident(warps, stage) * sms
+    splits = max(1, min(16, capacity // strips, k // SLAB // (warps * stage)))
+    per_split = math.ceil(k // SLAB / splits)
+    return math.ceil(k // SLAB / per_split), warps, stage
 
 
 def skinny_gemm_kn(
@@ -88,6 +107,8 @@ def skinny_gemm_kn(
     splits = auto[0] if splits is None else splits
     warps = auto[1] if warps is None else warps
     stage_slabs = auto[2] if stage_slabs is None else stage_slabs
+    if splits > 1 and n // STRIP > _COUNTER_SLOTS:
+        raise ValueError(f"skinny_gemm_kn: split-K supports N up to {_COUNTER_SLOTS * STRIP}; use splits=1")
     partials = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else None
     y = torch.empty(m, n // 2 if silu_mul else n, dtype=x.dtype, device=x.device)
     native.module().cuda_skinny_gemm_kn(

@@ -28,7 +28,7 @@ KN_ENV = "CANDLE_VLLM_KN_GATE_UP"
 
 
 class UnquantizedLinear(LinearMethod):
-    """A plain [out, in] weight in the model dtype.
+    """A plain [out, in] weight in the model dtype ([in, out] where ``kn``).
 
     ``gate_up_interleaved``: the weight is a fused [gate; up] projection, stored with its rows interleaved in
     groups of 8 (``ops.activation.interleave_gate_up``) so :meth:`forward_swiglu`'s decode GEMM applies the SiLU
@@ -40,9 +40,10 @@ class UnquantizedLinear(LinearMethod):
     returns the q/k heads in that paired layout (``rope_pair_group`` 8), which the RoPE kernels read and leave in the
     standard one (a gather back would cost more than the rotation).
 
-    ``kn``: the (interleaved gate/up) weight on CUDA is kept transposed, [in, out] (in % 16 == 0, out % 64 == 0). Batch-64 decode of Llama-3-8B ran 1.0 %
-    faster with cuBLASLt reading gate/up that way (H200, session 30: 9,672 against 9,573 tok/s, three rounds each);
-    ``CANDLE_VLLM_KN_GATE_UP=0`` keeps [out, in] (an A/B switch for benchmarks).
+    ``kn``: the (interleaved gate/up) weight on a Hopper GPU is kept transposed, [in, out] (in % 16 == 0, out % 64
+    == 0): batch-64 decode of Llama-3-8B ran 1.0 % faster with cuBLASLt reading gate/up that way (H200, session 30:
+    9,672 against 9,573 tok/s, three rounds each), and ``ops.cuda_kn`` takes its 1-16-row batches. Other GPUs keep
+    [out, in] (not measured there), and so does ``CANDLE_VLLM_KN_GATE_UP=0`` (an A/B switch, read at load).
     """
 
     def __init__(
@@ -59,15 +60,17 @@ class UnquantizedLinear(LinearMethod):
         self.kn = (
             gate_up_interleaved
             and weight.device.type == "cuda"
-            and os.environ.get(KN_ENV, "1") != "0"
+            and torch.cuda.get_device_capability(weight.device)[0] == 9
+            and os.environ.get(KN_ENV, "1").strip() != "0"
             and self.out_features % cuda_kn.STRIP == 0
             and self.in_features % cuda_kn.SLAB == 0
         )
         self.weight = nn.Parameter(weight.t().contiguous() if self.kn else weight, requires_grad=False)
 
     def _decode_kernel(self, x: torch.Tensor) -> str | None:
-        """Which native GEMM takes this batch: the skinny one up to 16 rows, the wide one up to 64 where it beats
-        cuBLASLt (``cuda_wide.wide_gemm_preferred``), else none (cuBLAS through torch)."""
+        """Which native GEMM takes this batch: the skinny one up to 16 rows (``skinny_kn`` for a ``kn`` weight), the
+        wide one up to 64 where it beats cuBLASLt (``cuda_wide.wide_gemm_preferred``), else none (cuBLAS through
+        torch)."""
         if x.device.type != "cuda":
             return None
         if self.kn:
@@ -128,9 +131,10 @@ class UnquantizedLinear(LinearMethod):
 
     def scale_input_columns(self, scale: torch.Tensor) -> None:
         """``W[:, k] *= scale[k]`` in place (an RMSNorm's weight moved into the linear after it, see
-        ``ops.norm.DeferredRMSNorm``): in f32, rounded once, in chunks of rows (no f32 copy of a 28k-row weight);
-        a transposed weight (``kn``) scales its rows."""
+        ``ops.norm.DeferredRMSNorm``): in f32, rounded once, in chunks of 16M elements (no f32 copy of a 28k-row
+        weight); a transposed weight (``kn``) scales its rows."""
         w, s = self.weight.data, scale.to(self.weight.device, torch.float32)
-        for start in range(0, w.shape[0], 4096):
-            rows = w[start : start + 4096]
-            rows.copy_(rows.float() * (s[start : start + 4096, None] if self.kn else s))
+        step = max(1, (1 << 24) // w.shape[1])
+        for start in range(0, w.shape[0], step):
+            rows = w[start : start + step]
+            rows.copy_(rows.float() * (s[start : start + step, None] if self.kn else s))
