@@ -15,6 +15,7 @@
 #include "cuda/common.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/skinny_gemm_kn.h"
+#include "cuda/split_k.cuh"
 
 namespace candle_vllm::cuda {
 namespace {
@@ -154,25 +155,11 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 && kWarps == 8 && kU == 1
   }
   const int col0 = strip * kSkinnyKnStrip;
   if (splits > 1) {
+    size_t at[kPer];
 #pragma unroll
-    for (int r = 0; r < kPer; ++r)
-      if (valid[r]) partials[(static_cast<size_t>(split) * M + toks[r]) * N + col0 + cols[r]] = sums[r];
-    __threadfence();
-    __syncthreads();
-    __shared__ bool is_last;
-    if (threadIdx.x == 0) is_last = atomicAdd(&counters[strip], 1) == splits - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-#pragma unroll
-    for (int r = 0; r < kPer; ++r) {
-      if (!valid[r]) continue;
-      float sum = 0.f;
-      for (int p = 0; p < splits; ++p)
-        sum += __ldcg(&partials[(static_cast<size_t>(p) * M + toks[r]) * N + col0 + cols[r]]);
-      sums[r] = sum;
-    }
-    if (threadIdx.x == 0) counters[strip] = 0;
+    for (int r = 0; r < kPer; ++r) at[r] = static_cast<size_t>(toks[r]) * N + col0 + cols[r];
+    if (!serial_split_k(sums, at, valid, partials, static_cast<size_t>(M) * N, &counters[strip], split, splits))
+      return;
   }
   // The strip's final sums, [token][column], so the stores are coalesced and the epilogue can pair columns.
   __shared__ float tile[NT * 8][kSkinnyKnStrip + 1];
