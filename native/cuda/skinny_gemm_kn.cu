@@ -8,7 +8,7 @@
 // each lane ends with its own columns' sums, in the weight's column order. The warps of a CTA interleave over the
 // split's slabs and reduce through shared memory; with splits > 1 the last CTA of a strip adds the f32 partials
 // (serial split-K, as skinny_gemm.cu). The loads carry no L2 size hint: skinny_gemm's L2::256B fetch would pull in a
-// neighbour strip's bytes, which another CTA reads later (the probe, benches/probe_kn_gemv.py: 2-10 % slower).
+// neighbour strip's bytes, which another CTA reads later (session 30's probe, benches/RESULTS.md: 2-10 % slower).
 #include <string>
 #include <type_traits>
 

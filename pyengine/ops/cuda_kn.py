@@ -4,10 +4,10 @@ Why a second layout: cuBLASLt multiplies 17-64 tokens by a weight stored [K, N] 
 the same weight stored [N, K] (session 28), and keeping the gate/up projection [K, N] made batch-64 decode 1.0 %
 faster in the model (session 30). A weight is kept in one layout only, so its 1-16-token batches need this kernel,
 which reads [K, N] at the speed ``cuda.skinny_gemm`` reads [N, K]. The launch rules below are the best settings of
-``benches/probe_kn_gemv.py`` on the H200 (benches/RESULTS.md, session 30): strips of 64 columns; one split with
-4 warps and 4 slabs per stage (2 for 9-16 tokens) where the strips fill two CTAs per SM (gate/up: 55.2-55.9 us at
-one token against skinny_gemm's 56.0-56.6), else 8 warps, the next slab loaded ahead, and as many splits as one
-wave holds (4096x14336: 29.8 us against 28.2).
+session 30's probe kernel on the H200 (benches/RESULTS.md; ``benches/bench_skinny_kn.py`` sweeps this kernel's):
+strips of 64 columns; one split with 4 warps and 4 slabs per stage (2 for 9-16 tokens) where the strips fill two
+CTAs per SM (gate/up: 55.2-55.9 us at one token against skinny_gemm's 56.0-56.6), else 8 warps, the next slab
+loaded ahead, and as many splits as one wave holds (4096x14336: 29.8 us against 28.2).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import torch
 from candle_vllm.pyengine.ops import native
 from candle_vllm.pyengine.ops.cuda import (
     _COUNTER_SLOTS,
-    HALF_DTYPES,
     _device_index,
     _split_counters,
     available,
+    gemm_operands_ok,
     sm_count,
 )
 
@@ -36,19 +36,9 @@ def skinny_gemm_kn_supported(x: torch.Tensor, weight_kn: torch.Tensor) -> bool:
     f16/bf16 of one dtype on one CUDA device, K % 16 == 0 and N % 64 == 0."""
     return (
         available(x.device)
-        and x.dim() == 2
-        and weight_kn.dim() == 2
-        and x.dtype in HALF_DTYPES
-        and weight_kn.dtype == x.dtype
-        and weight_kn.device == x.device
-        and 1 <= x.shape[0] <= native.module().cuda_skinny_kn_max_m
-        and x.shape[1] == weight_kn.shape[0]
+        and gemm_operands_ok(x, weight_kn, native.module().cuda_skinny_kn_max_m, k_dim=0)
         and x.shape[1] % SLAB == 0
         and weight_kn.shape[1] % STRIP == 0
-        and x.is_contiguous()
-        and weight_kn.is_contiguous()
-        and x.data_ptr() % 16 == 0
-        and weight_kn.data_ptr() % 16 == 0
     )
 
 
