@@ -30,17 +30,16 @@ def cell(name: str, n: int, k: int, m: int, w_nk: list[torch.Tensor], w_kn: list
     copies = len(w_nk)
     x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
     want = x.double() @ w_kn[0].double()
-    best = (float("inf"), None)
+    best: tuple[float, tuple[int, int, int] | None] = (float("inf"), None)
     for splits, warps, stage in SETTINGS:
         got = cuda_kn.skinny_gemm_kn(x, w_kn[0], splits=splits, warps=warps, stage_slabs=stage)
         err = ((got.double() - want).norm() / want.norm()).item()
         if err > 1e-2:
             raise AssertionError(f"{name} M={m} {(splits, warps, stage)}: relative error {err:.2e}")
-        t = graph_seconds(
-            lambda i, s=splits, w=warps, st=stage: cuda_kn.skinny_gemm_kn(
-                x, w_kn[i % copies], splits=s, warps=w, stage_slabs=st
-            )
-        )
+        def launch(i: int, s: int = splits, w: int = warps, st: int = stage) -> torch.Tensor:
+            return cuda_kn.skinny_gemm_kn(x, w_kn[i % copies], splits=s, warps=w, stage_slabs=st)
+
+        t = graph_seconds(launch)
         best = min(best, (t, (splits, warps, stage)), key=lambda b: b[0])
     default = graph_seconds(lambda i: cuda_kn.skinny_gemm_kn(x, w_kn[i % copies]))
     skinny = graph_seconds(lambda i: cuda.skinny_gemm(x, w_nk[i % copies]))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -53,7 +54,7 @@ def ctas_per_sm(
             16 if many_tokens else 1, warps, stage_slabs, silu_mul, native.DTYPE_CODES[dtype]))
 
 
-def skinny_gemm_kn_launch(n: int, k: int, sms: int, resident: int, m: int) -> tuple[int, int, int]:
+def skinny_gemm_kn_launch(n: int, k: int, sms: int, resident: Callable[[int, int], int], m: int) -> tuple[int, int, int]:
     """(splits, warps, slabs per stage) for ``m`` tokens and a [K, N] weight (see the module docstring), with
     ``resident(warps, stage_slabs)`` the CTAs an SM holds: the grid is sized to one wave, since call 7 (session 30)
     ran 576 CTAs where 528 fit (9 splits of 4096x14336's 64 strips) at 36.8 us against the probe's 29.8 with 512,
@@ -93,7 +94,10 @@ def skinny_gemm_kn(
     m, k = x.shape
     n = weight_kn.shape[1]
     dev = _device_index(x.device)
-    auto = skinny_gemm_kn_launch(m, n, k, sm_count(dev))
+    def resident(w: int, st: int) -> int:
+        return ctas_per_sm(dev, m > 8, w, st, silu_mul, x.dtype)
+
+    auto = skinny_gemm_kn_launch(n, k, sm_count(dev), resident, m)
     splits = auto[0] if splits is None else splits
     warps = auto[1] if warps is None else warps
     stage_slabs = auto[2] if stage_slabs is None else stage_slabs
