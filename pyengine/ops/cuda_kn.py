@@ -37,7 +37,7 @@ def skinny_gemm_kn_supported(x: torch.Tensor, weight_kn: torch.Tensor) -> bool:
     f16/bf16 of one dtype on one CUDA device, K % 16 == 0 and N % 64 == 0."""
     return (
         available(x.device)
-        and gemm_operands_ok(x, weight_kn, native.module().cuda_skinny_kn_max_m, k_dim=0)
+        and gemm_operands_ok(x, weight_kn, native.loaded().cuda_skinny_kn_max_m, k_dim=0)
         and x.shape[1] % SLAB == 0
         and weight_kn.shape[1] % STRIP == 0
     )
@@ -50,7 +50,7 @@ def ctas_per_sm(
     """CTAs of one launch kind an SM holds at once (its registers decide: ptxas sm_90a, 8 warps and one slab per
     stage, 64 for up to 8 tokens, 86 for 9-16), from the CUDA occupancy calculator."""
     with torch.cuda.device(device_index):
-        return int(native.module().cuda_skinny_gemm_kn_ctas_per_sm(
+        return int(native.loaded().cuda_skinny_gemm_kn_ctas_per_sm(
             16 if many_tokens else 1, warps, stage_slabs, silu_mul, native.DTYPE_CODES[dtype]))
 
 
@@ -105,7 +105,7 @@ def skinny_gemm_kn(
         raise ValueError(f"skinny_gemm_kn: split-K supports N up to {_COUNTER_SLOTS * STRIP}; use splits=1")
     partials = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else None
     y = torch.empty(m, n // 2 if silu_mul else n, dtype=x.dtype, device=x.device)
-    native.module().cuda_skinny_gemm_kn(
+    native.loaded().cuda_skinny_gemm_kn(
         y.data_ptr(), x.data_ptr(), weight_kn.data_ptr(), 0 if partials is None else partials.data_ptr(),
         _split_counters(dev).data_ptr() if splits > 1 else 0, m, n, k, splits, warps, stage_slabs, silu_mul,
         native.dtype_code(x), native.stream(x.device),

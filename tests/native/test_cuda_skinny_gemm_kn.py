@@ -57,7 +57,7 @@ def test_silu_mul_epilogue_equals_gemm_then_silu(i: int, k: int, m: int, splits:
     poison_allocator(DEV, 1 << 22)
     fused = cuda_kn.skinny_gemm_kn(x, interleave_gate_up(w).t().contiguous(), splits=splits, silu_mul=True)
     want = cuda.silu_and_mul(cuda_kn.skinny_gemm_kn(x, w.t().contiguous(), splits=splits))
-    assert fused.shape == (m, i) and torch.equal(fused, want)
+    assert isinstance(want, torch.Tensor) and fused.shape == (m, i) and torch.equal(fused, want)
 
 
 def test_inside_a_cuda_graph() -> None:
@@ -103,7 +103,8 @@ def test_gate_up_layer_keeps_its_weight_kn(m: int) -> None:
     want = x.double() @ w.double().T
     assert rel_error(layer(x), want) < REL_TOL[torch.bfloat16]
     ref = torch.nn.functional.silu(want[:, :i]) * want[:, i:]
-    assert rel_error(layer.forward_swiglu(x), ref) < REL_TOL[torch.bfloat16]
+    swiglu = layer.forward_swiglu(x)
+    assert swiglu is not None and rel_error(swiglu, ref) < REL_TOL[torch.bfloat16]
 
 
 def test_norm_scale_folds_into_the_rows_of_a_kn_weight(monkeypatch: pytest.MonkeyPatch) -> None:
