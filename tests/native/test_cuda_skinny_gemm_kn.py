@@ -92,9 +92,10 @@ def test_rejects_unsupported_input() -> None:
 
 
 @pytest.mark.parametrize("m", [1, 16, 17, 64])
-def test_gate_up_layer_keeps_its_weight_kn(m: int) -> None:
+def test_gate_up_layer_keeps_its_weight_kn(m: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """A dense gate/up layer on CUDA holds [K, N]: decode batches take this kernel (SiLU fused), larger ones
     cuBLAS on the same weight; both layouts of the projection and the SwiGLU match the float64 reference."""
+    monkeypatch.delenv(KN_ENV, raising=False)  # the default, whatever the runner's environment says
     i, k = 1024, 512
     x, w = gemm_case(m, 2 * i, k, torch.bfloat16, seed=m)
     layer = UnquantizedLinear(w, gate_up_interleaved=True)
@@ -112,6 +113,7 @@ def test_norm_scale_folds_into_the_rows_of_a_kn_weight(monkeypatch: pytest.Monke
     layers then hold the same numbers."""
     _, w = gemm_case(1, 256, 128, torch.bfloat16, seed=3)
     scale = torch.rand(128, device=DEV) + 0.5
+    monkeypatch.delenv(KN_ENV, raising=False)
     kn = UnquantizedLinear(w.clone(), gate_up_interleaved=True)
     monkeypatch.setenv(KN_ENV, "0")
     nk = UnquantizedLinear(w.clone(), gate_up_interleaved=True)
