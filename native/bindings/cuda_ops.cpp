@@ -10,6 +10,7 @@
 #include "cuda/paged_attention.h"
 #include "cuda/rotary.h"
 #include "cuda/skinny_gemm.h"
+#include "cuda/skinny_gemm_kn.h"
 #include "cuda/wide_gemm.h"
 
 namespace py = pybind11;
@@ -42,6 +43,22 @@ static Registrar registrar([](py::module_& m) {
       "cuda_skinny_gemm of a fused qkv weight whose q/k heads have their halves interleaved in groups of 8, with "
       "neox RoPE on q/k and the k/v cache store in the epilogue (y in the standard head layout)");
   m.def(
+      "cuda_skinny_gemm_kn",
+      [](uintptr_t y, uintptr_t x, uintptr_t w, uintptr_t partials, uintptr_t counters, int64_t M, int64_t N,
+         int64_t K, int splits, int warps, int stage_slabs, bool silu_mul, int dtype, uintptr_t stream) {
+        cuda::skinny_gemm_kn(as_ptr<void>(y), as_ptr<const void>(x), as_ptr<const void>(w), as_ptr<float>(partials),
+                             as_ptr<int>(counters), M, N, K, splits, warps, stage_slabs, silu_mul, to_dtype(dtype),
+                             stream);
+      },
+      "y[M,N] = x[M,K] @ W[K,N] for M <= 16 (decode) over a weight stored [K, N], optional serial split-K; with "
+      "silu_mul W's columns are gate/up interleaved in groups of 8 and y[M,N/2] = silu(gate) * up");
+  m.def(
+      "cuda_skinny_gemm_kn_ctas_per_sm",
+      [](int64_t M, int warps, int stage_slabs, bool silu_mul, int dtype) {
+        return cuda::skinny_gemm_kn_ctas_per_sm(M, warps, stage_slabs, silu_mul, to_dtype(dtype));
+      },
+      "CTAs of a cuda_skinny_gemm_kn launch (M, warps, stage_slabs, silu_mul, dtype) one SM holds at once");
+  m.def(
       "cuda_wide_gemm",
       [](uintptr_t y, uintptr_t x, uintptr_t w, int64_t M, int64_t N, int64_t K, bool silu_mul, int dtype,
          uintptr_t stream) {
@@ -55,6 +72,7 @@ static Registrar registrar([](py::module_& m) {
   m.attr("cuda_wide_max_m") = cuda::kWideMaxM;
   m.attr("cuda_skinny_max_m") = cuda::kSkinnyMaxM;
   m.attr("cuda_skinny_chunk_k") = cuda::kSkinnyChunkK;
+  m.attr("cuda_skinny_kn_max_m") = cuda::kSkinnyKnMaxM;
   m.def(
       "cuda_rms_norm",
       [](uintptr_t out, uintptr_t x, uintptr_t w, int64_t rows, int64_t hidden, float eps, int dtype, uintptr_t stream) {

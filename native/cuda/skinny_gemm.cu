@@ -13,6 +13,7 @@
 #include "cuda/common.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/skinny_gemm.h"
+#include "cuda/split_k.cuh"
 
 namespace candle_vllm::cuda {
 namespace {
@@ -178,25 +179,10 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(T* __restrict_
   // The tile's final sums, [token][row], so the output stage can pair rows (gate r with up r + 8).
   __shared__ float tile_sums[NT * 8][17];
   if (splits > 1) {
+    size_t at[kPer];
 #pragma unroll
-    for (int r = 0; r < kPer; ++r)
-      if (valid[r]) partials[(static_cast<size_t>(split) * M + toks[r]) * N + tile * 16 + rows[r]] = sums[r];
-    __threadfence();
-    __syncthreads();
-    __shared__ bool is_last;
-    if (threadIdx.x == 0) is_last = atomicAdd(&counters[tile], 1) == splits - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-#pragma unroll
-    for (int r = 0; r < kPer; ++r) {
-      if (!valid[r]) continue;
-      float s = 0.f;
-      for (int p = 0; p < splits; ++p)
-        s += __ldcg(&partials[(static_cast<size_t>(p) * M + toks[r]) * N + tile * 16 + rows[r]]);
-      sums[r] = s;
-    }
-    if (threadIdx.x == 0) counters[tile] = 0;
+    for (int r = 0; r < kPer; ++r) at[r] = static_cast<size_t>(toks[r]) * N + tile * 16 + rows[r];
+    if (!serial_split_k(sums, at, valid, partials, static_cast<size_t>(M) * N, &counters[tile], split, splits)) return;
   }
 #pragma unroll
   for (int r = 0; r < kPer; ++r)

@@ -69,9 +69,10 @@ def _split_counters(device_index: int) -> torch.Tensor:
 # ---- skinny GEMM (decode linear layers) -------------------------------------------------------------------
 
 
-def gemm_operands_ok(x: torch.Tensor, weight: torch.Tensor, max_m: int) -> bool:
-    """What the native decode GEMMs need of ``x @ weight.T``: 2-D x [1..max_m, K], weight [N, K], both f16/bf16 of
-    one dtype on one CUDA device, contiguous, 16-byte aligned, K a multiple of 8."""
+def gemm_operands_ok(x: torch.Tensor, weight: torch.Tensor, max_m: int, k_dim: int = 1) -> bool:
+    """What the native decode GEMMs need of ``x @ weight.T``: 2-D x [1..max_m, K], weight [N, K] (``k_dim`` 0: a
+    weight stored [K, N]), both f16/bf16 of one dtype on one CUDA device, contiguous, 16-byte aligned, K a multiple
+    of 8."""
     return (
         available(x.device)
         and x.dim() == 2
@@ -80,7 +81,7 @@ def gemm_operands_ok(x: torch.Tensor, weight: torch.Tensor, max_m: int) -> bool:
         and weight.dtype == x.dtype
         and weight.device == x.device
         and 1 <= x.shape[0] <= max_m
-        and x.shape[1] == weight.shape[1]
+        and x.shape[1] == weight.shape[k_dim]
         and x.shape[1] % 8 == 0
         and x.is_contiguous()
         and weight.is_contiguous()

@@ -12,7 +12,7 @@ from _cuda_helpers import REL_TOL, gemm_case, poison_allocator, rel_error
 
 from candle_vllm.pyengine.ops import cuda, cuda_wide
 from candle_vllm.pyengine.ops.activation import interleave_gate_up
-from candle_vllm.pyengine.quant.unquantized import UnquantizedLinear
+from candle_vllm.pyengine.quant.unquantized import KN_ENV, UnquantizedLinear
 
 pytestmark = pytest.mark.cuda
 DEV = torch.device("cuda")
@@ -64,6 +64,7 @@ def test_graph_replay_follows_new_inputs() -> None:
 
 
 def test_linear_layer_sends_tall_weights_of_17_to_64_rows_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(KN_ENV, "0")  # a gate/up weight kept [N, K], as the wide kernel reads it
     tall = 2 * 256 * cuda.sm_count(0)  # two full waves of 256-row tiles, as the LM head
     assert not cuda_wide.fills_waves(256 * cuda.sm_count(0) + 16, cuda.sm_count(0))  # a second wave of one tile
     _, w = gemm_case(1, tall, 64, torch.bfloat16, seed=5)
