@@ -3,6 +3,7 @@
     python benches/bench_quant_cuda.py                 # every type, the 8B shapes, M = 1 (and M = 8 for some)
     python benches/bench_quant_cuda.py --types q4k q8_0 --m 1 4 8 --kernels dp4a --json out.json
     python benches/bench_quant_cuda.py --sweep-rows    # dp4a at M = 1: every rows-per-CTA launch
+    python benches/bench_quant_cuda.py --sweep-rows --m 2 4 8 --codes --types q4_0 q8_0   # several tokens
 
 Both GEMV kernels are timed where a type has them: "dp4a" (x rounded to int8 per 32 values, its own small
 launch included in the time, or with --codes the codes written beforehand, as the decode path's RMSNorm and SiLU
@@ -18,9 +19,9 @@ its quantizer launch included; --mmq-row-tiles / --mmq-warps / --mmq-staging tim
 its two kernels: weights in flight in registers or streamed through shared memory); dp4a and mma run batches
 above 8 rows in 8-row passes, as ops.quant does.
 
---sweep-rows times the dp4a GEMV at one token for every launch choice (weight rows per CTA 2/4/8; all give the
-same bits) on the four 8B shapes, marks the default launch, prints the best per (type, shape) and what the best
-choices would save per Llama-3-8B decode step (32 layers of the four shapes).
+--sweep-rows times the dp4a GEMV at each --m for every launch choice (weight rows per CTA 2/4/8, 2/4 from three
+tokens; all give the same bits) on the four 8B shapes, marks the default launch, prints the best per (type, tokens,
+shape) and what the best choices would save per Llama-3-8B decode step (32 layers of the four shapes).
 """
 
 from __future__ import annotations
@@ -47,7 +48,6 @@ SCALE_FIELDS = {QT.Q4_0: (0,), QT.Q4_1: (0, 2), QT.Q5_0: (0,), QT.Q5_1: (0, 2), 
                 QT.Q3_K: (108,), QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,)}
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 SWEEP_TYPES = ["q4k", "q5k", "q4_0", "q8_0", "q6k"]
-ROW_CHOICES = (2, 4, 8)
 LAYERS_8B = 32
 LM_HEAD = (128256, 4096)
 DEV = torch.device("cuda")
@@ -123,10 +123,16 @@ def figures(w: list[torch.Tensor], launch: Callable[[torch.Tensor], object]) -> 
 
 
 
-def sweep_rows(names: list[str], gen: torch.Generator) -> list[dict[str, Any]]:
-    """Every one-token dp4a launch choice per type and 8B shape, on the same weight copies."""
+def row_choices(m: int) -> tuple[int, ...]:
+    """The dp4a launch's rows-per-CTA choices for ``m`` tokens (8 only for one or two)."""
+    return (2, 4, 8) if m <= 2 else (2, 4)
+
+
+def sweep_rows(names: list[str], ms: list[int], codes: bool, gen: torch.Generator) -> list[dict[str, Any]]:
+    """Every dp4a launch choice (rows per CTA) per type, token count and 8B shape, on the same weight copies;
+    ``codes``: the GEMV reads int8 codes an RMSNorm wrote beforehand (no quantizer launch), as in decode."""
     rows: list[dict[str, Any]] = []
-    print(f"{'type':6s} {'shape':>12s} {'rows':>4s} {'us':>9s} {'GB/s':>7s} {'%':>6s}")
+    print(f"{'type':6s} {'M':>2s} {'shape':>12s} {'rows':>4s} {'us':>9s} {'GB/s':>7s} {'%':>6s}")
     for name in names:
         qtype = TYPES[name]
         if not cuda_gguf.dp4a_supported(qtype):
@@ -134,40 +140,42 @@ def sweep_rows(names: list[str], gen: torch.Generator) -> list[dict[str, Any]]:
             continue
         for n, k in SHAPES:
             w = [random_blocks(qtype, n, k, gen) for _ in range(copies_for(n * k // 2))]
-            x = torch.randn(1, k, device=DEV, dtype=torch.bfloat16, generator=gen)
-            default = cuda_gguf.gemv_rows(qtype, 1, n, k)
-            for r in ROW_CHOICES:
-                fig = figures(w, lambda d, r=r, x=x, q=qtype, n=n, k=k: cuda_gguf.gemv(x, d, q, n, k, kernel="dp4a",
-                                                                                      rows=r))
-                row = {"type": name, "n": n, "k": k, "rows": r, "default": r == default, **fig}
-                rows.append(row)
-                print(f"{name:6s} {n:>6d}x{k:<5d} {r:>4d} {fig['us']:9.2f} {fig['gb_s']:7.0f}"
-                      f" {100 * fig['fraction']:5.1f}%{'  default' if row['default'] else ''}", flush=True)
+            for m in ms:
+                dense = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
+                x = rms_norm(dense, torch.ones(k, device=DEV, dtype=torch.bfloat16), 1e-5, q8=32) if codes else dense
+                default = cuda_gguf.gemv_rows(qtype, m, n, k)
+                for r in row_choices(m):
+                    fig = figures(w, lambda d, r=r, x=x, q=qtype, n=n, k=k: cuda_gguf.gemv(x, d, q, n, k,
+                                                                                          kernel="dp4a", rows=r))
+                    row = {"type": name, "m": m, "n": n, "k": k, "rows": r, "default": r == default, **fig}
+                    rows.append(row)
+                    print(f"{name:6s} {m:>2d} {n:>6d}x{k:<5d} {r:>4d} {fig['us']:9.2f} {fig['gb_s']:7.0f}"
+                          f" {100 * fig['fraction']:5.1f}%{'  default' if row['default'] else ''}", flush=True)
             del w
     print_sweep_summary(rows)
     return rows
 
 
 def print_sweep_summary(rows: list[dict[str, Any]]) -> None:
-    """Best launch per (type, shape) against the default, and the 8B decode step's GEMV time both ways."""
-    print("\nbest per (type, shape):")
-    step: dict[str, list[float]] = {}
-    for name in dict.fromkeys(str(r["type"]) for r in rows):
+    """Best launch per (type, tokens, shape) against the default, and the 8B decode step's GEMV time both ways."""
+    print("\nbest per (type, tokens, shape):")
+    step: dict[tuple[str, int], list[float]] = {}
+    for name, m in dict.fromkeys((str(r["type"]), int(r["m"])) for r in rows):
         for n, k in SHAPES:
-            cands = [r for r in rows if r["type"] == name and (r["n"], r["k"]) == (n, k)]
+            cands = [r for r in rows if (r["type"], r["m"], r["n"], r["k"]) == (name, m, n, k)]
             if not cands:
                 continue
             best = min(cands, key=lambda r: float(r["us"]))
             default = next(r for r in cands if r["default"])
             b_us, d_us = float(best["us"]), float(default["us"])
-            print(f"{name:6s} {n:>6d}x{k:<5d} best rows={best['rows']}: {b_us:8.2f} us"
+            print(f"{name:6s} M={m} {n:>6d}x{k:<5d} best rows={best['rows']}: {b_us:8.2f} us"
                   f" ({100 * float(best['fraction']):5.1f} %), default rows={default['rows']}: {d_us:8.2f} us"
                   f" ({100 * float(default['fraction']):5.1f} %), x{d_us / b_us:.3f}")
-            totals = step.setdefault(name, [0.0, 0.0])
+            totals = step.setdefault((name, m), [0.0, 0.0])
             totals[0] += LAYERS_8B * d_us
             totals[1] += LAYERS_8B * b_us
-    for name, (d_total, b_total) in step.items():
-        print(f"{name:6s} 8B decode step GEMVs ({LAYERS_8B} layers, 4 shapes): default {d_total / 1e3:.3f} ms, "
+    for (name, m), (d_total, b_total) in step.items():
+        print(f"{name:6s} M={m} 8B decode step GEMVs ({LAYERS_8B} layers, 4 shapes): default {d_total / 1e3:.3f} ms, "
               f"best per shape {b_total / 1e3:.3f} ms (saves {(d_total - b_total) / 1e3:.3f} ms)")
 
 
@@ -205,12 +213,12 @@ def main() -> None:
     ap.add_argument("--no-dequant", action="store_true", help="skip the dequantize throughput rows")
     ap.add_argument("--no-dense", action="store_true", help="skip the bf16 skinny-GEMM baseline rows")
     ap.add_argument("--sweep-rows", action="store_true",
-                    help="only the dp4a one-token launch choices (rows per CTA) on the 8B shapes")
+                    help="only the dp4a launch choices (rows per CTA) at each --m (up to 8) on the 8B shapes")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     gen = torch.Generator(DEV).manual_seed(0)
     if args.sweep_rows:
-        swept = sweep_rows(args.types or SWEEP_TYPES, gen)
+        swept = sweep_rows(args.types or SWEEP_TYPES, args.m, args.codes, gen)
         if args.json:
             Path(args.json).write_text(json.dumps(swept, indent=1))
         return

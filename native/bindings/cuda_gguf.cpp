@@ -40,8 +40,8 @@ static Registrar registrar([](py::module_& m) {
       },
       py::arg("y"), py::arg("x"), py::arg("xq"), py::arg("xb"), py::arg("w"), py::arg("M"), py::arg("N"), py::arg("K"),
       py::arg("qtype"), py::arg("dtype"), py::arg("stream"), py::arg("rows") = 0,
-      "y[M,N] = x[M,K] @ W[N,K]^T for M <= 8: x quantized to int8 blocks into scratch xq/xb, then dp4a; one token "
-      "may pick rows per CTA (2/4/8, 0 = default rule; same bits)");
+      "y[M,N] = x[M,K] @ W[N,K]^T for M <= 8: x quantized to int8 blocks into scratch xq/xb, then dp4a; rows per "
+      "CTA 2/4/8 (2/4 from three tokens), 0 = default rule; same bits");
   m.def(
       "cuda_gguf_gemv_q8_quantized",
       [](uintptr_t y, uintptr_t xq, uintptr_t xb, uintptr_t w, int64_t M, int64_t N, int64_t K, int qtype, int dtype,

@@ -33,8 +33,8 @@ bool gguf_gemv_q8_supported(int qtype);
 // The same product with x first quantized to int8 per 32-element block (scale amax / 127, written to the
 // caller's scratch: xq [M * K] int8, xb [M * K / 32] blocks of kGgufXBlockBytes), then dp4a dot products
 // against the weight codes. K a multiple of 32; x, xq, w 16-byte aligned, xb 8-byte aligned; y f16/bf16 as x.
-// One token (M = 1) may pick the weight rows per CTA (2, 4 or 8; 0: the default rule, gguf_gemv_q8_rows); every
-// choice gives the same bits. Several tokens take rows = 0.
+// rows picks the weight rows per CTA (2, 4 or 8 for one or two tokens, 2 or 4 from three up; 0: the default rule,
+// gguf_gemv_q8_rows); every choice gives the same bits.
 void gguf_gemv_q8(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
                   int qtype, DType dtype, std::uintptr_t stream, int rows = 0);
 

@@ -1,6 +1,8 @@
 // Host side of the dp4a GGUF decode GEMV (kernels and design: gguf_gemv_q8_kernel.cuh): argument checks, the
 // launch choices (rows per CTA; the loop form: pipelined Q4_K, row-by-row Q2_K) and the entry points declared in
 // gguf.h.
+#include <type_traits>
+
 #include "cuda/gguf_gemv_q8_kernel.cuh"
 #include "cuda/gguf_mmq.h"
 #include "cuda/gguf_mmq_staged.h"
@@ -83,11 +85,12 @@ int default_rows_at_m1(int n, int k) {
   else return type == gguf::Q4_0 || type == gguf::Q6_K || type == gguf::Q3_K || type == gguf::Q8_0 ? 4 : 2;
 }
 
-// Rows per CTA for M tokens: the one-token choice (0: the default rule), 2 for two tokens, 4 from four tokens up
+// Rows per CTA for M tokens: the caller's choice, else the one-token rule, 2 for two tokens and 4 from three up
 // (each activation load then serves 4 rows); measured sweeps in benches/RESULTS.md.
 template <class Q>
 int rows_for(int m, int n, int k, int rows) {
-  if (m == 1) return rows != 0 ? rows : default_rows_at_m1<Q>(n, k);
+  if (rows != 0) return rows;
+  if (m == 1) return default_rows_at_m1<Q>(n, k);
   return m == 2 ? 2 : 4;
 }
 
@@ -102,12 +105,14 @@ void check_gemv_args(const char* what, int64_t M, int64_t N, int64_t K, const vo
   if (dtype != DType::F16 && dtype != DType::BF16) throw std::invalid_argument(op + ": dtype must be f16 or bf16");
 }
 
+// The rows-per-CTA choices: 2, 4 or 8 for one or two tokens, 2 or 4 from three tokens up (8 rows of 4-8 tokens
+// would hold 32-64 sums per thread).
 void check_launch_choice(const char* what, int64_t M, int rows) {
-  const std::string op(what);
-  if (rows != 0 && rows != 2 && rows != 4 && rows != 8)
-    throw std::invalid_argument(op + ": rows must be 0 (the default rule), 2, 4 or 8, got " + std::to_string(rows));
-  if (M != 1 && rows != 0)
-    throw std::invalid_argument(op + ": rows is a one-token choice (M = 1); pass rows=0 for M = " + std::to_string(M));
+  const bool eight = M <= 2;
+  if (rows != 0 && rows != 2 && rows != 4 && !(eight && rows == 8))
+    throw std::invalid_argument(std::string(what) + ": rows must be 0 (the default rule), 2, 4" +
+                                (eight ? " or 8" : " (8 only for one or two tokens)") + ", got " +
+                                std::to_string(rows) + " for M = " + std::to_string(M));
 }
 
 // x's int8 codes and blocks into xq/xb, one scale per group of 32 or 256 values (the kernel's own quantizer
@@ -155,18 +160,22 @@ void launch_q8(const char* what, void* y, const int8_t* xq, const XBlock* xb, co
   const bool known = gguf::dispatch_q8(qtype, [&](auto tag) {
     using Q = decltype(tag);
     if (K % Q::kBlockElems != 0) throw std::invalid_argument(std::string(what) + ": K must be a whole number of blocks");
-    if (m == 1) {
-      switch (rows_for<Q>(m, n, k, rows)) {
-        case 2: launch_gemv<Q, 1, 2>(y, bf16, xq, xb, w, 1, n, k, rope, s); break;
-        case 4: launch_gemv<Q, 1, 4>(y, bf16, xq, xb, w, 1, n, k, rope, s); break;
-        default: launch_gemv<Q, 1, 8>(y, bf16, xq, xb, w, 1, n, k, rope, s); break;
-      }
-    } else if (m == 2) {
-      launch_gemv<Q, 2, 2>(y, bf16, xq, xb, w, m, n, k, rope, s);
+    const int r = rows_for<Q>(m, n, k, rows);
+    if (m <= 2) {
+      auto by_rows = [&](auto tokens) {
+        constexpr int kM = decltype(tokens)::value;
+        if (r == 2) launch_gemv<Q, kM, 2>(y, bf16, xq, xb, w, m, n, k, rope, s);
+        else if (r == 4) launch_gemv<Q, kM, 4>(y, bf16, xq, xb, w, m, n, k, rope, s);
+        else launch_gemv<Q, kM, 8>(y, bf16, xq, xb, w, m, n, k, rope, s);
+      };
+      if (m == 1) by_rows(std::integral_constant<int, 1>{});
+      else by_rows(std::integral_constant<int, 2>{});
     } else if (m <= 4) {
-      launch_gemv<Q, 4, 4>(y, bf16, xq, xb, w, m, n, k, rope, s);
+      if (r == 2) launch_gemv<Q, 4, 2>(y, bf16, xq, xb, w, m, n, k, rope, s);
+      else launch_gemv<Q, 4, 4>(y, bf16, xq, xb, w, m, n, k, rope, s);
     } else {
-      launch_gemv<Q, 8, 4>(y, bf16, xq, xb, w, m, n, k, rope, s);
+      if (r == 2) launch_gemv<Q, 8, 2>(y, bf16, xq, xb, w, m, n, k, rope, s);
+      else launch_gemv<Q, 8, 4>(y, bf16, xq, xb, w, m, n, k, rope, s);
     }
   });
   if (!known)

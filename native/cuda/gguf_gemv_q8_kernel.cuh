@@ -13,9 +13,9 @@
 // its integer instruction issue (decoding), not by loads in flight: a persistent variant that staged weights
 // through shared memory with cp.async several tasks ahead ran 1.4-2x slower on the H200.
 //
-// One token (M = 1) takes R in {2, 4, 8} as a launch choice (rows = 0: default_rows_at_m1). Every choice gives
-// the same bits: each output row is summed by the same threads over the same slots in the same order, and
-// reduced the same way.
+// R is a launch choice: 2, 4 or 8 for one or two tokens, 2 or 4 from three up (rows = 0: default_rows_at_m1 at one
+// token, 2 at two, 4 from three). Every choice gives the same bits: each output row is summed by the same threads
+// over the same slots in the same order, and reduced the same way.
 //
 // The RoPE + cache epilogue (gguf_gemv_q8_rope_cache) is the same kernel with another store: the q/k rows of a
 // fused q/k/v weight hold each head's halves interleaved in pairs (rows i and half + i of a head adjacent, pair
@@ -86,7 +86,7 @@ constexpr OneTokenBounds one_token_bounds(int type) {
 
 template <class Q, int M, int R>
 constexpr int min_ctas() {
-  if (M == 2 && type_of<Q>() == gguf::Q6_K) return kQ6KTwoTokenCtas;
+  if (M == 2 && R == 2 && type_of<Q>() == gguf::Q6_K) return kQ6KTwoTokenCtas;
   if (M != 1) return 1;
   const OneTokenBounds b = one_token_bounds(type_of<Q>());
   return (R == 2 ? b.r2 : R == 4 ? b.r4 : b.r8) * 128 / cta_threads<Q>();

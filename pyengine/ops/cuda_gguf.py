@@ -122,8 +122,9 @@ def gemv(
     dp4a when the type has it. A :class:`Q8Activation` x brings its codes (written by the kernel that produced
     it): dp4a then skips its quantizer launch, with the same result; mma uses its dense ``x``.
 
-    ``rows`` tunes dp4a at one token (M = 1) and exists so benchmarks can compare launches: the weight rows per
-    CTA (2, 4 or 8; 0 = the kernel's default rule, see :func:`gemv_rows`). Every choice gives the same bits.
+    ``rows`` tunes dp4a's launch and exists so benchmarks can compare launches: the weight rows per CTA (2, 4 or 8
+    for one or two tokens, 2 or 4 from three up; 0 = the kernel's default rule, see :func:`gemv_rows`). Every choice
+    gives the same bits.
     """
     q8 = x if isinstance(x, Q8Activation) else None
     x = dense(x)

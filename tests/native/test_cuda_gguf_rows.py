@@ -1,5 +1,5 @@
-"""The dp4a GGUF GEMV's one-token launch choices (weight rows per CTA) give the default's bits, and the default
-rule picks what the H200 sweep measured fastest.
+"""The dp4a GGUF GEMV's launch choices (weight rows per CTA, at one token and at several) give the default's bits,
+and the default rule picks what the H200 sweep measured fastest.
 
 Every choice only changes which CTA owns a row: each output row is still summed by the same threads over the same
 blocks in the same order and reduced the same way, so the result must be bit-identical to the default launch
@@ -22,7 +22,11 @@ from candle_vllm.pyengine.ops.q8_activation import BLOCK, Q8Activation
 pytestmark = pytest.mark.cuda
 DEV = torch.device("cuda")
 DP4A_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K]
-ROWS = (0, 2, 4, 8)
+ROWS = (0, 2, 4, 8)  # one or two tokens; from three up, 8 is refused
+
+
+def rows_choices(m: int) -> tuple[int, ...]:
+    return ROWS if m <= 2 else ROWS[:-1]
 # The H200 sweep (132 SMs, bench_quant_cuda.py --sweep-rows) at one token on the Llama-3-8B output sizes
 # N = 6144, 4096, 28672 (K 4096) and 4096 (K 14336): the faster of R = 4 and R = 8 where they differ by more than
 # 2 % (q4k 7.51 / 7.51, 5.34 / 4.96, 20.61 / 23.40, 12.59 / 12.71 us; q5k 8.65 / 9.03, 5.94 / 5.79, 27.04 / 30.05,
@@ -45,18 +49,19 @@ def expected_rows(qtype: QT, n: int, k: int) -> int | None:
 
 
 
+@pytest.mark.parametrize("m", [1, 2, 3, 8])
 @pytest.mark.parametrize("k", [14336, 768])
 @pytest.mark.parametrize("qtype", DP4A_TYPES, ids=lambda t: t.name)
-def test_every_launch_choice_equals_the_default(qtype: QT, k: int) -> None:
+def test_every_launch_choice_equals_the_default(qtype: QT, k: int, m: int) -> None:
     n = 333
     raw = random_blocks(qtype, n, k, seed=7 * int(qtype) + k)
     data = device_blocks(raw, qtype)
-    x = torch.randn(1, k, generator=torch.Generator().manual_seed(k + int(qtype))).to(torch.bfloat16)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(k + int(qtype) + m)).to(torch.bfloat16)
     want = cuda_gguf.gemv(x.to(DEV), data, qtype, n, k, kernel="dp4a")
     assert_dp4a_within(want, x, oracle(raw, qtype, n, k).double())
-    for rows in ROWS:
+    for rows in rows_choices(m):
         got = cuda_gguf.gemv(x.to(DEV), data, qtype, n, k, kernel="dp4a", rows=rows)
-        assert torch.equal(got, want), f"{qtype.name} K={k} rows={rows}: bits differ"
+        assert torch.equal(got, want), f"{qtype.name} K={k} M={m} rows={rows}: bits differ"
 
 
 @pytest.mark.parametrize("qtype", DP4A_TYPES, ids=lambda t: t.name)
@@ -75,22 +80,23 @@ def test_pipelined_one_token_rows_equal_the_plain_loop(qtype: QT) -> None:
     assert torch.equal(one[0], two[0]), f"{qtype.name}: bits differ"
 
 
+@pytest.mark.parametrize("m", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_choices_on_quantized_activations(dtype: torch.dtype) -> None:
+def test_choices_on_quantized_activations(dtype: torch.dtype, m: int) -> None:
     """The path that takes codes a producer kernel wrote (no quantizer launch) honours the choices too."""
     qtype, n, k = QT.Q4_K, 517, 4096
     raw = random_blocks(qtype, n, k, seed=3)
     data = device_blocks(raw, qtype)
-    x = torch.randn(1, k, generator=torch.Generator().manual_seed(3)).to(dtype).to(DEV)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(3)).to(dtype).to(DEV)
     mod = native.loaded()
-    xq = torch.empty(1, k, dtype=torch.int8, device=DEV)
-    xb = torch.empty(1, k // BLOCK * mod.cuda_gguf_xblock_bytes, dtype=torch.uint8, device=DEV)
-    want = torch.empty(1, n, dtype=dtype, device=DEV)
-    mod.cuda_gguf_gemv_q8(want.data_ptr(), x.data_ptr(), xq.data_ptr(), xb.data_ptr(), data.data_ptr(), 1, n, k,
+    xq = torch.empty(m, k, dtype=torch.int8, device=DEV)
+    xb = torch.empty(m, k // BLOCK * mod.cuda_gguf_xblock_bytes, dtype=torch.uint8, device=DEV)
+    want = torch.empty(m, n, dtype=dtype, device=DEV)
+    mod.cuda_gguf_gemv_q8(want.data_ptr(), x.data_ptr(), xq.data_ptr(), xb.data_ptr(), data.data_ptr(), m, n, k,
                           int(qtype), native.dtype_code(x), native.stream(DEV))
     assert_dp4a_within(want, x.cpu(), oracle(raw, qtype, n, k).double())
     q8 = Q8Activation(x, xq, xb, 32)
-    for rows in ROWS:
+    for rows in rows_choices(m):
         got = cuda_gguf.gemv(q8, data, qtype, n, k, rows=rows)
         assert torch.equal(got, want), f"rows={rows}: bits differ"
 
@@ -98,9 +104,9 @@ def test_choices_on_quantized_activations(dtype: torch.dtype) -> None:
 def test_unsupported_choices_are_refused() -> None:
     qtype, n, k = QT.Q8_0, 64, 256
     data = device_blocks(random_blocks(qtype, n, k, seed=1), qtype)
-    x = torch.randn(2, k, device=DEV, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="one-token choice"):
-        cuda_gguf.gemv(x, data, qtype, n, k, rows=4)
+    x = torch.randn(3, k, device=DEV, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="8 only for one or two tokens"):
+        cuda_gguf.gemv(x, data, qtype, n, k, rows=8)
     for rows in (1, 3, 16):
         with pytest.raises(ValueError, match="rows must be"):
             cuda_gguf.gemv(x[:1], data, qtype, n, k, rows=rows)
@@ -109,10 +115,11 @@ def test_unsupported_choices_are_refused() -> None:
 
 
 def test_gemv_rows_reports_the_launch() -> None:
-    """An explicit choice is what launches; several tokens keep their fixed tiles (2 rows for two tokens, 4 from
-    three up); one token takes the measured per-type rows, and R = 4 or 8 for Q4_K/Q5_K."""
+    """An explicit choice is what launches; by default several tokens keep their fixed tiles (2 rows for two tokens,
+    4 from three up); one token takes the measured per-type rows, and R = 4 or 8 for Q4_K/Q5_K."""
     for qtype in DP4A_TYPES:
-        assert cuda_gguf.gemv_rows(qtype, 1, 4096, 4096, rows=8) == 8
+        assert [cuda_gguf.gemv_rows(qtype, m, 4096, 4096, rows=r) for m, r in ((1, 8), (2, 8), (2, 4), (8, 2))] == [
+            8, 8, 4, 2]
         assert [cuda_gguf.gemv_rows(qtype, m, 4096, 4096) for m in (2, 3, 8)] == [2, 4, 4]
         for n, k in ((1, 256), (333, 768), *zip(H200_SHAPES_N, H200_SHAPES_K, strict=True), (128256, 4096)):
             want = expected_rows(qtype, n, k)
