@@ -68,30 +68,34 @@ int rows_by_waves(int n) {
 }
 
 // The rows per CTA a one-token launch with rows = 0 uses. Measured on the H200 (bench_quant_cuda.py
-// --sweep-rows, four Llama-3-8B shapes): Q4_0 R = 4 beat R = 2 on all four (6.74 -> 6.37, 5.77 -> 4.70,
-// 21.83 -> 19.56, 12.41 -> 11.37 us); Q6_K (64-thread CTAs of 64-weight parts) R = 4 best or within 1 % on all
-// four (R = 2 -> 4: 11.03 -> 10.85, 7.66 -> 7.22, 36.38 -> 36.77, 21.91 -> 19.36 us); Q8_0 R = 4 (session 27, two
-// sweeps, R = 2 -> 4: 4096x4096 6.74 -> 6.41 and 6.81 -> 6.50, 6144x4096 8.77 -> 8.65 and 8.89 -> 8.79, 28672x4096
-// 32.27 -> 32.17 and 32.72 -> 32.56, 4096x14336 19.43 -> 19.52 and 19.59 -> 19.52 us; R = 8 lost the short grids by
-// 6-17 %). Q4_1, Q5_0, Q5_1 were not swept and keep R = 2. Q3_K: R = 4 best on all four (R = 4 / 8:
-// 8.34 / 10.05, 5.81 / 6.43, 28.50 / 33.98, 16.28 / 17.74 us); Q2_K (the row-by-row loop, session 27): R = 8 on
-// N 4096 / 6144 (4.15 / 6.08 us), R = 4 on the long grid and the long rows (28672x4096 18.55 against 19.76 us at
-// R = 8, 4096x14336 11.05 against 11.34), taken here as R = 4 for weights of more than 2^25 elements.
+// --sweep-rows, four Llama-3-8B shapes): the 32-element types take R = 4 (session 33, --codes, us summed over the
+// four shapes, R = 2 / 4 / 8: q4_0 42.2 / 36.9 / 41.9, q4_1 42.8 / 38.6 / 39.2, q5_0 48.6 / 42.7 / 44.2, q5_1 48.8 /
+// 44.0 / 45.6, q8_0 65.9 / 60.9 / 62.0; R = 8 won only q4_1's and q5_0's 4096x14336, by 1-5 %); Q6_K (64-thread
+// CTAs of 64-weight parts) R = 4 best or within 1 % on all four (R = 2 -> 4: 11.03 -> 10.85, 7.66 -> 7.22, 36.38 ->
+// 36.77, 21.91 -> 19.36 us); Q3_K: R = 4 best on all four (R = 4 / 8: 8.34 / 10.05, 5.81 / 6.43, 28.50 / 33.98,
+// 16.28 / 17.74 us); Q2_K (the row-by-row loop, session 27): R = 8 on N 4096 / 6144 (4.15 / 6.08 us), R = 4 on the
+// long grid and the long rows (28672x4096 18.55 against 19.76 us at R = 8, 4096x14336 11.05 against 11.34), taken
+// here as R = 4 for weights of more than 2^25 elements.
 template <class Q>
 int default_rows_at_m1(int n, int k) {
   constexpr int type = type_of<Q>();
   if constexpr (type == gguf::Q4_K || type == gguf::Q5_K) return rows_by_waves<Q>(n);
   else if constexpr (type == gguf::Q2_K) return static_cast<int64_t>(n) * k > (int64_t{1} << 25) ? 4 : 8;
-  else return type == gguf::Q4_0 || type == gguf::Q6_K || type == gguf::Q3_K || type == gguf::Q8_0 ? 4 : 2;
+  else return 4;
 }
 
-// Rows per CTA for M tokens: the caller's choice, else the one-token rule, 2 for two tokens and 4 from three up
-// (each activation load then serves 4 rows); measured sweeps in benches/RESULTS.md.
+// Rows per CTA for M tokens: the caller's choice, else the one-token rule; at two tokens 8 for the K-quants, 2 for
+// Q8_0 and 4 for the other 32-element types; 4 from three up. Session 33's sweep (--sweep-rows --m 2 4 8 --codes,
+// us summed over the four 8B shapes): at two tokens, R = 2 -> 8, q2k 71.4 -> 53.3, q3k 75.6 -> 55.1, q4k 67.9 ->
+// 52.3, q5k 75.5 -> 63.1, q6k 80.6 -> 67.8; R = 2 -> 4 under the several-token bound (gguf_gemv_q8_kernel.cuh),
+// q4_0 54.9 -> 51.0, q4_1 58.6 -> 49.4, q5_0 56.7 -> 54.6, q5_1 57.6 -> 54.5, but q8_0 65.0 -> 66.0; at four and
+// eight tokens R = 4 beat R = 2 on every type by 6-60 %.
 template <class Q>
 int rows_for(int m, int n, int k, int rows) {
   if (rows != 0) return rows;
   if (m == 1) return default_rows_at_m1<Q>(n, k);
-  return m == 2 ? 2 : 4;
+  if (m == 2) return cta_threads<Q>() == 64 ? 8 : type_of<Q>() == gguf::Q8_0 ? 2 : 4;
+  return 4;
 }
 
 void check_gemv_args(const char* what, int64_t M, int64_t N, int64_t K, const void* w, const void* xq,

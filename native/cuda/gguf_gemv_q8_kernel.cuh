@@ -13,8 +13,7 @@
 // its integer instruction issue (decoding), not by loads in flight: a persistent variant that staged weights
 // through shared memory with cp.async several tasks ahead ran 1.4-2x slower on the H200.
 //
-// R is a launch choice: 2, 4 or 8 for one or two tokens, 2 or 4 from three up (rows = 0: default_rows_at_m1 at one
-// token, 2 at two, 4 from three). Every choice gives the same bits: each output row is summed by the same threads
+// R is a launch choice: 2, 4 or 8 for one or two tokens, 2 or 4 from three up (rows = 0: rows_for in gguf_gemv_q8.cu). Every choice gives the same bits: each output row is summed by the same threads
 // over the same slots in the same order, and reduced the same way.
 //
 // The RoPE + cache epilogue (gguf_gemv_q8_rope_cache) is the same kernel with another store: the q/k rows of a
@@ -65,9 +64,16 @@ __host__ __device__ constexpr int cta_threads() {
 //     R = 2 under the new bound is not measured);
 //   - Q2_K/Q3_K (64-thread CTAs, not yet measured): Q4_K's 4 / 1 / 1 (64 registers at R = 2 spilled 44-108
 //     bytes), 87-90 / 128-141 / 244-248 registers at R = 2 / 4 / 8.
-// Several tokens keep the compiler's choice, but Q6_K at two tokens (R = 2) asks for 9 CTAs of 64 threads: the
-// compiler's 122 registers there (106 with centred codes) left 8, and batch-2 decode ran 1.9 % slower; with 9 (96
-// registers, no spill) it is within 1 % (session 17, calls 1 and 2).
+// Several tokens: the 32-element types ask for 4 CTAs (at most 128 registers). The compiler hoists every token's
+// activation loads for all R rows (q4_0 at 4 tokens x 4 rows took 168 registers: 3 CTAs, 12 warps per SM); capped
+// at 128 they spill nothing, and the several-token sweep (session 33, bench_quant_cuda.py --sweep-rows --m 2 4 8
+// --codes, caps 64 / 96 / 128 against none, us summed over the four 8B shapes at the default rows) ran q4_0 at 8
+// tokens 122.8 -> 96.6, q4_1 122.3 -> 93.9, q5_0 108.0 -> 97.0, q5_1 109.3 -> 95.3, q8_0 119.1 -> 108.4; at 4
+// tokens 4-13 % faster, and within 1.5 % of the best cap (96) where another won. The K-quants keep the compiler's
+// choice (every cap lost or tied at 2-8 tokens), but Q6_K at two tokens and R = 2 asks for 9 CTAs of 64 threads:
+// the compiler's 122 registers there (106 with centred codes) left 8, and batch-2 decode ran 1.9 % slower; with 9
+// (96 registers, no spill) it is within 1 % (session 17, calls 1 and 2).
+constexpr int kSeveralTokenCtas = 4;
 constexpr int kQ6KTwoTokenCtas = 9;
 struct OneTokenBounds {
   int r2, r4, r8;
@@ -87,7 +93,7 @@ constexpr OneTokenBounds one_token_bounds(int type) {
 template <class Q, int M, int R>
 constexpr int min_ctas() {
   if (M == 2 && R == 2 && type_of<Q>() == gguf::Q6_K) return kQ6KTwoTokenCtas;
-  if (M != 1) return 1;
+  if (M != 1) return cta_threads<Q>() == 128 ? kSeveralTokenCtas : 1;
   const OneTokenBounds b = one_token_bounds(type_of<Q>());
   return (R == 2 ? b.r2 : R == 4 ? b.r4 : b.r8) * 128 / cta_threads<Q>();
 }

@@ -5,9 +5,10 @@ the same weight stored [N, K] (session 28), and keeping the gate/up projection [
 faster in the model (session 30). A weight is kept in one layout only, so its 1-16-token batches need this kernel,
 which reads [K, N] at the speed ``cuda.skinny_gemm`` reads [N, K]. The launch rules below are the best settings of
 session 30's probe kernel on the H200 (benches/RESULTS.md; ``benches/bench_skinny_kn.py`` sweeps this kernel's):
-strips of 64 columns; one split with 4 warps and 4 slabs per stage (2 for 9-16 tokens) where the strips fill two
-CTAs per SM (gate/up: 55.2-55.9 us at one token against skinny_gemm's 56.0-56.6), else 8 warps, the next slab
-loaded ahead, and as many splits as one wave holds (4096x14336: 29.8 us against 28.2).
+strips of 64 columns; one split with 4 warps and 2 slabs per stage where the strips fill two CTAs per SM (gate/up:
+this kernel's sweep in session 33, 56.5 / 57.0 / 60.9 us at 1 / 4 / 16 tokens against 57.8 / 58.4 at 4 slabs and
+skinny_gemm's 56.7 / 56.7 / 62.6), else 8 warps, the next slab loaded ahead, and as many splits as one wave holds
+(4096x14336: 29.8 us against 28.2).
 """
 
 from __future__ import annotations
@@ -54,14 +55,14 @@ def ctas_per_sm(
             16 if many_tokens else 1, warps, stage_slabs, silu_mul, native.DTYPE_CODES[dtype]))
 
 
-def skinny_gemm_kn_launch(n: int, k: int, sms: int, resident: Callable[[int, int], int], m: int) -> tuple[int, int, int]:
-    """(splits, warps, slabs per stage) for ``m`` tokens and a [K, N] weight (see the module docstring), with
-    ``resident(warps, stage_slabs)`` the CTAs an SM holds: the grid is sized to one wave, since call 7 (session 30)
+def skinny_gemm_kn_launch(n: int, k: int, sms: int, resident: Callable[[int, int], int]) -> tuple[int, int, int]:
+    """(splits, warps, slabs per stage) for a [K, N] weight at any token count (see the module docstring), with
+    ``resident(warps, stage_slabs)`` the CTAs an SM holds at the call's token count: the grid is sized to one wave, since call 7 (session 30)
     ran 576 CTAs where 528 fit (9 splits of 4096x14336's 64 strips) at 36.8 us against the probe's 29.8 with 512,
     and 16 tokens at 4 slabs per stage (3 CTAs per SM: gate/up's 448 strips in 1.1 waves) at 91.3 us against the
     probe's 60.1 with 2."""
     strips = n // STRIP
-    warps, stage = (4, 4 if m <= 8 else 2) if strips >= 2 * sms else (8, 1)
+    warps, stage = (4, 2) if strips >= 2 * sms else (8, 1)
     capacity = resident(warps, stage) * sms
     splits = max(1, min(16, capacity // strips, k // SLAB // (warps * stage)))
     per_split = math.ceil(k // SLAB / splits)
@@ -97,7 +98,7 @@ def skinny_gemm_kn(
     def resident(w: int, st: int) -> int:
         return ctas_per_sm(dev, m > 8, w, st, silu_mul, x.dtype)
 
-    auto = skinny_gemm_kn_launch(n, k, sm_count(dev), resident, m)
+    auto = skinny_gemm_kn_launch(n, k, sm_count(dev), resident)
     splits = auto[0] if splits is None else splits
     warps = auto[1] if warps is None else warps
     stage_slabs = auto[2] if stage_slabs is None else stage_slabs

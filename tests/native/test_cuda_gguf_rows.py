@@ -27,6 +27,8 @@ ROWS = (0, 2, 4, 8)  # one or two tokens; from three up, 8 is refused
 
 def rows_choices(m: int) -> tuple[int, ...]:
     return ROWS if m <= 2 else ROWS[:-1]
+
+
 # The H200 sweep (132 SMs, bench_quant_cuda.py --sweep-rows) at one token on the Llama-3-8B output sizes
 # N = 6144, 4096, 28672 (K 4096) and 4096 (K 14336): the faster of R = 4 and R = 8 where they differ by more than
 # 2 % (q4k 7.51 / 7.51, 5.34 / 4.96, 20.61 / 23.40, 12.59 / 12.71 us; q5k 8.65 / 9.03, 5.94 / 5.79, 27.04 / 30.05,
@@ -35,10 +37,14 @@ H200_SMS = 132
 H200_SHAPES_N = (6144, 4096, 28672, 4096)
 H200_SHAPES_K = (4096, 4096, 4096, 14336)
 H200_FASTER = {QT.Q4_K: (None, 8, 4, None), QT.Q5_K: (4, 8, 4, None)}
-# Measured per type (Q4_0, Q8_0, Q3_K: R = 4 best on the four shapes or within 1 %; Q6_K: R = 4 best or within 1 %);
-# the unswept types keep R = 2. Q2_K: R = 8 on the small weights, 4 on those of more than 2^25 elements (the long
-# grid and the long rows stream better with more CTAs per SM).
-FIXED_ROWS = {QT.Q4_0: 4, QT.Q8_0: 4, QT.Q6_K: 4, QT.Q4_1: 2, QT.Q5_0: 2, QT.Q5_1: 2, QT.Q3_K: 4}
+# Measured per type at one token: R = 4 best over the four shapes for the 32-element types (session 33), Q3_K and
+# Q6_K (best or within 1 %). Q2_K: R = 8 on the small weights, 4 on those of more than 2^25 elements (the long grid
+# and the long rows stream better with more CTAs per SM).
+FIXED_ROWS = {QT.Q4_0: 4, QT.Q4_1: 4, QT.Q5_0: 4, QT.Q5_1: 4, QT.Q8_0: 4, QT.Q6_K: 4, QT.Q3_K: 4}
+# Two tokens (session 33's sweep, the four shapes summed): 8 rows for the K-quants, 4 for the 32-element types but
+# Q8_0, whose 2 rows stayed faster.
+TWO_TOKEN_ROWS = {QT.Q8_0: 2, **{t: 4 for t in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1)},
+                  **{t: 8 for t in (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K)}}
 
 
 def expected_rows(qtype: QT, n: int, k: int) -> int | None:
@@ -46,7 +52,6 @@ def expected_rows(qtype: QT, n: int, k: int) -> int | None:
     if qtype == QT.Q2_K:
         return 4 if n * k > 1 << 25 else 8
     return FIXED_ROWS.get(qtype)
-
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 8])
@@ -115,12 +120,12 @@ def test_unsupported_choices_are_refused() -> None:
 
 
 def test_gemv_rows_reports_the_launch() -> None:
-    """An explicit choice is what launches; by default several tokens keep their fixed tiles (2 rows for two tokens,
-    4 from three up); one token takes the measured per-type rows, and R = 4 or 8 for Q4_K/Q5_K."""
+    """An explicit choice is what launches; by default two tokens take the measured per-type rows and three or more
+    4; one token takes the measured per-type rows, and R = 4 or 8 for Q4_K/Q5_K."""
     for qtype in DP4A_TYPES:
         assert [cuda_gguf.gemv_rows(qtype, m, 4096, 4096, rows=r) for m, r in ((1, 8), (2, 8), (2, 4), (8, 2))] == [
             8, 8, 4, 2]
-        assert [cuda_gguf.gemv_rows(qtype, m, 4096, 4096) for m in (2, 3, 8)] == [2, 4, 4]
+        assert [cuda_gguf.gemv_rows(qtype, m, 4096, 4096) for m in (2, 3, 8)] == [TWO_TOKEN_ROWS[qtype], 4, 4]
         for n, k in ((1, 256), (333, 768), *zip(H200_SHAPES_N, H200_SHAPES_K, strict=True), (128256, 4096)):
             want = expected_rows(qtype, n, k)
             got = cuda_gguf.gemv_rows(qtype, 1, n, k)
