@@ -345,6 +345,15 @@ GEMV_PASSES_MAX_ROWS = 16
 #     narrow at 2 38.5 / 36.7, wide at 2 41.8 / 34.8; q5_0 at 5 51.3 / 44.1 and 60.8 / 41.4 (4: 34.2 / 45.7, 37.6 /
 #     43.3); q8_0 at 5 57.5 / 47.9 and 69.0 / 46.0 (4: 41.3 / 47.3, 39.2 / 45.4); q6k still at 2 (46.5 / 40.3, 39.4 /
 #     39.1).
+#   - After session 33's dp4a launch defaults (8 rows at two tokens for the K-quants, 4 rows and 128 registers for
+#     the 32-element types; call 2: --kernels dp4a mmq --m 2 3 4 5 6 8 --codes): the K-quants' dp4a at two tokens
+#     now beats the product for q6k (34.7 / 38.6 narrow, 34.9 / 37.0 wide), q3k (27.8 / 36.3, 28.5 / 33.2), q2k
+#     narrow (27.8 / 29.8; wide even, 25.5 / 25.3) and q4k wide (26.6 / 28.6; narrow 26.7 / 25.0): those move to 3
+#     (at 3 the product wins by 18-40 %); q5k stays at 2 (30.7 / 28.1, 32.5 / 31.2). q4_0 wide moves to 5 (3 and 4:
+#     35.5 / 35.6, even; 5: 52.0 / 36.6), q4_1 wide to 5 (3: 34.2 / 33.8, 4: 34.2 / 34.7; 5: 49.5 / 35.9), q5_1
+#     wide to 5 (4: 35.6 / 36.7) and q5_1 narrow to 9: its dp4a won at every count to 8 (8: 43.8 / 50.2). q4_0,
+#     q4_1, q5_0 and q8_0 narrow and q5_0 and q8_0 wide stay at 5 (4 / 5: q4_0 30.1 / 36.5, 42.6 / 37.3; q8_0 38.0 /
+#     42.3, 49.3 / 46.6).
 #
 # MMQ_MIN_ROWS_REGISTERS, the register kernel alone (us, mmq / dp4a; --kernels mmq dp4a --codes --m 2 3 4 5 6 ...,
 # benches/RESULTS.md sessions 9, 10, 13; the same shape sums):
@@ -362,8 +371,8 @@ GEMV_PASSES_MAX_ROWS = 16
 # the product's two kernels give the same bits).
 MMQ_WIDE_FEATURES = 16384
 MMQ_MIN_ROWS: dict[QT, tuple[int, int]] = {  # (narrow, wide)
-    QT.Q4_K: (2, 2), QT.Q5_K: (2, 2), QT.Q6_K: (2, 2), QT.Q2_K: (2, 2), QT.Q3_K: (2, 2),
-    QT.Q8_0: (5, 5), QT.Q4_0: (5, 3), QT.Q4_1: (5, 3), QT.Q5_1: (5, 3), QT.Q5_0: (5, 5),
+    QT.Q4_K: (2, 3), QT.Q5_K: (2, 2), QT.Q6_K: (3, 3), QT.Q2_K: (3, 2), QT.Q3_K: (3, 3),
+    QT.Q8_0: (5, 5), QT.Q4_0: (5, 5), QT.Q4_1: (5, 5), QT.Q5_1: (9, 5), QT.Q5_0: (5, 5),
 }
 MMQ_MIN_ROWS_REGISTERS: dict[QT, tuple[int, int]] = {
     QT.Q4_K: (2, 2), QT.Q5_K: (2, 2), QT.Q6_K: (3, 3), QT.Q2_K: (3, 2), QT.Q3_K: (5, 3),
