@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import cached_property
-from typing import Any
+from typing import Any, NoReturn
 
 from candle_vllm import __version__
 from candle_vllm.api.mcp.config import DEFAULT_REFRESH_S, McpConfigError, McpServerSpec, mcp_server_specs
@@ -94,9 +94,16 @@ def _comma_list(text: str) -> list[str]:
     return text.split(",")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line (the usage text buried it under twenty), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser, grouped as `--help` shows it; defaults match `EngineArgs`/`ServerArgs`."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog=PROG,
         allow_abbrev=False,
         description="Serve an LLM through an OpenAI-compatible API. Without --m/--w/--f it serves the embedded "
@@ -318,11 +325,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(e))
     _configure_logging(server_args.log)
     try:
-        engine_args = engine_args.resolved()
+        engine_args.resolve_device()  # an unusable --d fails now; the engine fills the device's defaults itself
         source = resolve_source(engine_args)
     except ModelLoadError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1
     except ValueError as e:
         parser.error(str(e))
-    return serve(engine_args, server_args, source)
+    try:
+        return serve(engine_args, server_args, source)
+    except KeyboardInterrupt:  # Ctrl-C while the model loads (once serving, it drains and exits 0)
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130

@@ -22,6 +22,9 @@ from candle_vllm.api.app import create_app
 from candle_vllm.api.binds import Bind, parse_bind
 from candle_vllm.api.state import ServerConfig, ServerState
 
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup  # trio's dependency on 3.10
+
 log = logging.getLogger(__name__)
 
 ABORT_GRACE_S = 1.0  # after aborting, how long streams get to write their last chunks
@@ -128,8 +131,32 @@ async def _serve_engine(engine_args: Any, config: ServerConfig, binds: list[Bind
         print(startup_summary(engine, urls, ui_urls), flush=True)
 
 
+def startup_failure(error: BaseException, binds: Sequence[Bind]) -> tuple[int, str] | None:
+    """(exit code, one line) for an error that ends the server before it serves, so the CLI prints that line
+    instead of a traceback: a model that cannot load (1), flag values the loaded model cannot take or an address
+    that cannot be listened on (2), Ctrl-C (130). None for anything else (a bug: its traceback is kept). The
+    error may come wrapped in (nested) exception groups from the nurseries."""
+    from candle_vllm.pyengine.engine_args import EngineConfigError
+    from candle_vllm.pyengine.loader.errors import ModelLoadError
+
+    if isinstance(error, BaseExceptionGroup):
+        found = (startup_failure(e, binds) for e in error.exceptions)
+        return next((f for f in found if f is not None), None)
+    if isinstance(error, ModelLoadError):
+        return 1, str(error)
+    if isinstance(error, EngineConfigError):
+        return 2, str(error)
+    if isinstance(error, OSError):
+        where = ", ".join(b.hypercorn for b in binds)
+        return 2, f"cannot listen on {where}: {error.strerror or error}"
+    if isinstance(error, KeyboardInterrupt):
+        return 130, "interrupted"
+    return None
+
+
 def run(engine_args: Any, server_args: Any) -> int:
-    """The CLI's server: load the model, serve until SIGINT/SIGTERM, drain, exit 0 (2 for an unusable address)."""
+    """The CLI's server: load the model, serve until SIGINT/SIGTERM, drain, exit 0 (see :func:`startup_failure`
+    for the codes of a server that could not start)."""
     from candle_vllm.ui.server import ui_bind_for
 
     try:
@@ -142,5 +169,12 @@ def run(engine_args: Any, server_args: Any) -> int:
                           mcp_servers=server_args.mcp_servers,
                           mcp_refresh_s=server_args.mcp_refresh_s,
                           trust_request_chat_template=server_args.trust_request_chat_template)
-    trio.run(_serve_engine, engine_args, config, [bind], ui_bind)
+    try:
+        trio.run(_serve_engine, engine_args, config, [bind], ui_bind)
+    except BaseException as e:
+        failure = startup_failure(e, [bind] if ui_bind is None else [bind, ui_bind])
+        if failure is None:
+            raise
+        print(f"candle-vllm: {failure[1]}", file=sys.stderr)
+        return failure[0]
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ KV_CACHE_DTYPES: dict[str, str] = {
 ISQ_TYPES: tuple[str, ...] = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2k", "q3k", "q4k", "q5k", "q6k")
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 LOAD_FORMATS: tuple[str, ...] = ("auto", "dummy")
+MASTER_PORT_DEFAULT = 29500
 
 # Flags whose name is not `--` + the field name with dashes.
 FLAG_NAMES: dict[str, str] = {
@@ -51,6 +53,11 @@ def flag_name(field: str) -> str:
 
 class UnsupportedFeatureError(NotImplementedError):
     """A flag asks for a feature that is not built yet: refused loudly instead of silently ignored."""
+
+
+class EngineConfigError(ValueError):
+    """Flag values that fail only once the model is loaded (a KV cache budget that holds no block): the CLI
+    prints the message in one line and exits 2, as for any bad flag."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,7 @@ def _check_number(
     bad = isinstance(value, bool) or not isinstance(value, kinds)
     bad = (
         bad
+        or not math.isfinite(value)
         or (lo is not None and (value <= lo if lo_open else value < lo))
         or (hi is not None and value > hi)
     )
@@ -164,7 +172,7 @@ class EngineArgs:
     num_nodes: int = 1
     node_rank: int = 0
     master_addr: str = ""
-    master_port: int = 29500
+    master_port: int = MASTER_PORT_DEFAULT
 
     def __post_init__(self) -> None:
         if self.kvcache_dtype in KV_CACHE_DTYPES:
@@ -180,7 +188,7 @@ class EngineArgs:
         _check_choice("isq", self.isq, ISQ_TYPES)
         _check_choice("load_format", self.load_format, LOAD_FORMATS)
         _check_choice("kvcache_dtype", self.kvcache_dtype, KV_CACHE_DTYPES)
-        _check_number(v, "yarn_scaling_factor", 1.0)
+        _check_number(v, "yarn_scaling_factor", 1.0, lo_open=True)
         _check_number(v, "max_model_len", 1, integer=True)
         _check_number(v, "kv_fraction", 0.0, 1.0, lo_open=True)
         _check_number(v, "mem", 1, integer=True)
@@ -234,16 +242,28 @@ class EngineArgs:
         """The device the engine runs on: CPU with `--cpu` or without a GPU, else the first `--d` GPU."""
         first = (self.device_ids or [0])[0]
         if self.cpu:
+            if self.device_ids is not None:
+                raise ValueError(f"--d {first} names a GPU and --cpu asks for none; pass one of them")
             return torch.device("cpu")
         if torch.cuda.is_available():
             if first >= torch.cuda.device_count():
                 raise ValueError(f"--d {first}: only {torch.cuda.device_count()} CUDA device(s) are visible")
             return torch.device("cuda", first)
-        if self.device_ids is not None and first != 0:
+        mps = torch.backends.mps.is_available()
+        if self.device_ids is not None and (first != 0 or not mps):
             raise ValueError(f"--d {first} needs a GPU and none is visible; omit --d or pass --cpu")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+        return torch.device("mps") if mps else torch.device("cpu")
+
+    def unused_flag_notes(self) -> list[str]:
+        """Flags that were given but have no effect with the others (logged as warnings, so none is silently
+        ignored): ``--mem`` beside ``--kv-fraction`` (which wins), the master address/port of one node."""
+        notes = []
+        if self.mem is not None and self.kv_fraction is not None:
+            notes.append(f"--mem {self.mem} has no effect: --kv-fraction {self.kv_fraction} sizes the KV cache "
+                         "(pass only one of them)")
+        if self.num_nodes == 1 and (self.master_addr or self.master_port != MASTER_PORT_DEFAULT):
+            notes.append("--master-addr / --master-port have no effect with one node (--num-nodes 1)")
+        return notes
 
     def resolved(self, device: torch.device | None = None) -> EngineArgs:
         """A copy with the device-dependent defaults filled in: `--kv-fraction` 0.6 on CUDA, 0.4 elsewhere

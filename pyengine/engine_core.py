@@ -69,6 +69,9 @@ class EngineCore:
 
     def __init__(self, args: EngineArgs) -> None:
         device = args.resolve_device()
+        default_kv_budget = args.kv_fraction is None and args.mem is None
+        for note in args.unused_flag_notes():
+            log.warning(note)
         args = args.resolved(device)
         if device.type == "cuda":
             # cuBLASLt's heuristics pick faster kernels than cuBLAS's for the decode-batch linears (M = 17..64) on
@@ -99,15 +102,10 @@ class EngineCore:
 
         assert args.block_size is not None
         per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
-        budget = kv_cache_budget_bytes(device, args.kv_fraction, args.mem)
+        budget = kv_cache_budget_bytes(device, args.kv_fraction, args.mem, cap_cpu=default_kv_budget)
         num_blocks = num_kv_blocks(budget, args.block_size, per_token)
-        if num_blocks < 1:
-            raise ValueError(f"the KV cache budget ({budget >> 20} MiB) holds no block of {args.block_size} tokens; "
-                             "raise --kv-fraction or --mem")
         caches = allocate_kv_caches(cfg.num_layers, num_blocks, args.block_size, cfg.num_kv_heads, cfg.head_dim,
                                     dtype, device)
-        log.info("KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB)", num_blocks, args.block_size,
-                 num_blocks * args.block_size, num_blocks * args.block_size * per_token / 2**20)
         self.scheduler = Scheduler(SchedulerConfig(
             num_blocks=num_blocks, block_size=args.block_size, max_model_len=max_model_len,
             max_num_seqs=args.max_num_seqs, prefill_chunk_size=args.prefill_chunk_size,

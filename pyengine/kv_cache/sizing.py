@@ -1,8 +1,9 @@
 """How many KV blocks to allocate: a fraction of the memory left after loading, or a fixed budget.
 
 `--kv-fraction` wins over `--mem` when both are given (the Rust project's rule, NOTES.md); EngineArgs leaves
-`kv_fraction` unset when only `--mem` is given. On CPU the "free memory" is the host's available RAM, and
-the budget is capped (``CPU_KV_CAP_BYTES``) so a server never claims most of a workstation by default.
+`kv_fraction` unset when only `--mem` is given. On CPU the "free memory" is the host's available RAM, and the
+default budget is capped (``CPU_KV_CAP_BYTES``) so a server never claims most of a workstation unasked; a fraction
+the user gives is taken as given.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import logging
 import os
 
 import torch
+
+from candle_vllm.pyengine.engine_args import EngineConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -52,19 +55,26 @@ def device_free_bytes(device: torch.device) -> int:
     raise ValueError(f"cannot size a KV cache on device type {device.type!r}; use cuda, mps or cpu")
 
 
-def kv_cache_budget_bytes(device: torch.device, kv_fraction: float | None, mem_mb: int | None) -> int:
-    """Bytes for the KV cache: ``kv_fraction`` of free memory (capped at 4 GiB on CPU) when given, else the
-    fixed ``mem_mb`` MiB."""
+def kv_cache_budget_bytes(
+    device: torch.device, kv_fraction: float | None, mem_mb: int | None, *, cap_cpu: bool = False
+) -> int:
+    """Bytes for the KV cache: ``kv_fraction`` of free memory when given, else the fixed ``mem_mb`` MiB.
+    ``cap_cpu``: the fraction is the default one, so on CPU it is capped at ``CPU_KV_CAP_BYTES`` (logged)."""
     if kv_fraction is not None:
         if not 0.0 < kv_fraction <= 1.0:
-            raise ValueError(f"--kv-fraction must be in (0, 1], got {kv_fraction}")
+            raise EngineConfigError(f"--kv-fraction must be in (0, 1], got {kv_fraction}")
         budget = int(device_free_bytes(device) * kv_fraction)
-        return min(budget, CPU_KV_CAP_BYTES) if device.type == "cpu" else budget
+        if cap_cpu and device.type == "cpu" and budget > CPU_KV_CAP_BYTES:
+            logger.info("KV cache: the default budget on CPU is capped at %d MiB (%.2f of available RAM would be "
+                        "%d MiB); pass --kv-fraction or --mem for more", CPU_KV_CAP_BYTES // MIB, kv_fraction,
+                        budget // MIB)
+            return CPU_KV_CAP_BYTES
+        return budget
     if mem_mb is not None:
         if mem_mb <= 0:
-            raise ValueError(f"--mem must be a positive number of MB, got {mem_mb}")
+            raise EngineConfigError(f"--mem must be a positive number of MB, got {mem_mb}")
         return mem_mb * MIB
-    raise ValueError("no KV cache budget: pass --kv-fraction (fraction of free memory) or --mem (MB)")
+    raise EngineConfigError("no KV cache budget: pass --kv-fraction (fraction of free memory) or --mem (MB)")
 
 
 def num_kv_blocks(budget_bytes: int, block_size: int, bytes_per_token: int) -> int:
@@ -72,7 +82,7 @@ def num_kv_blocks(budget_bytes: int, block_size: int, bytes_per_token: int) -> i
     block_bytes = block_size * bytes_per_token
     num_blocks = budget_bytes // block_bytes
     if num_blocks < 1:
-        raise ValueError(
+        raise EngineConfigError(
             f"the KV cache budget ({budget_bytes / MIB:.1f} MiB) holds no block of {block_size} tokens "
             f"({block_bytes / MIB:.2f} MiB); raise --kv-fraction or --mem, or lower --block-size")
     logger.info("KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB)", num_blocks, block_size,

@@ -8,6 +8,7 @@ from typing import TypeVar
 
 import huggingface_hub
 from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
+from huggingface_hub.utils import validate_repo_id
 
 from candle_vllm.pyengine.loader.errors import ModelLoadError
 from candle_vllm.pyengine.loader.gguf_shards import pick_gguf, shard_names
@@ -41,7 +42,7 @@ def _cached_then_online(repo_id: str, fetch: Callable[[bool], T]) -> T:
 def resolve_hub(repo_id: str, weight_file: str | None, token: str | None, load_format: str) -> ModelSource:
     """Fetch a Hub model: safetensors repo, ``--f file.gguf`` (with its split shards) or ``--f subfolder``."""
     try:
-        huggingface_hub.utils.validate_repo_id(repo_id)
+        validate_repo_id(repo_id)
     except HFValidationError as e:
         raise ModelLoadError(f"{repo_id}: neither a local path nor a valid Hugging Face repo id") from e
     if weight_file is not None and weight_file.endswith(".gguf"):

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -71,13 +73,15 @@ EXTRA_FLAGS = [
     "--seed",
     "--version",
 ]
+LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (INFO|WARNING) ")
 HELP_GROUPS = ["model:", "server:", "engine and cache:", "sampling defaults", "parallelism:", "tools:"]
 
 
-def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("candle-vllm")
     assert exe is not None, "the candle-vllm console script is not installed (pip install -e .)"
-    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=120, cwd=cwd,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def flag_pattern(flag: str) -> re.Pattern[str]:
@@ -188,6 +192,50 @@ def test_not_yet_supported_flags_exit_2_with_one_line(
     assert err.startswith(f"candle-vllm: {named} is not supported yet")
 
 
+def test_bad_values_are_one_line_through_console_script() -> None:
+    done = run_cli("--kv-fraction", "0")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [done.stderr.strip()], "argparse's usage text came with the error"
+    assert "--kv-fraction" in done.stderr
+
+
+def test_a_hub_repo_id_is_resolved_in_a_fresh_process(tmp_path: Path) -> None:
+    """`--m org/name` in a process where nothing imported huggingface_hub.utils first (it loads lazily): offline
+    and not cached, one line naming the repo and exit 1, not an AttributeError traceback."""
+    done = run_cli("--cpu", "--m", "some-org/some-model",
+                   env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == [done.stderr.strip()], done.stderr
+    assert "some-org/some-model: not in the local Hugging Face cache" in done.stderr
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--mem", "1", "--block-size", "1024"], "holds no block of 1024 tokens"),
+    (["--h", "127.0.0.1", "--p", "{busy}"], "cannot listen on 127.0.0.1:{busy}: "),
+])
+def test_startup_failures_after_loading_are_one_line(argv: list[str], says: str) -> None:
+    """A KV budget the loaded model cannot use and a port already taken: one line, exit 2 (not a traceback out
+    of the engine's nurseries)."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        done = run_cli("--cpu", "--mem", "64", *(a.replace("{busy}", port) for a in argv))
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if not LOG_LINE.match(line)]  # the log goes to stderr too
+    assert len(lines) == 1 and lines[0].startswith("candle-vllm: "), done.stderr[-3000:]
+    assert says.replace("{busy}", port) in lines[0]
+
+
+def test_ctrl_c_while_loading_exits_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def interrupted(*_args: Any) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "serve", interrupted)
+    assert cli.main(["--cpu"]) == 130
+    assert capsys.readouterr().err == "candle-vllm: interrupted\n"
+
+
 def test_refusal_through_console_script() -> None:
     done = run_cli("--multithread")
     assert done.returncode == 2
@@ -216,6 +264,11 @@ def test_refusal_through_console_script() -> None:
         (["--dtype", "fp8"], "--dtype"),
         (["--bogus"], "--bogus"),
         (["--kv", "0.5"], "--kv"),
+        (["--temperature", "inf"], "--temperature"),
+        (["--frequency-penalty", "nan"], "--frequency-penalty"),
+        (["--kv-fraction", "nan"], "--kv-fraction"),
+        (["--yarn-scaling-factor", "1.0"], "--yarn-scaling-factor"),
+        (["--d", "3", "--cpu"], "--d"),
     ],
 )
 def test_invalid_values_exit_2(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -262,7 +315,8 @@ def test_accepted_flags_reach_the_server_step_with_the_embedded_model(
         2.0,
         {"temperature": 0.5},
     )
-    assert (got.kv_fraction, got.block_size) == (0.4, 32)  # resolved for the CPU
+    assert (got.kv_fraction, got.block_size) == (None, None)  # the engine resolves them (it knows the device)
+    assert (got.resolved(torch.device("cpu")).kv_fraction, got.resolved(torch.device("cpu")).block_size) == (0.4, 32)
     server_args = calls["server_args"]
     assert (server_args.host, server_args.api_key, server_args.trust_request_chat_template) == (
         "127.0.0.1:8000", "k", True)

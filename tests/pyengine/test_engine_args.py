@@ -41,8 +41,18 @@ def test_fixed_mem_budget_leaves_fraction_unset_unless_given() -> None:
 
 
 def test_resolve_device_honours_cpu_flag() -> None:
-    assert EngineArgs(cpu=True, device_ids=[0]).resolve_device() == CPU
+    assert EngineArgs(cpu=True).resolve_device() == CPU
     assert EngineArgs(cpu=True).resolved().block_size == 32
+    with pytest.raises(ValueError, match=r"--d 0 names a GPU and --cpu asks for none"):
+        EngineArgs(cpu=True, device_ids=[0]).resolve_device()
+
+
+def test_flags_without_effect_are_named() -> None:
+    """No flag is silently ignored: --mem beside --kv-fraction, and the master address/port of one node."""
+    assert EngineArgs().unused_flag_notes() == []
+    assert EngineArgs(mem=100).unused_flag_notes() == []
+    notes = EngineArgs(mem=100, kv_fraction=0.1, master_port=1234).unused_flag_notes()
+    assert len(notes) == 2 and "--mem 100 has no effect" in notes[0] and "--master-addr" in notes[1]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")

@@ -17,11 +17,12 @@ def test_bytes_per_token_counts_k_and_v_of_every_layer() -> None:
     assert sizing.kv_bytes_per_token(30, 3, 64, torch.float32) == 46080
 
 
-def test_fraction_wins_over_mem_and_cpu_is_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fraction_wins_over_mem_and_the_cpu_default_is_capped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sizing, "host_available_bytes", lambda: 10 << 30)
     cpu = torch.device("cpu")
     assert sizing.kv_cache_budget_bytes(cpu, 0.1, 512) == (10 << 30) // 10
-    assert sizing.kv_cache_budget_bytes(cpu, 0.9, None) == sizing.CPU_KV_CAP_BYTES
+    assert sizing.kv_cache_budget_bytes(cpu, 0.9, None, cap_cpu=True) == sizing.CPU_KV_CAP_BYTES
+    assert sizing.kv_cache_budget_bytes(cpu, 0.9, None) == int((10 << 30) * 0.9)  # the user's own fraction
     assert sizing.kv_cache_budget_bytes(cpu, None, 512) == 512 << 20
     with pytest.raises(ValueError, match="--kv-fraction"):
         sizing.kv_cache_budget_bytes(cpu, None, None)
