@@ -133,7 +133,7 @@ class EngineCore:
         """Queue a user request (``n`` engine requests sharing the prompt). Raises ``RequestRejected`` or
         ``ValueError`` when it can never run, before any state changes."""
         self.check_prompt_ids(prompt_token_ids)
-        params = self.resolve_params(params)
+        params = self.resolve_params(params, len(prompt_token_ids))
         group = RequestGroup(request_id, prompt, list(prompt_token_ids), params)
         requests: list[Request] = []
         for index in range(params.n):
@@ -162,14 +162,19 @@ class EngineCore:
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary (ids 0..{size - 1})")
 
-    def resolve_params(self, params: SamplingParams) -> SamplingParams:
-        """Server defaults for unset fields, the output cap, and vocabulary checks."""
+    def resolve_params(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
+        """Server defaults for unset fields, the output cap, and vocabulary checks. An unset ``max_tokens`` takes
+        ``--max-gen-tokens`` cut to what the KV cache holds after a prompt of ``prompt_len`` tokens (the caller
+        never asked for more, so the default must not get the request refused; the scheduler cuts it to the
+        context too), as the server's ``api.limits`` does."""
         params = self.sampling_defaults.apply(params)
         params.check_vocab(self.model_config.vocab_size)
         if params.structured_output is not None:  # a bad schema fails here, not inside a step
             check_structured_output(params.structured_output, self.tokenizer)
         if params.max_tokens is None:
-            params = dataclasses.replace(params, max_tokens=self.max_gen_tokens)
+            cfg = self.scheduler.config
+            kv_room = cfg.num_blocks * cfg.block_size - prompt_len + 1  # the last token is never fed back
+            params = dataclasses.replace(params, max_tokens=max(1, min(self.max_gen_tokens, kv_room)))
         return params
 
     def abort(self, request_id: str) -> RequestOutput | None:

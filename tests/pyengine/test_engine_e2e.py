@@ -279,3 +279,15 @@ def test_logprobs_equal_log_softmax_of_the_models_logits(llm: LLM) -> None:
         prompt_entry = out.prompt_logprobs[j]
         assert prompt_entry is not None
         assert prompt_entry[prompt[j]].logprob == pytest.approx(ref[j - 1, prompt[j]].item(), abs=1e-5)
+
+
+def test_unset_max_tokens_is_cut_to_the_kv_cache() -> None:
+    """A request without max_tokens gets the default cut to what the cache holds after its prompt (it never asked
+    for more, so it must not be refused for the default), and runs to that many tokens."""
+    small = LLM(block_size=16, mem=10)
+    capacity = small.engine.info.kv_capacity_tokens
+    prompt = "Tell me a story."
+    n_prompt = len(small.get_tokenizer().encode(prompt))
+    assert small.engine.max_gen_tokens > capacity - n_prompt + 1, "the default must not fit, or nothing is tested"
+    out = small.generate([prompt], SamplingParams(temperature=0, ignore_eos=True))[0].outputs[0]
+    assert (len(out.token_ids), out.finish_reason) == (capacity - n_prompt + 1, "length")
