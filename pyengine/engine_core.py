@@ -201,7 +201,8 @@ class EngineCore:
         self.scheduler.update(plan, result.sampled_token_ids)
         events = [
             TokenEvent(req.request_id, tok, req.finish_reason.value if req.is_finished and req.finish_reason else None,
-                       req.stop_reason if isinstance(req.stop_reason, int) else None, lp, req.num_cached_tokens)
+                       req.stop_reason if isinstance(req.stop_reason, int) else None, lp, req.num_cached_tokens,
+                       req.first_scheduled_time)
             for req, tok, lp, ok in zip(sampled, result.sampled_token_ids, result.logprobs, alive, strict=True)
             if ok
         ]

@@ -35,6 +35,7 @@ class TokenEvent:
     stop_reason: int | None = None  # the stop token id (None for the model's own EOS)
     logprobs: TokenLogprobs | None = None
     num_cached_tokens: int = 0
+    first_scheduled_time: float | None = None  # when the scheduler first admitted the engine request
 
 
 @dataclass(slots=True)
@@ -135,6 +136,9 @@ class OutputProcessor:
             if hit is not None:
                 hits.append(hit)
             changed[group.request_id] = group
+            scheduled, known = event.first_scheduled_time, group.metrics.first_scheduled_time
+            if scheduled is not None and (known is None or scheduled < known):
+                group.metrics.first_scheduled_time = scheduled  # the earliest of its choices
             if group.metrics.first_token_time is None:
                 group.metrics.first_token_time = now
             group.metrics.last_token_time = now

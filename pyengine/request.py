@@ -76,6 +76,8 @@ class Request:
     num_written_tokens: int = 0
     # Prompt tokens reused from the prefix cache (or a fork) at first admission: usage.cached_tokens.
     num_cached_tokens: int = 0
+    # When the scheduler first admitted it (time.monotonic()): the queue- and prefill-time metrics.
+    first_scheduled_time: float | None = None
     # Tokens sampled by planned steps whose results have not come back through Scheduler.update yet.
     num_placeholders: int = 0
     num_preemptions: int = 0

@@ -12,6 +12,7 @@ writes them is in flight are safe to hand out again, because steps run in order 
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Sequence
 
@@ -270,6 +271,7 @@ class Scheduler:
             return 0
         if req.num_preemptions == 0:
             req.num_cached_tokens = computed
+            req.first_scheduled_time = time.monotonic()
         else:
             self._resort_running = True
         self.prefix_queried_tokens += req.num_tokens

@@ -204,3 +204,15 @@ def test_chat_logprob_bytes_rebuild_multibyte_text(server: ServerThread, model: 
     chunks = client.chat.completions.create(stream=True, **kw)
     streamed = b"".join(bytes(t.bytes) for ch in chunks for x in ch.choices if x.logprobs for t in x.logprobs.content)
     assert streamed.decode("utf-8") == text
+
+
+def test_queue_and_prefill_times_are_recorded(server: ServerThread, model: str) -> None:
+    """Every finished request observes the queue time (arrival to first scheduled) and the prefill time (first
+    scheduled to first token), as it does TTFT: the scheduler's admission time reaches the metrics."""
+    before = server.metrics()
+    for _ in range(2):
+        server.openai().completions.create(model=model, prompt="The sea is", max_tokens=3, temperature=0)
+    after = server.metrics()
+    for name in ("queue_time", "prefill_time"):
+        key = f"vllm:request_{name}_seconds_count"
+        assert after[key] - before.get(key, 0.0) == 2, name
