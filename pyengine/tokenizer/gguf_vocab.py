@@ -28,11 +28,23 @@ from candle_vllm.pyengine.tokenizer.base import Tokenizer
 from candle_vllm.pyengine.tokenizer.pretokenizers import IGNORE_MERGES_PRE, byte_level_pre_tokenizer
 
 _SPACE = "\u2581"
-# Tokens llama.cpp treats as end-of-generation by their text when the file names no eot/eom id.
+# Tokens llama.cpp ends generation on by their text (llama-vocab.cpp), besides the eos / eot / eom ids; DeepSeek's
+# end of sentence is its auto-detected eot.
 _EOG_TEXTS = frozenset(
-    {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
+    {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>",
+     "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
      "<\uff5cend\u2581of\u2581sentence\uff5c>"}
 )
+# The fill-in-the-middle pad, repository and file-separator tokens end generation in llama.cpp too: the file's id
+# for each kind, else a token with one of these texts (llama.cpp takes the first it meets in a hash map's order;
+# the lowest id here).
+_FIM_EOG_TEXTS = {
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}
+# o200k_harmony (gpt-oss) ends on <|return|> and <|call|>: there <|end|> only closes a message, so llama.cpp drops it.
+_HARMONY_ENDS = ("<|return|>", "<|call|>")
 _SPECIAL_ID_KEYS = {
     "bos": "tokenizer.ggml.bos_token_id",
     "eos": "tokenizer.ggml.eos_token_id",
@@ -42,6 +54,9 @@ _SPECIAL_ID_KEYS = {
     "pad": "tokenizer.ggml.padding_token_id",
     "sep": "tokenizer.ggml.seperator_token_id",
     "mask": "tokenizer.ggml.mask_token_id",
+    "fim_pad": "tokenizer.ggml.fim_pad_token_id",
+    "fim_rep": "tokenizer.ggml.fim_rep_token_id",
+    "fim_sep": "tokenizer.ggml.fim_sep_token_id",
 }
 
 
@@ -152,8 +167,27 @@ def _sentencepiece_model(v: GGUFVocab, vocab: dict[str, int]) -> models.Model:
     )
 
 
-def build_hf_tokenizer(v: GGUFVocab) -> HFTokenizer:
-    """A ``tokenizers.Tokenizer`` equivalent to llama.cpp's tokenizer for this vocabulary."""
+def eog_token_ids(v: GGUFVocab) -> set[int]:
+    """The ids llama.cpp ends generation on for this vocabulary: eos / eot / eom, the tokens of ``_EOG_TEXTS``,
+    the fill-in-the-middle pad / repository / separator tokens (``_FIM_EOG_TEXTS``), without harmony's <|end|>."""
+    ids = v.special_ids
+    eog = {ids[k] for k in ("eos", "eot", "eom") if k in ids}
+    eog |= {i for i, text in enumerate(v.tokens) if text in _EOG_TEXTS}
+    for kind, texts in _FIM_EOG_TEXTS.items():
+        found = ids.get(kind)
+        if found is None:
+            found = next((i for i, text in enumerate(v.tokens) if text in texts), None)
+        if found is not None:
+            eog.add(found)
+    present = set(v.tokens)
+    if all(t in present for t in _HARMONY_ENDS) and "<|end|>" in present:
+        eog.discard(v.tokens.index("<|end|>"))
+    return eog
+
+
+def build_hf_tokenizer(v: GGUFVocab, control_ids: set[int] | frozenset[int] = frozenset()) -> HFTokenizer:
+    """A ``tokenizers.Tokenizer`` equivalent to llama.cpp's tokenizer for this vocabulary; ``control_ids`` (the
+    end-of-generation tokens) are special whatever their type, as llama.cpp makes them."""
     vocab = {text: i for i, text in enumerate(v.tokens)}  # a repeated text maps to its last id, as in llama.cpp
     if v.model == "gpt2":
         tok = HFTokenizer(_byte_level_model(v, vocab))
@@ -169,9 +203,9 @@ def build_hf_tokenizer(v: GGUFVocab) -> HFTokenizer:
         tok.decoder = decoders.Sequence(steps)
     added = []
     for i, (text, kind) in enumerate(zip(v.tokens, v.token_types, strict=True)):
-        eog_text = text in _EOG_TEXTS  # llama.cpp turns these into control tokens whatever their type
-        if (kind in (TokenType.CONTROL, TokenType.UNKNOWN, TokenType.USER_DEFINED) or eog_text) and vocab[text] == i:
-            special = kind != TokenType.USER_DEFINED or eog_text
+        control = i in control_ids
+        if (kind in (TokenType.CONTROL, TokenType.UNKNOWN, TokenType.USER_DEFINED) or control) and vocab[text] == i:
+            special = kind != TokenType.USER_DEFINED or control
             added.append(AddedToken(text, special=special, normalized=False))
     tok.add_special_tokens([t for t in added if t.special])
     tok.add_tokens([t for t in added if not t.special])
@@ -196,12 +230,11 @@ def load_tokenizer_from_gguf(path: Path | str | gguf.GGUFReader) -> Tokenizer:
     reader = path if isinstance(path, gguf.GGUFReader) else gguf.GGUFReader(str(path))
     v = read_gguf_vocab(reader)
     ids = v.special_ids
-    eog = {ids[k] for k in ("eos", "eot", "eom") if k in ids}
-    eog |= {i for i, text in enumerate(v.tokens) if text in _EOG_TEXTS}
+    eog = eog_token_ids(v)
     names = {"bos": "bos_token", "eos": "eos_token", "unk": "unk_token", "pad": "pad_token", "sep": "sep_token",
              "mask": "mask_token"}
     return Tokenizer(
-        build_hf_tokenizer(v),
+        build_hf_tokenizer(v, eog),
         bos_token_id=ids.get("bos"),
         eos_token_id=ids.get("eos"),
         pad_token_id=ids.get("pad"),

@@ -76,12 +76,33 @@ def test_smollm2_metadata(smollm2: tuple[Tokenizer, Llama]) -> None:
     assert ours.vocab_size == ref.n_vocab() == 49152
     assert (ours.bos_token_id, ours.eos_token_id) == (ref.token_bos(), ref.token_eos())
     assert ours.add_bos is False  # tokenizer.ggml.add_bos_token = false in this file
-    # eos <|im_end|> and <|endoftext|>; llama.cpp also ends generation on both (it adds FIM tokens too).
-    assert ours.stop_token_ids == {2, 0}
-    assert all(llama_cpp.llama_vocab_is_eog(ref._model.vocab, i) for i in ours.stop_token_ids)
+    # eos <|im_end|>, <|endoftext|> and the fill-in-the-middle <reponame>, as llama.cpp ends generation on.
+    assert ours.stop_token_ids == _llama_eog(ref) == {0, 2, 4}
     assert ours.id_to_piece(ours.encode(" world", add_special_tokens=False)[0]) == " world"
     assert ours.special_tokens["eos_token"] == "<|im_end|>"
     assert "<|im_start|>" in (ours.chat_template or "")
+
+
+def _llama_eog(ref: Llama) -> set[int]:
+    return {i for i in range(ref.n_vocab()) if llama_cpp.llama_vocab_is_eog(ref._model.vocab, i)}
+
+
+@pytest.mark.parametrize("replaced", [
+    {3: "<|end_of_text|>", 5: "<|file_sep|>", 6: "<end_of_utterance>", 7: "_<EOT>", 8: "<|fim_pad|>"},
+    {3: "<|return|>", 5: "<|call|>", 6: "<|end|>", 7: "<|eom_id|>"},  # harmony: <|end|> does not end generation
+])
+def test_end_of_generation_tokens_match_llama_cpp(replaced: dict[int, str], tmp_path: Path) -> None:
+    """The tokens generation stops on, by the texts llama.cpp recognises: SmolLM2's vocabulary with some of its
+    special tokens renamed, against llama.cpp's own end-of-generation set for the same file."""
+    reader = gguf.GGUFReader(str(_smollm2_path()))
+    tokens = [replaced.get(i, str(t)) for i, t in enumerate(reader.get_field("tokenizer.ggml.tokens").contents())]
+    path = write_gguf(tmp_path / "eog.gguf", model="gpt2", pre="smollm", tokens=tokens,
+                      token_types=list(reader.get_field("tokenizer.ggml.token_type").contents()),
+                      merges=list(reader.get_field("tokenizer.ggml.merges").contents()), bos=1, eos=2)
+    ours = load_tokenizer_from_gguf(path)
+    want = _llama_eog(_llama(path))
+    assert ours.stop_token_ids == want
+    assert len(want & set(replaced)) >= len(replaced) - 1, "the renamed tokens must matter, or nothing is tested"
 
 
 @pytest.fixture(scope="module")
