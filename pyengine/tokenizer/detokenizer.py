@@ -49,7 +49,13 @@ class IncrementalDetokenizer:
         return self._advance(text) if len(text) > len(self._prefix_text) else ""
 
     def _advance(self, text: str) -> str:
-        delta = text[len(self._prefix_text) :]
+        # A character split where the window starts (the prompt's last bytes, given as ids) and completed by the
+        # new tokens: its U+FFFD in the context's text became the character, which is emitted whole. U+FFFD the
+        # new tokens leave standing (invalid bytes in the prompt) stays context.
+        start = len(self._prefix_text)
+        if not text.startswith(self._prefix_text):
+            start = len(self._prefix_text.rstrip(_REPLACEMENT))
+        delta = text[start:]
         self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
         # Drop ids before the new window so memory stays bounded on long generations.
         del self._ids[: self._prefix_offset]

