@@ -3,6 +3,8 @@
 // Affine terms (Q4_1's min, Q4_0's -8 offset, K types' mins) use the activation sums kept in the blocks, so a
 // block costs a few integer instructions plus one float FMA per activation row. Kernels work on tiles of up to 4 weight
 // rows x 4 activation rows so per-row set-up and horizontal sums are amortised and the FMA chains overlap.
+#include <cmath>
+
 #include "cpu/quant_dot.h"
 #include "cpu/quant_simd.h"
 
@@ -55,7 +57,7 @@ void dot_affine32(const uint8_t* wp, int64_t row_bytes, const void* act, int64_t
       for (int j = 0; j < MT; ++j) {
         const BlockQ8x32& xb = x[j][b];
         acc[r][j] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), _mm256_cvtepi32_ps(dot_u8s8(q, load256(xb.qs))), acc[r][j]);
-        off[r][j] += o * xb.s;
+        off[r][j] = std::fma(o, xb.s, off[r][j]);  // one rounding in every tile shape (no compiler choice)
       }
     }
   }

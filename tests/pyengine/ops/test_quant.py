@@ -166,6 +166,20 @@ def test_native_matmul_matches_gguf(qtype: QT, m: int) -> None:
     assert_within(run_native(x, raw, qtype, n, portable=True), want, float_bound)
 
 
+@pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
+def test_each_row_has_the_same_bits_in_any_batch(qtype: QT) -> None:
+    """quant_matmul's batch invariance: a row's result must not depend on the rows beside it, i.e. on which tile
+    shape of the kernel (weight rows x activation rows) computed it. The compiler once fused the affine types'
+    offset term differently per tile shape (Q4_0/Q4_1/Q5_0/Q5_1 differed by an ulp)."""
+    n, k = 131, cols_for(qtype) * 2
+    raw = torch.from_numpy(random_weight(qtype, n, k, seed=int(qtype)))
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(int(qtype)))
+    alone = torch.cat([quant.quant_matmul(x[i : i + 1], raw, qtype, n, k) for i in range(9)])
+    for m in range(2, 10):
+        together = quant.quant_matmul(x[:m], raw, qtype, n, k)
+        assert torch.equal(together, alone[:m]), f"{qtype.name}: rows of a {m}-row batch differ from each alone"
+
+
 @pytest.mark.parametrize("qtype", [QT.F16, QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("m", [1, 37])
