@@ -14,7 +14,9 @@ the ``gguf`` package's ``gguf.quants.quantize`` (it implements no K-quant). Roun
   sub-block scales then quantized to 4/6/8 bits against an f16 super-block scale, and every value requantized
   against its stored scale with round-half-to-even (ggml's ``nearest_int``).
 
-All scales are stored as f16 with round-to-nearest-even. CPU: a native kernel (OpenMP over rows); CUDA: one
+All scales are stored as f16 with round-to-nearest-even; a weight too large for them (inf scales) is refused. An
+all-zero block whose first value is -0.0 keeps llama.cpp's scale -0.0 (the ``gguf`` package writes +0.0; both
+decode to zeros). CPU: a native kernel (OpenMP over rows); CUDA: one
 thread per block running the same C++ code with IEEE-rounded intrinsics, so both give the same bytes (f32
 subnormal intermediates, below 1.2e-38, flush to zero on the GPU).
 """
@@ -53,6 +55,12 @@ K_FALLBACK: dict[QT, QT] = {QT.Q2_K: QT.Q4_0, QT.Q3_K: QT.Q4_0, QT.Q4_K: QT.Q5_0
 # Decoder linear weights (q/k/v/o, gate/up/down, ...): 2-D weights under model.layers. Embeddings and the LM
 # head stay in the model dtype (their rows are gathered or produce the logits; llama.cpp keeps them wider too).
 _TARGET = re.compile(r"model\.layers\.\d+\..+\.weight$")
+# Byte offsets of each block's f16 scales (d, and dmin / m where present; ggml-common.h layouts): a finite weight
+# too large for them (|w| ~ 1e6 for q4_0, 1e8 for q6k) would quantize to inf scales and serve NaN.
+_F16_SCALES = {
+    QT.Q4_0: (0,), QT.Q4_1: (0, 2), QT.Q5_0: (0,), QT.Q5_1: (0, 2), QT.Q8_0: (0,),
+    QT.Q2_K: (80, 82), QT.Q3_K: (108,), QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,),
+}
 
 
 def resolve_qtype(qtype: QT | str) -> QT:
@@ -87,13 +95,24 @@ def quantize(weight: torch.Tensor, qtype: QT | str) -> torch.Tensor:
             native.loaded().cuda_isq_quantize(
                 native.ptr(out), native.ptr(x), rows, cols, native.dtype_code(x), int(t), native.stream(x.device)
             )
-        return out
+        return _check_scales(out, t, x)
     if mod is None:
         raise RuntimeError("ISQ needs the native module (candle_vllm._native), which is not installed")
     if x.device.type != "cpu":
         return quantize(x.cpu(), t).to(x.device)
     mod.cpu_isq_quantize(native.ptr(out), native.ptr(x), rows, cols, native.dtype_code(x), int(t))
-    return out
+    return _check_scales(out, t, x)
+
+
+def _check_scales(blocks: torch.Tensor, qtype: QT, weight: torch.Tensor) -> torch.Tensor:
+    """``blocks``, once every f16 scale in them is finite; else a ValueError naming the magnitude."""
+    size = row_bytes(qtype, block_size(qtype))
+    flat = blocks.view(-1, size)
+    for offset in _F16_SCALES[qtype]:
+        if not bool(torch.isfinite(flat[:, offset : offset + 2].contiguous().view(torch.float16)).all()):
+            raise ValueError(f"the weight's magnitude (max |w| = {float(weight.abs().max()):.3g}) overflows the f16 "
+                             f"block scales of {qtype.name}; keep this model unquantized (drop --isq)")
+    return blocks
 
 
 def effective_qtype(qtype: QT, cols: int) -> QT | None:

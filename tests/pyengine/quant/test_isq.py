@@ -164,6 +164,16 @@ def test_unsupported_inputs_raise(weight: torch.Tensor, qtype: str, message: str
         quantize(weight, qtype)
 
 
+@pytest.mark.parametrize("name", list(ISQ_QTYPES))
+def test_weights_too_large_for_f16_scales_are_refused(name: str) -> None:
+    """Finite weights whose block scales overflow f16 (inf scales, NaN outputs) are a clear error; values just
+    inside the range still quantize."""
+    w = torch.randn(2, 256, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(ValueError, match="overflows the f16 block scales"):
+        quantize(w * 1e9, name)
+    quantize(w * 100.0, name)
+
+
 def test_resolve_qtype_refuses_types_isq_does_not_make() -> None:
     assert resolve_qtype("q4k") == QT.Q4_K
     with pytest.raises(ValueError, match="IQ4_NL"):
