@@ -103,8 +103,9 @@ class UIStack(ServerThread):
             self.engine = engine
             self.urls = await nursery.start(partial(serve, engine, self.config, self.binds,
                                                     shutdown_trigger=self._stop.wait))
+            host = self.binds[0].address.rsplit(":", 1)[0]  # the UI on the API's host, as --ui-server does
             self.ui_urls = await nursery.start(partial(serve_ui, engine, self.config, url_port(self.urls[0]),
-                                                       Bind("tcp", "127.0.0.1:0"), shutdown_trigger=self._stop.wait))
+                                                       Bind("tcp", f"{host}:0"), shutdown_trigger=self._stop.wait))
             self._ready.set()
 
     @property
@@ -117,9 +118,10 @@ def ui_stack(request: pytest.FixtureRequest, smol_tokenizer: Tokenizer, tmp_path
     """A running stack; parametrize indirectly with a dict of ScriptedEngine keywords (+ ``api_key``;
     ``think_template``: a chat template that names ``</think>``, so the API splits reasoning itself; ``mcp``:
     the MCP demo server (official SDK, stdio) as server ``local``, whose tools the API offers to the page's
-    requests, with the ``qwen`` parser reading calls out of the script)."""
+    requests, with the ``qwen`` parser reading calls out of the script; ``ipv6``: both served on [::1])."""
     options = dict(getattr(request, "param", {}))
     api_key = options.pop("api_key", None)
+    host = "[::1]" if options.pop("ipv6", False) else "127.0.0.1"
     mcp = [stdio_spec("local", tmp_path / "mcp.pid")] if options.pop("mcp", False) else []
     tokenizer = smol_tokenizer
     if options.pop("think_template", False):  # the server then finds <think> markers and splits the reply
@@ -128,7 +130,7 @@ def ui_stack(request: pytest.FixtureRequest, smol_tokenizer: Tokenizer, tmp_path
         tokenizer.chat_template = tokenizer.chat_templates["default"]
     engine = ScriptedEngine(tokenizer, **options)
     config = ServerConfig(api_key=api_key, mcp_servers=mcp, enforce_parser="qwen" if mcp else None)
-    stack = UIStack(engine_cm(engine), config, [Bind("tcp", "127.0.0.1:0")]).start()
+    stack = UIStack(engine_cm(engine), config, [Bind("tcp", f"{host}:0")]).start()
     try:
         yield stack
     finally:

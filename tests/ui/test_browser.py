@@ -112,6 +112,23 @@ def test_stop_aborts_the_generation_and_regenerate_asks_again(ui_stack: UIStack,
     assert page.errors == []
 
 
+def test_a_reload_mid_reply_keeps_the_text_as_stopped(ui_stack: UIStack, page: Any) -> None:
+    """Reloading while a reply streams keeps what had arrived, marked stopped (it was an empty, unfinished turn
+    that the next request sent back as an empty assistant message)."""
+    engine = ui_stack.engine
+    page.goto(ui_stack.ui_url)
+    expect(page.locator("#model-name")).to_have_text("fake-model")
+    set_settings(page, max_tokens="3000")
+    send(page, "Tell me everything")
+    page.wait_for_selector(".message.assistant .content h1")  # partway through the stream
+    page.reload()
+    expect(page.locator("#model-name")).to_have_text("fake-model")
+    expect(page.locator(".message.assistant .status")).to_have_text("Stopped.")
+    reply = page.evaluate(STORED)[0]["messages"][1]
+    assert reply["content"] and reply["finish"] == "stopped", {k: reply[k] for k in ("finish", "error")}
+    wait_until(lambda: not engine.running)
+
+
 STEPS = " ".join(f"Step {i}." for i in range(25))
 
 
@@ -273,6 +290,49 @@ def test_reasoning_deltas_thinking_switch_and_api_errors(ui_stack: UIStack, page
     # The earlier answer goes back without its reasoning; the failed reply is not sent.
     assert bodies[1]["messages"][1:] == [{"role": "assistant", "content": "Answer `x`"},
                                          {"role": "user", "content": "Again"}]
+
+
+@pytest.mark.parametrize("ui_stack", [{"ipv6": True}], indirect=True)
+def test_the_page_reaches_the_api_over_ipv6(ui_stack: UIStack, page: Any) -> None:
+    """Served on [::1], the page builds the API's address with one pair of brackets (it had two: no model)."""
+    assert "[::1]" in ui_stack.ui_url
+    page.goto(ui_stack.ui_url)
+    expect(page.locator("#model-name")).to_have_text("fake-model")
+    send(page, "Hello")
+    wait_idle(page)
+    expect(page.locator(".message.assistant .status.error")).to_have_count(0)
+
+
+def test_cut_streams_failed_turns_settings_and_new_chats(ui_stack: UIStack, page: Any) -> None:
+    """A stream that ends without [DONE] is an error, not a finished reply; a failed turn is left out of the next
+    request with the user turn it answered (no two user turns in a row); temperatures between the spinner's steps
+    are kept; "New chat" twice leaves one empty conversation."""
+    bodies: list[dict[str, Any]] = []
+    cors = {"Access-Control-Allow-Origin": "*"}
+
+    def answer(route: Any) -> None:
+        bodies.append(json.loads(route.request.post_data))
+        body = sse(delta(content="fine"), delta())
+        if len(bodies) == 1:
+            body = f"data: {json.dumps(delta(content='cut off here'))}\n\n"  # no finish, no [DONE]
+        route.fulfill(status=200, headers={**cors, "Content-Type": "text/event-stream"}, body=body)
+
+    page.route("**/v1/chat/completions", answer)
+    page.goto(ui_stack.ui_url)
+    expect(page.locator("#model-name")).to_have_text("fake-model")
+    set_settings(page, temperature="0.33")
+    send(page, "First")
+    wait_idle(page)
+    expect(page.locator(".message.assistant .status.error")).to_have_text(
+        "Error: the connection closed before the reply finished")
+    send(page, "Second")
+    wait_idle(page)
+    assert bodies[1]["messages"] == [{"role": "user", "content": "Second"}]
+    assert bodies[0]["temperature"] == bodies[1]["temperature"] == 0.33
+    page.click("#new-chat")
+    page.click("#new-chat")
+    titles = page.evaluate(f"{STORED}.map((c) => c.messages.length)")
+    assert sorted(titles) == [0, 4], titles
 
 
 @pytest.mark.parametrize(

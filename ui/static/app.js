@@ -22,10 +22,18 @@ const state = {
   running: null, // {controller, conversation}
 };
 
+// A reply still streaming when the page went away (it was saved at pagehide) shows as stopped after a reload.
+const interrupted = state.conversations.flatMap((c) => c.messages)
+  .filter((m) => m.role === "assistant" && m.finish === null && !m.error);
+for (const m of interrupted) m.finish = "stopped";
+if (interrupted.length) save();
+
 function save() {
   localStorage.setItem(KEYS.conversations, JSON.stringify(state.conversations));
   localStorage.setItem(KEYS.current, state.currentId ?? "");
 }
+
+let leaving = false; // the page is being closed or reloaded
 
 const current = () => state.conversations.find((c) => c.id === state.currentId) ?? null;
 
@@ -143,6 +151,11 @@ function setRunning(running) {
 // ---- conversations ----
 
 function newConversation() {
+  const empty = state.conversations.find((c) => c.messages.length === 0);
+  if (empty) { // "New chat" again reuses the empty one instead of piling them up
+    state.currentId = empty.id;
+    return empty;
+  }
   const conversation = { id: crypto.randomUUID?.() ?? String(Date.now()), title: "", messages: [] };
   state.conversations.push(conversation);
   state.currentId = conversation.id;
@@ -159,12 +172,18 @@ function deleteConversation(id) {
 }
 
 // The messages the API sees: the system prompt, then each turn's answer (reasoning is not sent back).
+// The turns sent to the API: a failed reply is left out with the user turn it answered (two user turns in a row
+// break templates that require alternation), and so is a reply that never got any text (a reload mid-stream).
 function apiMessages(messages) {
   const out = state.settings.system ? [{ role: "system", content: state.settings.system }] : [];
-  for (const m of messages) {
-    if (m.role === "user") out.push({ role: "user", content: m.content });
-    else if (!m.error) out.push({ role: "assistant", content: splitReasoning(m.content).answer });
-  }
+  messages.forEach((m, i) => {
+    const reply = messages[i + 1];
+    if (m.role === "user") {
+      if (!(reply?.role === "assistant" && reply.error)) out.push({ role: "user", content: m.content });
+    } else if (!m.error && m.content) {
+      out.push({ role: "assistant", content: splitReasoning(m.content).answer });
+    }
+  });
   return out;
 }
 
@@ -201,7 +220,7 @@ async function generate(conversation) {
       },
     });
   } catch (error) {
-    if (error.name === "AbortError") message.finish = "stopped";
+    if (error.name === "AbortError" || leaving) message.finish = "stopped"; // leaving: the page closed the stream
     else message.error = error.message;
   } finally {
     state.running = null;
@@ -272,7 +291,9 @@ function showInfo(facts) {
 async function connect() {
   try {
     const config = await (await fetch("/config.json")).json();
-    state.apiBase = `${location.protocol}//${location.hostname.includes(":") ? `[${location.hostname}]` : location.hostname}:${config.api_port}`;
+    const api = new URL(location.origin); // an IPv6 host keeps its brackets (location.hostname has them already)
+    api.port = String(config.api_port);
+    state.apiBase = api.origin;
     showInfo({ ...config.engine, api: `${state.apiBase}/v1` });
     $("model-name").textContent = config.engine.model;
     const models = await getJSON(state.apiBase, "/v1/models", state.settings.api_key);
@@ -280,7 +301,7 @@ async function connect() {
     if (state.model) $("model-name").textContent = state.model;
     notice(null);
   } catch (error) {
-    notice(`Cannot reach the API: ${error.message}`);
+    notice(`The API did not answer: ${error.message}`);
   }
 }
 
@@ -305,6 +326,9 @@ function wire() {
   });
   $("stop").addEventListener("click", () => state.running?.controller.abort());
   $("new-chat").addEventListener("click", () => { if (!state.running) { newConversation(); renderAll(); } });
+  // Closing or reloading the tab mid-reply: the reply keeps its text and shows as stopped, not as an error.
+  window.addEventListener("beforeunload", () => { leaving = true; });
+  window.addEventListener("pagehide", () => { leaving = true; save(); });
   $("toggle-sidebar").addEventListener("click", () => document.body.classList.toggle("no-sidebar"));
   $("settings-button").addEventListener("click", openSettings);
   $("settings").addEventListener("close", () => { if ($("settings").returnValue === "save") saveSettings(); });

@@ -55,7 +55,7 @@ async function errorMessage(response) {
 export async function streamChat({ apiBase, apiKey, body, signal, onDelta }) {
   const headers = { "Content-Type": "application/json" };
   if (apiKey) headers.Authorization = `Bearer ${apiKey}`;
-  const response = await fetch(`${apiBase}/v1/chat/completions`, {
+  const response = await reach(apiBase, `${apiBase}/v1/chat/completions`, {
     method: "POST", headers, body: JSON.stringify({ ...body, stream: true }), signal,
   });
   if (!response.ok) throw new Error(await errorMessage(response));
@@ -73,11 +73,23 @@ export async function streamChat({ apiBase, apiKey, body, signal, onDelta }) {
       finish: choice.finish_reason ?? null,
     });
   }
+  // A stream must end with [DONE]: without it the reply was cut (a proxy timeout, a dropped connection).
+  throw new Error("the connection closed before the reply finished");
+}
+
+// fetch, but a request that never reached the server says where it was going ("Failed to fetch" did not).
+async function reach(apiBase, url, init) {
+  try {
+    return await fetch(url, init);
+  } catch (error) {
+    if (error.name === "AbortError") throw error;
+    throw new Error(`cannot reach the API at ${apiBase} (${error.message})`);
+  }
 }
 
 // GET an API path as JSON (model list), with the key when one is set.
 export async function getJSON(apiBase, path, apiKey) {
-  const response = await fetch(`${apiBase}${path}`, { headers: apiKey ? { Authorization: `Bearer ${apiKey}` } : {} });
+  const response = await reach(apiBase, `${apiBase}${path}`, { headers: apiKey ? { Authorization: `Bearer ${apiKey}` } : {} });
   if (!response.ok) throw new Error(await errorMessage(response));
   return response.json();
 }
