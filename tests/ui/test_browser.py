@@ -86,14 +86,19 @@ def test_streamed_reply_renders_as_markdown_with_reasoning(ui_stack: UIStack, pa
     assert page.errors == []
 
 
-@pytest.mark.parametrize("ui_stack", [{"delay_s": 0.02, "repeat": True}], indirect=True)
-def test_stop_aborts_the_generation_and_regenerate_asks_again(ui_stack: UIStack, page: Any) -> None:
-    engine = ui_stack.engine
+def start_long_reply(ui_stack: UIStack, page: Any) -> None:
+    """Ask for a long reply and wait until it is partway through its stream."""
     page.goto(ui_stack.ui_url)
     expect(page.locator("#model-name")).to_have_text("fake-model")
     set_settings(page, max_tokens="3000")
     send(page, "Tell me everything")
-    page.wait_for_selector(".message.assistant .content h1")  # partway through the stream
+    page.wait_for_selector(".message.assistant .content h1")
+
+
+@pytest.mark.parametrize("ui_stack", [{"delay_s": 0.02, "repeat": True}], indirect=True)
+def test_stop_aborts_the_generation_and_regenerate_asks_again(ui_stack: UIStack, page: Any) -> None:
+    engine = ui_stack.engine
+    start_long_reply(ui_stack, page)
     page.click("#stop")
     wait_idle(page)
     assert page.locator(".message.assistant .status").inner_text() == "Stopped."
@@ -112,15 +117,12 @@ def test_stop_aborts_the_generation_and_regenerate_asks_again(ui_stack: UIStack,
     assert page.errors == []
 
 
+@pytest.mark.parametrize("ui_stack", [{"delay_s": 0.02, "repeat": True}], indirect=True)
 def test_a_reload_mid_reply_keeps_the_text_as_stopped(ui_stack: UIStack, page: Any) -> None:
     """Reloading while a reply streams keeps what had arrived, marked stopped (it was an empty, unfinished turn
     that the next request sent back as an empty assistant message)."""
     engine = ui_stack.engine
-    page.goto(ui_stack.ui_url)
-    expect(page.locator("#model-name")).to_have_text("fake-model")
-    set_settings(page, max_tokens="3000")
-    send(page, "Tell me everything")
-    page.wait_for_selector(".message.assistant .content h1")  # partway through the stream
+    start_long_reply(ui_stack, page)
     page.reload()
     expect(page.locator("#model-name")).to_have_text("fake-model")
     expect(page.locator(".message.assistant .status")).to_have_text("Stopped.")

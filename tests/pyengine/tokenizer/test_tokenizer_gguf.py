@@ -95,10 +95,16 @@ def test_end_of_generation_tokens_match_llama_cpp(replaced: dict[int, str], tmp_
     """The tokens generation stops on, by the texts llama.cpp recognises: SmolLM2's vocabulary with some of its
     special tokens renamed, against llama.cpp's own end-of-generation set for the same file."""
     reader = gguf.GGUFReader(str(_smollm2_path()))
-    tokens = [replaced.get(i, str(t)) for i, t in enumerate(reader.get_field("tokenizer.ggml.tokens").contents())]
+
+    def field(key: str) -> list[Any]:
+        found = reader.get_field(key)
+        assert found is not None, key
+        return list(found.contents())
+
+    tokens = [replaced.get(i, str(t)) for i, t in enumerate(field("tokenizer.ggml.tokens"))]
     path = write_gguf(tmp_path / "eog.gguf", model="gpt2", pre="smollm", tokens=tokens,
-                      token_types=list(reader.get_field("tokenizer.ggml.token_type").contents()),
-                      merges=list(reader.get_field("tokenizer.ggml.merges").contents()), bos=1, eos=2)
+                      token_types=field("tokenizer.ggml.token_type"), merges=field("tokenizer.ggml.merges"), bos=1,
+                      eos=2)
     ours = load_tokenizer_from_gguf(path)
     want = _llama_eog(_llama(path))
     assert ours.stop_token_ids == want
