@@ -3,6 +3,7 @@ unix sockets as unix:///path, file:///path or socket:///path (the forms the Rust
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 
 UNIX_SCHEMES = ("unix://", "file://", "socket://")
@@ -59,3 +60,17 @@ def parse_bind(host: str, port: int) -> Bind:
     if not name:
         raise ValueError(f"--h {whole!r}: missing host name")
     return Bind("tcp", f"{name}:{_port(tail, whole) if sep else port}")
+
+
+def check_listenable(bind: Bind) -> None:
+    """Raise OSError now when a TCP address cannot be listened on (a port in use, an address this host does not
+    have), so the CLI says so before spending the model's load time; hypercorn binds for real later. Unix sockets
+    are left to hypercorn (it replaces a stale socket file)."""
+    if bind.kind != "tcp":
+        return
+    host, _, port = bind.address.rpartition(":")
+    family, kind, proto, _, address = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as hypercorn: TIME_WAIT is no conflict
+        probe.bind(address)

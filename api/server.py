@@ -19,7 +19,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from candle_vllm import __version__
 from candle_vllm.api.app import create_app
-from candle_vllm.api.binds import Bind, parse_bind
+from candle_vllm.api.binds import Bind, check_listenable, parse_bind
 from candle_vllm.api.state import ServerConfig, ServerState
 
 if sys.version_info < (3, 11):
@@ -131,6 +131,11 @@ async def _serve_engine(engine_args: Any, config: ServerConfig, binds: list[Bind
         print(startup_summary(engine, urls, ui_urls), flush=True)
 
 
+def listen_failure(error: OSError, binds: Sequence[Bind]) -> str:
+    """The one line for addresses that cannot be listened on."""
+    return f"cannot listen on {', '.join(b.hypercorn for b in binds)}: {error.strerror or error}"
+
+
 def startup_failure(error: BaseException, binds: Sequence[Bind]) -> tuple[int, str] | None:
     """(exit code, one line) for an error that ends the server before it serves, so the CLI prints that line
     instead of a traceback: a model that cannot load (1), flag values the loaded model cannot take or an address
@@ -147,8 +152,7 @@ def startup_failure(error: BaseException, binds: Sequence[Bind]) -> tuple[int, s
     if isinstance(error, EngineConfigError):
         return 2, str(error)
     if isinstance(error, OSError):
-        where = ", ".join(b.hypercorn for b in binds)
-        return 2, f"cannot listen on {where}: {error.strerror or error}"
+        return 2, listen_failure(error, binds)
     if isinstance(error, KeyboardInterrupt):
         return 130, "interrupted"
     return None
@@ -165,6 +169,13 @@ def run(engine_args: Any, server_args: Any) -> int:
     except ValueError as e:
         print(f"candle-vllm: {e}", file=sys.stderr)
         return 2
+    binds = [bind] if ui_bind is None else [bind, ui_bind]
+    try:
+        for b in binds:
+            check_listenable(b)
+    except OSError as e:
+        print(f"candle-vllm: {listen_failure(e, binds)}", file=sys.stderr)  # before the model loads
+        return 2
     config = ServerConfig(api_key=server_args.api_key, enforce_parser=server_args.enforce_parser,
                           mcp_servers=server_args.mcp_servers,
                           mcp_refresh_s=server_args.mcp_refresh_s,
@@ -172,7 +183,7 @@ def run(engine_args: Any, server_args: Any) -> int:
     try:
         trio.run(_serve_engine, engine_args, config, [bind], ui_bind)
     except BaseException as e:
-        failure = startup_failure(e, [bind] if ui_bind is None else [bind, ui_bind])
+        failure = startup_failure(e, binds)
         if failure is None:
             raise
         print(f"candle-vllm: {failure[1]}", file=sys.stderr)
