@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from candle_vllm.api.errors import bad_request
+from candle_vllm.pyengine.scheduler.config import default_max_tokens, kv_room
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,26 +34,24 @@ class TokenLimits:
         """The ``max_tokens`` to run a prompt of ``prompt_len`` tokens with (``max_tokens``: the client's, or
         None); 400 when the prompt, or the prompt with the client's ``max_tokens``, can never fit.
 
-        One request needs KV for its prompt and every generated token but the last (which is never fed
-        back), which is how the scheduler counts it."""
+        One request needs KV for its prompt and every generated token but the last (``kv_room``)."""
         _check_context(prompt_len, max_tokens, self.max_model_len)
         kv = self.kv_capacity_tokens
         if kv is not None and prompt_len > kv:
             raise bad_request(f"the prompt has {prompt_len} tokens but this server's KV cache holds {kv} tokens; "
                               "shorten the prompt (or start the server with more --mem or --kv-fraction)",
                               param="input_tokens", code="context_length_exceeded")
-        kv_room = None if kv is None else kv - prompt_len + 1
         if max_tokens is not None:
-            if kv_room is not None and max_tokens > kv_room:
+            room = None if kv is None else kv_room(kv, prompt_len)
+            if room is not None and max_tokens > room:
                 raise bad_request(f"max_tokens {max_tokens} does not fit this server's KV cache ({kv} tokens) after "
-                                  f"the prompt's {prompt_len} tokens; lower max_tokens to at most {kv_room} (or "
+                                  f"the prompt's {prompt_len} tokens; lower max_tokens to at most {room} (or "
                                   "start the server with more --mem or --kv-fraction)", param="max_tokens",
                                   code="context_length_exceeded")
             return max_tokens
         if self.default_max_tokens is None:
             return None
-        limit = min(self.default_max_tokens, self.max_model_len - prompt_len)
-        return limit if kv_room is None else min(limit, kv_room)
+        return default_max_tokens(self.default_max_tokens, prompt_len, self.max_model_len, kv)
 
 
 def _check_context(prompt_len: int, max_tokens: int | None, max_model_len: int) -> None:

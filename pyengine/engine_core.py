@@ -31,6 +31,7 @@ from candle_vllm.pyengine.request import FinishReason, Request
 from candle_vllm.pyengine.runner import ModelRunner, PendingStep, StepResult
 from candle_vllm.pyengine.sampling import SamplingDefaults, SamplingParams
 from candle_vllm.pyengine.scheduler import Scheduler, SchedulerConfig
+from candle_vllm.pyengine.scheduler.config import default_max_tokens
 from candle_vllm.pyengine.scheduler.plan import StepPlan
 from candle_vllm.pyengine.structured_output import GrammarMatchers, check_structured_output, compiler_for
 from candle_vllm.pyengine.tokenizer import Tokenizer
@@ -164,17 +165,16 @@ class EngineCore:
 
     def resolve_params(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
         """Server defaults for unset fields, the output cap, and vocabulary checks. An unset ``max_tokens`` takes
-        ``--max-gen-tokens`` cut to what the KV cache holds after a prompt of ``prompt_len`` tokens (the caller
-        never asked for more, so the default must not get the request refused; the scheduler cuts it to the
-        context too), as the server's ``api.limits`` does."""
+        ``--max-gen-tokens`` cut to what fits after a prompt of ``prompt_len`` tokens (``default_max_tokens``, the
+        server's rule too)."""
         params = self.sampling_defaults.apply(params)
         params.check_vocab(self.model_config.vocab_size)
         if params.structured_output is not None:  # a bad schema fails here, not inside a step
             check_structured_output(params.structured_output, self.tokenizer)
         if params.max_tokens is None:
             cfg = self.scheduler.config
-            kv_room = cfg.num_blocks * cfg.block_size - prompt_len + 1  # the last token is never fed back
-            params = dataclasses.replace(params, max_tokens=max(1, min(self.max_gen_tokens, kv_room)))
+            limit = default_max_tokens(self.max_gen_tokens, prompt_len, cfg.max_model_len, cfg.num_blocks * cfg.block_size)
+            params = dataclasses.replace(params, max_tokens=limit)
         return params
 
     def abort(self, request_id: str) -> RequestOutput | None:

@@ -57,3 +57,19 @@ class SchedulerConfig:
     @property
     def max_blocks_per_seq(self) -> int:
         return min(self.num_blocks, -(-self.max_model_len // self.block_size))
+
+
+def kv_room(kv_tokens: int, prompt_len: int) -> int:
+    """Tokens one request may generate after a prompt of ``prompt_len`` in a cache of ``kv_tokens``: every generated
+    token but the last (never fed back) needs a slot, as the scheduler counts it."""
+    return kv_tokens - prompt_len + 1
+
+
+def default_max_tokens(default: int, prompt_len: int, max_model_len: int, kv_tokens: int | None) -> int:
+    """The ``max_tokens`` of a request that set none: the default (``--max-gen-tokens``) cut to what fits after its
+    prompt, in the context and in the KV cache (None: not known), and at least 1. A client that never sent
+    ``max_tokens`` cannot lower it, so refusing the request for the default would leave it no way to succeed."""
+    limit = min(default, max_model_len - prompt_len)
+    if kv_tokens is not None:
+        limit = min(limit, kv_room(kv_tokens, prompt_len))
+    return max(1, limit)

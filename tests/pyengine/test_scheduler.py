@@ -14,6 +14,7 @@ import pytest
 from candle_vllm.pyengine.request import FinishReason, Request, RequestStatus
 from candle_vllm.pyengine.sampling import SamplingParams
 from candle_vllm.pyengine.scheduler import RequestRejected, Scheduler, SchedulerConfig, StepPlan
+from candle_vllm.pyengine.scheduler.config import default_max_tokens
 
 VOCAB = 1000
 _WEIGHTS = np.random.default_rng(0).integers(1, 1000, size=8192)
@@ -348,3 +349,19 @@ def test_text_stop_between_steps_frees_blocks_and_drops_inflight_result() -> Non
     assert r.output_token_ids == t1 and r.stop_reason == "</s>"
     assert_all_blocks_free(s)
     assert s.schedule().finished_ids == ["t-0"]
+
+
+@pytest.mark.parametrize("num_blocks,prompt_len", [(10, 60), (10, 79), (10, 80), (64, 100), (4, 1)])
+def test_default_max_tokens_is_the_most_the_scheduler_admits(num_blocks: int, prompt_len: int) -> None:
+    """The default for a request without ``max_tokens`` (the server's and the offline engine's rule) is admitted,
+    and where the KV cache cut it, one more token is refused: the scheduler's own count is the oracle."""
+    bs, max_model_len, default = 8, 512, 400
+    cfg = SchedulerConfig(num_blocks=num_blocks, block_size=bs, max_model_len=max_model_len)
+    limit = default_max_tokens(default, prompt_len, max_model_len, num_blocks * bs)
+    prompt = [1 + i % 50 for i in range(prompt_len)]
+    s = Scheduler(cfg)
+    s.add_request(Request("fits-0", list(prompt), SamplingParams(max_tokens=limit)))
+    assert s.requests["fits-0"].max_tokens == limit
+    if limit < min(default, max_model_len - prompt_len):
+        with pytest.raises(RequestRejected):
+            Scheduler(cfg).add_request(Request("over-1", list(prompt), SamplingParams(max_tokens=limit + 1)))
