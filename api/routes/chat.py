@@ -190,14 +190,18 @@ class ChatStream(sse.EventStream):
             return out
         delta = self._step(c)
         wants_logprobs = self.req.logprobs and c.token_ids_delta
-        if not (delta or wants_logprobs or c.finish_reason):
+        # Plain content (no reasoning split, no call reader holding text back): a chunk per engine output, as vLLM,
+        # even for tokens without text (a special token under ignore_eos, text held for a stop string), so a
+        # benchmark's inter-token samples stay one per token.
+        plain_token = choice.splitter is None and choice.reader is None and bool(c.token_ids_delta)
+        if not (delta or wants_logprobs or c.finish_reason or plain_token):
             return out
         logprobs = None
         if self.req.logprobs:
             logprobs = {"content": self.logprobs.content(c.token_ids_delta, c.logprobs_delta or [],
                                                          self.req.top_logprobs or 0)}
-        entry: dict[str, Any] = {"index": c.index, "delta": delta.to_json(), "logprobs": logprobs,
-                                 "finish_reason": None}
+        body = delta.to_json() if delta or not plain_token else {"content": ""}
+        entry: dict[str, Any] = {"index": c.index, "delta": body, "logprobs": logprobs, "finish_reason": None}
         if c.finish_reason:
             entry["finish_reason"] = choice.finish_reason(c.finish_reason)
             entry["stop_reason"] = c.stop_reason

@@ -176,8 +176,9 @@ class CompletionView(sse.EventStream):
             index = prompt_i * self.req.n + c.index
             if index in self.finished:
                 continue
-            wants_logprobs = self.req.logprobs is not None and c.token_ids_delta
-            if c.text_delta or wants_logprobs or c.finish_reason or (self.req.echo and index not in self.started):
+            # A chunk per engine output, as vLLM: tokens without text too (their text "" keeps a benchmark's
+            # inter-token samples one per token).
+            if c.text_delta or c.token_ids_delta or c.finish_reason or (self.req.echo and index not in self.started):
                 chunks.append(self._chunk([self._choice(prompt_i, out, c, whole=False)]))
         return chunks
 
