@@ -173,10 +173,16 @@ class ChatStream(sse.EventStream):
         return {"id": self.base["id"], "object": "chat.completion", "created": self.base["created"],
                 "model": self.base["model"], "choices": body, "usage": self._usage()}
 
-    def _chunk(self, choices: list[dict[str, Any]]) -> bytes:
+    def _chunk(self, choices: list[dict[str, Any]], role: bool = False) -> bytes:
+        """One chunk; with continuous usage, a choice's role chunk counts no completion tokens yet (as vLLM)."""
         body: dict[str, Any] = {**self.base, "choices": choices}
         if self.include_usage:
-            body["usage"] = self._usage() if self.continuous_usage else None
+            usage = None
+            if self.continuous_usage:
+                usage = self._usage()
+                if role:
+                    usage = {"prompt_tokens": self.prompt_len, "completion_tokens": 0, "total_tokens": self.prompt_len}
+            body["usage"] = usage
         return sse.event(body)
 
     def _choice_chunks(self, c: CompletionOutput) -> list[bytes]:
@@ -184,7 +190,7 @@ class ChatStream(sse.EventStream):
         if c.index not in self.role_sent:
             self.role_sent.add(c.index)
             out.append(self._chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                                     "logprobs": None, "finish_reason": None}]))
+                                     "logprobs": None, "finish_reason": None}], role=True))
         choice = self.choices[c.index]
         if choice.finished:
             return out
