@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import gguf
 import numpy as np
 import pytest
 
@@ -23,6 +22,7 @@ from candle_vllm.actors.engine import open_engine
 from candle_vllm.api.state import ServerConfig
 from candle_vllm.pyengine.engine_args import EngineArgs
 from tests.api.conftest import ServerThread, running, smollm2_path, tcp_bind
+from tests.pyengine.models.tiny_gguf import dequantized_copy
 
 lm_eval = pytest.importorskip("lm_eval")
 lm_eval_tasks = pytest.importorskip("lm_eval.tasks")
@@ -60,22 +60,7 @@ def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     quantize activations to 8 bits per block and differ by ~0.1 nat per token (llama.cpp even from itself, see
     tests/pyengine/models/test_smollm2_vs_llamacpp.py); on F32 they compute the same function, so the
     loglikelihoods can be held to a tolerance that no misaligned or wrong token fits in."""
-    reader = gguf.GGUFReader(smollm2_path())
-    dst = tmp_path_factory.mktemp("gguf") / "smollm2-f32.gguf"
-    writer = gguf.GGUFWriter(dst, str(reader.fields["general.architecture"].contents()))
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name in ("general.architecture", "general.file_type"):
-            continue
-        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), field.types[0], sub)
-    for tensor in reader.tensors:
-        weights = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        writer.add_tensor(tensor.name, weights.reshape(tuple(reversed(tensor.shape.tolist()))).astype(np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return dst
+    return dequantized_copy(smollm2_path(), tmp_path_factory.mktemp("gguf") / "smollm2-f32.gguf")
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 import torch
+from tiny_gguf import dequantized_copy
 
 from candle_vllm.pyengine.loader import load_model, resolve_model_source
 from candle_vllm.pyengine.loader.embedded import default_model_path
@@ -87,28 +87,10 @@ def _teacher_forced(path: Path) -> tuple[float, float]:
     return agree, delta
 
 
-def _reencode_f16(src: Path, dst: Path) -> Path:
-    """The same model with every matrix dequantized (by the gguf package) and stored as F16."""
-    reader = gguf.GGUFReader(src)
-    writer = gguf.GGUFWriter(dst, str(reader.fields["general.architecture"].contents()))
-    for f in reader.fields.values():
-        if f.name.startswith("GGUF.") or f.name in ("general.architecture", "general.file_type"):
-            continue
-        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(f.name, f.contents(), f.types[0], sub)
-    for t in reader.tensors:
-        a = gguf.quants.dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape.tolist())))
-        writer.add_tensor(t.name, a.astype(np.float16 if a.ndim == 2 else np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return dst
-
-
 @pytest.mark.slow
 def test_f16_weights_match_llama_cpp(tmp_path: Path) -> None:
-    agree, delta = _teacher_forced(_reencode_f16(default_model_path(), tmp_path / "smollm2-f16.gguf"))
+    agree, delta = _teacher_forced(
+        dequantized_copy(default_model_path(), tmp_path / "smollm2-f16.gguf", np.float16))
     assert agree >= 0.98  # measured 0.998
     assert delta <= 0.05  # measured 0.0016
 

@@ -1,4 +1,5 @@
-"""Write a transformers model as a llama.cpp-style GGUF with the ``gguf`` package (test fixture)."""
+"""Write a transformers model as a llama.cpp-style GGUF with the ``gguf`` package, or a GGUF file again with its
+tensors dequantized (test fixtures)."""
 
 from __future__ import annotations
 
@@ -85,3 +86,23 @@ def write_gguf(
     if c.tie_word_embeddings:
         as_stored["lm_head.weight"] = as_stored["model.embed_tokens.weight"]
     return as_stored
+
+
+def dequantized_copy(src: Path, dst: Path, matrix_dtype: type[np.floating] = np.float32) -> Path:
+    """``src`` with every tensor dequantized by the gguf package, matrices stored as ``matrix_dtype`` (F32 or F16)
+    and vectors as F32, every other field kept: the same model without the quantized types' rounding."""
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(dst, str(reader.fields["general.architecture"].contents()))
+    for f in reader.fields.values():
+        if f.name.startswith("GGUF.") or f.name in ("general.architecture", "general.file_type"):
+            continue
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(f.name, f.contents(), f.types[0], sub)
+    for t in reader.tensors:
+        a = gguf.quants.dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape.tolist())))
+        writer.add_tensor(t.name, a.astype(matrix_dtype if a.ndim == 2 else np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
