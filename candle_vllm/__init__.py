@@ -10,11 +10,11 @@ import os
 # Only effective when set before torch is first imported; an explicit user setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from candle_vllm.pyengine.llm import LLM
+from candle_vllm.pyengine.llm import LLM, TextPrompt, TokensPrompt
 from candle_vllm.pyengine.outputs import CompletionOutput, Logprob, RequestOutput
 from candle_vllm.pyengine.sampling import SamplingParams, StructuredOutputParams
 
 __version__ = "0.1.0"
 
 __all__ = ["LLM", "CompletionOutput", "Logprob", "RequestOutput", "SamplingParams", "StructuredOutputParams",
-           "__version__"]
+           "TextPrompt", "TokensPrompt", "__version__"]

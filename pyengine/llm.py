@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
-from typing import Any, cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypedDict, cast
 
 from tqdm import tqdm
 
@@ -15,19 +15,71 @@ from candle_vllm.pyengine.outputs import RequestOutput
 from candle_vllm.pyengine.sampling import SamplingParams
 from candle_vllm.pyengine.tokenizer import Tokenizer
 
-PromptType = str | dict[str, Any]
+
+class TextPrompt(TypedDict):
+    """vLLM's ``TextPrompt`` (``from vllm import TextPrompt``): a prompt as text, tokenized by the model's tokenizer."""
+
+    prompt: str
+
+
+class TokensPrompt(TypedDict):
+    """vLLM's ``TokensPrompt``: a prompt as token ids, sent to the model as given."""
+
+    prompt_token_ids: list[int]
+
+
+PromptType = str | Mapping[str, Any]  # text, or a TextPrompt / TokensPrompt (or a dict of their keys)
 Message = dict[str, Any]
+
+# vLLM's dtype names (``LLM(dtype="half")``) -> ours; "auto" is our default choice per device.
+_VLLM_DTYPES: dict[str, str | None] = {
+    "auto": None, "bfloat16": "bf16", "float16": "f16", "half": "f16", "float32": "f32", "float": "f32",
+}
+
+
+def _engine_args_from_vllm_names(args: dict[str, Any]) -> dict[str, Any]:
+    """Code written for vLLM passes vLLM's names for engine args; those that mean exactly what one of ours means
+    are translated, so such ``LLM(...)`` calls run unchanged. Names that only look alike (``gpu_memory_utilization``
+    sizes weights, activations and cache together; ``--kv-fraction`` sizes the cache from what is free after
+    loading) stay unknown and are refused by ``EngineArgs``."""
+    args = dict(args)
+    if isinstance(args.get("dtype"), str) and args["dtype"] in _VLLM_DTYPES:
+        args["dtype"] = _VLLM_DTYPES[args["dtype"]]
+    renames: dict[str, tuple[str, Callable[[Any], Any]]] = {
+        "enforce_eager": ("disable_cuda_graph", bool),
+        "enable_prefix_caching": ("disable_prefix_cache", lambda on: not on),
+        # Tensor parallelism over N devices is --d 0..N-1, which EngineArgs refuses while it is not built.
+        "tensor_parallel_size": ("device_ids", lambda n: None if n == 1 else list(range(n))),
+    }
+    for name, (ours, convert) in renames.items():
+        if name in args:
+            if ours in args:
+                raise TypeError(f"pass {name} (vLLM's name) or {ours}, not both")
+            args[ours] = convert(args.pop(name))
+    # vLLM's permission to run a model repository's Python code; this engine never runs any, so it changes nothing.
+    args.pop("trust_remote_code", None)
+    return args
 
 
 class LLM:
-    """Runs a model over batches of prompts with continuous batching; engine args are named like the CLI flags."""
+    """Runs a model over batches of prompts with continuous batching; engine args are named like the CLI flags,
+    and vLLM's names for the same settings are accepted too (``dtype="bfloat16"``, ``enforce_eager``...)."""
 
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+        """``seed`` defaults to 0 as in vLLM V1 (0.9 and later), so requests without a seed of their own sample the
+        same tokens run after run of the same script; pass ``seed=None`` for a fresh random stream each run."""
+        engine_args = _engine_args_from_vllm_names(engine_args)
+        engine_args.setdefault("seed", 0)
         self.engine = EngineCore(EngineArgs.from_kwargs(model=model, **engine_args))
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: the parameters a call without any samples with (the model's generation_config.json and the
+        engine's sampling args over vLLM's defaults), for code that starts from them and changes a few fields."""
+        return self.engine.sampling_defaults.apply(SamplingParams())
 
     def generate(
         self,
@@ -37,7 +89,7 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate for each prompt (a string, or ``{"prompt_token_ids": [...]}`` / ``{"prompt": ...}``);
         ``sampling_params`` is one for all prompts or one per prompt. Outputs keep the prompts' order."""
-        if isinstance(prompts, (str, dict)):
+        if isinstance(prompts, (str, Mapping)):
             prompts = [prompts]
         params = self._params_per_prompt(sampling_params, len(prompts))
         requests = []
@@ -55,8 +107,11 @@ class LLM:
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
         use_tqdm: bool = False,
+        continue_final_message: bool = False,
     ) -> list[RequestOutput]:
-        """Render each conversation with the model's chat template and generate a reply."""
+        """Render each conversation with the model's chat template and generate a reply; with
+        ``continue_final_message`` (and ``add_generation_prompt=False``, as in vLLM) the model goes on with the
+        last message (an assistant reply begun by the caller) instead of starting a new one."""
         conversations = cast(
             "Sequence[Sequence[Message]]", [messages] if messages and isinstance(messages[0], dict) else messages
         )
@@ -65,7 +120,8 @@ class LLM:
         requests: list[tuple[str | None, list[int], SamplingParams]] = []
         for conv, p in zip(conversations, params, strict=True):
             text = tok.apply_chat_template(list(conv), tools=tools, add_generation_prompt=add_generation_prompt,
-                                           chat_template_kwargs=chat_template_kwargs, chat_template=chat_template)
+                                           chat_template_kwargs=chat_template_kwargs, chat_template=chat_template,
+                                           continue_final_message=continue_final_message)
             requests.append((text, tok.encode(text, add_special_tokens=False), p))
         return self._run(requests, use_tqdm)
 

@@ -87,7 +87,9 @@ class OutputProcessor:
         for index, req in enumerate(requests):
             detok = IncrementalDetokenizer(self.tokenizer, group.prompt_token_ids, params.skip_special_tokens)
             stops = StopStringMatcher(params.stop, params.include_stop_str_in_output)
-            output = CompletionOutput(index=index, logprobs=[] if params.logprobs is not None else None)
+            wants = params.logprobs is not None
+            output = CompletionOutput(index=index, logprobs=[] if wants else None,
+                                      cumulative_logprob=0.0 if wants else None)
             group.choices.append(_Choice(req.request_id, output, detok, stops))
             self._group_of[req.request_id] = group
         if params.prompt_logprobs is not None:
@@ -154,6 +156,8 @@ class OutputProcessor:
                 self._decode_logprobs([event.logprobs])
             out.logprobs.append(event.logprobs)
             out.logprobs_delta = [*(out.logprobs_delta or []), event.logprobs]
+            if out.cumulative_logprob is not None:  # the chosen token is always in its entry
+                out.cumulative_logprob += event.logprobs[event.token_id].logprob
         hit: StopStringHit | None = None
         stop_token = event.finish_reason == "stop"
         # A stop token's text is not part of the output, except a requested stop id with include_stop_str.
@@ -196,6 +200,7 @@ class OutputProcessor:
                     logprobs=list(out.logprobs) if out.logprobs is not None else None,
                     finish_reason=out.finish_reason, stop_reason=out.stop_reason, text_delta=out.text_delta,
                     token_ids_delta=out.token_ids_delta, logprobs_delta=out.logprobs_delta,
+                    cumulative_logprob=out.cumulative_logprob,
                 )
             )
             out.text_delta, out.token_ids_delta, out.logprobs_delta = "", [], None

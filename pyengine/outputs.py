@@ -42,6 +42,9 @@ class CompletionOutput:
     text_delta: str = ""
     token_ids_delta: list[int] = field(default_factory=list)
     logprobs_delta: list[TokenLogprobs] | None = None
+    # vLLM's field: the sum of the chosen tokens' logprobs, None unless ``logprobs`` was asked for (as vLLM v1's
+    # LogprobsProcessor); users rank n > 1 choices by it. Last, so positional constructions keep their meaning.
+    cumulative_logprob: float | None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -8,7 +8,7 @@ template that turns messages into a prompt.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import tokenizers
 
@@ -84,6 +84,7 @@ class Tokenizer:
         """Id of a token given by its vocabulary string (e.g. ``"<|im_end|>"``), or None."""
         return self.hf.token_to_id(token)
 
+    @overload
     def apply_chat_template(
         self,
         messages: list[dict[str, Any]],
@@ -92,14 +93,48 @@ class Tokenizer:
         chat_template_kwargs: dict[str, Any] | None = None,
         chat_template: str | None = None,
         documents: list[dict[str, Any]] | None = None,
-    ) -> str:
+        *,
+        continue_final_message: bool = False,
+        tokenize: Literal[False] = False,
+    ) -> str: ...
+
+    @overload
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        chat_template: str | None = None,
+        documents: list[dict[str, Any]] | None = None,
+        *,
+        continue_final_message: bool = False,
+        tokenize: Literal[True],
+    ) -> list[int]: ...
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        chat_template: str | None = None,
+        documents: list[dict[str, Any]] | None = None,
+        *,
+        continue_final_message: bool = False,
+        tokenize: bool = False,
+    ) -> str | list[int]:
         """Render ``messages`` to prompt text exactly as transformers' ``apply_chat_template`` would.
 
         ``chat_template`` may be a template name (from ``chat_templates``) or a whole template.
+        ``continue_final_message`` and ``tokenize`` are transformers' keywords, because code written for vLLM calls
+        ``llm.get_tokenizer().apply_chat_template(messages, tokenize=False, add_generation_prompt=True)``;
+        ``tokenize=True`` gives the prompt's ids (special tokens come from the template, none are added), but
+        unlike transformers the default is text.
         Raises ``ChatTemplateError`` (a ValueError) when the template rejects the conversation.
         """
         template = select_chat_template(self.chat_templates, chat_template, tools)
-        return render_chat_template(
+        text = render_chat_template(
             template,
             messages,
             tools=tools,
@@ -107,4 +142,6 @@ class Tokenizer:
             add_generation_prompt=add_generation_prompt,
             special_tokens=self.special_tokens,
             template_kwargs=chat_template_kwargs,
+            continue_final_message=continue_final_message,
         )
+        return self.encode(text, add_special_tokens=False) if tokenize else text

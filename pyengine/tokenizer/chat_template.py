@@ -203,11 +203,17 @@ def render_chat_template(
     add_generation_prompt: bool = True,
     special_tokens: dict[str, str] | None = None,
     template_kwargs: dict[str, Any] | None = None,
+    continue_final_message: bool = False,
 ) -> str:
     """Render one conversation. Variables: messages, tools, documents, add_generation_prompt, every
-    special token by name (``bos_token``...), then ``template_kwargs`` (``enable_thinking``...), which win."""
+    special token by name (``bos_token``...), then ``template_kwargs`` (``enable_thinking``...), which win.
+    ``continue_final_message`` ends the prompt inside the last message, as transformers does (see
+    ``_cut_after_final_message``)."""
     if not messages:
         raise ChatTemplateError("cannot apply a chat template to an empty conversation")
+    if continue_final_message and add_generation_prompt:  # transformers refuses the pair the same way
+        raise ChatTemplateError("continue_final_message and add_generation_prompt cannot both be true: one continues "
+                                "the last message, the other starts a new assistant turn")
     compiled, wants_parts = _compile(template)
     reserved = _RESERVED.intersection(template_kwargs or {})
     if reserved:
@@ -215,7 +221,7 @@ def render_chat_template(
     variables = {**(special_tokens or {}), **_plain(template_kwargs or {})}
     prepared = prepare_messages(messages, wants_parts)
     try:
-        return compiled.render(
+        rendered = compiled.render(
             messages=prepared,
             tools=_plain(tools),
             documents=_plain(documents),
@@ -226,3 +232,25 @@ def render_chat_template(
         raise ChatTemplateError(f"chat template error: {e.message or e}") from e
     except (TypeError, KeyError, IndexError, AttributeError, ValueError) as e:
         raise ChatTemplateError(f"chat template failed on this conversation: {type(e).__name__}: {e}") from e
+    return _cut_after_final_message(rendered, messages[-1]) if continue_final_message else rendered
+
+
+def _cut_after_final_message(rendered: str, final: dict[str, Any]) -> str:
+    """transformers' ``continue_final_message``: the prompt ends where the last message's text ends (the end-of-turn
+    markup the template writes after it is cut), so the model goes on with that message instead of starting a new
+    one; of a list of parts, the last text part counts. Spacing the template trimmed off the text's end is not
+    restored, as in transformers."""
+    content = final.get("content")
+    if isinstance(content, list):
+        texts = [p if isinstance(p, str) else p["text"] for p in content
+                 if isinstance(p, str) or (isinstance(p, dict) and isinstance(p.get("text"), str))]
+        if not texts:
+            raise ChatTemplateError("continue_final_message: the final message has no text to continue")
+        content = texts[-1]
+    if not isinstance(content, str) or content.strip() not in rendered:
+        raise ChatTemplateError("continue_final_message: the chat template does not write the final message's text "
+                                "whole, so there is no place to continue it from")
+    start = rendered.rindex(content.strip())
+    if rendered[start : start + len(content.lstrip())] == content:
+        return rendered[: start + len(content.lstrip())]
+    return rendered[: start + len(content.strip())]

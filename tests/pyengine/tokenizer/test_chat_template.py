@@ -224,3 +224,31 @@ def test_input_errors() -> None:
     parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
     # A template that iterates content parts gets them as parts, not joined.
     assert render_chat_template("{% for p in messages[0]['content'] %}<{{ p.text }}>{% endfor %}", parts) == "<a><b>"
+
+
+@pytest.mark.parametrize("final", ["The answer is", "Sure, here it is:  \n", [{"type": "text", "text": "Let me see"}]])
+def test_continue_final_message_matches_transformers(
+    qwen3: tuple[Tokenizer, Any], llama3: tuple[Tokenizer, Any], final: str | list[dict[str, str]]
+) -> None:
+    """vLLM's ``chat(..., add_generation_prompt=False, continue_final_message=True)`` goes through transformers:
+    the prompt ends inside the final (assistant) message, so the model continues it. ``tokenize=False`` is the
+    keyword code written for vLLM passes to ``llm.get_tokenizer().apply_chat_template``."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": final}]
+    kwargs = {"date_string": "01 Dec 2026"}
+    for ours, ref in (qwen3, llama3):
+        text = ours.apply_chat_template(messages, add_generation_prompt=False, chat_template_kwargs=kwargs,
+                                        continue_final_message=True, tokenize=False)
+        expected = ref.apply_chat_template(_for_transformers(messages), add_generation_prompt=False,
+                                           continue_final_message=True, tokenize=False, **kwargs)
+        assert text == expected
+        assert text.rstrip().endswith((final if isinstance(final, str) else final[-1]["text"]).strip())
+        ids = ours.apply_chat_template(messages, add_generation_prompt=False, chat_template_kwargs=kwargs,
+                                       continue_final_message=True, tokenize=True)
+        assert ids == list(ref.apply_chat_template(_for_transformers(messages), add_generation_prompt=False,
+                                                   continue_final_message=True, tokenize=True, return_dict=False,
+                                                   **kwargs))
+    with pytest.raises(ChatTemplateError, match="add_generation_prompt"):
+        qwen3[0].apply_chat_template(messages, add_generation_prompt=True, continue_final_message=True)
+    with pytest.raises(ChatTemplateError, match="no text"):
+        render_chat_template("{{ messages[-1].role }}", [{"role": "assistant", "content": []}],
+                             add_generation_prompt=False, continue_final_message=True)

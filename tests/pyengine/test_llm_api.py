@@ -1,0 +1,99 @@
+"""The offline API as code written for vLLM uses it (vLLM's docs and examples), on the real SmolLM2 GGUF (CPU):
+what such code calls must exist and mean what it means in vLLM."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import candle_vllm
+from candle_vllm import LLM, SamplingParams
+from candle_vllm.pyengine.engine_args import UnsupportedFeatureError
+from candle_vllm.pyengine.sampling import SamplingDefaults
+
+PROMPTS = ["Once upon a time,", "List five random words:"]
+CONVERSATION = [{"role": "user", "content": "What is 2+2?"}]
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return LLM(mem=64)
+
+
+def test_cumulative_logprob_is_the_sum_of_the_chosen_tokens_logprobs(llm: LLM) -> None:
+    """vLLM's CompletionOutput.cumulative_logprob (users rank n > 1 choices by it): the sum of the sampled tokens'
+    logprobs when ``logprobs`` is asked for, None otherwise (vLLM v1's LogprobsProcessor)."""
+    out = llm.generate(PROMPTS[0], SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=6, logprobs=0))[0]
+    for choice in out.outputs:
+        assert choice.logprobs is not None and choice.cumulative_logprob is not None
+        want = math.fsum(entry[t].logprob for t, entry in zip(choice.token_ids, choice.logprobs, strict=True))
+        assert choice.cumulative_logprob == pytest.approx(want, abs=1e-9) and choice.cumulative_logprob < 0
+    assert llm.generate(PROMPTS[0], SamplingParams(max_tokens=2))[0].outputs[0].cumulative_logprob is None
+
+
+def test_unseeded_sampling_repeats_from_run_to_run() -> None:
+    """vLLM V1's engine seed defaults to 0 (vLLM PR 17929, docs' "Reproducibility"): a script sampling without
+    per-request seeds gets the same tokens each time it runs; ``seed=None`` keeps a fresh stream per engine."""
+    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+    first, second = ([o.outputs[0].token_ids for o in LLM(mem=64).generate(PROMPTS, params)] for _ in range(2))
+    assert first == second
+
+
+def test_vllm_engine_arg_names_are_accepted() -> None:
+    """``LLM(model, dtype="float32", enforce_eager=True, ...)`` as vLLM's examples write it: the names that mean
+    what one of ours means are translated; tensor parallelism is refused as not built, not as an unknown name."""
+    llm = LLM(mem=64, dtype="float32", enforce_eager=True, enable_prefix_caching=False, tensor_parallel_size=1,
+              trust_remote_code=True)
+    args = llm.engine.args
+    assert (args.dtype, args.disable_cuda_graph, args.disable_prefix_cache, args.device_ids) == ("f32", True, True,
+                                                                                                  None)
+    out = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=4))[0].outputs[0]
+    assert len(out.token_ids) == 4
+    with pytest.raises(UnsupportedFeatureError, match="tensor parallelism"):
+        LLM(mem=64, tensor_parallel_size=2)
+    with pytest.raises(TypeError, match="not both"):
+        LLM(mem=64, enforce_eager=True, disable_cuda_graph=False)
+
+
+def test_text_and_tokens_prompt_types(llm: LLM) -> None:
+    """``from vllm import TextPrompt, TokensPrompt`` ports as ``from candle_vllm import ...``."""
+    params = SamplingParams(temperature=0, max_tokens=5)
+    ids = llm.get_tokenizer().encode(PROMPTS[1])
+    prompts = [candle_vllm.TextPrompt(prompt=PROMPTS[1]), candle_vllm.TokensPrompt(prompt_token_ids=ids)]
+    by_text, by_ids = llm.generate(prompts, params)
+    assert by_text.prompt_token_ids == by_ids.prompt_token_ids == ids
+    assert by_text.outputs[0].token_ids == by_ids.outputs[0].token_ids
+
+
+def test_chat_continue_final_message(llm: LLM) -> None:
+    """vLLM's ``chat(..., add_generation_prompt=False, continue_final_message=True)``: the prompt ends inside the
+    assistant message the caller began (no end-of-turn after it), and the reply continues it."""
+    begun = [*CONVERSATION, {"role": "assistant", "content": "The answer is"}]
+    params = SamplingParams(temperature=0, max_tokens=6)
+    out = llm.chat(begun, params, add_generation_prompt=False, continue_final_message=True)[0]
+    assert out.prompt is not None and out.prompt.endswith("<|im_start|>assistant\nThe answer is")
+    assert out.prompt_token_ids == llm.get_tokenizer().encode(out.prompt, add_special_tokens=False)
+    with pytest.raises(ValueError, match="add_generation_prompt"):
+        llm.chat(begun, params, continue_final_message=True)
+
+
+def test_tokenizer_apply_chat_template_tokenize_keyword(llm: LLM) -> None:
+    """vLLM's examples render prompts with ``llm.get_tokenizer().apply_chat_template(messages, tokenize=False,
+    add_generation_prompt=True)``; that prompt (or ``tokenize=True``'s ids) must be what ``chat`` sends."""
+    tok = llm.get_tokenizer()
+    text = tok.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=True)
+    ids = tok.apply_chat_template(CONVERSATION, tokenize=True, add_generation_prompt=True)
+    chat = llm.chat(CONVERSATION, SamplingParams(temperature=0, max_tokens=1))[0]
+    assert (text, ids) == (chat.prompt, chat.prompt_token_ids)
+
+
+def test_get_default_sampling_params(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's ``llm.get_default_sampling_params()``: the model's generation_config.json sampling values over
+    SamplingParams' defaults; callers change a field or two and pass it back."""
+    model_defaults = SamplingDefaults.from_generation_config({"temperature": 0.6, "top_k": 20})
+    monkeypatch.setattr(llm.engine, "sampling_defaults", model_defaults)
+    params = llm.get_default_sampling_params()
+    assert (params.temperature, params.top_k, params.top_p) == (0.6, 20, 1.0)
+    params.max_tokens = 3
+    assert len(llm.generate(PROMPTS[0], params)[0].outputs[0].token_ids) <= 3
