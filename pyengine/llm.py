@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypedDict, cast
@@ -30,6 +31,12 @@ class TokensPrompt(TypedDict):
 
 PromptType = str | Mapping[str, Any]  # text, or a TextPrompt / TokensPrompt (or a dict of their keys)
 Message = dict[str, Any]
+
+# vLLM's SamplingParams defaults of the fields a model's generation_config.json may set.
+_VLLM_SAMPLING_DEFAULTS: dict[str, Any] = {
+    "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+}
 
 # vLLM's dtype names (``LLM(dtype="half")``) -> ours; "auto" is our default choice per device.
 _VLLM_DTYPES: dict[str, str | None] = {
@@ -79,7 +86,8 @@ class LLM:
     def get_default_sampling_params(self) -> SamplingParams:
         """vLLM's: the parameters a call without any samples with (the model's generation_config.json and the
         engine's sampling args over vLLM's defaults), for code that starts from them and changes a few fields."""
-        return self.engine.sampling_defaults.apply(SamplingParams())
+        defaults = dataclasses.asdict(self.engine.sampling_defaults)
+        return SamplingParams(**{name: value for name, value in defaults.items() if value is not None})
 
     def generate(
         self,
@@ -134,17 +142,20 @@ class LLM:
             return prompt["prompt"], self.engine.tokenizer.encode(prompt["prompt"])
         raise ValueError("a prompt is a string or a dict with 'prompt' or 'prompt_token_ids'")
 
-    @staticmethod
     def _params_per_prompt(
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None, count: int
+        self, sampling_params: SamplingParams | Sequence[SamplingParams] | None, count: int
     ) -> list[SamplingParams]:
+        """One params per prompt. Without any, the model's generation_config.json fills every field (vLLM's
+        ``get_default_sampling_params``); a caller's own params keep vLLM's defaults where they say nothing, as in
+        vLLM, which applies generation_config.json only to calls without params (the engine's sampling args,
+        ``LLM(temperature=...)``, still fill them: the caller chose those too)."""
         if sampling_params is None:
             return [SamplingParams() for _ in range(count)]
-        if isinstance(sampling_params, SamplingParams):
-            return [sampling_params] * count
-        if len(sampling_params) != count:
-            raise ValueError(f"{len(sampling_params)} sampling params for {count} prompts")
-        return list(sampling_params)
+        given = [sampling_params] * count if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        if len(given) != count:
+            raise ValueError(f"{len(given)} sampling params for {count} prompts")
+        fills = {**_VLLM_SAMPLING_DEFAULTS, **self.engine.args.sampling_defaults()}
+        return [p.with_settings(**{k: v for k, v in fills.items() if k not in p.explicit_fields}) for p in given]
 
     def _run(self, requests: list[tuple[str | None, list[int], SamplingParams]], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.engine

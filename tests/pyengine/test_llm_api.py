@@ -97,3 +97,16 @@ def test_get_default_sampling_params(llm: LLM, monkeypatch: pytest.MonkeyPatch) 
     assert (params.temperature, params.top_k, params.top_p) == (0.6, 20, 1.0)
     params.max_tokens = 3
     assert len(llm.generate(PROMPTS[0], params)[0].outputs[0].token_ids) <= 3
+
+
+def test_generation_config_fills_only_calls_without_params(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM applies a model's generation_config.json only when ``generate`` gets no SamplingParams
+    (``get_default_sampling_params``); a caller's own params keep vLLM's defaults where they say nothing, so a
+    greedy evaluation gets no repetition penalty the model's config asks for (Qwen2.5's 1.05)."""
+    monkeypatch.setattr(llm.engine, "sampling_defaults", SamplingDefaults(repetition_penalty=1.5))
+    greedy = {"temperature": 0.0, "max_tokens": 24, "ignore_eos": True}
+    own = llm.generate(PROMPTS[1], SamplingParams(**greedy))[0].outputs[0].token_ids
+    plain = llm.generate(PROMPTS[1], SamplingParams(**greedy, repetition_penalty=1.0))[0].outputs[0].token_ids
+    penalised = llm.generate(PROMPTS[1], SamplingParams(**greedy, repetition_penalty=1.5))[0].outputs[0].token_ids
+    assert own == plain and penalised != plain
+    assert llm.get_default_sampling_params().repetition_penalty == 1.5
