@@ -109,7 +109,8 @@ def render_chat(tokenizer: Any, req: ChatCompletionRequest | TokenizeRequest, to
     try:
         return tokenizer.apply_chat_template(
             messages, tools=tools, add_generation_prompt=req.add_generation_prompt,
-            chat_template_kwargs=kwargs or None, chat_template=template)
+            chat_template_kwargs=kwargs or None, chat_template=template,
+            continue_final_message=req.continue_final_message)
     except Exception as exc:  # jinja errors, raise_exception() in templates, templates missing
         log.info("chat template failed: %s", exc)
         raise bad_request(f"the chat template could not be rendered: {exc}", param="messages") from None

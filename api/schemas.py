@@ -125,6 +125,13 @@ class SamplingFields(_Open):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
+def _check_continuation(add_generation_prompt: bool, continue_final_message: bool) -> None:
+    """vLLM's rule: continuing the last message and opening a new assistant turn exclude each other."""
+    if add_generation_prompt and continue_final_message:
+        raise ValueError("continue_final_message and add_generation_prompt cannot both be true: set "
+                         "add_generation_prompt to false to continue the last message")
+
+
 class ChatCompletionRequest(SamplingFields):
     """``POST /v1/chat/completions``."""
 
@@ -139,6 +146,7 @@ class ChatCompletionRequest(SamplingFields):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False  # vLLM's: the reply goes on with the last message (a prefilled answer)
     enable_thinking: bool | None = None
     thinking: bool | ThinkingConfig | None = None
 
@@ -146,6 +154,7 @@ class ChatCompletionRequest(SamplingFields):
     def _check_chat(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
+        _check_continuation(self.add_generation_prompt, self.continue_final_message)
         return self
 
     def tool_dicts(self) -> list[dict[str, Any]] | None:
@@ -231,6 +240,7 @@ class TokenizeRequest(_Open):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     return_token_strs: bool = False
     tools: list[dict[str, Any]] | None = None
     chat_template: str | None = None
@@ -240,6 +250,7 @@ class TokenizeRequest(_Open):
     def _one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt or messages")
+        _check_continuation(self.add_generation_prompt, self.continue_final_message)
         return self
 
 

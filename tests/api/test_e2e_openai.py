@@ -220,3 +220,24 @@ def test_queue_and_prefill_times_are_recorded(server: ServerThread, model: str) 
     for name in ("queue_time", "prefill_time"):
         key = f"vllm:request_{name}_seconds_count"
         assert after[key] - before.get(key, 0.0) == 2, name
+
+
+def test_continue_final_message_goes_on_with_the_last_message(server: ServerThread, model: str) -> None:
+    """vLLM's ``continue_final_message``: the prompt ends inside the prefilled assistant message, and the reply is
+    what a completion of exactly that prompt (as ``/tokenize`` renders it) generates; with
+    ``add_generation_prompt`` left true it is a 400, as in vLLM."""
+    begun = "The capital of France is"
+    messages = [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": begun}]
+    extra = {"continue_final_message": True, "add_generation_prompt": False}
+    with server.http() as http:
+        tokens = http.post("/tokenize", json={"model": model, "messages": messages, **extra}).json()["tokens"]
+    text = server.engine.tokenizer.decode(tokens)
+    assert text.endswith(begun) and text.count(begun) == 1
+    client = server.openai()
+    reply = client.chat.completions.create(model=model, messages=messages, temperature=0, max_tokens=8,
+                                           extra_body=extra).choices[0].message.content
+    completion = client.completions.create(model=model, prompt=[tokens], temperature=0, max_tokens=8).choices[0].text
+    assert reply and reply == completion
+    with pytest.raises(openai.BadRequestError, match="continue_final_message"):
+        client.chat.completions.create(model=model, messages=messages, max_tokens=2,
+                                       extra_body={"continue_final_message": True})
