@@ -109,7 +109,7 @@ def render_chat(tokenizer: Any, req: ChatCompletionRequest | TokenizeRequest, to
     try:
         return tokenizer.apply_chat_template(
             messages, tools=tools, add_generation_prompt=req.add_generation_prompt,
-            chat_template_kwargs=kwargs or None, chat_template=template,
+            chat_template_kwargs=kwargs or None, chat_template=template, documents=req.documents,
             continue_final_message=req.continue_final_message)
     except Exception as exc:  # jinja errors, raise_exception() in templates, templates missing
         log.info("chat template failed: %s", exc)
@@ -172,9 +172,37 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
         raise bad_request(f"token ids {bad[:5]} are outside the vocabulary (size {vocab_size})", param=param)
 
 
+# vLLM's request extras that would change the output and are not built, with the value that changes nothing (a
+# client may send that): refused with a 400 naming the field instead of being kept and ignored.
+_UNBUILT_EXTRAS: dict[str, tuple[Any, str]] = {
+    "use_beam_search": (False, "beam search is not supported; sample with n and temperature instead"),
+    "length_penalty": (1.0, "length_penalty applies to beam search, which is not supported"),
+    "allowed_token_ids": (None, "allowed_token_ids is not supported; use logit_bias or response_format"),
+    "bad_words": (None, "bad_words is not supported; use logit_bias on their token ids"),
+    "truncate_prompt_tokens": (None, "truncate_prompt_tokens is not supported; shorten the prompt"),
+    "prompt_logprobs": (None, "prompt_logprobs is not supported here; on /v1/completions use echo with logprobs"),
+    "spaces_between_special_tokens": (True, "spaces_between_special_tokens false is not supported"),
+    "return_tokens_as_token_ids": (False, "return_tokens_as_token_ids is not supported"),
+    "logits_processors": (None, "logits_processors are not supported"),
+    "echo": (False, "echo is supported on /v1/completions only"),
+    "priority": (0, "request priorities are not supported (requests are served first come, first served)"),
+}
+
+
+def refuse_unbuilt_extras(req: SamplingFields) -> None:
+    """A 400 for any field of ``_UNBUILT_EXTRAS`` the request sets to a value that would change the output (empty
+    lists and nulls change nothing)."""
+    extra = req.model_extra or {}
+    for name, (neutral, why) in _UNBUILT_EXTRAS.items():
+        value = extra.get(name)
+        if value is not None and value != neutral and value != []:
+            raise bad_request(why, param=name)
+
+
 def sampling_params(req: SamplingFields, max_tokens: int | None, vocab_size: int, *, logprobs: int | None,
                     prompt_logprobs: int | None = None) -> SamplingParams:
     """The request's sampling fields as ``SamplingParams`` (unset fields stay unset for server defaults)."""
+    refuse_unbuilt_extras(req)
     try:
         params = SamplingParams(
             n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,

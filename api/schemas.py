@@ -147,6 +147,7 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # vLLM's: the reply goes on with the last message (a prefilled answer)
+    documents: list[dict[str, Any]] | None = None  # for RAG chat templates (transformers' ``documents``)
     enable_thinking: bool | None = None
     thinking: bool | ThinkingConfig | None = None
 
@@ -241,6 +242,7 @@ class TokenizeRequest(_Open):
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    documents: list[dict[str, Any]] | None = None
     return_token_strs: bool = False
     tools: list[dict[str, Any]] | None = None
     chat_template: str | None = None

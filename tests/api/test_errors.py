@@ -190,3 +190,36 @@ def test_error_answer_waits_for_the_body_so_the_connection_stays_usable(server: 
             received += chunk
     first, second = received.split(b"HTTP/1.1 ")[1:3]
     assert first.startswith(b"415") and second.startswith(b"200")
+
+
+UNBUILT_EXTRAS = [("use_beam_search", True), ("length_penalty", 0.5), ("allowed_token_ids", [1, 2]),
+                  ("bad_words", ["sea"]), ("truncate_prompt_tokens", 5), ("prompt_logprobs", 1),
+                  ("spaces_between_special_tokens", False), ("return_tokens_as_token_ids", True),
+                  ("logits_processors", ["x"]), ("priority", 1)]
+
+
+@pytest.mark.parametrize(("field", "value"), [*UNBUILT_EXTRAS, ("echo", True)])
+def test_vllm_extras_that_are_not_built_are_400_not_ignored(server: ServerThread, field: str, value: Any) -> None:
+    """vLLM request fields that would change the output are refused, naming the field, instead of being kept and
+    ignored (the models keep unknown fields); chat has no ``echo``."""
+    with pytest.raises(openai.BadRequestError) as info:
+        server.openai().chat.completions.create(model="fake-model", messages=MESSAGES, max_tokens=2,
+                                                extra_body={field: value})
+    assert info.value.param == field
+
+
+@pytest.mark.parametrize(("field", "value"), UNBUILT_EXTRAS)
+def test_completions_refuse_them_too(server: ServerThread, field: str, value: Any) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        server.openai().completions.create(model="fake-model", prompt="hi", max_tokens=2, extra_body={field: value})
+    assert info.value.param == field
+
+
+def test_their_neutral_values_are_accepted(server: ServerThread) -> None:
+    """Clients that send vLLM's defaults for those fields (nothing to change) are served."""
+    neutral = {"use_beam_search": False, "length_penalty": 1.0, "bad_words": [], "allowed_token_ids": None,
+               "spaces_between_special_tokens": True, "return_tokens_as_token_ids": False, "priority": 0}
+    client = server.openai()
+    assert client.chat.completions.create(model="fake-model", messages=MESSAGES, max_tokens=2,
+                                          extra_body={**neutral, "echo": False}).choices
+    assert client.completions.create(model="fake-model", prompt="hi", max_tokens=2, extra_body=neutral).choices

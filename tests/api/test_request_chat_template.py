@@ -109,3 +109,16 @@ def test_tokenizing_a_huge_prompt_does_not_stall_the_server(server: ServerThread
     health_s, running_then, elapsed, response = _health_while(server, tokenize, started_after_s=0.5)
     assert response.status_code == 200 and response.json()["count"] > 1_000_000
     assert running_then and health_s < 1.0, (health_s, elapsed)
+
+
+def test_documents_reach_the_chat_template() -> None:
+    """``documents`` (transformers' RAG variable; vLLM passes it through) are rendered by a template that reads
+    them, in chat completions and /tokenize alike."""
+    template = "{% for d in documents %}[{{ d.title }}: {{ d.text }}]{% endfor %}{{ messages[0].content }}"
+    documents = [{"title": "Sea", "text": "salty water"}]
+    with smollm2_server(trust=True) as srv, srv.http() as http:
+        body = {"messages": MESSAGES, "chat_template": template, "documents": documents}
+        tokens = http.post("/tokenize", json=body).json()["tokens"]
+        assert srv.engine.tokenizer.decode(tokens) == "[Sea: salty water]Hi"
+        reply = http.post("/v1/chat/completions", json={**body, "max_tokens": 1})
+        assert reply.status_code == 200 and reply.json()["usage"]["prompt_tokens"] == len(tokens)
