@@ -67,13 +67,41 @@ class Tokenizer:
             return self.hf.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        """Text of ``ids``; special (control) tokens are dropped unless ``skip_special_tokens`` is False."""
-        text = self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+    def decode(self, ids: Sequence[int] | int, skip_special_tokens: bool = True) -> str:
+        """Text of ``ids`` (or of one id, as transformers takes it); special (control) tokens are dropped unless
+        ``skip_special_tokens`` is False."""
+        text = self.hf.decode([ids] if isinstance(ids, int) else list(ids), skip_special_tokens=skip_special_tokens)
         if self._clean_up_spaces:
             for before, after in _CLEANUPS:
                 text = text.replace(before, after)
         return text
+
+    # transformers' tokenizer surface that code written for vLLM calls on ``llm.get_tokenizer()``.
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    @property
+    def eos_token(self) -> str | None:
+        return self.special_tokens.get("eos_token")
+
+    @property
+    def bos_token(self) -> str | None:
+        return self.special_tokens.get("bos_token")
+
+    def get_vocab(self) -> dict[str, int]:
+        """Token string -> id, added tokens included."""
+        return self.hf.get_vocab(with_added_tokens=True)
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]:
+        """The vocabulary strings of ``ids`` (None for an id outside the vocabulary)."""
+        return [self.hf.id_to_token(i) for i in ids]
+
+    def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int | None]:
+        return [self.hf.token_to_id(t) for t in tokens]
+
+    def batch_decode(self, sequences: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
+        return [self.decode(ids, skip_special_tokens) for ids in sequences]
 
     def id_to_piece(self, token_id: int) -> str:
         """The text one token stands for, shown in logprob listings (bytes of a partial character

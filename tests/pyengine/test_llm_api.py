@@ -110,3 +110,19 @@ def test_generation_config_fills_only_calls_without_params(llm: LLM, monkeypatch
     penalised = llm.generate(PROMPTS[1], SamplingParams(**greedy, repetition_penalty=1.5))[0].outputs[0].token_ids
     assert own == plain and penalised != plain
     assert llm.get_default_sampling_params().repetition_penalty == 1.5
+
+
+def test_the_tokenizer_answers_as_transformers_does(llm: LLM) -> None:
+    """What code written for vLLM calls on ``llm.get_tokenizer()`` (a transformers tokenizer there), against
+    transformers' own fast tokenizer over the same vocabulary and special tokens."""
+    transformers = pytest.importorskip("transformers")
+    tok = llm.get_tokenizer()
+    ref = transformers.PreTrainedTokenizerFast(tokenizer_object=tok.hf, eos_token=tok.eos_token,
+                                               bos_token=tok.bos_token)
+    ids = tok.encode("Hello <|im_end|> wörld", add_special_tokens=False)
+    assert len(tok) == len(ref) and tok.get_vocab() == ref.get_vocab()
+    assert (tok.eos_token, tok.eos_token_id) == (ref.eos_token, ref.eos_token_id)
+    assert tok.convert_ids_to_tokens(ids) == ref.convert_ids_to_tokens(ids)
+    assert tok.convert_tokens_to_ids(ref.convert_ids_to_tokens(ids)) == ids
+    assert tok.batch_decode([ids, ids[:2]]) == ref.batch_decode([ids, ids[:2]], skip_special_tokens=True)
+    assert tok.decode(ids[0]) == ref.decode(ids[0])
