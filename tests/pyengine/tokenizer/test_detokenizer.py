@@ -103,8 +103,8 @@ def test_decode_window_stays_small(tokenizers_under_test: dict[str, Tokenizer]) 
     seen: list[int] = []
     original = tok.decode
 
-    def spy(ids: Sequence[int], skip_special_tokens: bool = True) -> str:  # decode's parameter names
-        seen.append(len(ids))
+    def spy(ids: Sequence[int] | int, skip_special_tokens: bool = True) -> str:  # decode's parameter names
+        seen.append(1 if isinstance(ids, int) else len(ids))
         return original(ids, skip_special_tokens)
 
     tok.decode = spy  # type: ignore[method-assign]
