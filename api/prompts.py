@@ -116,18 +116,10 @@ def render_chat(tokenizer: Any, req: ChatCompletionRequest | TokenizeRequest, to
         raise bad_request(f"the chat template could not be rendered: {exc}", param="messages") from None
 
 
-# vLLM's other guided-decoding fields: refused, never silently ignored (unknown fields are otherwise kept).
-_REFUSED_GUIDED = ("guided_regex", "guided_choice", "guided_grammar", "structural_tag", "structured_outputs")
-
-
 def structured_output_params(req: SamplingFields) -> StructuredOutputParams | None:
     """``response_format`` (json_object / json_schema, chat and completions) or vLLM's ``guided_json`` as the
     engine's structured-output params. A schema the grammar library cannot use is a 400 naming the field."""
     extra = req.model_extra or {}
-    for name in _REFUSED_GUIDED:
-        if extra.get(name) is not None:
-            raise bad_request(f"{name} is not supported; constrain the output with response_format (json_schema "
-                              "or json_object) or guided_json", param=name)
     fmt = getattr(req, "response_format", None)
     if fmt is not None and not isinstance(fmt, ResponseFormat):  # completions keep it as an extra field
         try:
@@ -186,6 +178,9 @@ _UNBUILT_EXTRAS: dict[str, tuple[Any, str]] = {
     "logits_processors": (None, "logits_processors are not supported"),
     "echo": (False, "echo is supported on /v1/completions only"),
     "priority": (0, "request priorities are not supported (requests are served first come, first served)"),
+    **{name: (None, f"{name} is not supported; constrain the output with response_format (json_schema or "
+                    "json_object) or guided_json")
+       for name in ("guided_regex", "guided_choice", "guided_grammar", "structural_tag", "structured_outputs")},
 }
 
 

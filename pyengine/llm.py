@@ -13,7 +13,7 @@ from tqdm import tqdm
 from candle_vllm.pyengine.engine_args import EngineArgs
 from candle_vllm.pyengine.engine_core import EngineCore
 from candle_vllm.pyengine.outputs import RequestOutput
-from candle_vllm.pyengine.sampling import SamplingParams
+from candle_vllm.pyengine.sampling import SamplingDefaults, SamplingParams
 from candle_vllm.pyengine.tokenizer import Tokenizer
 
 
@@ -31,12 +31,6 @@ class TokensPrompt(TypedDict):
 
 PromptType = str | Mapping[str, Any]  # text, or a TextPrompt / TokensPrompt (or a dict of their keys)
 Message = dict[str, Any]
-
-# vLLM's SamplingParams defaults of the fields a model's generation_config.json may set.
-_VLLM_SAMPLING_DEFAULTS: dict[str, Any] = {
-    "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-    "repetition_penalty": 1.0,
-}
 
 # vLLM's dtype names (``LLM(dtype="half")``) -> ours; "auto" is our default choice per device.
 _VLLM_DTYPES: dict[str, str | None] = {
@@ -154,7 +148,9 @@ class LLM:
         given = [sampling_params] * count if isinstance(sampling_params, SamplingParams) else list(sampling_params)
         if len(given) != count:
             raise ValueError(f"{len(given)} sampling params for {count} prompts")
-        fills = {**_VLLM_SAMPLING_DEFAULTS, **self.engine.args.sampling_defaults()}
+        plain = SamplingParams()  # vLLM's defaults, for the fields a generation_config.json may set
+        fills = {f.name: getattr(plain, f.name) for f in dataclasses.fields(SamplingDefaults)}
+        fills |= self.engine.args.sampling_defaults()
         return [p.with_settings(**{k: v for k, v in fills.items() if k not in p.explicit_fields}) for p in given]
 
     def _run(self, requests: list[tuple[str | None, list[int], SamplingParams]], use_tqdm: bool) -> list[RequestOutput]:
