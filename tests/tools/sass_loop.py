@@ -8,7 +8,8 @@ iteration" figures are made, so a decode-loop edit can be sized before it reache
 cuobjdump and nvdisasm come from the CUDA toolkit or the ``nvidia-cuda-cuobjdump`` / ``nvidia-cuda-nvdisasm``
 wheels (their ``bin`` folder on PATH). The loop is the span of the function's longest backward branch (with nested
 loops, the outermost); each kernel whose mangled name contains the given text gets its name, then a line with the
-function's instruction count, the loop's, and the loop's most frequent opcodes.
+function's instruction count, the loop's, and the loop's most frequent opcodes. ``--between START END`` counts the
+span between two instructions instead (regexes; the first START, the next END after it).
 """
 
 from __future__ import annotations
@@ -42,6 +43,18 @@ def longest_loop(code: list[tuple[int, str]]) -> list[str]:
     return [text for addr, text in code if best[0] <= addr <= best[1]]
 
 
+def span(code: list[tuple[int, str]], start: str, end: str) -> list[str]:
+    """The instructions after the first one matching regex ``start`` up to (not with) the next one matching ``end``
+    (empty if either is missing): a body the longest loop does not bound, e.g. the staged GGUF product's per-stage
+    work between its barrier wait and release (``--between TRYWAIT ARRIVE.TRANS64.A1T0``)."""
+    texts = [text for _, text in code]
+    first = next((i for i, text in enumerate(texts) if re.search(start, text)), None)
+    if first is None:
+        return []
+    last = next((i for i in range(first + 1, len(texts)) if re.search(end, texts[i])), None)
+    return [] if last is None else texts[first + 1:last]
+
+
 def opcode(text: str) -> str:
     """An instruction's opcode without its predicate and modifiers ("@!P0 IMAD.HI.U32 ..." -> "IMAD"); "" if empty."""
     words = _PREDICATE.sub("", text).split()
@@ -57,13 +70,15 @@ def main() -> None:
     ap.add_argument("binary", help="an object file or shared library with sm_90a code")
     ap.add_argument("kernel", help="text the mangled kernel names must contain")
     ap.add_argument("--top", type=int, default=12, help="opcodes to list per kernel")
+    ap.add_argument("--between", nargs=2, metavar=("START", "END"),
+                    help="count the span between two instructions (regexes) instead of the loop")
     args = ap.parse_args()
     sass = subprocess.run(["cuobjdump", "-sass", args.binary], check=True, capture_output=True, text=True).stdout
     for name, code in functions(sass).items():
         if args.kernel in name:
-            body = longest_loop(code)
+            body = span(code, *args.between) if args.between else longest_loop(code)
             top = ", ".join(f"{op} {n}" for op, n in opcode_counts(body).most_common(args.top))
-            print(f"{name}\n  function {len(code)}, loop {len(body)}: {top}")
+            print(f"{name}\n  function {len(code)}, {'span' if args.between else 'loop'} {len(body)}: {top}")
 
 
 if __name__ == "__main__":

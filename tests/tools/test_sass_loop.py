@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.tools.sass_loop import functions, longest_loop, opcode_counts
+from tests.tools.sass_loop import functions, longest_loop, opcode_counts, span
 
 LISTING = """
 \t\tFunction : _Z6kernelPi
@@ -27,3 +27,10 @@ def test_the_longest_backward_branch_bounds_the_loop() -> None:
     assert len(body) == 6 and body[0].startswith("S2R") and body[-1].startswith("BRA 0x0010")
     assert opcode_counts(body) == {"S2R": 1, "LDG": 1, "IDP": 1, "LOP3": 1, "BRA": 2}
     assert longest_loop(code["_Z5otherv"]) == []
+
+
+def test_a_span_runs_from_the_first_start_to_the_next_end() -> None:
+    code = functions(LISTING)["_Z6kernelPi"]
+    assert [t.split()[0] for t in span(code, r"S2R", r"BRA")] == ["LDG.E", "IDP.4A.S8.S8", "@!P0"]
+    assert span(code, r"LDG", r"LDC") == []  # no END after START
+    assert span(code, r"HMMA", r"BRA") == []
