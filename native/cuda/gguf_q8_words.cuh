@@ -2,6 +2,7 @@
 // loads, 2-byte-aligned words, f16 scales, and the int8 activation words (XWords) a Part's dot() multiplies.
 #pragma once
 #include <cstdint>
+#include <cstring>
 
 #ifndef __CUDACC__
 #include <vector_types.h>
@@ -34,6 +35,47 @@ GGUF_HD int dp4a_us(uint32_t a, uint32_t b, int c) {
   for (int i = 0; i < 4; ++i)
     c += static_cast<int>((a >> (8 * i)) & 0xFF) * static_cast<int8_t>(b >> (8 * i));
   return c;
+#endif
+}
+
+// __dp2a_lo / __dp2a_hi: a's two int16 times bytes 0, 1 (lo) or 2, 3 (hi) of b as int8, plus c.
+GGUF_HD int dp2a_lo(int a, int b, int c) {
+#ifdef __CUDA_ARCH__
+  return __dp2a_lo(a, b, c);
+#else
+  return c + static_cast<int16_t>(a & 0xFFFF) * static_cast<int8_t>(b) +
+         static_cast<int16_t>(static_cast<uint32_t>(a) >> 16) * static_cast<int8_t>(b >> 8);
+#endif
+}
+GGUF_HD int dp2a_hi(int a, int b, int c) {
+#ifdef __CUDA_ARCH__
+  return __dp2a_hi(a, b, c);
+#else
+  return c + static_cast<int16_t>(a & 0xFFFF) * static_cast<int8_t>(b >> 16) +
+         static_cast<int16_t>(static_cast<uint32_t>(a) >> 16) * static_cast<int8_t>(b >> 24);
+#endif
+}
+
+// __byte_perm without its sign-replicating selectors: byte i of the result is byte (s >> 4i) & 7 of (y:x).
+GGUF_HD uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+#ifdef __CUDA_ARCH__
+  return __byte_perm(x, y, s);
+#else
+  const uint64_t v = static_cast<uint64_t>(y) << 32 | x;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>(v >> (8 * ((s >> (4 * i)) & 7)) & 0xFF) << (8 * i);
+  return r;
+#endif
+}
+
+// The f32 whose bits are u.
+GGUF_HD float as_float(uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
 #endif
 }
 

@@ -25,6 +25,10 @@ bytes.
 - Tile loaders (tile_weights.cpp rebuilds every weight from the codes and scales each lane hands the mma, at the
   element the loader contract gives that lane's slot): against gguf's dequantized weights, within f32 rounding
   (1e-6 of each weight's magnitude plus its row's largest, which bounds the scale and min terms).
+- The tensor-core product's arithmetic (mma_rows.cpp runs gguf_mmq_arith.cuh's multiply_unit / multiply_unit_k with
+  a warp's lanes as threads and mma.sync emulated from the PTX fragment layouts): against gguf's weights times the
+  activation values in float64 within f32 rounding as for the Parts, in every launch shape, which must also give
+  the same bits as each other (which path a unit takes may not change a token's result).
 """
 
 from __future__ import annotations
@@ -85,10 +89,11 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Build:
     return build
 
 
-def random_activation(cols: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, bytes]:
-    """int8 codes [cols], f32 scales [cols / 32] and the XBlocks (scale, code sums of each 16-value half)."""
+def random_activation(cols: int, rng: np.random.Generator, group: int = 32) -> tuple[np.ndarray, np.ndarray, bytes]:
+    """int8 codes [cols], f32 scales [cols / 32] (one per ``group`` values: 256 for the K-quants' tensor-core
+    product) and the XBlocks (scale, code sums of each 16-value half)."""
     codes = rng.integers(-127, 128, size=cols, dtype=np.int8)
-    scales = rng.uniform(0.005, 0.05, size=cols // 32).astype(np.float32)
+    scales = np.repeat(rng.uniform(0.005, 0.05, size=cols // group), group // 32).astype(np.float32)
     halves = codes.astype(np.int16).reshape(-1, 2, 16).sum(axis=2).astype(np.int16)
     xblocks = np.zeros(cols // 32, dtype=[("d", "<f4"), ("sum", "<i2", (2,))])
     xblocks["d"], xblocks["sum"] = scales, halves
@@ -155,6 +160,31 @@ def test_tile_loaders_give_the_dequantized_weights(driver: Build, tmp_path: Path
     assert_weights_within_rounding(got, raw, qtype, cols)
 
 
+MMA_SHAPES = 6  # mma_rows.cpp's kShapes
+MMA_TOKENS = 5  # fewer than a token tile: the tiles' spare rows repeat the last token, as in the kernels
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("qtype", TILE_TYPES, ids=lambda t: t.name)
+def test_tensor_core_product_matches_the_dequantized_rows(driver: Build, tmp_path: Path, qtype: QT, seed: int) -> None:
+    cols = cols_for(qtype, tiles=True)
+    raw = random_blocks(qtype, ROWS, cols, seed=100 * int(qtype) + seed + 7)
+    rng = np.random.default_rng(seed)
+    group = 256 if gguf.GGML_QUANT_SIZES[qtype][0] == 256 else 32
+    tokens = [random_activation(cols, rng, group) for _ in range(MMA_TOKENS)]
+    payload = (stored(raw, qtype, cols) + np.int32(MMA_TOKENS).tobytes() + b"".join(c.tobytes() for c, _, _ in tokens)
+               + b"".join(xb for _, _, xb in tokens))
+    code, got, err = run_driver(driver("mma_rows"), tmp_path, qtype, cols, payload)
+    assert code == 0, err
+    got = got.reshape(MMA_SHAPES, MMA_TOKENS, ROWS)
+    w = gguf.quants.dequantize(raw, qtype).astype(np.float64).reshape(ROWS, cols)
+    x = np.stack([c.astype(np.float64) * np.repeat(s.astype(np.float64), 32) for c, s, _ in tokens])
+    want, magnitude = x @ w.T, np.abs(x) @ np.abs(w).T
+    assert np.all(np.abs(got - want) <= REL_F32 * magnitude), np.max(np.abs(got - want) / magnitude)
+    for shape in range(1, MMA_SHAPES):
+        assert np.array_equal(got[shape].view(np.uint64), got[0].view(np.uint64)), shape
+
+
 def assert_weights_within_rounding(got: np.ndarray, raw: np.ndarray, qtype: QT, cols: int) -> None:
     """``got`` (f64, [ROWS * cols]) equals gguf's dequantized ``raw`` within f32 rounding of the scales."""
     got, want = got.reshape(ROWS, cols), gguf.quants.dequantize(raw, qtype).astype(np.float64).reshape(ROWS, cols)
@@ -162,7 +192,7 @@ def assert_weights_within_rounding(got: np.ndarray, raw: np.ndarray, qtype: QT, 
     assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want))
 
 
-@pytest.mark.parametrize("name", ["dequant_rows", "gemv_weights", "dot_rows", "tile_weights"])
+@pytest.mark.parametrize("name", ["dequant_rows", "gemv_weights", "dot_rows", "tile_weights", "mma_rows"])
 def test_a_type_without_a_kernel_is_refused(driver: Build, tmp_path: Path, name: str) -> None:
     code, _, _ = run_driver(driver(name), tmp_path, QT.IQ4_NL, 256, b"")
     assert code == 3
