@@ -209,8 +209,8 @@ MMQ_FN void multiply_unit_k(const Q (&q)[MT][2], int t, const X (&x)[T],
                 l += hm[mt][r][h][0] * static_cast<int16_t>(xs & 0xFFFF) +
                      hm[mt][r][h][1] * static_cast<int16_t>(static_cast<uint32_t>(xs) >> 16);
               else
-                l = h ? gguf::dp2a_hi(xs, static_cast<int>(mw[mt][r]), l)
-                      : gguf::dp2a_lo(xs, static_cast<int>(mw[mt][r]), l);
+                l = h ? gguf::dp2a<true>(xs, static_cast<int>(mw[mt][r]), l)
+                      : gguf::dp2a<false>(xs, static_cast<int>(mw[mt][r]), l);
             }
         }
       });

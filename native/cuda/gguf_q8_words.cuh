@@ -38,21 +38,16 @@ GGUF_HD int dp4a_us(uint32_t a, uint32_t b, int c) {
 #endif
 }
 
-// __dp2a_lo / __dp2a_hi: a's two int16 times bytes 0, 1 (lo) or 2, 3 (hi) of b as int8, plus c.
-GGUF_HD int dp2a_lo(int a, int b, int c) {
+// __dp2a_lo / __dp2a_hi (kHi): a's two int16 times bytes 0, 1 (or 2, 3) of b as int8, plus c.
+template <bool kHi>
+GGUF_HD int dp2a(int a, int b, int c) {
 #ifdef __CUDA_ARCH__
-  return __dp2a_lo(a, b, c);
+  if constexpr (kHi) return __dp2a_hi(a, b, c);
+  else return __dp2a_lo(a, b, c);
 #else
-  return c + static_cast<int16_t>(a & 0xFFFF) * static_cast<int8_t>(b) +
-         static_cast<int16_t>(static_cast<uint32_t>(a) >> 16) * static_cast<int8_t>(b >> 8);
-#endif
-}
-GGUF_HD int dp2a_hi(int a, int b, int c) {
-#ifdef __CUDA_ARCH__
-  return __dp2a_hi(a, b, c);
-#else
-  return c + static_cast<int16_t>(a & 0xFFFF) * static_cast<int8_t>(b >> 16) +
-         static_cast<int16_t>(static_cast<uint32_t>(a) >> 16) * static_cast<int8_t>(b >> 24);
+  const int bb = kHi ? b >> 16 : b;
+  return c + static_cast<int16_t>(a & 0xFFFF) * static_cast<int8_t>(bb) +
+         static_cast<int16_t>(static_cast<uint32_t>(a) >> 16) * static_cast<int8_t>(bb >> 8);
 #endif
 }
 
