@@ -51,7 +51,8 @@ GGUF_HD int dp2a(int a, int b, int c) {
 #endif
 }
 
-// __byte_perm without its sign-replicating selectors: byte i of the result is byte (s >> 4i) & 7 of (y:x).
+// __byte_perm: byte i of the result is byte (s >> 4i) & 7 of (y:x). The intrinsic reads three bits of each selector:
+// it has no sign mode, unlike PTX's prmt (session 35: a selector that counted on one broke Q6_K on the GPU only).
 GGUF_HD uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
 #ifdef __CUDA_ARCH__
   return __byte_perm(x, y, s);
