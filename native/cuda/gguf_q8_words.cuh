@@ -196,11 +196,7 @@ GGUF_HD void ld_x_piece(XWords<P, W>& x, int i, const int8_t* xq, const XBlock* 
   ld_x_words(xq + e, x.q[i], W);
   const uint2 b = ld_x<uint2>(xb + e / 32);  // an XBlock
   const int s0 = static_cast<int16_t>(b.y & 0xFFFF), s1 = static_cast<int16_t>(b.y >> 16);
-#ifdef __CUDA_ARCH__
-  x.d[i] = __uint_as_float(b.x);
-#else
-  std::memcpy(&x.d[i], &b.x, 4);
-#endif
+  x.d[i] = as_float(b.x);
   x.sum[i] = half < 0 ? s0 + s1 : half == 0 ? s0 : s1;
 }
 
