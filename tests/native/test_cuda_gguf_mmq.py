@@ -98,10 +98,10 @@ needs_hopper = pytest.mark.skipif(
 
 # K values whose last chunk is partial in a ring that wraps: long rows whose tokens are staged (2-stage rings), Q8_0's
 # short rows (tokens resident for the whole of K, a 3-stage ring) and long ones (tokens held in registers), Q4_1's
-# (2 x 512 x 96K, 4 stages; 4352 = 5 chunks); and the held tokens' edges for Q4_K/Q5_K: a partial last chunk (4352)
-# and fewer units than warps (256)
-PARTIAL_CHUNK_K = {QT.Q8_0: (4352, 8448), QT.Q4_0: (8448,), QT.Q4_1: (8448, 4352), QT.Q5_1: (8448,),
-                   QT.Q4_K: (4352, 256), QT.Q5_K: (4352, 256)}
+# (2 x 512 x 96K, 4 stages; 4352 = 5 chunks); and the held tokens' edges: a partial last chunk (Q4_K/Q5_K 4352, Q2_K
+# 3072, Q4_0 4352), fewer units than warps (256), Q6_K's next chunk (4096)
+PARTIAL_CHUNK_K = {QT.Q8_0: (4352, 8448), QT.Q4_0: (8448, 4352), QT.Q4_1: (8448, 4352), QT.Q5_1: (8448,),
+                   QT.Q4_K: (4352, 256), QT.Q5_K: (4352, 256), QT.Q2_K: (3072,), QT.Q6_K: (4096,)}
 
 
 def _row_bytes_fit(qtype: QT, k: int) -> bool:
