@@ -21,8 +21,10 @@
 // hold; hence rows must be a multiple of 16 bytes long (gguf_mmq_staged_fits).
 // Options per type and row length (layout() below): the tokens' codes and XBlocks of each chunk bulk-copied into
 // the stage too (after the PDL wait), so no unit waits on a global load, or those of the whole of K copied once into
-// shared memory beside the ring (in four pieces on their own barriers); and the Q4_K/Q5_K min terms summed in two
-// IMMA chains instead of one. None changes the bits.
+// shared memory beside the ring (in four pieces on their own barriers); where neither, each multiplying warp's tokens of
+// its units of the next chunk held in registers while it multiplies this chunk's (holds_tokens(): UnitTokens, one
+// stage of lookahead, so no mma waits on an L2 load); and the Q4_K/Q5_K min terms summed in two IMMA chains instead of
+// one. None changes the bits.
 #include <atomic>
 #include <cstdlib>
 #include <string>
@@ -323,6 +325,22 @@ constexpr Layout layout(Shape shape) {
                 std::is_same_v<Q, mmq::MmqQ4K> || std::is_same_v<Q, mmq::MmqQ5K>};
 }
 
+// Whether the multiplying warps hold the next chunk's tokens in registers (kHold), where a layout reads them from
+// global memory, measured on an H100 (session 37, call 1: bench_quant_cuda.py --kernels mmq --m 2 4 8 --codes with
+// CANDLE_VLLM_STAGED_HOLD 1 and 0 in one build, two rounds, each within 2 % of the other except q2k): held, the wide
+// shape gains 2-15 % at 2-8 tokens (q4_0 -8..-15 %, q5_1 -9..-13 %, q5_0 -4..-7 %, q4k -2..-5 %, q6k's 8 tokens -5 %),
+// as do the two-m-tile deep rings (q4_1 short rows -5..-15 %, q3k long -5..-9 %, q5_0 long -6..-7 %) and q5k's long
+// rows (-2 %); the one-m-tile short narrow rows lose up to 15 % (q4k 6144x4096 +10 %, q5_0 and q5_1 +3..+14 %), long
+// rows of q4k, q8_0, q4_0 lose or tie, and q2k's (wide and long rows) and q3k's wide ones tie.
+template <class Q>
+constexpr bool holds_tokens(Shape shape) {
+  using std::is_same_v;
+  if (shape == Shape::kWide)
+    return !is_same_v<Q, mmq::MmqQ2K> && !is_same_v<Q, mmq::MmqQ3K> && !is_same_v<Q, mmq::MmqQ8_0>;
+  if (shape == Shape::kNarrow) return is_same_v<Q, mmq::MmqQ4_1>;
+  return is_same_v<Q, mmq::MmqQ3K> || is_same_v<Q, mmq::MmqQ5_0> || is_same_v<Q, mmq::MmqQ5K>;
+}
+
 template <class Q, int W, int MT, int kChunk, int kRing, bool kStagedTokens, bool kSplitLow, bool kRope,
           bool kResident, bool kHold>
 void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
@@ -347,8 +365,8 @@ void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_
              dim3(S::kThreads), smem, s, y, bf16, xq, xb, w, M, N, K, row_bytes, rope);
 }
 
-// Whether the warps multiply from held tokens where a layout reads them from global memory: CANDLE_VLLM_STAGED_HOLD=0
-// keeps the pointer form, for an A/B of the two in one build.
+// Whether the layouts that hold their tokens (holds_tokens) do: CANDLE_VLLM_STAGED_HOLD=0 keeps the pointer form, for
+// an A/B of the two in one build.
 bool hold_tokens() {
   static const bool hold = [] {
     const char* v = std::getenv("CANDLE_VLLM_STAGED_HOLD");
@@ -377,7 +395,8 @@ void launch_gguf_mmq_staged(void* y, bool bf16, const int8_t* xq, const gguf::XB
     const GgufRopeCache& r = rope != nullptr ? *rope : GgufRopeCache{};
     auto go = [&](auto w_tag, auto shape_tag) {
       constexpr int kW = decltype(w_tag)::value;
-      constexpr Layout L = layout<Q>(decltype(shape_tag)::value);
+      constexpr Shape kShape = decltype(shape_tag)::value;
+      constexpr Layout L = layout<Q>(kShape);
       // run_mmq admits K % 256 == 0 only, so the resident copies are whole 16-byte granules.
       using Resident = std::integral_constant<bool, L.resident_tokens>;
       auto with = [&](auto rope_tag, auto hold_tag) {
@@ -385,8 +404,8 @@ void launch_gguf_mmq_staged(void* y, bool bf16, const int8_t* xq, const gguf::XB
                Resident::value, decltype(hold_tag)::value>(y, bf16, xq, xb, w, M, N, K, r, stream);
       };
       auto held = [&](auto rope_tag) {
-        constexpr bool kGlobalTokens = !L.staged_tokens && !L.resident_tokens;
-        if (kGlobalTokens && hold_tokens()) with(rope_tag, std::bool_constant<kGlobalTokens>{});
+        constexpr bool kHeld = !L.staged_tokens && !L.resident_tokens && holds_tokens<Q>(kShape);
+        if (kHeld && hold_tokens()) with(rope_tag, std::bool_constant<kHeld>{});
         else with(rope_tag, std::false_type{});
       };
       if (rope != nullptr) held(std::true_type{});
