@@ -49,12 +49,10 @@ MMQ_FN void mma_s8_16816(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
 }
 
 // (dx, dx * sum of codes) of sub-blocks s and s + 1 of one token, from their two adjacent XBlocks (one 16-byte
-// load).
+// word: a token source's pair_blocks).
 struct XScales {
   float d[2], s[2];
-  template <class X>
-  MMQ_FN void load(const XBlock* p) {
-    const uint4 raw = X::template ld<uint4>(p);
+  MMQ_FN void load(uint4 raw) {
     const uint32_t words[2][2] = {{raw.x, raw.y}, {raw.z, raw.w}};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -65,13 +63,69 @@ struct XScales {
   }
 };
 
-// The B fragment words of one token tile for sub-block (e / 32): the lane's codes of token 8i + g.
-template <class Q, class X>
-MMQ_FN uint2 token_codes(const X& x, int e) {
-  const int8_t* p = x.codes + e;
-  return Q::kSplitLanes ? uint2{X::template ld<uint32_t>(p), X::template ld<uint32_t>(p + 16)}
-                        : X::template ld<uint2>(p);
-}
+// A token tile's activations for this lane as the arithmetic below reads them (a token source): the B words of token
+// 8i + g (from its element 8t, or 4t for a loader with kSplitLanes) and the XBlocks of tokens 8i + 2t and
+// 8i + 2t + 1, read through pointers by Ld::ld<V>(p) (the kernels: cached global or shared-memory loads; the host
+// test: memcpy). The accessors take offsets from the current unit's first element.
+template <class Ld>
+struct PointerTokens {
+  const int8_t* codes;
+  const XBlock* blocks[2];
+  // Kept at the current unit's first element (moved n elements on per unit), so its loads take constant offsets
+  // instead of index math widened to 64 bits per load.
+  MMQ_FN void advance(int n) { codes += n, blocks[0] += n / 32, blocks[1] += n / 32; }
+  MMQ_FN PointerTokens shifted(int n) const {
+    PointerTokens p = *this;
+    p.advance(n);
+    return p;
+  }
+  // The B fragment words of the sub-block from element e: the lane's codes of token 8i + g.
+  template <bool kSplitLanes>
+  MMQ_FN uint2 words(int e) const {
+    const int8_t* p = codes + e;
+    return kSplitLanes ? uint2{Ld::template ld<uint32_t>(p), Ld::template ld<uint32_t>(p + 16)}
+                       : Ld::template ld<uint2>(p);
+  }
+  // Token 2t + k's XBlocks of sub-blocks sb and sb + 1 as one 16-byte word.
+  MMQ_FN uint4 pair_blocks(int k, int sb) const { return Ld::template ld<uint4>(blocks[k] + sb); }
+  // Token 2t + k's activation scale of the unit (K-quants: every XBlock of a 256-value run holds it).
+  MMQ_FN float unit_scale(int k) const { return Ld::template ld<float>(&blocks[k]->d); }
+};
+
+// The same token source held in registers for one unit of loader Q. load() issues every load of the unit at once, so
+// a kernel can take the next unit's tokens while it multiplies this one's and no mma waits on a load. It holds what
+// the arithmetic reads of a unit: the B words, and the 32-element types' XBlock pairs or the K-quants' scales (not
+// their XBlocks' half sums: the min terms by dp2a/IMAD, MT * T > 4, take pointer tokens).
+template <class Q>
+struct UnitTokens {
+  static constexpr bool kBlocks = !Q::kUnitScales;
+  uint2 w[2 * Q::kPairs];
+  uint4 b[2][Q::kPairs];
+  float dx[2];
+  template <class P>
+  MMQ_FN void load(const P& p) {
+#pragma unroll
+    for (int s = 0; s < 2 * Q::kPairs; ++s) w[s] = p.template words<Q::kSplitLanes>(32 * s);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      if constexpr (kBlocks) {
+#pragma unroll
+        for (int j = 0; j < Q::kPairs; ++j) b[k][j] = p.pair_blocks(k, 2 * j);
+      } else {
+        dx[k] = p.unit_scale(k);
+      }
+    }
+  }
+  template <bool kSplitLanes>
+  MMQ_FN uint2 words(int e) const {
+    return w[e / 32];
+  }
+  MMQ_FN uint4 pair_blocks(int k, int sb) const {
+    static_assert(kBlocks, "a K-quant's held tokens keep no XBlocks: its min terms must run on the tensor cores");
+    return b[k][sb / 2];
+  }
+  MMQ_FN float unit_scale(int k) const { return dx[k]; }
+};
 
 // The A fragment of m-tile rows g (codes r = 0) and g + 8 (r = 1): a0/a2 row g (slots 4t.., 16+4t..), a1/a3 row g + 8.
 MMQ_FN void a_fragment(const uint32_t (&c8)[2][2], uint32_t (&frag)[4]) {
@@ -85,7 +139,7 @@ MMQ_FN void each_fragment(const X& x, int e, const uint32_t (&lo)[MT][2][2],
                                               const uint32_t (&hi)[MT][2][2], F&& f) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const uint2 bw = token_codes<Q>(x, e + 32 * h);
+    const uint2 bw = x.template words<Q::kSplitLanes>(e + 32 * h);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       uint32_t frag[4];
@@ -114,7 +168,7 @@ MMQ_FN void multiply_unit(const Q (&q)[MT][2], int t, const X (&x)[T],
     for (int i = 0; i < T; ++i) {
       XScales xs[2];
 #pragma unroll
-      for (int k = 0; k < 2; ++k) xs[k].template load<X>(x[i].blocks[k] + e / 32);
+      for (int k = 0; k < 2; ++k) xs[k].load(x[i].pair_blocks(k, e / 32));
       each_fragment<Q>(x[i], e, lo, hi, [&](int h, int mt, const uint32_t (&frag)[4], uint2 bw) {
         int c[4] = {};
         mma_s8_16832(c, frag, bw.x, bw.y);
@@ -176,7 +230,7 @@ MMQ_FN void multiply_unit_k(const Q (&q)[MT][2], int t, const X (&x)[T],
       uint4 sums[2];  // kMinSums, per token 2t + k: the XBlocks of sub-blocks 2j, 2j + 1 (.y, .w: half sums)
       if constexpr (kMinSums)
 #pragma unroll
-        for (int k = 0; k < 2; ++k) sums[k] = X::template ld<uint4>(x[i].blocks[k] + e / 32);
+        for (int k = 0; k < 2; ++k) sums[k] = x[i].pair_blocks(k, e / 32);
       each_fragment<Q>(x[i], e, lo, hi, [&](int h, int mt, const uint32_t (&frag)[4], uint2 bw) {
         int c[4] = {};
         if constexpr (Q::kHalfScales) {
@@ -225,7 +279,7 @@ MMQ_FN void multiply_unit_k(const Q (&q)[MT][2], int t, const X (&x)[T],
   for (int i = 0; i < T; ++i)
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      const float dx = X::template ld<float>(&x[i].blocks[k]->d);  // every XBlock of a 256-value run holds it
+      const float dx = x[i].unit_scale(k);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll

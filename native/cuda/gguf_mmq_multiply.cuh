@@ -9,23 +9,18 @@
 namespace candle_vllm::cuda {
 namespace {
 
-// The activations of one token tile for this lane: B words of token 8i + g (from its element 8t, or 4t for a loader
-// with kSplitLanes), XBlocks of tokens 8i + 2t, 8i + 2t + 1.
+// How a token tile's activations are loaded (PointerTokens' Ld): plain loads where the codes and XBlocks were staged
+// in shared memory, else ordinary cached global loads (ld_x).
 template <bool kStaged>
-struct TokenRowsOf {
-  const int8_t* codes;
-  const XBlock* blocks[2];
-  // Kept at the current unit's first element (moved n elements on per unit), so its loads take constant offsets
-  // instead of index math widened to 64 bits per load.
-  __device__ void advance(int n) { codes += n, blocks[0] += n / 32, blocks[1] += n / 32; }
-  // A V at p: plain loads where the codes and XBlocks were staged in shared memory, else ordinary cached global
-  // loads (ld_x).
+struct TokenLoads {
   template <typename V>
   __device__ static V ld(const void* p) {
     if constexpr (kStaged) return *static_cast<const V*>(p);
     else return gguf::ld_x<V>(p);
   }
 };
+template <bool kStaged>
+using TokenRowsOf = PointerTokens<TokenLoads<kStaged>>;
 using TokenRows = TokenRowsOf<false>;
 
 // Token tile i's activation pointers for this lane at element e0 of K (TokenRows' layout; rows past M re-read the

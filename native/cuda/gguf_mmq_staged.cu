@@ -21,9 +21,13 @@
 // hold; hence rows must be a multiple of 16 bytes long (gguf_mmq_staged_fits).
 // Options per type and row length (layout() below): the tokens' codes and XBlocks of each chunk bulk-copied into
 // the stage too (after the PDL wait), so no unit waits on a global load, or those of the whole of K copied once into
-// shared memory beside the ring (in four pieces on their own barriers); and the Q4_K/Q5_K min terms summed in two
-// IMMA chains instead of one. None changes the bits.
+// shared memory beside the ring (in four pieces on their own barriers); where neither, each multiplying warp's tokens of
+// its units of the next chunk held in registers while it multiplies this chunk's (holds_tokens(): UnitTokens, one
+// stage of lookahead, so no mma waits on an L2 load); and the Q4_K/Q5_K min terms summed in two IMMA chains instead of
+// one. None changes the bits.
 #include <atomic>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "cuda/common.cuh"
@@ -71,6 +75,13 @@ struct Staging {
   static constexpr int kSmemBytes = kStages * kStageBytes;
 };
 
+// One unit of the CTA's rows times the token tile x (any token source: gguf_mmq_arith.cuh).
+template <class Q, int MT, bool kSplitLow, class X>
+__device__ __forceinline__ void multiply(const Q (&q)[MT][2], int t, const X (&x)[1], float (&acc)[MT][1][4]) {
+  if constexpr (Q::kUnitScales) multiply_unit_k<Q, MT, 1, X, kSplitLow>(q, t, x, acc);
+  else multiply_unit(q, t, x, acc);
+}
+
 // With kResident the tokens' codes and XBlocks for the whole of K sit in shared memory after the ring, copied once
 // after the PDL wait: code rows resident_stride(K, kTokenWords) bytes apart (kTokenWords (mod 32) words, as the
 // stages' kTokenStride), then XBlock rows K / 4 + 16 bytes apart. Only narrow weights with short rows take it
@@ -80,7 +91,7 @@ __host__ __device__ constexpr int resident_stride(int K, int words) {
 }
 
 template <class Q, int W, int MT, int kChunk, int kRing, bool kStagedTokens, bool kSplitLow, bool kRope,
-          bool kResident = false>
+          bool kResident, bool kHold>
 __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens>::kThreads)
     gguf_mmq_staged_kernel(void* __restrict__ y, bool bf16, const int8_t* xq, const XBlock* xb,
                            const uint8_t* __restrict__ w, int M, int N, int K, int64_t row_bytes,
@@ -88,6 +99,7 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
 #ifdef CANDLE_VLLM_MBARRIER
   using S = Staging<Q, W, MT, kChunk, kRing, kStagedTokens>;
   static_assert(!(kResident && kStagedTokens), "the tokens are either resident or staged per chunk");
+  static_assert(!kHold || !(kResident || kStagedTokens), "only tokens read from global memory are held");
   constexpr int kRows = S::kRows;
   extern __shared__ __align__(16) uint8_t ring[];
   // The resident tokens arrive in kResidentSegments pieces of whole chunks, each on its own barrier, so the
@@ -171,9 +183,21 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
     if constexpr (!kStagedTokens && !kResident) pdl_wait();
   } else {
     const int g = lane >> 2, t = lane & 3;
-    TokenRows xg[1];
+    TokenRows xg[1] = {};
     if constexpr (!kStagedTokens && !kResident) token_rows<Q>(xg, xq, xb, M, K, warp * Q::kBlockElems, g, t);
     pdl_wait();  // xq/xb (resident: their copies) are the kernel before's; y may still be read by it
+    // kHold: held[i] holds the tokens of the warp's unit i of the chunk being multiplied (UnitTokens), and after its
+    // use there those of unit i of the next chunk, which next_x points at.
+    UnitTokens<Q> held[kHold ? S::kUnitsPerWarp : 1];
+    TokenRows next_x = xg[0];
+    auto hold = [&](int c, int i) {
+      if (warp + W * i < units_in(c)) held[i].load(next_x.shifted(W * i * Q::kBlockElems));
+    };
+    if constexpr (kHold) {
+#pragma unroll
+      for (int i = 0; i < S::kUnitsPerWarp; ++i) hold(0, i);
+      next_x.advance(S::kTokenElems);
+    }
     for (int c = 0; c < chunks; ++c) {
       if constexpr (kResident)
         if (c % seg_chunks == 0) mbar_wait(smem_addr(&resident[c / seg_chunks]), 0);
@@ -204,15 +228,18 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
             for (int k = 0; k < 2; ++k)
               x[0].blocks[k] = reinterpret_cast<const XBlock*>(blocks + min(2 * t + k, M - 1) * block_stride) +
                                u * Q::kBlockElems / 32;
-            if constexpr (Q::kUnitScales) multiply_unit_k<Q, MT, 1, TokenRowsOf<true>, kSplitLow>(q, t, x, acc);
-            else multiply_unit(q, t, x, acc);
+            multiply<Q, MT, kSplitLow>(q, t, x, acc);
+          } else if constexpr (kHold) {
+            const UnitTokens<Q> x[1] = {held[i]};
+            hold(c + 1, i);
+            multiply<Q, MT, kSplitLow>(q, t, x, acc);
           } else {
-            if constexpr (Q::kUnitScales) multiply_unit_k<Q, MT, 1, TokenRows, kSplitLow>(q, t, xg, acc);
-            else multiply_unit(q, t, xg, acc);
+            multiply<Q, MT, kSplitLow>(q, t, xg, acc);
             xg[0].advance(W * Q::kBlockElems);
           }
         }
       }
+      if constexpr (kHold) next_x.advance(S::kTokenElems);
       __syncwarp();
       if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
     }
@@ -233,7 +260,7 @@ bool staged_kernels_run() {
            int major = 0;
            check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "gguf_mmq_staged");
            cudaFuncAttributes attr{};
-           auto probe = gguf_mmq_staged_kernel<mmq::MmqQ4K, 4, 1, 512, 16384, false, false, false>;
+           auto probe = gguf_mmq_staged_kernel<mmq::MmqQ4K, 4, 1, 512, 16384, false, false, false, false, false>;
            check_cuda(cudaFuncGetAttributes(&attr, probe), "gguf_mmq_staged");
            return major == 9 && attr.binaryVersion == 90 ? 1 : 2;
          }) == 1;
@@ -298,12 +325,28 @@ constexpr Layout layout(Shape shape) {
                 std::is_same_v<Q, mmq::MmqQ4K> || std::is_same_v<Q, mmq::MmqQ5K>};
 }
 
+// Whether the multiplying warps hold the next chunk's tokens in registers (kHold), where a layout reads them from
+// global memory, measured on an H100 (session 37, call 1: bench_quant_cuda.py --kernels mmq --m 2 4 8 --codes with
+// CANDLE_VLLM_STAGED_HOLD 1 and 0 in one build, two rounds, each within 2 % of the other except q2k): held, the wide
+// shape gains 2-15 % at 2-8 tokens (q4_0 -8..-15 %, q5_1 -9..-13 %, q5_0 -4..-7 %, q4k -2..-5 %, q6k's 8 tokens -5 %),
+// as do the two-m-tile deep rings (q4_1 short rows -5..-15 %, q3k long -5..-9 %, q5_0 long -6..-7 %) and q5k's long
+// rows (-2 %); the one-m-tile short narrow rows lose up to 15 % (q4k 6144x4096 +10 %, q5_0 and q5_1 +3..+14 %), long
+// rows of q4k, q8_0, q4_0 lose or tie, and q2k's (wide and long rows) and q3k's wide ones tie.
+template <class Q>
+constexpr bool holds_tokens(Shape shape) {
+  using std::is_same_v;
+  if (shape == Shape::kWide)
+    return !is_same_v<Q, mmq::MmqQ2K> && !is_same_v<Q, mmq::MmqQ3K> && !is_same_v<Q, mmq::MmqQ8_0>;
+  if (shape == Shape::kNarrow) return is_same_v<Q, mmq::MmqQ4_1>;
+  return is_same_v<Q, mmq::MmqQ3K> || is_same_v<Q, mmq::MmqQ5_0> || is_same_v<Q, mmq::MmqQ5K>;
+}
+
 template <class Q, int W, int MT, int kChunk, int kRing, bool kStagedTokens, bool kSplitLow, bool kRope,
-          bool kResident = false>
+          bool kResident, bool kHold>
 void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
             const GgufRopeCache& rope, cudaStream_t s) {
   using S = Staging<Q, W, MT, kChunk, kRing, kStagedTokens>;
-  auto kernel = gguf_mmq_staged_kernel<Q, W, MT, kChunk, kRing, kStagedTokens, kSplitLow, kRope, kResident>;
+  auto kernel = gguf_mmq_staged_kernel<Q, W, MT, kChunk, kRing, kStagedTokens, kSplitLow, kRope, kResident, kHold>;
   // Resident tokens: up to kGgufMmqStagedMaxM rows of K < kLongRowsK (narrow short rows, layout()).
   constexpr int kMaxSmem =
       S::kSmemBytes +
@@ -320,6 +363,16 @@ void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_
   const int64_t row_bytes = mmq::loader_row_bytes<Q>(K);
   launch_pdl(kRope ? "gguf_mmq_staged_rope_cache" : "gguf_mmq_staged", kernel, dim3((N + S::kRows - 1) / S::kRows),
              dim3(S::kThreads), smem, s, y, bf16, xq, xb, w, M, N, K, row_bytes, rope);
+}
+
+// Whether the layouts that hold their tokens (holds_tokens) do: CANDLE_VLLM_STAGED_HOLD=0 keeps the pointer form, for
+// an A/B of the two in one build.
+bool hold_tokens() {
+  static const bool hold = [] {
+    const char* v = std::getenv("CANDLE_VLLM_STAGED_HOLD");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return hold;
 }
 
 }  // namespace
@@ -342,15 +395,21 @@ void launch_gguf_mmq_staged(void* y, bool bf16, const int8_t* xq, const gguf::XB
     const GgufRopeCache& r = rope != nullptr ? *rope : GgufRopeCache{};
     auto go = [&](auto w_tag, auto shape_tag) {
       constexpr int kW = decltype(w_tag)::value;
-      constexpr Layout L = layout<Q>(decltype(shape_tag)::value);
+      constexpr Shape kShape = decltype(shape_tag)::value;
+      constexpr Layout L = layout<Q>(kShape);
       // run_mmq admits K % 256 == 0 only, so the resident copies are whole 16-byte granules.
       using Resident = std::integral_constant<bool, L.resident_tokens>;
-      auto with = [&](auto rope_tag) {
+      auto with = [&](auto rope_tag, auto hold_tag) {
         launch<Q, kW, L.m_tiles, L.chunk, L.ring, L.staged_tokens, L.split_low, decltype(rope_tag)::value,
-               Resident::value>(y, bf16, xq, xb, w, M, N, K, r, stream);
+               Resident::value, decltype(hold_tag)::value>(y, bf16, xq, xb, w, M, N, K, r, stream);
       };
-      if (rope != nullptr) with(std::true_type{});
-      else with(std::false_type{});
+      auto held = [&](auto rope_tag) {
+        constexpr bool kHeld = !L.staged_tokens && !L.resident_tokens && holds_tokens<Q>(kShape);
+        if (kHeld && hold_tokens()) with(rope_tag, std::bool_constant<kHeld>{});
+        else with(rope_tag, std::false_type{});
+      };
+      if (rope != nullptr) held(std::true_type{});
+      else held(std::false_type{});
     };
     auto shaped = [&](auto w_tag) {
       using Wide = std::integral_constant<Shape, Shape::kWide>;

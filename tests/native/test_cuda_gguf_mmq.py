@@ -97,9 +97,12 @@ needs_hopper = pytest.mark.skipif(
 
 
 # K values whose last chunk is partial in a ring that wraps: long rows whose tokens are staged (2-stage rings), Q8_0's
-# short rows (tokens resident for the whole of K, a 3-stage ring) and Q4_1's (2 x 512 x 96K, 4 stages; 4352 = 5
-# chunks)
-PARTIAL_CHUNK_K = {QT.Q8_0: (4352,), QT.Q4_0: (8448,), QT.Q4_1: (8448, 4352), QT.Q5_1: (8448,)}
+# short rows (tokens resident for the whole of K, a 3-stage ring) and long ones (tokens held in registers), Q4_1's
+# (2 x 512 x 96K, 4 stages; 4352 = 5 chunks, tokens held in registers); a partial last chunk for the other loops too
+# (Q4_K 4352, Q5_K's long rows 8448 with held tokens, Q2_K 3072, Q4_0 4352, Q8_0's long rows 8448), fewer units than
+# warps (256), Q6_K's next chunk (4096)
+PARTIAL_CHUNK_K = {QT.Q8_0: (4352, 8448), QT.Q4_0: (8448, 4352), QT.Q4_1: (8448, 4352), QT.Q5_1: (8448,),
+                   QT.Q4_K: (4352, 256), QT.Q5_K: (8448, 256), QT.Q2_K: (3072,), QT.Q6_K: (4096,)}
 
 
 def _row_bytes_fit(qtype: QT, k: int) -> bool:
@@ -134,9 +137,10 @@ def test_staged_kernel_gives_the_register_kernels_bits(qtype: QT) -> None:
 @needs_hopper
 @pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
 def test_staged_kernel_on_wide_weights(qtype: QT) -> None:
-    """Weights of 16384 rows or more take the wide staging (32-row CTAs for most types): N = 16400 leaves a partial
-    tile; still the register kernel's bits, and rows sampled across the weight within the float64 bounds."""
-    n, k = 16400, 2048
+    """Weights of 16384 rows or more take the wide staging (32-row CTAs for most types, most holding their tokens):
+    N = 16400 leaves a partial tile, K = 4096 is two chunks or more; still the register kernel's bits, and rows
+    sampled across the weight within the float64 bounds."""
+    n, k = 16400, 4096
     raw = random_blocks(qtype, n, k, seed=70 + int(qtype))
     data = device_blocks(raw, qtype)
     rows = torch.tensor([0, 1, 15, 16, 31, 8191, 16383, 16384, 16399])

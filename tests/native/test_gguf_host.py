@@ -160,7 +160,7 @@ def test_tile_loaders_give_the_dequantized_weights(driver: Build, tmp_path: Path
     assert_weights_within_rounding(got, raw, qtype, cols)
 
 
-MMA_SHAPES = 6  # mma_rows.cpp's kShapes
+MMA_SHAPES = 9  # mma_rows.cpp's kShapes
 MMA_TOKENS = 5  # fewer than a token tile: the tiles' spare rows repeat the last token, as in the kernels
 
 

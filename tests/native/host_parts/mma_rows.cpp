@@ -81,10 +81,8 @@ namespace mmq = candle_vllm::cuda::mmq;
 
 namespace {
 
-// A token tile's activations as the arith code reads them (TokenRowsOf's members), loads by memcpy.
-struct HostTokens {
-  const int8_t* codes;
-  const gguf::XBlock* blocks[2];
+// Loads of a token tile's activations (PointerTokens' Ld) by memcpy.
+struct HostLoads {
   template <typename V>
   static V ld(const void* p) {
     V v;
@@ -92,14 +90,24 @@ struct HostTokens {
     return v;
   }
 };
+using HostTokens = cv::PointerTokens<HostLoads>;
 
 struct Shape {
   int m_tiles, token_tiles;
-  bool split_low;
+  bool split_low, held;  // held: the tokens taken through UnitTokens (the staged kernel's held tokens)
 };
 // (1, 1) and (2, 1) take the u8 / offset-code paths and the min mmas; (1, 2) and (2, 2) too where MT * T <= 2, the
-// shifted / centered codes where not; (2, 4) the min terms by dp2a; split_low the second min chain.
-constexpr Shape kShapes[] = {{1, 1, false}, {1, 1, true}, {2, 1, false}, {1, 2, false}, {2, 2, false}, {2, 4, false}};
+// shifted / centered codes where not; (2, 4) the min terms by dp2a; split_low the second min chain; the last three the
+// shapes the staged kernel multiplies from held tokens.
+constexpr Shape kShapes[] = {{1, 1, false, false}, {1, 1, true, false}, {2, 1, false, false},
+                             {1, 2, false, false}, {2, 2, false, false}, {2, 4, false, false},
+                             {1, 1, false, true},  {1, 1, true, true},   {2, 1, false, true}};
+
+template <class Q, int MT, int T, bool kSplitLow, class X>
+void multiply(const Q (&q)[MT][2], int t, const X (&x)[T], float (&acc)[MT][T][4]) {
+  if constexpr (Q::kUnitScales) cv::multiply_unit_k<Q, MT, T, X, kSplitLow>(q, t, x, acc);
+  else cv::multiply_unit<Q, MT, T, X>(q, t, x, acc);
+}
 
 struct Problem {
   const uint8_t* w;
@@ -111,7 +119,7 @@ struct Problem {
 
 // One row tile (rows row0 .. row0 + 16 * MT, those past the last repeating it as the kernels' copies do) through all
 // of K; the sums of real rows and tokens go to y[token * rows + row].
-template <class Q, int MT, int T, bool kSplitLow>
+template <class Q, int MT, int T, bool kSplitLow, bool kHeld>
 void row_tile(const Problem& p, int row0, double* y) {
   Warp warp;
   std::vector<std::thread> lanes;
@@ -134,8 +142,13 @@ void row_tile(const Problem& p, int row0, double* y) {
           for (int k = 0; k < 2; ++k)
             x[i].blocks[k] = p.xb + std::min(8 * i + 2 * t + k, p.m - 1) * (p.k / 32) + e0 / 32;
         }
-        if constexpr (Q::kUnitScales) cv::multiply_unit_k<Q, MT, T, HostTokens, kSplitLow>(q, t, x, acc);
-        else cv::multiply_unit<Q, MT, T, HostTokens>(q, t, x, acc);
+        if constexpr (kHeld) {
+          cv::UnitTokens<Q> held[T];
+          for (int i = 0; i < T; ++i) held[i].load(x[i]);
+          multiply<Q, MT, T, kSplitLow>(q, t, held, acc);
+        } else {
+          multiply<Q, MT, T, kSplitLow>(q, t, x, acc);
+        }
       }
       for (int mt = 0; mt < MT; ++mt)
         for (int i = 0; i < T; ++i)
@@ -151,7 +164,7 @@ template <class Q, int S>
 void shape_rows(const Problem& p, double* y) {
   constexpr Shape kShape = kShapes[S];
   for (int row0 = 0; row0 < p.rows; row0 += 16 * kShape.m_tiles)
-    row_tile<Q, kShape.m_tiles, kShape.token_tiles, kShape.split_low>(p, row0, y);
+    row_tile<Q, kShape.m_tiles, kShape.token_tiles, kShape.split_low, kShape.held>(p, row0, y);
 }
 
 template <class Q, int... S>
