@@ -22,6 +22,8 @@
 #              kernels.json side by side, and issue 6's bar in each: tests/tools/compare_kernels.py)
 #   mmq        the K-quants' tensor-core launch choices (one / two row tiles at 2-32 tokens: gguf_mmq.cu
 #              default_row_tiles), and every type's dp4a GEMV against the product at 2-8 (ops/quant.py MMQ_MIN_ROWS)
+#   hold       the staged product's held tokens against its pointer loop (CANDLE_VLLM_STAGED_HOLD=0) in this build:
+#              every type at 2-8 tokens, two rounds in opposite order (hold_<on>_<round>.json; compare_kernels.py)
 #   decode     bench_decode.py: bf16 and --isq q4k / q8_0 decode at batch 1 (4k) and 16 / 64 (1k)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -70,6 +72,15 @@ for stage in "$@"; do
         --m 2 4 8 16 32 --codes --no-dequant --no-dense --mmq-row-tiles 1 2 --json "$OUT/mmq_tiles.json"
       run_stage mmq_thresholds python3 benches/bench_quant_cuda.py --types q4_0 q4_1 q5_0 q5_1 q8_0 q2k q3k q4k q5k \
         q6k --kernels dp4a mmq --m 2 3 4 5 6 8 --codes --no-dequant --no-dense --json "$OUT/mmq_thresholds.json" ;;
+    hold)
+      for round in 1 2; do
+        order="1 0"; [[ $round == 2 ]] && order="0 1"
+        for on in $order; do
+          CANDLE_VLLM_STAGED_HOLD=$on run_stage "hold_${on}_$round" python3 benches/bench_quant_cuda.py --types q4_0 \
+            q4_1 q5_0 q5_1 q8_0 q2k q3k q4k q5k q6k --kernels mmq --m 2 4 8 --m8-types --codes --no-dequant \
+            --no-dense --json "$OUT/hold_${on}_$round.json"
+        done
+      done ;;
     decode)
       run_stage decode_bf16 "${DECODE[@]}" --output-len 256 --batch 64 --batch-context 1024 --batch-output-len 64 \
         --ttft-repeats 3
@@ -77,7 +88,7 @@ for stage in "$@"; do
         run_stage "decode_$isq" "${DECODE[@]}" --isq "$isq" --output-len 128 --batch 16 --batch-context 1024 \
           --batch-output-len 32 --ttft-repeats 0
       done ;;
-    *) say "unknown stage $stage (tests, memcheck, racecheck, kernels, mmq, decode)" ;;
+    *) say "unknown stage $stage (tests, memcheck, racecheck, kernels, mmq, hold, decode)" ;;
   esac
 done
 # The device tool brings back only a few files per call: everything in one archive.

@@ -21,10 +21,10 @@
 // hold; hence rows must be a multiple of 16 bytes long (gguf_mmq_staged_fits).
 // Options per type and row length (layout() below): the tokens' codes and XBlocks of each chunk bulk-copied into
 // the stage too (after the PDL wait), so no unit waits on a global load, or those of the whole of K copied once into
-// shared memory beside the ring (in four pieces on their own barriers); where neither, each multiplying warp's tokens of
-// its units of the next chunk held in registers while it multiplies this chunk's (holds_tokens(): UnitTokens, one
-// stage of lookahead, so no mma waits on an L2 load); and the Q4_K/Q5_K min terms summed in two IMMA chains instead of
-// one. None changes the bits.
+// shared memory beside the ring (in four pieces on their own barriers); where neither, each multiplying warp's tokens
+// of its units of the next chunk held in registers while it multiplies this chunk's (holds_tokens(): UnitTokens, one
+// stage of lookahead, so no mma waits on an L2 load); and the Q4_K/Q5_K min terms summed in two IMMA chains instead
+// of one. None changes the bits.
 #include <atomic>
 #include <cstdlib>
 #include <string>
@@ -294,6 +294,10 @@ bool staged_kernels_run() {
 // tokens, two rounds): q8_0's short narrow rows 25.3 / 32.4 us on 4096x4096 and 35.4 / 40.7 on 6144x4096 over 2, 4
 // and 8 tokens against its per-chunk staging; the other 32-element types at best 8 % faster on one shape and mostly
 // slower, the K-quants 11-66 % slower on the short shapes (call 5 confirmed q8_0's in one build).
+// Two m-tiles in a 96 KB ring with held tokens (holds_tokens) for the short narrow rows instead (session 37, call 4,
+// on an H100: us summed over 2, 4 and 8 tokens on 6144x4096 / 4096x4096, two rounds within 1 %): q4_0 -16.7 / -16.0 %,
+// q5_1 -10.9 / -20.6 %, q5_0 -0.2 / -16.8 %, q3k +1.7 / -12.7 %; q2k -4.3 / +0.6 %, q6k -3.2 / +0.9 %, q5k -8.3 /
+// +10.4 %, q4k -2.0 / +13.4 % (kept as they were); on long rows q8_0 +22 %, q4k +7 %, q5k +9 %.
 // Long rows (K >= kLongRowsK): the narrow shape whose layouts differ.
 struct Layout {
   int m_tiles, chunk, ring;
@@ -312,14 +316,14 @@ constexpr Layout layout(Shape shape) {
   constexpr Layout kDeepRing{2, 512, 98304, false, false};
   if (!Q::kUnitScales) {
     const bool long_rows = shape == Shape::kNarrowLong;
-    if (std::is_same_v<Q, mmq::MmqQ5_0> && long_rows) return kDeepRing;
-    if (std::is_same_v<Q, mmq::MmqQ4_1> && !long_rows) return kDeepRing;
+    if (std::is_same_v<Q, mmq::MmqQ5_0> || (!long_rows && !std::is_same_v<Q, mmq::MmqQ8_0>)) return kDeepRing;
     if (std::is_same_v<Q, mmq::MmqQ8_0> && !long_rows) return Layout{1, 1024, 65536, false, false, true};
     const bool staged = (std::is_same_v<Q, mmq::MmqQ4_0> || std::is_same_v<Q, mmq::MmqQ4_1> ||
                          std::is_same_v<Q, mmq::MmqQ5_1>) && long_rows;
     return Layout{1, 1024, 65536, staged, false};
   }
-  if (shape == Shape::kNarrow) return Layout{1, 512, 16384, false, false};
+  if (shape == Shape::kNarrow)
+    return std::is_same_v<Q, mmq::MmqQ3K> ? kDeepRing : Layout{1, 512, 16384, false, false};
   if (std::is_same_v<Q, mmq::MmqQ2K> || std::is_same_v<Q, mmq::MmqQ3K>) return kDeepRing;
   return Layout{1, 512, 16384, std::is_same_v<Q, mmq::MmqQ6K>,
                 std::is_same_v<Q, mmq::MmqQ4K> || std::is_same_v<Q, mmq::MmqQ5K>};
@@ -331,13 +335,14 @@ constexpr Layout layout(Shape shape) {
 // shape gains 2-15 % at 2-8 tokens (q4_0 -8..-15 %, q5_1 -9..-13 %, q5_0 -4..-7 %, q4k -2..-5 %, q6k's 8 tokens -5 %),
 // as do the two-m-tile deep rings (q4_1 short rows -5..-15 %, q3k long -5..-9 %, q5_0 long -6..-7 %) and q5k's long
 // rows (-2 %); the one-m-tile short narrow rows lose up to 15 % (q4k 6144x4096 +10 %, q5_0 and q5_1 +3..+14 %), long
-// rows of q4k, q8_0, q4_0 lose or tie, and q2k's (wide and long rows) and q3k's wide ones tie.
+// rows of q4k, q8_0, q4_0 lose or tie, and q2k's (wide and long rows) and q3k's wide ones tie. So the short narrow
+// rows of the types that take a deep ring there (layout(), call 4) hold them, the others not.
 template <class Q>
 constexpr bool holds_tokens(Shape shape) {
   using std::is_same_v;
   if (shape == Shape::kWide)
     return !is_same_v<Q, mmq::MmqQ2K> && !is_same_v<Q, mmq::MmqQ3K> && !is_same_v<Q, mmq::MmqQ8_0>;
-  if (shape == Shape::kNarrow) return is_same_v<Q, mmq::MmqQ4_1>;
+  if (shape == Shape::kNarrow) return layout<Q>(shape).m_tiles == 2;
   return is_same_v<Q, mmq::MmqQ3K> || is_same_v<Q, mmq::MmqQ5_0> || is_same_v<Q, mmq::MmqQ5K>;
 }
 
