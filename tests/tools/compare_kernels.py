@@ -3,9 +3,12 @@ main rebuilt in the same call) is read, and where issue 6's kernel bar stands in
 
     python tests/tools/compare_kernels.py main.json branch.json              # every cell both runs timed
     python tests/tools/compare_kernels.py main.json branch.json --types q5_0 --best
+    python tests/tools/compare_kernels.py hold0.json hold1.json --sums      # per shape, summed over the tokens
 
 Each line is one cell (kernel, type, shape, tokens): A's and B's microseconds and B's change. --best compares the
 better kernel per cell instead (the decode path takes whichever its thresholds pick; the bar counts the better one).
+--sums sums each (kernel, type, shape) over the tokens both runs timed, one line per shape: how a kernel's layout
+choice (one per type and shape) is read from an A/B.
 The last lines count each run's bar cells: >= --bar of the copy ceiling (bench_quant_cuda's fraction) at 1-8 tokens
 on the four Llama-3-8B shapes, the better kernel per cell.
 """
@@ -22,6 +25,7 @@ NOT_GGUF = {"bf16", "dequant"}
 
 Cell = tuple[str, str, int, int, int]  # kernel, type, n, k, m
 Timing = tuple[float, float]  # us, fraction of the copy ceiling
+Shape = tuple[str, str, int, int]  # kernel, type, n, k
 
 
 def load(path: Path) -> dict[Cell, Timing]:
@@ -53,6 +57,17 @@ def compare(a: dict[Cell, Timing], b: dict[Cell, Timing]) -> list[tuple[Cell, fl
     return [(c, a[c][0], b[c][0], 100.0 * (b[c][0] / a[c][0] - 1.0)) for c in sorted(a.keys() & b.keys())]
 
 
+def summed(a: dict[Cell, Timing], b: dict[Cell, Timing]) -> list[tuple[Shape, float, float, float]]:
+    """Per (kernel, type, n, k): A's and B's microseconds summed over the tokens both runs timed, and B's change in
+    percent, in order."""
+    sums: dict[Shape, list[float]] = {}
+    for (kind, qtype, n, k, _), us_a, us_b, _ in compare(a, b):
+        total = sums.setdefault((kind, qtype, n, k), [0.0, 0.0])
+        total[0] += us_a
+        total[1] += us_b
+    return [(shape, ua, ub, 100.0 * (ub / ua - 1.0)) for shape, (ua, ub) in sorted(sums.items())]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("a", type=Path, help="the baseline run's --json")
@@ -60,14 +75,19 @@ def main() -> None:
     ap.add_argument("--types", nargs="*", default=None, help="only these types (default: every type in both)")
     ap.add_argument("--best", action="store_true", help="the better kernel per cell instead of every kernel")
     ap.add_argument("--bar", type=float, default=0.75, help="issue 6's bar, a fraction of the copy ceiling")
+    ap.add_argument("--sums", action="store_true", help="one line per kernel, type and shape, summed over tokens")
     args = ap.parse_args()
     a, b = load(args.a), load(args.b)
     if args.types:
         a = {c: t for c, t in a.items() if c[1] in args.types}
         b = {c: t for c, t in b.items() if c[1] in args.types}
     shown_a, shown_b = (best_per_cell(a), best_per_cell(b)) if args.best else (a, b)
-    for (kind, qtype, n, k, m), us_a, us_b, change in compare(shown_a, shown_b):
-        print(f"{kind:20s} {qtype:5s} {n:>6d}x{k:<6d} M={m}  {us_a:8.2f} -> {us_b:8.2f} us  {change:+6.1f} %")
+    if args.sums:
+        for (kind, qtype, n, k), us_a, us_b, change in summed(shown_a, shown_b):
+            print(f"{kind:20s} {qtype:5s} {n:>6d}x{k:<6d} all M  {us_a:8.2f} -> {us_b:8.2f} us  {change:+6.1f} %")
+    else:
+        for (kind, qtype, n, k, m), us_a, us_b, change in compare(shown_a, shown_b):
+            print(f"{kind:20s} {qtype:5s} {n:>6d}x{k:<6d} M={m}  {us_a:8.2f} -> {us_b:8.2f} us  {change:+6.1f} %")
     for label, cells in (("A", a), ("B", b)):
         met = bar_cells(cells, args.bar)
         print(f"{label}: {len(met)} bar cells at >= {100 * args.bar:.0f} %: "

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.tools.compare_kernels import bar_cells, best_per_cell, compare, load
+from tests.tools.compare_kernels import bar_cells, best_per_cell, compare, load, summed
 
 
 def _row(kind: str, qtype: str, n: int, k: int, m: int, us: float, fraction: float) -> dict[str, object]:
@@ -68,3 +68,14 @@ def test_the_command_line_prints_each_cell_and_the_bar(tmp_path: Path) -> None:
                          check=True, capture_output=True, text=True).stdout.splitlines()
     assert out[0].split()[:4] == ["best", "q8_0", "4096x4096", "M=1"] and out[0].endswith("-10.0 %")
     assert out[-2].startswith("A: 0 bar cells") and out[-1].startswith("B: 2 bar cells")
+
+
+def test_sums_per_shape_take_only_the_tokens_both_runs_timed(tmp_path: Path) -> None:
+    rows_a = [_row("mmq", "q4_0", 4096, 4096, m, us, 0.5) for m, us in ((2, 5.0), (4, 6.0), (8, 7.0))]
+    rows_a.append(_row("mmq", "q4_0", 28672, 4096, 2, 30.0, 0.5))
+    rows_b = [_row("mmq", "q4_0", 4096, 4096, m, us, 0.5) for m, us in ((2, 4.0), (4, 5.5), (16, 9.0))]
+    rows_b.append(_row("mmq", "q4_0", 28672, 4096, 2, 33.0, 0.5))
+    a, b = load(_write(tmp_path, "a.json", rows_a)), load(_write(tmp_path, "b.json", rows_b))
+    got = {shape: (ua, ub, round(pct, 6)) for shape, ua, ub, pct in summed(a, b)}
+    assert got == {("mmq", "q4_0", 4096, 4096): (11.0, 9.5, round(100 * (9.5 / 11.0 - 1), 6)),
+                   ("mmq", "q4_0", 28672, 4096): (30.0, 33.0, round(100 * (33.0 / 30.0 - 1), 6))}
