@@ -23,7 +23,8 @@
 #   mmq        the K-quants' tensor-core launch choices (one / two row tiles at 2-32 tokens: gguf_mmq.cu
 #              default_row_tiles), and every type's dp4a GEMV against the product at 2-8 (ops/quant.py MMQ_MIN_ROWS)
 #   hold       the staged product's held tokens against its pointer loop (CANDLE_VLLM_STAGED_HOLD=0) in this build:
-#              every type at 2-8 tokens, two rounds in opposite order (hold_<on>_<round>.json; compare_kernels.py)
+#              every type at 2-8 tokens, two rounds in opposite order (hold_<on>_<round>.json; compare_kernels.py
+#              hold_0_1.json hold_1_1.json --sums)
 #   decode     bench_decode.py: bf16 and --isq q4k / q8_0 decode at batch 1 (4k) and 16 / 64 (1k)
 set -uo pipefail
 cd "$(dirname "$0")/.."
