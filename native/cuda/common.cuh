@@ -86,12 +86,15 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// CANDLE_VLLM_PDL=0 launches every such kernel the ordinary way (an A/B switch for benchmarks and debugging).
+// An A/B switch for benchmarks and debugging: on unless the environment variable `name` is "0".
+inline bool env_switch_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || std::string(v) != "0";
+}
+
+// CANDLE_VLLM_PDL=0 launches every such kernel the ordinary way.
 inline bool pdl_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("CANDLE_VLLM_PDL");
-    return v == nullptr || std::string(v) != "0";
-  }();
+  static const bool enabled = env_switch_on("CANDLE_VLLM_PDL");
   return enabled;
 }
 

@@ -86,8 +86,7 @@ __global__ void __launch_bounds__(W * 32) gguf_mmq_kernel(void* __restrict__ y, 
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) cur[mt][0] = ring[s][mt][0], cur[mt][1] = ring[s][mt][1];
         if (u + kStride < units) fetch(ring[s], u + kStride);
-        if constexpr (Q::kUnitScales) multiply_unit_k(cur, t, x, acc);
-        else multiply_unit(cur, t, x, acc);
+        multiply_any<Q, MT, T, false>(cur, t, x, acc);
 #pragma unroll
         for (int i = 0; i < T; ++i) x[i].advance(W * Q::kBlockElems);
       }

@@ -292,5 +292,12 @@ MMQ_FN void multiply_unit_k(const Q (&q)[MT][2], int t, const X (&x)[T],
     }
 }
 
+// One unit times the T token tiles by the loader's arithmetic: multiply_unit_k for a K-quant, else multiply_unit.
+template <class Q, int MT, int T, bool kSplitLow, class X>
+MMQ_FN void multiply_any(const Q (&q)[MT][2], int t, const X (&x)[T], float (&acc)[MT][T][4]) {
+  if constexpr (Q::kUnitScales) multiply_unit_k<Q, MT, T, X, kSplitLow>(q, t, x, acc);
+  else multiply_unit<Q, MT, T, X>(q, t, x, acc);
+}
+
 }  // namespace
 }  // namespace candle_vllm::cuda

@@ -26,8 +26,6 @@
 // stage of lookahead, so no mma waits on an L2 load); and the Q4_K/Q5_K min terms summed in two IMMA chains instead
 // of one. None changes the bits.
 #include <atomic>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "cuda/common.cuh"
@@ -74,13 +72,6 @@ struct Staging {
   static constexpr int kStages = kRingStages < 2 ? 2 : kRingStages > kMaxStages ? kMaxStages : kRingStages;
   static constexpr int kSmemBytes = kStages * kStageBytes;
 };
-
-// One unit of the CTA's rows times the token tile x (any token source: gguf_mmq_arith.cuh).
-template <class Q, int MT, bool kSplitLow, class X>
-__device__ __forceinline__ void multiply(const Q (&q)[MT][2], int t, const X (&x)[1], float (&acc)[MT][1][4]) {
-  if constexpr (Q::kUnitScales) multiply_unit_k<Q, MT, 1, X, kSplitLow>(q, t, x, acc);
-  else multiply_unit(q, t, x, acc);
-}
 
 // With kResident the tokens' codes and XBlocks for the whole of K sit in shared memory after the ring, copied once
 // after the PDL wait: code rows resident_stride(K, kTokenWords) bytes apart (kTokenWords (mod 32) words, as the
@@ -228,13 +219,13 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
             for (int k = 0; k < 2; ++k)
               x[0].blocks[k] = reinterpret_cast<const XBlock*>(blocks + min(2 * t + k, M - 1) * block_stride) +
                                u * Q::kBlockElems / 32;
-            multiply<Q, MT, kSplitLow>(q, t, x, acc);
+            multiply_any<Q, MT, 1, kSplitLow>(q, t, x, acc);
           } else if constexpr (kHold) {
             const UnitTokens<Q> x[1] = {held[i]};
             hold(c + 1, i);
-            multiply<Q, MT, kSplitLow>(q, t, x, acc);
+            multiply_any<Q, MT, 1, kSplitLow>(q, t, x, acc);
           } else {
-            multiply<Q, MT, kSplitLow>(q, t, xg, acc);
+            multiply_any<Q, MT, 1, kSplitLow>(q, t, xg, acc);
             xg[0].advance(W * Q::kBlockElems);
           }
         }
@@ -373,10 +364,7 @@ void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_
 // Whether the layouts that hold their tokens (holds_tokens) do: CANDLE_VLLM_STAGED_HOLD=0 keeps the pointer form, for
 // an A/B of the two in one build.
 bool hold_tokens() {
-  static const bool hold = [] {
-    const char* v = std::getenv("CANDLE_VLLM_STAGED_HOLD");
-    return v == nullptr || std::string(v) != "0";
-  }();
+  static const bool hold = env_switch_on("CANDLE_VLLM_STAGED_HOLD");
   return hold;
 }
 

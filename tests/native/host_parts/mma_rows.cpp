@@ -103,12 +103,6 @@ constexpr Shape kShapes[] = {{1, 1, false, false}, {1, 1, true, false}, {2, 1, f
                              {1, 2, false, false}, {2, 2, false, false}, {2, 4, false, false},
                              {1, 1, false, true},  {1, 1, true, true},   {2, 1, false, true}};
 
-template <class Q, int MT, int T, bool kSplitLow, class X>
-void multiply(const Q (&q)[MT][2], int t, const X (&x)[T], float (&acc)[MT][T][4]) {
-  if constexpr (Q::kUnitScales) cv::multiply_unit_k<Q, MT, T, X, kSplitLow>(q, t, x, acc);
-  else cv::multiply_unit<Q, MT, T, X>(q, t, x, acc);
-}
-
 struct Problem {
   const uint8_t* w;
   int64_t row_bytes;
@@ -145,9 +139,9 @@ void row_tile(const Problem& p, int row0, double* y) {
         if constexpr (kHeld) {
           cv::UnitTokens<Q> held[T];
           for (int i = 0; i < T; ++i) held[i].load(x[i]);
-          multiply<Q, MT, T, kSplitLow>(q, t, held, acc);
+          cv::multiply_any<Q, MT, T, kSplitLow>(q, t, held, acc);
         } else {
-          multiply<Q, MT, T, kSplitLow>(q, t, x, acc);
+          cv::multiply_any<Q, MT, T, kSplitLow>(q, t, x, acc);
         }
       }
       for (int mt = 0; mt < MT; ++mt)
