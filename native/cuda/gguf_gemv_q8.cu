@@ -42,29 +42,30 @@ void launch_gemv(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const u
   }
 }
 
-// CTAs of the one-token R-row kernel resident per SM (its registers under its launch bounds). For Q4_K rows longer
+// CTAs of the M-token R-row kernel resident per SM (its registers under its launch bounds). For Q4_K rows longer
 // than one pass the pipelined form runs instead (237 registers at R = 8 against 208): on the H200 both fit 4 CTAs
 // per SM at R = 8, so the rule below picks the same R for either; re-check that when either kernel changes.
-template <class Q, int R>
+template <class Q, int R, int M = 1>
 int ctas_per_sm() {
   static std::atomic<int> cache[kMaxDevices];
   return per_device(cache, "gguf_gemv_q8: residency", [](int) {
     int n = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_q8_kernel<Q, 1, R, false>, cta_threads<Q>(), 0),
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_q8_kernel<Q, M, R, false>, cta_threads<Q>(), 0),
                "gguf_gemv_q8: residency");
     return n;
   });
 }
 
-// Q4_K/Q5_K at one token: R = 8 when one wave of 8-row CTAs covers N (SMs x CTAs per SM at R = 8), else R = 4.
+// Q4_K/Q5_K at one token, every K-quant at two (rows_for): R = 8 when one wave of 8-row CTAs covers N (SMs x CTAs
+// per SM at R = 8), else R = 4.
 // Measured on the H200 (132 SMs, bench_quant_cuda.py --sweep-rows; 64-thread CTAs, R = 4: 120 / 123 registers,
 // 8 CTAs per SM; R = 8: 208 / 217 registers, 4 per SM, 528 slots):
 //   q4k: N 4096 (512 CTAs, one wave) -> 8: K 4096 4.96 vs 5.34 us, K 14336 12.71 vs 12.59 (even); N 6144 -> 4: 7.51
 //     vs 7.51 (even); N 28672 -> 4: 20.61 vs 23.40 (the deeper occupancy streams the long grid better).
 //   q5k: N 4096 -> 8: 5.79 vs 5.94, 15.23 vs 15.38; N 6144 -> 4: 8.65 vs 9.03; N 28672 -> 4: 27.04 vs 30.05.
-template <class Q>
+template <class Q, int M = 1>
 int rows_by_waves(int n) {
-  return (n + 7) / 8 <= static_cast<int64_t>(device_sm_count()) * ctas_per_sm<Q, 8>() ? 8 : 4;
+  return (n + 7) / 8 <= static_cast<int64_t>(device_sm_count()) * ctas_per_sm<Q, 8, M>() ? 8 : 4;
 }
 
 // The rows per CTA a one-token launch with rows = 0 uses. Measured on the H200 (bench_quant_cuda.py
@@ -84,17 +85,25 @@ int default_rows_at_m1(int n, int k) {
   else return 4;
 }
 
-// Rows per CTA for M tokens: the caller's choice, else the one-token rule; at two tokens 8 for the K-quants, 2 for
-// Q8_0 and 4 for the other 32-element types; 4 from three up. Session 33's sweep (--sweep-rows --m 2 4 8 --codes,
-// us summed over the four 8B shapes): at two tokens, R = 2 -> 8, q2k 71.4 -> 53.3, q3k 75.6 -> 55.1, q4k 67.9 ->
-// 52.3, q5k 75.5 -> 63.1, q6k 80.6 -> 67.8; R = 2 -> 4 under the several-token bound (gguf_gemv_q8_kernel.cuh),
+// Rows per CTA for M tokens: the caller's choice, else the one-token rule; at two tokens the K-quants take the wave
+// rule (8 where one wave of 8-row CTAs covers N, else 4), Q8_0 2 and the other 32-element types 4; 4 from three up.
+// Session 33's sweep (--sweep-rows --m 2 4 8 --codes, us summed over the four 8B shapes): at two tokens, R = 2 -> 8,
+// q2k 71.4 -> 53.3, q3k 75.6 -> 55.1, q4k 67.9 -> 52.3, q5k 75.5 -> 63.1, q6k 80.6 -> 67.8. Per shape (session 38,
+// H100, --sweep-rows --m 2 --codes), R = 4 beat 8 on the weights of more than one wave: 6144x4096 q2k 7.59 / 9.06,
+// q3k 8.44 / 8.82, q4k 8.89 / 8.93, q5k 10.14 / 10.38, q6k 11.20 / 11.31; 28672x4096 q2k 25.16 / 26.70, q3k 28.08 /
+// 31.47, q4k 28.53 / 29.97, q6k 35.78 / 39.71 (q5k 37.66 / 37.12), and batch-2 decode gained (q6k +2.4 %, q3k +3.8 %;
+// q4k even). The H200 sweep of session 33 chose one R for every shape; it has not re-run per shape there. R = 2 -> 4
+// under the several-token bound (gguf_gemv_q8_kernel.cuh),
 // q4_0 54.9 -> 51.0, q4_1 58.6 -> 49.4, q5_0 56.7 -> 54.6, q5_1 57.6 -> 54.5, but q8_0 65.0 -> 66.0; at four and
 // eight tokens R = 4 beat R = 2 on every type by 6-60 %.
 template <class Q>
 int rows_for(int m, int n, int k, int rows) {
   if (rows != 0) return rows;
   if (m == 1) return default_rows_at_m1<Q>(n, k);
-  if (m == 2) return cta_threads<Q>() == 64 ? 8 : type_of<Q>() == gguf::Q8_0 ? 2 : 4;
+  if (m == 2) {
+    if constexpr (cta_threads<Q>() == 64) return rows_by_waves<Q, 2>(n);
+    return type_of<Q>() == gguf::Q8_0 ? 2 : 4;
+  }
   return 4;
 }
 
