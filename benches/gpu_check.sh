@@ -22,6 +22,8 @@
 #              kernels.json side by side, and issue 6's bar in each: tests/tools/compare_kernels.py)
 #   mmq        the K-quants' tensor-core launch choices (one / two row tiles at 2-32 tokens: gguf_mmq.cu
 #              default_row_tiles), and every type's dp4a GEMV against the product at 2-8 (ops/quant.py MMQ_MIN_ROWS)
+#   rows       the dp4a GEMV's rows-per-CTA sweep at one and two tokens (the wave rules of gguf_gemv_q8.cu rows_for;
+#              the summary's "best rows" lines against the default)
 #   hold       the staged product's held tokens against its pointer loop (CANDLE_VLLM_STAGED_HOLD=0) in this build:
 #              every type at 2-8 tokens, two rounds in opposite order (hold_<on>_<round>.json; compare_kernels.py
 #              hold_0_1.json hold_1_1.json --sums)
@@ -73,6 +75,9 @@ for stage in "$@"; do
         --m 2 4 8 16 32 --codes --no-dequant --no-dense --mmq-row-tiles 1 2 --json "$OUT/mmq_tiles.json"
       run_stage mmq_thresholds python3 benches/bench_quant_cuda.py --types q4_0 q4_1 q5_0 q5_1 q8_0 q2k q3k q4k q5k \
         q6k --kernels dp4a mmq --m 2 3 4 5 6 8 --codes --no-dequant --no-dense --json "$OUT/mmq_thresholds.json" ;;
+    rows)
+      run_stage rows python3 benches/bench_quant_cuda.py --sweep-rows --types q4_0 q4_1 q5_0 q5_1 q8_0 q2k q3k q4k q5k \
+        q6k --m 1 2 --codes --json "$OUT/rows.json" ;;
     hold)
       for round in 1 2; do
         order="1 0"; [[ $round == 2 ]] && order="0 1"
@@ -89,7 +94,7 @@ for stage in "$@"; do
         run_stage "decode_$isq" "${DECODE[@]}" --isq "$isq" --output-len 128 --batch 16 --batch-context 1024 \
           --batch-output-len 32 --ttft-repeats 0
       done ;;
-    *) say "unknown stage $stage (tests, memcheck, racecheck, kernels, mmq, hold, decode)" ;;
+    *) say "unknown stage $stage (tests, memcheck, racecheck, kernels, mmq, rows, hold, decode)" ;;
   esac
 done
 # The device tool brings back only a few files per call: everything in one archive.
