@@ -50,7 +50,8 @@ TWO_TOKEN_ROWS = {QT.Q8_0: 2, **{t: 4 for t in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5
 # 8.93, q5k 10.14 / 10.38, q6k 11.20 / 11.31; 28672x4096: q2k 25.16 / 26.70, q3k 28.08 / 31.47, q4k 28.53 / 29.97,
 # q6k 35.78 / 39.71), 8 on the others (4096x4096 q4k 5.84 / 7.12; 4096x14336 q4k 15.19 / 16.95); None where within
 # 2 % (q5k 28672x4096 37.66 / 37.12).
-TWO_TOKEN_FASTER: dict[QT, tuple[int | None, ...]] = {t: (4, 8, 4, 8) for t in (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q6_K)} | {QT.Q5_K: (4, 8, None, 8)}
+TWO_TOKEN_FASTER: dict[QT, tuple[int | None, ...]] = {
+    **{t: (4, 8, 4, 8) for t in (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q6_K)}, QT.Q5_K: (4, 8, None, 8)}
 
 
 def expected_rows(qtype: QT, n: int, k: int) -> int | None:
