@@ -89,7 +89,7 @@ def weight_elements(llm: LLM) -> int:
 
 def kv_bytes_per_token(llm: LLM) -> int:
     c = llm.engine.model_config
-    return 2 * c.num_layers * c.num_kv_heads * c.head_dim * llm.engine.info.dtype.itemsize
+    return 2 * c.num_layers * c.num_kv_heads * c.head_dim * llm.engine.runner.model.kv_caches[0].element_size()
 
 
 def random_prompts(rng: random.Random, n: int, length: int, vocab: int) -> list[dict[str, list[int]]]:
@@ -143,6 +143,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--disable-cuda-graph", action="store_true", help="run decode steps eagerly (no CUDA graphs)")
     ap.add_argument("--isq", default=None, help="quantize the weights while loading (q4k, q4_0, q8_0, q6k, ...)")
+    ap.add_argument("--kvcache-dtype", default="auto", help="auto (the activation dtype) or fp8 (e4m3)")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
 
@@ -159,13 +160,13 @@ def main() -> None:
             model = str(model_dir_with_tokenizer(Path(model), Path(tmp)))
         t0 = time.perf_counter()
         llm = LLM(model=model, load_format=args.load_format, max_num_seqs=max(args.batch, 1), seed=args.seed,
-                  disable_cuda_graph=args.disable_cuda_graph, isq=args.isq)
+                  disable_cuda_graph=args.disable_cuda_graph, isq=args.isq, kvcache_dtype=args.kvcache_dtype)
         load_s = time.perf_counter() - t0
     rng = random.Random(args.seed)
     vocab = llm.engine.model_config.vocab_size
     w_bytes, kv_tok = weight_bytes(llm), kv_bytes_per_token(llm)
     llm.generate(random_prompts(rng, 1, 16, vocab), SamplingParams(max_tokens=4))  # warm-up
-    res: dict[str, Any] = {"model": args.model, "isq": args.isq, "device": torch.cuda.get_device_name() if torch.cuda.is_available()
+    res: dict[str, Any] = {"model": args.model, "isq": args.isq, "kvcache_dtype": args.kvcache_dtype, "device": torch.cuda.get_device_name() if torch.cuda.is_available()
                            else "cpu", "dtype": str(llm.engine.info.dtype), "load_s": round(load_s, 1),
                            "weight_gb": round(w_bytes / 1e9, 2),
                            "cuda_graphs": llm.engine.runner.graphs is not None}

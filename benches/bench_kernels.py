@@ -138,24 +138,25 @@ def wide_rows(peak: float, results: list[dict]) -> None:
                   f"{' (dispatched)' if used else ''}")
 
 
-def attention_rows(peak: float, results: list[dict]) -> None:
+def attention_rows(peak: float, results: list[dict], kv_dtype: torch.dtype = BF16) -> None:
     """Llama-3-8B heads (32 q / 8 kv, D=128) at the CUDA default block size 64 and the earlier rows' 16, batch 1
     with the grid a CUDA graph captures (max_seq_len 8192 while the context is 4096). Each case: the automatic
     plan (heads per CTA, partition, warps per head, reduce form) and a sweep of heads per CTA x warps per kv
     head ("h2s4": 2 heads, 4 warps each) x partition size, each cell with the reduce kernel and, up to 16 pieces,
     the fused last-CTA reduce ("kernel/fused" us), so the plan's rule (ops/cuda_paged.py decode_plan,
-    _FUSED_REDUCE_MAX_PARTS) can be set from one run."""
+    _FUSED_REDUCE_MAX_PARTS) can be set from one run. ``kv_dtype``: the cache's (bf16, or e4m3 for
+    --kvcache-dtype fp8, half the bytes)."""
     hq, hk, d = 32, 8, 128
-    print("\n== paged decode attention bf16 (Llama-3-8B heads 32/8, D=128) ==")
+    print(f"\n== paged decode attention bf16 q, {kv_dtype} cache (Llama-3-8B heads 32/8, D=128) ==")
     cases = [(1, 4096, 64, 4096), (1, 4096, 64, 8192), (1, 32768, 64, 32768), (64, 1024, 64, 1024),
              (16, 4096, 64, 4096), (1, 4096, 16, 4096), (64, 1024, 16, 1024), (4, 4096, 64, 4096)]
     sizes = (16, 32, 64, 128, 256, 512, 1024)
     for b, ctx, bs, max_len in cases:
         blocks_per_seq = math.ceil(ctx / bs)
         nblocks = b * blocks_per_seq
-        kv_bytes = 2 * b * ctx * hk * d * 2
+        kv_bytes = 2 * b * ctx * hk * d * kv_dtype.itemsize
         copies = copies_for(kv_bytes, cap=8)
-        caches = [torch.randn(2, nblocks, bs, hk, d, device=DEV).to(BF16) for _ in range(copies)]
+        caches = [torch.randn(2, nblocks, bs, hk, d, device=DEV).to(kv_dtype) for _ in range(copies)]
         tables = torch.randperm(nblocks, device=DEV).view(b, blocks_per_seq).to(torch.int32)
         lens = torch.full((b,), ctx, dtype=torch.int32, device=DEV)
         q = torch.randn(b, hq, d, device=DEV).to(BF16)
@@ -201,7 +202,7 @@ def attention_rows(peak: float, results: list[dict]) -> None:
                 lambda i: F.scaled_dot_product_attention(q4, kc[i % copies], kc[i % copies], enable_gqa=True))
         print(f"  best {best} {sweep[best]:.1f} us ({100 * kv_bytes / sweep[best] / 1e-6 / peak:.0f}%), "
               f"auto {auto_us:.1f} us, SDPA contiguous {sdpa_us:.1f} us")
-        results.append(dict(kernel="paged_decode", b=b, ctx=ctx, block_size=bs, max_seq_len=max_len, us=auto_us,
+        results.append(dict(kernel="paged_decode", kv_dtype=str(kv_dtype), b=b, ctx=ctx, block_size=bs, max_seq_len=max_len, us=auto_us,
                             gbps=kv_bytes / auto_us / 1e3, sdpa_us=sdpa_us, auto_heads_per_cta=plan.heads_per_cta,
                             auto_partition=plan.partition_size, best=best, sweep_us=sweep))
 
@@ -425,6 +426,8 @@ def main() -> None:
     parser.add_argument("--json", help="write all rows to this file")
     parser.add_argument("--only", help="comma-separated sections: elementwise, rotary, attention, gemm, prefill, wide")
     parser.add_argument("--gemm-m", default=",".join(map(str, GEMM_MS)), help="skinny GEMM row counts to time")
+    parser.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16",
+                        help="the attention section's cache: bf16, or e4m3 (--kvcache-dtype fp8)")
     args = parser.parse_args()
     only = set(args.only.split(",")) if args.only else None
     ms = tuple(int(m) for m in args.gemm_m.split(","))
@@ -434,7 +437,9 @@ def main() -> None:
     print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}; "
           f"copy bandwidth {peak / 1e9:.0f} GB/s (read + write)")
     results: list[dict] = [dict(kernel="copy", gbps=peak / 1e9, device=props.name)]
-    sections = {"elementwise": elementwise_rows, "rotary": rotary_rows, "attention": attention_rows,
+    kv_dtype = BF16 if args.kv_dtype == "bf16" else torch.float8_e4m3fn
+    sections = {"elementwise": elementwise_rows, "rotary": rotary_rows,
+                "attention": lambda p, r: attention_rows(p, r, kv_dtype),
                 "gemm": lambda p, r: gemm_rows(p, r, ms), "prefill": prefill_rows, "wide": wide_rows}
     if only and not only <= sections.keys():
         parser.error(f"unknown sections {sorted(only - sections.keys())}; choose from {sorted(sections)}")

@@ -51,7 +51,7 @@ def graph_batch_sizes(max_num_seqs: int, cap: int = MAX_CAPTURED_BATCH) -> list[
 
 def unsupported_reason(model: CausalLM, kv_caches: list[torch.Tensor], device: torch.device) -> str | None:
     """Why decode graphs cannot run for this model and cache (None when they can): every op inside must be a
-    capture-safe CUDA kernel, and the attention one needs a f16/bf16 cache of a supported head geometry."""
+    capture-safe CUDA kernel, and the attention one needs a f16/bf16/e4m3 cache of a supported head geometry."""
     if device.type != "cuda":
         return f"the device is {device}, not CUDA"
     if not cuda.available(device):
@@ -62,7 +62,9 @@ def unsupported_reason(model: CausalLM, kv_caches: list[torch.Tensor], device: t
     num_heads = getattr(getattr(model, "config", None), "num_heads", None)
     if num_heads is None:
         return f"{type(model).__name__} has no config.num_heads"
-    probe = torch.empty(1, num_heads, cache.shape[-1], dtype=cache.dtype, device=device)
+    # An e4m3 cache serves f16/bf16 activations (EngineArgs.kv_cache_dtype refuses it with f32 on CUDA).
+    act = torch.bfloat16 if cache.dtype == torch.float8_e4m3fn else cache.dtype
+    probe = torch.empty(1, num_heads, cache.shape[-1], dtype=act, device=device)
     if not cuda_paged.paged_decode_supported(probe, cache):
         return (f"the paged decode kernel does not support this cache ({cache.dtype}, head_dim {cache.shape[-1]}, "
                 f"{num_heads} query / {cache.shape[3]} KV heads)")

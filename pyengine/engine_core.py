@@ -102,11 +102,12 @@ class EngineCore:
         self.max_model_len = max_model_len
 
         assert args.block_size is not None
-        per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
+        cache_dtype = args.kv_cache_dtype(device, dtype)
+        per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cache_dtype)
         budget = kv_cache_budget_bytes(device, args.kv_fraction, args.mem, cap_cpu=default_kv_budget)
         num_blocks = num_kv_blocks(budget, args.block_size, per_token)
         caches = allocate_kv_caches(cfg.num_layers, num_blocks, args.block_size, cfg.num_kv_heads, cfg.head_dim,
-                                    dtype, device)
+                                    cache_dtype, device)
         self.scheduler = Scheduler(SchedulerConfig(
             num_blocks=num_blocks, block_size=args.block_size, max_model_len=max_model_len,
             max_num_seqs=args.max_num_seqs, prefill_chunk_size=args.prefill_chunk_size,

@@ -146,15 +146,16 @@ static Registrar registrar([](py::module_& m) {
       [](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t positions, uintptr_t cos_sin, uintptr_t key_cache,
          uintptr_t value_cache, uintptr_t slots, int64_t tokens, int64_t q_heads, int64_t k_heads, int64_t head_dim,
          int64_t q_stride, int64_t k_stride, int64_t v_stride, int style, int pair_group, int dtype,
-         uintptr_t stream, uintptr_t norm_rows, int64_t norm_stride, int64_t hidden, float eps) {
+         int cache_dtype, uintptr_t stream, uintptr_t norm_rows, int64_t norm_stride, int64_t hidden, float eps) {
         cuda::rotary_embedding_cache(as_ptr<void>(q), as_ptr<void>(k), as_ptr<void>(v),
                                      as_ptr<const int64_t>(positions), as_ptr<const float>(cos_sin),
                                      as_ptr<void>(key_cache), as_ptr<void>(value_cache), as_ptr<const int64_t>(slots),
                                      tokens, q_heads, k_heads, head_dim, q_stride, k_stride, v_stride, style,
-                                     pair_group, to_dtype(dtype), stream,
+                                     pair_group, to_dtype(dtype), to_dtype(cache_dtype), stream,
                                      {as_ptr<const void>(norm_rows), norm_stride, hidden, eps});
       },
-      "RoPE in place on q and k (whole heads), rotated k and v stored into the paged cache at their slots; "
+      "RoPE in place on q and k (whole heads), rotated k and v stored into the paged cache (q's dtype or e4m3) at "
+      "their slots; "
       "norm_rows (0: none) [tokens, hidden] with token stride norm_stride: q, k and v are first scaled by each "
       "token's 1/rms of its row (eps), v in place too");
   m.def(
@@ -163,25 +164,26 @@ static Registrar registrar([](py::module_& m) {
          uintptr_t seq_lens, uintptr_t partial_out, uintptr_t partial_ml, uintptr_t reduce_counters, int64_t num_seqs,
          int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t q_stride, int64_t block_size,
          int64_t max_blocks, int64_t partition_size, int64_t num_partitions, int64_t heads_per_cta, int64_t splits,
-         float scale, float softcap, int64_t sliding_window, int dtype, uintptr_t stream) {
+         float scale, float softcap, int64_t sliding_window, int dtype, int cache_dtype, uintptr_t stream) {
         cuda::paged_attention_decode(as_ptr<void>(out), as_ptr<const void>(q), as_ptr<const void>(key_cache),
                                      as_ptr<const void>(value_cache), as_ptr<const int32_t>(block_tables),
                                      as_ptr<const int32_t>(seq_lens), as_ptr<float>(partial_out),
                                      as_ptr<float>(partial_ml), as_ptr<int32_t>(reduce_counters), num_seqs, q_heads,
                                      kv_heads, head_dim, q_stride, block_size, max_blocks, partition_size,
                                      num_partitions, heads_per_cta, splits, scale, softcap, sliding_window,
-                                     to_dtype(dtype), stream);
+                                     to_dtype(dtype), to_dtype(cache_dtype), stream);
       },
-      "one-token-per-sequence attention over a paged KV cache (split-KV when num_partitions > 1; reduce_counters "
+      "one-token-per-sequence attention over a paged KV cache of q's dtype or e4m3 (split-KV when num_partitions > 1; reduce_counters "
       "0: a second reduce kernel, else the last CTA of each head group reduces)");
   m.attr("cuda_attn_cta_row") = cuda::kAttnCtaRow;
   m.def(
       "cuda_reshape_and_cache",
       [](uintptr_t k, uintptr_t v, uintptr_t key_cache, uintptr_t value_cache, uintptr_t slots, int64_t tokens,
-         int64_t kv_heads, int64_t head_dim, int64_t k_stride, int64_t v_stride, int dtype, uintptr_t stream) {
+         int64_t kv_heads, int64_t head_dim, int64_t k_stride, int64_t v_stride, int dtype, int cache_dtype,
+         uintptr_t stream) {
         cuda::reshape_and_cache(as_ptr<const void>(k), as_ptr<const void>(v), as_ptr<void>(key_cache),
                                 as_ptr<void>(value_cache), as_ptr<const int64_t>(slots), tokens, kv_heads, head_dim,
-                                k_stride, v_stride, to_dtype(dtype), stream);
+                                k_stride, v_stride, to_dtype(dtype), to_dtype(cache_dtype), stream);
       },
       "write new K/V rows into the paged cache at their flat slots (negative slots skipped)");
   m.def(

@@ -9,10 +9,11 @@
 namespace candle_vllm {
 
 // Must match pyengine/ops/native.py::DTYPE_CODES.
-enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, U8 = 3, I32 = 4, I64 = 5 };
+// F8E4M3: the e4m3 KV cache of --kvcache-dtype fp8 (cuda/fp8_kv.cuh).
+enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, U8 = 3, I32 = 4, I64 = 5, F8E4M3 = 6 };
 
 inline DType to_dtype(int code) {
-  if (code < 0 || code > 5) throw std::invalid_argument("unknown dtype code " + std::to_string(code));
+  if (code < 0 || code > 6) throw std::invalid_argument("unknown dtype code " + std::to_string(code));
   return static_cast<DType>(code);
 }
 

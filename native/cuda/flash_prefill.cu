@@ -10,12 +10,22 @@
 // 8-column tiles is the A layout of one 16-deep step). Tiles above a warp's diagonal are skipped, and only
 // tiles crossing the diagonal or the sliding window's edge compute a mask. Keys past the needed range are
 // zero-filled, so a stale cache slot can never inject NaN into P V.
+//
+// e4m3 cache (KV = Fp8, q/out still f16/bf16): K/V tiles hold the cached bytes as copied (a 16-byte chunk is 16
+// values, so the tiles are half the size; D = 64 rows of 4 chunks swizzle as swz explains), and both products
+// run as f16 mma with f32 accumulation whatever T is
+// (e4m3 -> f16 is exact; q and P are rounded to f16). The operands come from ldmatrix on the e4m3 tile as
+// cuda/fp8_kv.cuh describes: a K chunk is one 16-deep k-step whose channels the B fragment lists in the order
+// e4m3_q_channel, so Q is staged (plain loads, converted to f16) with each chunk's channels in that order; a
+// transposed V chunk gives the B fragments of two 8-wide n-tiles (the chunk's even and odd channels), so the
+// accumulator n-tile 2c + p holds channels 16c + 2n + p, stored back in natural order.
 #include <cmath>
 #include <cstring>
 #include <type_traits>
 
 #include "cuda/common.cuh"
 #include "cuda/flash_prefill.h"
+#include "cuda/fp8_kv.cuh"
 #include "cuda/mma.cuh"
 
 namespace candle_vllm::cuda {
@@ -63,10 +73,29 @@ __device__ __forceinline__ uint32_t pack2(float x, float y) {
   return w;
 }
 
-// Element offset of 16-byte chunk c of row r in a swizzled tile of D-wide rows.
-template <int D>
+// Element offset of 16-byte chunk c of row r in a swizzled tile of D-wide rows of VALS values per chunk (8 for
+// f16/bf16, 16 for e4m3). Rows of >= 8 chunks put chunk c at c ^ (r & 7). e4m3 rows of D = 64 are 4 chunks (two
+// rows per 128 bytes): chunk c goes to c ^ ((r >> 1) & 3), so the 8 rows of one ldmatrix phase, (r & 1) picking
+// the half of the 128 bytes and (r >> 1) & 3 the chunk within it, still cover the 8 16-byte bank groups.
+template <int D, int VALS = 8>
 __device__ __forceinline__ int swz(int r, int c) {
-  return r * D + ((c ^ (r & 7)) << 3);
+  constexpr int kRowChunks = D / VALS;
+  static_assert(kRowChunks == 4 || (kRowChunks >= 8 && kRowChunks % 8 == 0), "swz: 4 or a multiple of 8 chunks");
+  if constexpr (kRowChunks >= 8) return r * D + (c ^ (r & 7)) * VALS;
+  else return r * D + (c ^ ((r >> 1) & 3)) * VALS;
+}
+
+// An f16x2 word from two values of T (the same bits when T is f16).
+template <typename T>
+__device__ __forceinline__ uint32_t to_f16x2(uint32_t w) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return w;
+  } else {
+    __nv_bfloat162 b;
+    memcpy(&b, &w, 4);
+    const float2 f = __bfloat1622float2(b);
+    return pack2<__half>(f.x, f.y);
+  }
 }
 
 // The value a running max is subtracted from: 0 while nothing was seen, so exp2(-inf - base) stays 0, not NaN.
@@ -85,21 +114,28 @@ struct Params {
   bool skip_single;
 };
 
-template <typename T, int D, int W, int MR, int BN>
+// T: q/out dtype; KV: cache element type, T or Fp8 (e4m3).
+template <typename T, typename KV, int D, int W, int MR, int BN>
 struct Tile {
+  static constexpr bool kFp8 = std::is_same_v<KV, Fp8>;
+  static_assert(kFp8 || std::is_same_v<KV, T>, "the cache is of q's dtype or e4m3");
+  using M = std::conditional_t<kFp8, __half, T>;  // mma operand type: the Q tile and P
   static constexpr int kThreads = 32 * W;
   static constexpr int kWarpRows = 16 * MR;  // a warp's query rows: MR stacked 16-row mma tiles
   static constexpr int kBM = kWarpRows * W;
-  static constexpr int kChunks = D / 8;
+  static constexpr int kChunks = D / 8;  // 16-byte chunks of a Q/out row (K/V rows: D / 16 when e4m3)
   static constexpr bool kQInRegs = MR == 1 && D <= 128;
-  static constexpr int kSmemBytes = (kBM * D + 4 * BN * D) * static_cast<int>(sizeof(T));
+  static constexpr int kSmemBytes =
+      kBM * D * static_cast<int>(sizeof(T)) + 4 * BN * D * static_cast<int>(sizeof(KV));
+  static_assert(sizeof(M) == sizeof(T), "the Q tile doubles as the output staging tile");
+  static_assert(!kFp8 || BN % 32 == 0, "e4m3 K fragments are read 4 n-tiles (32 keys) at a time");
 };
 
 // K and V rows [kv0, kv0 + BN) of one kv head into shared memory; rows >= kv_end are zero-filled.
-template <typename T, int D, int THREADS, int BN>
-__device__ __forceinline__ void load_kv(T* sk, T* sv, const T* kc, const T* vc, const int32_t* table, int kv0,
+template <typename KV, int D, int THREADS, int BN>
+__device__ __forceinline__ void load_kv(KV* sk, KV* sv, const KV* kc, const KV* vc, const int32_t* table, int kv0,
                                         int kv_end, const Params& p, int kv_head) {
-  constexpr int kChunks = D / 8;
+  constexpr int kVals = 16 / static_cast<int>(sizeof(KV)), kChunks = D / kVals;
 #pragma unroll
   for (int i = threadIdx.x; i < BN * kChunks; i += THREADS) {
     const int r = i / kChunks, c = i % kChunks, tok = kv0 + r;
@@ -107,16 +143,40 @@ __device__ __forceinline__ void load_kv(T* sk, T* sv, const T* kc, const T* vc, 
     size_t off = 0;
     if (ok) {
       const int blk = __ldg(table + tok / p.block_size);
-      off = (static_cast<size_t>(blk) * p.block_size + tok % p.block_size) * p.kv_row + kv_head * D + c * 8;
+      off = (static_cast<size_t>(blk) * p.block_size + tok % p.block_size) * p.kv_row + kv_head * D + c * kVals;
     }
-    cp_async16(sk + swz<D>(r, c), kc + off, ok);
-    cp_async16(sv + swz<D>(r, c), vc + off, ok);
+    cp_async16(sk + swz<D, kVals>(r, c), kc + off, ok);
+    cp_async16(sv + swz<D, kVals>(r, c), vc + off, ok);
   }
 }
 
-template <typename T, int D, int W, int MR, int BN>
+// e4m3 cache: the Q tile as f16, each 16-channel chunk permuted so that position i holds channel
+// e4m3_q_channel(i) (0, 1, 4, 5, 8, 9, 12, 13 | 2, 3, 6, 7, 10, 11, 14, 15), the k order of the K fragments;
+// rows >= rows are zeros. Words w[j] hold channels 2j, 2j + 1: the even words form the first f16 chunk, the odd
+// ones the second.
+template <typename T, int D, int THREADS, int BM>
+__device__ __forceinline__ void stage_q_f16(__half* sq, const T* q, int rows, int q_stride) {
+  constexpr int kChunks = D / 16;
+#pragma unroll
+  for (int i = threadIdx.x; i < BM * kChunks; i += THREADS) {
+    const int r = i / kChunks, c = i % kChunks;
+    uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo;
+    if (r < rows) {
+      const uint4* src = reinterpret_cast<const uint4*>(q + static_cast<size_t>(r) * q_stride + c * 16);
+      lo = __ldg(src);
+      hi = __ldg(src + 1);
+    }
+    *reinterpret_cast<uint4*>(sq + swz<D>(r, 2 * c)) =
+        make_uint4(to_f16x2<T>(lo.x), to_f16x2<T>(lo.z), to_f16x2<T>(hi.x), to_f16x2<T>(hi.z));
+    *reinterpret_cast<uint4*>(sq + swz<D>(r, 2 * c + 1)) =
+        make_uint4(to_f16x2<T>(lo.y), to_f16x2<T>(lo.w), to_f16x2<T>(hi.y), to_f16x2<T>(hi.w));
+  }
+}
+
+template <typename T, typename KV, int D, int W, int MR, int BN>
 __global__ void __launch_bounds__(32 * W) flash_prefill_kernel(const Params p) {
-  using C = Tile<T, D, W, MR, BN>;
+  using C = Tile<T, KV, D, W, MR, BN>;
+  using M = typename C::M;
   constexpr int BM = C::kBM;
   const int head = blockIdx.x, seq = blockIdx.z;
   const int q_start = p.qsl[seq], q_len = p.qsl[seq + 1] - q_start;
@@ -132,24 +192,30 @@ __global__ void __launch_bounds__(32 * W) flash_prefill_kernel(const Params p) {
   const int n_begin = kv_begin / BN, n_end = (kv_end + BN - 1) / BN;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  T* sq = reinterpret_cast<T*>(smem_raw);
-  T* sk = sq + BM * D;  // two stages of K, then two of V
-  T* sv = sk + 2 * BN * D;
+  M* sq = reinterpret_cast<M*>(smem_raw);
+  KV* sk = reinterpret_cast<KV*>(sq + BM * D);  // two stages of K, then two of V
+  KV* sv = sk + 2 * BN * D;
   const T* q = static_cast<const T*>(p.q);
-  const T* kc = static_cast<const T*>(p.kc);
-  const T* vc = static_cast<const T*>(p.vc);
+  const KV* kc = static_cast<const KV*>(p.kc);
+  const KV* vc = static_cast<const KV*>(p.vc);
   const int kv_head = head / p.group;
   const int32_t* table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks;
 
+  if constexpr (!C::kFp8) {
 #pragma unroll
-  for (int i = threadIdx.x; i < BM * C::kChunks; i += C::kThreads) {
-    const int r = i / C::kChunks, c = i % C::kChunks;
-    const bool ok = r < rows;
-    const T* src = ok ? q + static_cast<size_t>(q_start + m0 + r) * p.q_stride + head * D + c * 8 : q;
-    cp_async16(sq + swz<D>(r, c), src, ok);
+    for (int i = threadIdx.x; i < BM * C::kChunks; i += C::kThreads) {
+      const int r = i / C::kChunks, c = i % C::kChunks;
+      const bool ok = r < rows;
+      const T* src = ok ? q + static_cast<size_t>(q_start + m0 + r) * p.q_stride + head * D + c * 8 : q;
+      cp_async16(sq + swz<D>(r, c), src, ok);
+    }
   }
-  load_kv<T, D, C::kThreads, BN>(sk, sv, kc, vc, table, n_begin * BN, kv_end, p, kv_head);
+  load_kv<KV, D, C::kThreads, BN>(sk, sv, kc, vc, table, n_begin * BN, kv_end, p, kv_head);
   cp_async_commit();
+  // e4m3: Q converted while the first K/V tile is in flight; the loop's first barrier publishes it.
+  if constexpr (C::kFp8)
+    stage_q_f16<T, D, C::kThreads, BM>(sq, q + static_cast<size_t>(q_start + m0) * p.q_stride + head * D, rows,
+                                       p.q_stride);
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int wrow = warp * C::kWarpRows;
@@ -172,8 +238,8 @@ __global__ void __launch_bounds__(32 * W) flash_prefill_kernel(const Params p) {
   for (int n = n_begin; n < n_end; ++n) {
     const int stage = (n - n_begin) & 1;
     if (n + 1 < n_end) {
-      load_kv<T, D, C::kThreads, BN>(sk + (stage ^ 1) * BN * D, sv + (stage ^ 1) * BN * D, kc, vc, table,
-                                      (n + 1) * BN, kv_end, p, kv_head);
+      load_kv<KV, D, C::kThreads, BN>(sk + (stage ^ 1) * BN * D, sv + (stage ^ 1) * BN * D, kc, vc, table,
+                                       (n + 1) * BN, kv_end, p, kv_head);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -187,8 +253,8 @@ __global__ void __launch_bounds__(32 * W) flash_prefill_kernel(const Params p) {
       }
     }
     const int kv0 = n * BN;
-    const T* k_s = sk + stage * BN * D;
-    const T* v_s = sv + stage * BN * D;
+    const KV* k_s = sk + stage * BN * D;
+    const KV* v_s = sv + stage * BN * D;
     // Warp-uniform: skip tiles wholly above this warp's diagonal or wholly before its window.
     const bool live = warp_live && kv0 <= w_last && (p.window <= 0 || kv0 + BN - 1 > w_first - p.window);
     if (live) {
@@ -209,14 +275,30 @@ __global__ void __launch_bounds__(32 * W) flash_prefill_kernel(const Params p) {
             ldmatrix_x4(a[mr], sq + swz<D>(wrow + mr * 16 + (lane & 15), kk * 2 + (lane >> 4)));
           }
         }
+        if constexpr (C::kFp8) {
+          // Chunk kk is k-step kk: matrix j of one x4 is keys 8j..8j+7 of a 32-key group, the n-tile 4 nq + j.
 #pragma unroll
-        for (int np = 0; np < BN / 16; ++np) {
-          uint32_t b[4];
-          ldmatrix_x4(b, k_s + swz<D>(np * 16 + (lane >> 4) * 8 + (lane & 7), kk * 2 + ((lane >> 3) & 1)));
+          for (int nq = 0; nq < BN / 32; ++nq) {
+            uint32_t b[4];
+            ldmatrix_x4(b, k_s + swz<D, 16>(nq * 32 + (lane >> 3) * 8 + (lane & 7), kk));
 #pragma unroll
-          for (int mr = 0; mr < MR; ++mr) {
-            mma_16816<T>(s[mr][2 * np], a[mr], b[0], b[1]);
-            mma_16816<T>(s[mr][2 * np + 1], a[mr], b[2], b[3]);
+            for (int j = 0; j < 4; ++j) {
+              uint32_t b0, b1;
+              e4m3_k_frag(b[j], b0, b1);
+#pragma unroll
+              for (int mr = 0; mr < MR; ++mr) mma_16816<M>(s[mr][4 * nq + j], a[mr], b0, b1);
+            }
+          }
+        } else {
+#pragma unroll
+          for (int np = 0; np < BN / 16; ++np) {
+            uint32_t b[4];
+            ldmatrix_x4(b, k_s + swz<D>(np * 16 + (lane >> 4) * 8 + (lane & 7), kk * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+            for (int mr = 0; mr < MR; ++mr) {
+              mma_16816<T>(s[mr][2 * np], a[mr], b[0], b[1]);
+              mma_16816<T>(s[mr][2 * np + 1], a[mr], b[2], b[3]);
+            }
           }
         }
       }
@@ -278,19 +360,40 @@ __global__ void __launch_bounds__(32 * W) flash_prefill_kernel(const Params p) {
         uint32_t a[MR][4];
 #pragma unroll
         for (int mr = 0; mr < MR; ++mr) {
-          a[mr][0] = pack2<T>(s[mr][2 * kk][0], s[mr][2 * kk][1]);
-          a[mr][1] = pack2<T>(s[mr][2 * kk][2], s[mr][2 * kk][3]);
-          a[mr][2] = pack2<T>(s[mr][2 * kk + 1][0], s[mr][2 * kk + 1][1]);
-          a[mr][3] = pack2<T>(s[mr][2 * kk + 1][2], s[mr][2 * kk + 1][3]);
+          a[mr][0] = pack2<M>(s[mr][2 * kk][0], s[mr][2 * kk][1]);
+          a[mr][1] = pack2<M>(s[mr][2 * kk][2], s[mr][2 * kk][3]);
+          a[mr][2] = pack2<M>(s[mr][2 * kk + 1][0], s[mr][2 * kk + 1][1]);
+          a[mr][3] = pack2<M>(s[mr][2 * kk + 1][2], s[mr][2 * kk + 1][3]);
         }
+        if constexpr (C::kFp8) {
+          // Same addressing in chunk units: b[2h] / b[2h + 1] are keys 0-7 / 8-15 of chunk 2 dq + h, each word
+          // the two n-tiles of that chunk (even and odd channels), accumulator tiles 4 dq + 2h and 4 dq + 2h + 1.
 #pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, v_s + swz<D>(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), dp * 2 + (lane >> 4)));
+          for (int dq = 0; dq < D / 32; ++dq) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, v_s + swz<D, 16>(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), dq * 2 + (lane >> 4)));
 #pragma unroll
-          for (int mr = 0; mr < MR; ++mr) {
-            mma_16816<T>(o[mr][2 * dp], a[mr], b[0], b[1]);
-            mma_16816<T>(o[mr][2 * dp + 1], a[mr], b[2], b[3]);
+            for (int h = 0; h < 2; ++h) {
+              uint32_t e0, o0, e1, o1;
+              e4m3_v_frag(b[2 * h], e0, o0);
+              e4m3_v_frag(b[2 * h + 1], e1, o1);
+#pragma unroll
+              for (int mr = 0; mr < MR; ++mr) {
+                mma_16816<M>(o[mr][4 * dq + 2 * h], a[mr], e0, e1);
+                mma_16816<M>(o[mr][4 * dq + 2 * h + 1], a[mr], o0, o1);
+              }
+            }
+          }
+        } else {
+#pragma unroll
+          for (int dp = 0; dp < D / 16; ++dp) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, v_s + swz<D>(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), dp * 2 + (lane >> 4)));
+#pragma unroll
+            for (int mr = 0; mr < MR; ++mr) {
+              mma_16816<T>(o[mr][2 * dp], a[mr], b[0], b[1]);
+              mma_16816<T>(o[mr][2 * dp + 1], a[mr], b[2], b[3]);
+            }
           }
         }
       }
@@ -299,7 +402,7 @@ __global__ void __launch_bounds__(32 * W) flash_prefill_kernel(const Params p) {
   }
 
   // Normalise and stage the warp's rows in its own rows of the Q tile, then store 16-byte pieces.
-  T* so = sq;
+  T* so = reinterpret_cast<T*>(smem_raw);
 #pragma unroll
   for (int mr = 0; mr < MR; ++mr) {
     float l0 = l_run[mr][0], l1 = l_run[mr][1];
@@ -310,12 +413,27 @@ __global__ void __launch_bounds__(32 * W) flash_prefill_kernel(const Params p) {
     }
     const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
     const int r0 = wrow + mr * 16 + (lane >> 2);
+    if constexpr (C::kFp8) {
+      // Tiles 2c and 2c + 1 hold channels 16c + 4t + {0, 2} and 16c + 4t + {1, 3} (t = lane & 3): interleaved,
+      // four consecutive channels, half of 8-value chunk 2c + t / 2.
+      const int t = lane & 3;
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      *reinterpret_cast<uint32_t*>(so + swz<D>(r0, i) + (lane & 3) * 2) =
-          pack2<T>(o[mr][i][0] * inv0, o[mr][i][1] * inv0);
-      *reinterpret_cast<uint32_t*>(so + swz<D>(r0 + 8, i) + (lane & 3) * 2) =
-          pack2<T>(o[mr][i][2] * inv1, o[mr][i][3] * inv1);
+      for (int c = 0; c < D / 16; ++c) {
+        const float(&ev)[4] = o[mr][2 * c];
+        const float(&od)[4] = o[mr][2 * c + 1];
+        *reinterpret_cast<uint2*>(so + swz<D>(r0, 2 * c + (t >> 1)) + (t & 1) * 4) =
+            make_uint2(pack2<T>(ev[0] * inv0, od[0] * inv0), pack2<T>(ev[1] * inv0, od[1] * inv0));
+        *reinterpret_cast<uint2*>(so + swz<D>(r0 + 8, 2 * c + (t >> 1)) + (t & 1) * 4) =
+            make_uint2(pack2<T>(ev[2] * inv1, od[2] * inv1), pack2<T>(ev[3] * inv1, od[3] * inv1));
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        *reinterpret_cast<uint32_t*>(so + swz<D>(r0, i) + (lane & 3) * 2) =
+            pack2<T>(o[mr][i][0] * inv0, o[mr][i][1] * inv0);
+        *reinterpret_cast<uint32_t*>(so + swz<D>(r0 + 8, i) + (lane & 3) * 2) =
+            pack2<T>(o[mr][i][2] * inv1, o[mr][i][3] * inv1);
+      }
     }
   }
   __syncwarp();
@@ -330,10 +448,10 @@ __global__ void __launch_bounds__(32 * W) flash_prefill_kernel(const Params p) {
   }
 }
 
-template <typename T, int D, int W, int MR, int BN>
+template <typename T, typename KV, int D, int W, int MR, int BN>
 void launch(const Params& p, int64_t num_seqs, int64_t max_query_len, cudaStream_t stream) {
-  using C = Tile<T, D, W, MR, BN>;
-  auto kernel = flash_prefill_kernel<T, D, W, MR, BN>;
+  using C = Tile<T, KV, D, W, MR, BN>;
+  auto kernel = flash_prefill_kernel<T, KV, D, W, MR, BN>;
   // The limit is per function and device; set once per device (outside any graph capture: the first call of a
   // process runs eagerly).
   static bool configured[kMaxDevices] = {};
@@ -350,6 +468,26 @@ void launch(const Params& p, int64_t num_seqs, int64_t max_query_len, cudaStream
   check_launch("flash_prefill");
 }
 
+// The instantiated (head_dim, block_m, warp_rows, block_n) combinations, the same for both cache types.
+template <typename T, typename KV>
+void launch_config(const Params& p, int64_t head_dim, int64_t block_m, int64_t warp_rows, int64_t block_n,
+                   int64_t num_seqs, int64_t max_query_len, cudaStream_t s) {
+  // (block_m, warp_rows, block_n): 128 query rows as 8 warps x 16 or 4 warps x 32, or 64 rows as 4 x 16.
+  const int64_t cfg = (block_m * 100 + warp_rows) * 1000 + block_n;
+  if (head_dim == 64 && cfg == 12816064) launch<T, KV, 64, 8, 1, 64>(p, num_seqs, max_query_len, s);
+  else if (head_dim == 64 && cfg == 12832064) launch<T, KV, 64, 4, 2, 64>(p, num_seqs, max_query_len, s);
+  else if (head_dim == 64 && cfg == 6416064) launch<T, KV, 64, 4, 1, 64>(p, num_seqs, max_query_len, s);
+  else if (head_dim == 128 && cfg == 12816064) launch<T, KV, 128, 8, 1, 64>(p, num_seqs, max_query_len, s);
+  else if (head_dim == 128 && cfg == 12832064) launch<T, KV, 128, 4, 2, 64>(p, num_seqs, max_query_len, s);
+  else if (head_dim == 128 && cfg == 12832032) launch<T, KV, 128, 4, 2, 32>(p, num_seqs, max_query_len, s);
+  else if (head_dim == 128 && cfg == 6416064) launch<T, KV, 128, 4, 1, 64>(p, num_seqs, max_query_len, s);
+  else if (head_dim == 256 && cfg == 6416032) launch<T, KV, 256, 4, 1, 32>(p, num_seqs, max_query_len, s);
+  else
+    throw std::invalid_argument(
+        "flash_prefill: unsupported (head_dim, block_m, warp_rows, block_n); see kernel_configs in "
+        "pyengine/ops/cuda_prefill.py");
+}
+
 }  // namespace
 
 void flash_prefill(void* out, const void* q, const void* key_cache, const void* value_cache,
@@ -357,7 +495,10 @@ void flash_prefill(void* out, const void* q, const void* key_cache, const void* 
                    int64_t num_seqs, int64_t max_query_len, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
                    int64_t q_stride, int64_t block_size, int64_t max_blocks, float scale, float softcap,
                    int64_t sliding_window, int64_t block_m, int64_t warp_rows, int64_t block_n,
-                   bool skip_single_token, DType dtype, std::uintptr_t stream) {
+                   bool skip_single_token, DType dtype, DType cache_dtype, std::uintptr_t stream) {
+  const bool fp8 = cache_dtype == DType::F8E4M3;
+  if (!fp8 && cache_dtype != dtype)
+    throw std::invalid_argument("flash_prefill: the cache dtype must be q's dtype or e4m3 (F8E4M3)");
   if (num_seqs <= 0 || max_query_len <= 0) return;
   if (kv_heads <= 0 || q_heads % kv_heads != 0) throw std::invalid_argument("flash_prefill: q_heads % kv_heads != 0");
   if (num_seqs > 65535 || (max_query_len + 63) / 64 > 65535)
@@ -372,20 +513,8 @@ void flash_prefill(void* out, const void* q, const void* key_cache, const void* 
   const cudaStream_t s = as_stream(stream);
   dispatch_float<false>(dtype, "flash_prefill", [&](auto tag) {
     using T = decltype(tag);
-    // (block_m, warp_rows, block_n): 128 query rows as 8 warps x 16 or 4 warps x 32, or 64 rows as 4 x 16.
-    const int64_t cfg = (block_m * 100 + warp_rows) * 1000 + block_n;
-    if (head_dim == 64 && cfg == 12816064) launch<T, 64, 8, 1, 64>(p, num_seqs, max_query_len, s);
-    else if (head_dim == 64 && cfg == 12832064) launch<T, 64, 4, 2, 64>(p, num_seqs, max_query_len, s);
-    else if (head_dim == 64 && cfg == 6416064) launch<T, 64, 4, 1, 64>(p, num_seqs, max_query_len, s);
-    else if (head_dim == 128 && cfg == 12816064) launch<T, 128, 8, 1, 64>(p, num_seqs, max_query_len, s);
-    else if (head_dim == 128 && cfg == 12832064) launch<T, 128, 4, 2, 64>(p, num_seqs, max_query_len, s);
-    else if (head_dim == 128 && cfg == 12832032) launch<T, 128, 4, 2, 32>(p, num_seqs, max_query_len, s);
-    else if (head_dim == 128 && cfg == 6416064) launch<T, 128, 4, 1, 64>(p, num_seqs, max_query_len, s);
-    else if (head_dim == 256 && cfg == 6416032) launch<T, 256, 4, 1, 32>(p, num_seqs, max_query_len, s);
-    else
-      throw std::invalid_argument(
-          "flash_prefill: unsupported (head_dim, block_m, warp_rows, block_n); see kernel_configs in "
-          "pyengine/ops/cuda_prefill.py");
+    if (fp8) launch_config<T, Fp8>(p, head_dim, block_m, warp_rows, block_n, num_seqs, max_query_len, s);
+    else launch_config<T, T>(p, head_dim, block_m, warp_rows, block_n, num_seqs, max_query_len, s);
   });
 }
 

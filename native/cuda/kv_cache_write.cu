@@ -1,16 +1,19 @@
 // The KV-cache write (reshape_and_cache, declared in paged_attention.h): each token's k and v rows stored at its
-// flat cache slot, padding slots (< 0) skipped.
+// flat cache slot, padding slots (< 0) skipped; an e4m3 cache stores each value as fp8_kv.cuh's to_e4m3.
 #include <algorithm>
+#include <stdexcept>
+#include <type_traits>
 
 #include "cuda/common.cuh"
+#include "cuda/fp8_kv.cuh"
 #include "cuda/paged_attention.h"
 
 namespace candle_vllm::cuda {
 namespace {
 
-template <typename T, int V>
-__global__ void reshape_and_cache_kernel(const T* k, const T* v, T* __restrict__ kc,
-                                         T* __restrict__ vc, const int64_t* __restrict__ slots, int row,
+template <typename T, typename KV, int V>
+__global__ void reshape_and_cache_kernel(const T* k, const T* v, KV* __restrict__ kc,
+                                         KV* __restrict__ vc, const int64_t* __restrict__ slots, int row,
                                          int64_t k_stride, int64_t v_stride) {
   pdl_launch_dependents();
   pdl_wait();  // k, v and the slots come from earlier kernels; the cache rows may still be read by them
@@ -18,13 +21,14 @@ __global__ void reshape_and_cache_kernel(const T* k, const T* v, T* __restrict__
   const int64_t slot = slots[t];
   if (slot < 0) return;
   using Vt = Vec<T, V>;
+  using Vc = Vec<KV, V>;
   const Vt* ks = reinterpret_cast<const Vt*>(k + t * k_stride);
   const Vt* vs = reinterpret_cast<const Vt*>(v + t * v_stride);
-  Vt* kd = reinterpret_cast<Vt*>(kc + slot * row);
-  Vt* vd = reinterpret_cast<Vt*>(vc + slot * row);
+  Vc* kd = reinterpret_cast<Vc*>(kc + slot * row);
+  Vc* vd = reinterpret_cast<Vc*>(vc + slot * row);
   for (int i = threadIdx.x; i < row / V; i += blockDim.x) {
-    kd[i] = ks[i];
-    vd[i] = vs[i];
+    kd[i] = to_cache<KV>(ks[i]);
+    vd[i] = to_cache<KV>(vs[i]);
   }
 }
 
@@ -32,7 +36,9 @@ __global__ void reshape_and_cache_kernel(const T* k, const T* v, T* __restrict__
 
 void reshape_and_cache(const void* k, const void* v, void* key_cache, void* value_cache, const int64_t* slot_mapping,
                        int64_t tokens, int64_t kv_heads, int64_t head_dim, int64_t k_stride, int64_t v_stride,
-                       DType dtype, std::uintptr_t stream) {
+                       DType dtype, DType cache_dtype, std::uintptr_t stream) {
+  if (cache_dtype != dtype && cache_dtype != DType::F8E4M3)
+    throw std::invalid_argument("reshape_and_cache: the cache must hold k's dtype or e4m3");
   if (tokens == 0) return;
   dispatch_float<true>(dtype, "reshape_and_cache", [&](auto tag) {
     using T = decltype(tag);
@@ -40,13 +46,21 @@ void reshape_and_cache(const void* k, const void* v, void* key_cache, void* valu
     const int row = static_cast<int>(kv_heads * head_dim);
     const bool vec = row % kVec == 0 && k_stride % kVec == 0 && v_stride % kVec == 0 && aligned16(k, v, key_cache, value_cache);
     const int threads = std::min(512, std::max(32, ((vec ? row / kVec : row) + 31) / 32 * 32));
-    auto go = [&](auto kernel) {
+    auto go = [&](auto kv_tag) {
+      using KV = decltype(kv_tag);
+      auto kernel = vec ? reshape_and_cache_kernel<T, KV, kVec> : reshape_and_cache_kernel<T, KV, 1>;
       launch_pdl("reshape_and_cache", kernel, dim3(static_cast<unsigned>(tokens)), dim3(threads), 0, as_stream(stream),
-                 static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(key_cache),
-                 static_cast<T*>(value_cache), slot_mapping, row, k_stride, v_stride);
+                 static_cast<const T*>(k), static_cast<const T*>(v), static_cast<KV*>(key_cache),
+                 static_cast<KV*>(value_cache), slot_mapping, row, k_stride, v_stride);
     };
-    if (vec) go(reshape_and_cache_kernel<T, kVec>);
-    else go(reshape_and_cache_kernel<T, 1>);
+    if constexpr (std::is_same_v<T, float>) {
+      if (cache_dtype == DType::F8E4M3) throw std::invalid_argument("reshape_and_cache: an e4m3 cache takes f16/bf16 k/v");
+      go(T{});
+    } else if (cache_dtype == DType::F8E4M3) {
+      go(Fp8{});
+    } else {
+      go(T{});
+    }
   });
 }
 

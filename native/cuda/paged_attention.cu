@@ -27,6 +27,7 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
+#include "cuda/fp8_kv.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/smem_pipe.cuh"
 #include "cuda/paged_attention.h"
@@ -47,17 +48,52 @@ __device__ __forceinline__ int block_of(int j, int block_size, int block_shift) 
 // after the wait, never the read-only (.nc) path.
 __device__ __forceinline__ uint32_t ld_u32(const void* p) { return __ldca(reinterpret_cast<const unsigned int*>(p)); }
 
-// S: warps per kv head (splits), a template argument so the common one-warp form carries no split code.
-template <typename T, int D, int S>
+// Two q values (4-byte aligned) as the f16x2 word of an e4m3 cache's f16 mma (fp8_kv.cuh).
+template <typename T>
+__device__ __forceinline__ uint32_t ld_f16x2(const T* p) {
+  const uint32_t w = ld_u32(p);
+  if constexpr (std::is_same_v<T, __half>) {
+    return w;
+  } else {
+    return pack2<__half>(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+  }
+}
+
+// Calls f(d, x0, y0, x1, y1) for every pair of output channels d, d + 1 a lane holds: (x0, y0) of its row r0,
+// (x1, y1) of r1. The P V n-tiles of an e4m3 cache interleave a chunk's channels (fp8_kv.cuh).
+template <bool F8, int N, typename F>
+__device__ __forceinline__ void for_out_pairs(const float (&o)[N][4], int tig, F&& f) {
+  if constexpr (F8) {
+#pragma unroll
+    for (int c = 0; c < N / 2; ++c) {
+      f(16 * c + 4 * tig, o[2 * c][0], o[2 * c + 1][0], o[2 * c][2], o[2 * c + 1][2]);
+      f(16 * c + 4 * tig + 2, o[2 * c][1], o[2 * c + 1][1], o[2 * c][3], o[2 * c + 1][3]);
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < N; ++n) f(n * 8 + tig * 2, o[n][0], o[n][1], o[n][2], o[n][3]);
+  }
+}
+
+// 16-byte chunks of one token's row in a K/V stage: an e4m3 row pads to whole 128-byte lines, so the XOR swizzle
+// (chunk ^ token & 7) stays within it.
+__host__ __device__ constexpr int stage_pitch(int row_chunks, bool f8) { return f8 ? (row_chunks + 7) & ~7 : row_chunks; }
+
+// S: warps per kv head (splits), a template argument so the common one-warp form carries no split code. KV: the
+// cache element, T or Fp8 (an e4m3 cache: f16 mma on converted fragments, fp8_kv.cuh).
+template <typename T, typename KV, int D, int S>
 __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
-    T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
+    T* __restrict__ out, const T* __restrict__ q, const KV* __restrict__ kc, const KV* __restrict__ vc,
     const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_lens, float* __restrict__ part_out,
     float* __restrict__ part_ml, int* __restrict__ counters, int group, int q_heads, int kv_heads, int64_t q_stride,
     int block_size, int block_shift, int max_blocks, int piece_cap, float qscale, float cap_log2,
     float inv_cap, int sliding_window) {
-  constexpr int kHeadChunks = D / 8;      // 16-byte chunks of one kv head's row
-  constexpr int kTokStep = 256 / D;       // tokens one pass of a kv head's worth of copying threads covers
-  constexpr int kKSteps = D / 16;         // k steps of Q K^T, and pairs of 8-wide column tiles of P V
+  constexpr bool F8 = !std::is_same_v<KV, T>;
+  using M = std::conditional_t<F8, __half, T>;  // the mma operand type
+  constexpr int kElems = 16 / sizeof(KV);  // cache values per 16-byte chunk
+  constexpr int kHeadChunks = D / kElems;  // 16-byte chunks of one kv head's row
+  constexpr int kTokStep = 32 * kElems / D;  // tokens one pass of a kv head's worth of copying threads covers
+  constexpr int kKSteps = D / 16;          // k steps of Q K^T, and pairs of 8-wide column tiles of P V
   extern __shared__ __align__(128) unsigned char smem[];
 
   constexpr int splits = S;
@@ -67,9 +103,10 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
   const int seq = blockIdx.y, part = blockIdx.z, parts = gridDim.z;
   const int kvh0 = blockIdx.x * heads, kvh = kvh0 + head;
   const bool active = kvh < kv_heads;
-  const int row_chunks = heads * kHeadChunks;  // chunks of one token in a stage
+  const int row_chunks = heads * kHeadChunks;  // chunks of one token's row
+  const int pitch = stage_pitch(row_chunks, F8);
   constexpr int unit = kTile * splits;         // tokens per stage: one tile per split
-  const int stage_bytes = unit * row_chunks * 16;
+  const int stage_bytes = unit * pitch * 16;
   int32_t* tbl = reinterpret_cast<int32_t*>(smem + kStages * 2 * stage_bytes);
   const int gid = lane >> 2, tig = lane & 3;  // mma fragment row group / thread in group
   const int r0 = gid, r1 = gid + 8;           // this lane's query rows (heads of the group)
@@ -100,7 +137,7 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
   const int c = tid % row_chunks, ts = tid / row_chunks, tok_step = kTokStep * splits;
   const bool chunk_ok = kvh0 + c / kHeadChunks < kv_heads;
   const size_t row = static_cast<size_t>(kv_heads) * D;
-  const size_t col = static_cast<size_t>(kvh0) * D + c * 8;
+  const size_t col = static_cast<size_t>(kvh0) * D + c * kElems;
   const uint32_t sbase = smem_addr(smem);
   auto load_stage = [&](int step, int stage) {
     const int j0 = t0 + step * unit;
@@ -115,7 +152,7 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
         const int off = block_shift >= 0 ? (j & (block_size - 1)) : j % block_size;
         src = (static_cast<size_t>(blk) * block_size + off) * row + col;
       }
-      const uint32_t dst = static_cast<uint32_t>(t * row_chunks + (c ^ (t & 7))) * 16;
+      const uint32_t dst = static_cast<uint32_t>(t * pitch + (c ^ (t & 7))) * 16;
       cp_async16(ks + dst, kc + src, ok);
       cp_async16(vs + dst, vc + src, ok);
     }
@@ -133,17 +170,20 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
   }
   if (early == kStages - 1) pdl_wait();
 
-  // A fragments of Q (rows past the group are zero): the previous kernel wrote q, so after the wait.
+  // A fragments of Q (rows past the group are zero): the previous kernel wrote q, so after the wait. With an
+  // e4m3 cache, as f16 with each k step's channels in the order of the K fragments (fp8_kv.cuh).
   uint32_t qa[kKSteps][4];
   {
-    const T* qb = q + static_cast<size_t>(seq) * q_stride + static_cast<size_t>(kvh) * group * D + tig * 2;
+    const T* qb = q + static_cast<size_t>(seq) * q_stride + static_cast<size_t>(kvh) * group * D + tig * (F8 ? 4 : 2);
     const bool v0 = active && r0 < group, v1 = active && r1 < group;
+    constexpr int kHi = F8 ? 2 : 8;  // offset of a2/a3's channels from a0/a1's
+    auto word = [&](const T* p) { if constexpr (F8) return ld_f16x2(p); else return ld_u32(p); };
 #pragma unroll
     for (int k = 0; k < kKSteps; ++k) {
-      qa[k][0] = v0 ? ld_u32(qb + r0 * D + k * 16) : 0u;
-      qa[k][1] = v1 ? ld_u32(qb + r1 * D + k * 16) : 0u;
-      qa[k][2] = v0 ? ld_u32(qb + r0 * D + k * 16 + 8) : 0u;
-      qa[k][3] = v1 ? ld_u32(qb + r1 * D + k * 16 + 8) : 0u;
+      qa[k][0] = v0 ? word(qb + r0 * D + k * 16) : 0u;
+      qa[k][1] = v1 ? word(qb + r1 * D + k * 16) : 0u;
+      qa[k][2] = v0 ? word(qb + r0 * D + k * 16 + kHi) : 0u;
+      qa[k][3] = v1 ? word(qb + r1 * D + k * 16 + kHi) : 0u;
     }
   }
 
@@ -166,12 +206,29 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
     if (!active) continue;
     const uint32_t ks = sbase + (i % kStages) * 2 * stage_bytes, vs = ks + stage_bytes;
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    if constexpr (F8) {
+      // One x4: tokens 0-7 / 8-15 x chunks (k steps) k, k + 1.
 #pragma unroll
-    for (int k = 0; k < kKSteps; ++k) {
-      uint32_t b[4];
-      ldmatrix_x4(b, ks + static_cast<uint32_t>(krow * row_chunks + ((kcol + 2 * k) ^ (kt & 7))) * 16);
-      mma_16816<T>(s[0], qa[k], b[0], b[1]);
-      mma_16816<T>(s[1], qa[k], b[2], b[3]);
+      for (int k = 0; k < kKSteps; k += 2) {
+        uint32_t w[4], b0, b1;
+        ldmatrix_x4(w, ks + static_cast<uint32_t>(krow * pitch + ((kcol + k) ^ (kt & 7))) * 16);
+        e4m3_k_frag(w[0], b0, b1);
+        mma_16816<M>(s[0], qa[k], b0, b1);
+        e4m3_k_frag(w[2], b0, b1);
+        mma_16816<M>(s[1], qa[k], b0, b1);
+        e4m3_k_frag(w[1], b0, b1);
+        mma_16816<M>(s[0], qa[k + 1], b0, b1);
+        e4m3_k_frag(w[3], b0, b1);
+        mma_16816<M>(s[1], qa[k + 1], b0, b1);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kKSteps; ++k) {
+        uint32_t b[4];
+        ldmatrix_x4(b, ks + static_cast<uint32_t>(krow * pitch + ((kcol + 2 * k) ^ (kt & 7))) * 16);
+        mma_16816<M>(s[0], qa[k], b[0], b[1]);
+        mma_16816<M>(s[1], qa[k], b[2], b[3]);
+      }
     }
     // s[n][e]: row r0 (e < 2) or r1, token n * 8 + tig * 2 + (e & 1) of the tile.
     const int jb = t0 + i * unit + split * kTile + tig * 2;
@@ -213,14 +270,31 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
       o[n][3] *= a1;
     }
     // The score fragments are the A fragment of P V as they stand (rows r0/r1, tokens tig*2 and 8 + tig*2).
-    const uint32_t pa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]), pack2<T>(s[1][0], s[1][1]),
-                            pack2<T>(s[1][2], s[1][3])};
+    const uint32_t pa[4] = {pack2<M>(s[0][0], s[0][1]), pack2<M>(s[0][2], s[0][3]), pack2<M>(s[1][0], s[1][1]),
+                            pack2<M>(s[1][2], s[1][3])};
+    if constexpr (F8) {
+      // One x4 .trans: tokens 0-7 / 8-15 x chunks c, c + 1, each chunk the even and odd n-tiles 2c, 2c + 1.
 #pragma unroll
-    for (int n = 0; n < kKSteps; ++n) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, vs + static_cast<uint32_t>(vrow * row_chunks + ((vcol + 2 * n) ^ (vt & 7))) * 16);
-      mma_16816<T>(o[2 * n], pa, b[0], b[1]);
-      mma_16816<T>(o[2 * n + 1], pa, b[2], b[3]);
+      for (int c = 0; c < kHeadChunks; c += 2) {
+        uint32_t w[4], e0, o0, e1, o1;
+        ldmatrix_x4_trans(w, vs + static_cast<uint32_t>(vrow * pitch + ((vcol + c) ^ (vt & 7))) * 16);
+        e4m3_v_frag(w[0], e0, o0);
+        e4m3_v_frag(w[1], e1, o1);
+        mma_16816<M>(o[2 * c], pa, e0, e1);
+        mma_16816<M>(o[2 * c + 1], pa, o0, o1);
+        e4m3_v_frag(w[2], e0, o0);
+        e4m3_v_frag(w[3], e1, o1);
+        mma_16816<M>(o[2 * c + 2], pa, e0, e1);
+        mma_16816<M>(o[2 * c + 3], pa, o0, o1);
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < kKSteps; ++n) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, vs + static_cast<uint32_t>(vrow * pitch + ((vcol + 2 * n) ^ (vt & 7))) * 16);
+        mma_16816<M>(o[2 * n], pa, b[0], b[1]);
+        mma_16816<M>(o[2 * n + 1], pa, b[2], b[3]);
+      }
     }
   }
   cp_async_wait<0>();
@@ -276,21 +350,17 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
   const bool w0 = active && split == 0 && r0 < group, w1 = active && split == 0 && r1 < group;
   if (parts == 1) {
     const float inv0 = 1.f / l0, inv1 = 1.f / l1;
-#pragma unroll
-    for (int n = 0; n < 2 * kKSteps; ++n) {
-      const int d = n * 8 + tig * 2;
-      if (w0) store2<T>(out + (h + r0) * D + d, o[n][0] * inv0, o[n][1] * inv0);
-      if (w1) store2<T>(out + (h + r1) * D + d, o[n][2] * inv1, o[n][3] * inv1);
-    }
+    for_out_pairs<F8>(o, tig, [&](int d, float x0, float y0, float x1, float y1) {
+      if (w0) store2<T>(out + (h + r0) * D + d, x0 * inv0, y0 * inv0);
+      if (w1) store2<T>(out + (h + r1) * D + d, x1 * inv1, y1 * inv1);
+    });
     return;
   }
   const size_t ml_l = static_cast<size_t>(gridDim.y) * q_heads;  // offset of the sums in part_ml
-#pragma unroll
-  for (int n = 0; n < 2 * kKSteps; ++n) {
-    const int d = n * 8 + tig * 2;
-    if (w0) *reinterpret_cast<float2*>(part_out + ((h + r0) * parts + part) * D + d) = make_float2(o[n][0], o[n][1]);
-    if (w1) *reinterpret_cast<float2*>(part_out + ((h + r1) * parts + part) * D + d) = make_float2(o[n][2], o[n][3]);
-  }
+  for_out_pairs<F8>(o, tig, [&](int d, float x0, float y0, float x1, float y1) {
+    if (w0) *reinterpret_cast<float2*>(part_out + ((h + r0) * parts + part) * D + d) = make_float2(x0, y0);
+    if (w1) *reinterpret_cast<float2*>(part_out + ((h + r1) * parts + part) * D + d) = make_float2(x1, y1);
+  });
   if (tig == 0) {
     if (w0) {
       part_ml[(h + r0) * parts + part] = m0;
@@ -327,14 +397,15 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
 inline size_t decode_smem_bytes(int64_t heads, int64_t splits, int64_t head_dim, int64_t elem_bytes,
                                 int64_t piece_cap, int64_t block_size) {
   const int64_t table = (piece_cap + block_size - 1) / block_size + 1;
-  return static_cast<size_t>(kStages * 2 * kTile * splits * heads * head_dim * elem_bytes + table * 4);
+  const int64_t pitch = stage_pitch(static_cast<int>(heads * head_dim * elem_bytes / 16), elem_bytes == 1);
+  return static_cast<size_t>(kStages * 2 * kTile * splits * pitch * 16 + table * 4);
 }
 
 // Raises the decode kernel's dynamic shared-memory limit to the device's opt-in maximum and asks for the
 // largest shared-memory carveout (several small CTAs share an SM; the kernel never reads through L1), once per
 // kernel instance and device, and returns that maximum. Runs outside stream work, so it is safe during
-// CUDA-graph capture. (Keyed by <T, D, S>, not by the kernel's function type, which every head_dim shares.)
-template <typename T, int D, int S>
+// CUDA-graph capture. (Keyed by <T, KV, D, S>, not by the kernel's function type, which every head_dim shares.)
+template <typename T, typename KV, int D, int S>
 int decode_smem_optin() {
   static int limit[64] = {};
   int dev = 0;
@@ -344,9 +415,10 @@ int decode_smem_optin() {
     int optin = 0;
     check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
                "paged_attention_decode: shared-memory limit");
-    check_cuda(cudaFuncSetAttribute(paged_decode_kernel<T, D, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin),
+    check_cuda(cudaFuncSetAttribute(paged_decode_kernel<T, KV, D, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    optin),
                "paged_attention_decode: raise the shared-memory limit");
-    check_cuda(cudaFuncSetAttribute(paged_decode_kernel<T, D, S>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    check_cuda(cudaFuncSetAttribute(paged_decode_kernel<T, KV, D, S>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                     cudaSharedmemCarveoutMaxShared),
                "paged_attention_decode: shared-memory carveout");
     limit[dev] = optin;
@@ -354,8 +426,8 @@ int decode_smem_optin() {
   return limit[dev];
 }
 
-template <typename T, int D>
-void launch_decode(T* out, const T* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens,
+template <typename T, typename KV, int D>
+void launch_decode(T* out, const T* q, const KV* kc, const KV* vc, const int32_t* tables, const int32_t* lens,
                    float* part_out, float* part_ml, int32_t* counters, int64_t num_seqs, int64_t q_heads,
                    int64_t kv_heads, int64_t q_stride, int64_t block_size, int64_t max_blocks, int64_t partition_size,
                    int64_t parts, int64_t heads_per_cta, int64_t splits, float scale, float softcap, int64_t window,
@@ -372,16 +444,18 @@ void launch_decode(T* out, const T* q, const T* kc, const T* vc, const int32_t* 
   const float qscale = softcap > 0.f ? scale : scale * kLog2e;
   const float cap_log2 = softcap > 0.f ? softcap * kLog2e : 0.f;
   const float inv_cap = softcap > 0.f ? 1.f / softcap : 0.f;
-  const size_t smem = decode_smem_bytes(heads, splits, D, sizeof(T), cap, block_size);
-  const int optin = splits == 1 ? decode_smem_optin<T, D, 1>() : splits == 2 ? decode_smem_optin<T, D, 2>()
-                                                                             : decode_smem_optin<T, D, 4>();
+  const size_t smem = decode_smem_bytes(heads, splits, D, sizeof(KV), cap, block_size);
+  const int optin = splits == 1   ? decode_smem_optin<T, KV, D, 1>()
+                    : splits == 2 ? decode_smem_optin<T, KV, D, 2>()
+                                  : decode_smem_optin<T, KV, D, 4>();
   if (smem > static_cast<size_t>(optin))
     throw std::invalid_argument("paged_attention_decode: heads_per_cta x head_dim, partition_size / block_size too "
                                 "large (the CTA's K/V stages and block-table slice do not fit shared memory); use "
                                 "fewer heads per CTA or a smaller partition_size");
   const dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(num_seqs), static_cast<unsigned>(parts));
-  auto kernel = splits == 1 ? paged_decode_kernel<T, D, 1> : splits == 2 ? paged_decode_kernel<T, D, 2>
-                                                                         : paged_decode_kernel<T, D, 4>;
+  auto kernel = splits == 1   ? paged_decode_kernel<T, KV, D, 1>
+                : splits == 2 ? paged_decode_kernel<T, KV, D, 2>
+                              : paged_decode_kernel<T, KV, D, 4>;
   launch_pdl("paged_attention_decode", kernel, grid, dim3(static_cast<unsigned>(heads * splits * 32)), smem, stream,
              out, q, kc, vc, tables, lens, part_out, part_ml, parts > 1 ? counters : nullptr, static_cast<int>(group),
              static_cast<int>(q_heads), static_cast<int>(kv_heads), q_stride, static_cast<int>(block_size), shift,
@@ -403,7 +477,7 @@ void paged_attention_decode(void* out, const void* q, const void* key_cache, con
                             int64_t kv_heads, int64_t head_dim, int64_t q_stride, int64_t block_size,
                             int64_t max_blocks, int64_t partition_size, int64_t num_partitions,
                             int64_t heads_per_cta, int64_t splits, float scale, float softcap, int64_t sliding_window,
-                            DType dtype, std::uintptr_t stream) {
+                            DType dtype, DType cache_dtype, std::uintptr_t stream) {
   if (kv_heads < 1 || q_heads % kv_heads != 0 || q_heads / kv_heads > kAttnMaxGroup)
     throw std::invalid_argument("paged_attention_decode: q_heads must be a multiple of kv_heads, at most 16x");
   if (head_dim != 64 && head_dim != 128 && head_dim != 256)
@@ -417,19 +491,26 @@ void paged_attention_decode(void* out, const void* q, const void* key_cache, con
   if (partition_size < 1 || num_partitions < 1) throw std::invalid_argument("paged_attention_decode: bad partitioning");
   if (num_partitions > 1 && (partial_out == nullptr || partial_ml == nullptr))
     throw std::invalid_argument("paged_attention_decode: split-KV needs partial buffers");
+  if (cache_dtype != dtype && cache_dtype != DType::F8E4M3)
+    throw std::invalid_argument("paged_attention_decode: the cache must hold q's dtype or e4m3");
   if (num_seqs == 0) return;
   dispatch_float<false>(dtype, "paged_attention_decode", [&](auto tag) {
     using T = decltype(tag);
-    auto run = [&](auto d_const) {
-      launch_decode<T, decltype(d_const)::value>(
-          static_cast<T*>(out), static_cast<const T*>(q), static_cast<const T*>(key_cache),
-          static_cast<const T*>(value_cache), block_tables, seq_lens, partial_out, partial_ml, reduce_counters,
+    auto run = [&](auto kv_tag, auto d_const) {
+      using KV = decltype(kv_tag);
+      launch_decode<T, KV, decltype(d_const)::value>(
+          static_cast<T*>(out), static_cast<const T*>(q), static_cast<const KV*>(key_cache),
+          static_cast<const KV*>(value_cache), block_tables, seq_lens, partial_out, partial_ml, reduce_counters,
           num_seqs, q_heads, kv_heads, q_stride, block_size, max_blocks, partition_size, num_partitions,
           heads_per_cta, splits, scale, softcap, sliding_window, as_stream(stream));
     };
-    if (head_dim == 64) run(std::integral_constant<int, 64>{});
-    else if (head_dim == 128) run(std::integral_constant<int, 128>{});
-    else run(std::integral_constant<int, 256>{});
+    auto by_dim = [&](auto kv_tag) {
+      if (head_dim == 64) run(kv_tag, std::integral_constant<int, 64>{});
+      else if (head_dim == 128) run(kv_tag, std::integral_constant<int, 128>{});
+      else run(kv_tag, std::integral_constant<int, 256>{});
+    };
+    if (cache_dtype == DType::F8E4M3) by_dim(Fp8{});
+    else by_dim(T{});
   });
 }
 

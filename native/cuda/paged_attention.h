@@ -13,7 +13,8 @@ constexpr int kAttnCtaRow = 1024;   // cache elements of one token a decode CTA 
 
 // One query token per sequence: q [num_seqs, q_heads, head_dim] (sequence stride q_stride elements, heads
 // contiguous) attends to seq_lens[s] cached tokens through block_tables [num_seqs, max_blocks] (int32).
-// out [num_seqs, q_heads, head_dim] contiguous, same dtype as q and the cache (f16/bf16); head_dim 64/128/256.
+// out [num_seqs, q_heads, head_dim] contiguous, same dtype as q (f16/bf16); the cache holds cache_dtype: q's, or
+// F8E4M3 (an e4m3 cache, read as f16 mma operands: cuda/fp8_kv.cuh); head_dim 64/128/256.
 // softcap <= 0 disables logit soft-capping; sliding_window <= 0 disables the window. With num_partitions > 1
 // each sequence's attended span is cut at run time into num_partitions equal pieces of whole stages
 // (split-KV), each at most partition_size rounded up to a stage: partial_out f32 [num_seqs, q_heads,
@@ -33,13 +34,14 @@ void paged_attention_decode(void* out, const void* q, const void* key_cache, con
                             int64_t kv_heads, int64_t head_dim, int64_t q_stride, int64_t block_size,
                             int64_t max_blocks, int64_t partition_size, int64_t num_partitions,
                             int64_t heads_per_cta, int64_t splits, float scale, float softcap,
-                            int64_t sliding_window, DType dtype, std::uintptr_t stream);
+                            int64_t sliding_window, DType dtype, DType cache_dtype, std::uintptr_t stream);
 
 // key_cache/value_cache[slot_mapping[t]] = k[t], v[t]; k, v [tokens, kv_heads, head_dim] with token strides
-// k_stride / v_stride (heads contiguous); slots < 0 are skipped (padding tokens). A programmatic dependent
-// launch that waits for the previous kernel before touching memory.
+// k_stride / v_stride (heads contiguous); slots < 0 are skipped (padding tokens). The cache holds cache_dtype:
+// k's, or F8E4M3 (each value stored as cuda/fp8_kv.cuh's to_e4m3). A programmatic dependent launch that waits
+// for the previous kernel before touching memory.
 void reshape_and_cache(const void* k, const void* v, void* key_cache, void* value_cache, const int64_t* slot_mapping,
                        int64_t tokens, int64_t kv_heads, int64_t head_dim, int64_t k_stride, int64_t v_stride,
-                       DType dtype, std::uintptr_t stream);
+                       DType dtype, DType cache_dtype, std::uintptr_t stream);
 
 }  // namespace candle_vllm::cuda

@@ -10,6 +10,7 @@
 // and writes v back scaled too, so q, k and v in the buffer all come out normed.
 #include "cuda/common.cuh"
 #include "cuda/deferred_norm.cuh"
+#include "cuda/fp8_kv.cuh"
 #include "cuda/rotary.h"
 
 namespace candle_vllm::cuda {
@@ -49,16 +50,17 @@ constexpr int kVec = 16 / sizeof(T);
 template <typename T>
 using Vec16 = Vec<T, kVec<T>>;
 
-// Pointers into the rows a vectorised thread reads and writes (k/v cache pointers null without the cache).
-template <typename T>
+// Pointers into the rows a vectorised thread reads and writes (k/v cache pointers null without the cache). KV:
+// the cache element, T or Fp8 (each value stored as fp8_kv.cuh's to_e4m3).
+template <typename T, typename KV = T>
 struct RotaryArgs {
   T* q;
   T* k;
   T* v;
   const int64_t* positions;
   const float* cos_sin;
-  T* key_cache;
-  T* value_cache;
+  KV* key_cache;
+  KV* value_cache;
   const int64_t* slots;
   int64_t tokens, q_stride, k_stride, v_stride;
   int q_heads, k_heads, head_dim, rotary_dim;
@@ -67,8 +69,8 @@ struct RotaryArgs {
 
 // The deferred norm's scale for element e's token, computed by the calling warp for every token its lanes cover
 // (lane 0's element is the warp's first: kThreads is a whole number of warps). All 32 lanes must call it.
-template <typename T>
-__device__ __forceinline__ float token_inv_rms(const RotaryArgs<T>& a, int64_t e, int64_t total, int64_t per_token) {
+template <typename T, typename KV>
+__device__ __forceinline__ float token_inv_rms(const RotaryArgs<T, KV>& a, int64_t e, int64_t total, int64_t per_token) {
   const int64_t first = e - (threadIdx.x & 31);
   if (first >= total) return 1.f;
   const int64_t last = first + 31 < total ? first + 31 : total - 1, mine = (e < total ? e : total - 1) / per_token;
@@ -83,8 +85,8 @@ __device__ __forceinline__ float token_inv_rms(const RotaryArgs<T>& a, int64_t e
 // GROUP 0: the standard layout of STYLE; GROUP 1 or 8 (neox only): the head's halves stored interleaved in
 // groups of GROUP channels (first-half channels GROUP*j.., then their partners half+GROUP*j..), read as they are
 // stored and written back in the standard layout. NORM (with CACHE only): a.norm is applied first.
-template <typename T, int STYLE, int GROUP, bool CACHE, bool NORM>
-__global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T> a) {
+template <typename T, typename KV, int STYLE, int GROUP, bool CACHE, bool NORM>
+__global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T, KV> a) {
   constexpr int V = kVec<T>;
   constexpr bool NEOX = STYLE != kRopeGptj, PAIRED = GROUP > 0;
   constexpr int G = PAIRED ? GROUP : 1;
@@ -140,9 +142,9 @@ __global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T
       *reinterpret_cast<Vec16<T>*>(head + o2) = v2;
     }
     if (slot < 0) return;
-    T* dst = a.value_cache + (slot * a.k_heads + hh) * a.head_dim;
-    *reinterpret_cast<Vec16<T>*>(dst + o1) = v1;
-    *reinterpret_cast<Vec16<T>*>(dst + o2) = v2;
+    KV* dst = a.value_cache + (slot * a.k_heads + hh) * a.head_dim;
+    *reinterpret_cast<Vec<KV, V>*>(dst + o1) = to_cache<KV>(v1);
+    *reinterpret_cast<Vec<KV, V>*>(dst + o2) = to_cache<KV>(v2);
     return;
   }
   // Pair p among the 2V values v1 v2: neox (p, V + p); gptj (2p, 2p + 1); paired, first-half channel p sits at
@@ -170,16 +172,16 @@ __global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T
   *reinterpret_cast<Vec16<T>*>(head + o1) = v1;
   *reinterpret_cast<Vec16<T>*>(head + o2) = v2;
   if (CACHE && is_k && slot >= 0) {
-    T* dst = a.key_cache + (slot * a.k_heads + hh) * a.head_dim;
-    *reinterpret_cast<Vec16<T>*>(dst + o1) = v1;
-    *reinterpret_cast<Vec16<T>*>(dst + o2) = v2;
+    KV* dst = a.key_cache + (slot * a.k_heads + hh) * a.head_dim;
+    *reinterpret_cast<Vec<KV, V>*>(dst + o1) = to_cache<KV>(v1);
+    *reinterpret_cast<Vec<KV, V>*>(dst + o2) = to_cache<KV>(v2);
   }
 }
 
-template <typename T, bool CACHE, bool NORM = false>
-void launch_vec(const RotaryArgs<T>& a, int style, int pair_group, std::uintptr_t stream) {
+template <typename T, bool CACHE, bool NORM = false, typename KV = T>
+void launch_vec(const RotaryArgs<T, KV>& a, int style, int pair_group, std::uintptr_t stream) {
   if constexpr (CACHE && !NORM) {
-    if (a.norm.rows != nullptr) return launch_vec<T, true, true>(a, style, pair_group, stream);
+    if (a.norm.rows != nullptr) return launch_vec<T, true, true, KV>(a, style, pair_group, stream);
   }
   const int64_t heads = a.q_heads + a.k_heads * (CACHE ? 2 : 1);
   const int64_t threads = a.tokens * heads * (a.rotary_dim / 2 / kVec<T>);
@@ -187,11 +189,11 @@ void launch_vec(const RotaryArgs<T>& a, int style, int pair_group, std::uintptr_
   const char* what = CACHE ? "rotary_embedding_cache" : "rotary_embedding";
   auto launch = [&](auto kernel) { launch_pdl(what, kernel, dim3(blocks), dim3(kThreads), 0, as_stream(stream), a); };
   if (pair_group == 0) {
-    if (style == kRopeGptj) launch(rotary_vec_kernel<T, kRopeGptj, 0, CACHE, NORM>);
-    else launch(rotary_vec_kernel<T, kRopeNeox, 0, CACHE, NORM>);
+    if (style == kRopeGptj) launch(rotary_vec_kernel<T, KV, kRopeGptj, 0, CACHE, NORM>);
+    else launch(rotary_vec_kernel<T, KV, kRopeNeox, 0, CACHE, NORM>);
   } else if constexpr (kVec<T> == 8) {
-    if (pair_group == 8) launch(rotary_vec_kernel<T, kRopeNeox, 8, CACHE, NORM>);
-    else launch(rotary_vec_kernel<T, kRopeNeox, 1, CACHE, NORM>);
+    if (pair_group == 8) launch(rotary_vec_kernel<T, KV, kRopeNeox, 8, CACHE, NORM>);
+    else launch(rotary_vec_kernel<T, KV, kRopeNeox, 1, CACHE, NORM>);
   }
 }
 
@@ -250,8 +252,11 @@ void rotary_embedding(void* q, void* k, const int64_t* positions, const float* c
 void rotary_embedding_cache(void* q, void* k, void* v, const int64_t* positions, const float* cos_sin,
                             void* key_cache, void* value_cache, const int64_t* slots, int64_t tokens, int64_t q_heads,
                             int64_t k_heads, int64_t head_dim, int64_t q_stride, int64_t k_stride, int64_t v_stride,
-                            int style, int pair_group, DType dtype, std::uintptr_t stream, const DeferredNorm& norm) {
+                            int style, int pair_group, DType dtype, DType cache_dtype, std::uintptr_t stream,
+                            const DeferredNorm& norm) {
   check_style("rotary_embedding_cache", style, pair_group, head_dim, head_dim, dtype);
+  if (cache_dtype != dtype && !(cache_dtype == DType::F8E4M3 && dtype != DType::F32))
+    throw std::invalid_argument("rotary_embedding_cache: the cache must hold q's dtype, or e4m3 with f16/bf16 q");
   if (tokens == 0) return;
   dispatch_float<true>(dtype, "rotary_embedding_cache", [&](auto tag) {
     using T = decltype(tag);
@@ -260,11 +265,21 @@ void rotary_embedding_cache(void* q, void* k, void* v, const int64_t* positions,
       throw std::invalid_argument(
           "rotary_embedding_cache: pointers, token strides and head_dim/2 must be whole 16-byte vectors");
     check_deferred_norm("rotary_embedding_cache", norm, sizeof(T));
-    const RotaryArgs<T> a{static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), positions, cos_sin,
-                          static_cast<T*>(key_cache), static_cast<T*>(value_cache), slots, tokens, q_stride,
-                          k_stride, v_stride, static_cast<int>(q_heads), static_cast<int>(k_heads),
-                          static_cast<int>(head_dim), static_cast<int>(head_dim), norm};
-    launch_vec<T, true>(a, style, pair_group, stream);
+    auto go = [&](auto kv_tag) {
+      using KV = decltype(kv_tag);
+      const RotaryArgs<T, KV> a{static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), positions, cos_sin,
+                                static_cast<KV*>(key_cache), static_cast<KV*>(value_cache), slots, tokens, q_stride,
+                                k_stride, v_stride, static_cast<int>(q_heads), static_cast<int>(k_heads),
+                                static_cast<int>(head_dim), static_cast<int>(head_dim), norm};
+      launch_vec<T, true, false, KV>(a, style, pair_group, stream);
+    };
+    if constexpr (std::is_same_v<T, float>) {
+      go(T{});
+    } else if (cache_dtype == DType::F8E4M3) {
+      go(Fp8{});
+    } else {
+      go(T{});
+    }
   });
 }
 

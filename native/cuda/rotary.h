@@ -29,10 +29,11 @@ void rotary_embedding(void* q, void* k, const int64_t* positions, const float* c
 // negative = skip): the decode step's reshape_and_cache folded into the RoPE launch. Needs 16-byte aligned
 // pointers and strides/head_dim in whole 16-byte vectors (rotary_vectorizable). With norm.rows set, q, k and v are
 // first scaled by their token's 1/rms of those rows (deferred_norm.h), and v is written back scaled as well.
+// The cache holds cache_dtype: q's, or F8E4M3 with f16/bf16 q (values stored as cuda/fp8_kv.cuh's to_e4m3).
 void rotary_embedding_cache(void* q, void* k, void* v, const int64_t* positions, const float* cos_sin,
                             void* key_cache, void* value_cache, const int64_t* slots, int64_t tokens, int64_t q_heads,
                             int64_t k_heads, int64_t head_dim, int64_t q_stride, int64_t k_stride, int64_t v_stride,
-                            int style, int pair_group, DType dtype, std::uintptr_t stream,
+                            int style, int pair_group, DType dtype, DType cache_dtype, std::uintptr_t stream,
                             const DeferredNorm& norm = {});
 
 }  // namespace candle_vllm::cuda

@@ -23,12 +23,25 @@ from candle_vllm.pyengine.ops.cuda_prefill import flash_prefill_supported
 __all__ = ["AttentionMetadata", "attention", "write_kv"]
 
 
+E4M3_MAX = 448.0  # the largest finite e4m3 value: an e4m3 cache saturates there
+
+
+def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x as a cache of ``dtype`` stores it: an e4m3 cache saturates at +-448 and rounds to nearest even, as the
+    CUDA cache writes do (``native/cuda/fp8_kv.cuh``)."""
+    if dtype == torch.float8_e4m3fn:
+        return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(dtype)
+    return x.to(dtype)
+
+
 def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Store new keys/values [T, Hk, D] into a cache [2, num_blocks, block_size, Hk, D] at flat slots [T]."""
     _, _, _, hk, d = kv_cache.shape
-    flat = kv_cache.view(2, -1, hk, d)
-    flat[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
-    flat[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+    as_bytes = kv_cache.dtype == torch.float8_e4m3fn  # torch has no index_copy_ for float8: move the bytes
+    flat = kv_cache.view(torch.uint8).view(2, -1, hk, d) if as_bytes else kv_cache.view(2, -1, hk, d)
+    for half, x in ((flat[0], k), (flat[1], v)):
+        stored = to_cache_dtype(x, kv_cache.dtype)
+        half.index_copy_(0, slot_mapping, stored.view(torch.uint8) if as_bytes else stored)
 
 
 def _attend(
@@ -105,7 +118,7 @@ def attention(
     on_cuda = q.device.type == "cuda" and cuda.available(q.device)
     if paged:
         assert kv_cache is not None and meta.slot_mapping is not None and meta.block_tables is not None
-        if on_cuda and k.dtype == v.dtype == kv_cache.dtype and not kv_cached:
+        if on_cuda and k.dtype == v.dtype and cuda.cache_holds(kv_cache, k.dtype) and not kv_cached:
             cuda_paged.reshape_and_cache(k, v, kv_cache, meta.slot_mapping)
         elif not kv_cached:
             write_kv(k, v, kv_cache, meta.slot_mapping)

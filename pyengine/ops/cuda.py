@@ -287,6 +287,12 @@ def silu_and_mul_interleaved(x: torch.Tensor, norm: DeferredRMSNorm | None = Non
     return out
 
 
+def cache_holds(kv_cache: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether the CUDA kernels read and write ``kv_cache`` for activations of ``dtype``: a cache of that dtype,
+    or an e4m3 cache (``--kvcache-dtype fp8``) for f16/bf16 activations."""
+    return kv_cache.dtype == dtype or (kv_cache.dtype == torch.float8_e4m3fn and dtype in HALF_DTYPES)
+
+
 def _cache_halves(kv_cache: torch.Tensor) -> tuple[int, int]:
     """Device pointers of the K and V halves of a paged cache [2, blocks, block_size, Hk, D]."""
     return kv_cache[0].data_ptr(), kv_cache[1].data_ptr()

@@ -20,6 +20,7 @@ from candle_vllm.pyengine.ops.cuda import (
     _device_index,
     _heads_view_ok,
     available,
+    cache_holds,
     sm_count,
 )
 
@@ -32,11 +33,13 @@ _ATTN_COUNTER_SLOTS = 1 << 16  # (sequence, head group) counters of the fused sp
 
 
 def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Write k, v [T, Hk, D] into kv_cache [2, blocks, block_size, Hk, D] at flat slots [T] (int64; < 0 skips)."""
+    """Write k, v [T, Hk, D] into kv_cache [2, blocks, block_size, Hk, D] at flat slots [T] (int64; < 0 skips).
+    An e4m3 cache stores each value saturated to +-448, rounded to nearest even."""
     ok = (
         available(k.device)
-        and k.dtype == v.dtype == kv_cache.dtype
-        and kv_cache.dtype in native.FLOAT_DTYPES
+        and k.dtype == v.dtype
+        and k.dtype in native.FLOAT_DTYPES
+        and cache_holds(kv_cache, k.dtype)
         and _heads_view_ok(k)
         and _heads_view_ok(v)
         and kv_cache.is_contiguous()
@@ -47,11 +50,12 @@ def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, 
         and slot_mapping.numel() == k.shape[0] == v.shape[0]
     )
     if not ok:
-        raise ValueError("reshape_and_cache: needs k/v [T, Hk, D] matching the cache dtype and int64 slots")
+        raise ValueError("reshape_and_cache: needs k/v [T, Hk, D] of the cache's dtype (or f16/bf16 for an e4m3 "
+                         "cache) and int64 slots")
     kp, vp = _cache_halves(kv_cache)
     native.loaded().cuda_reshape_and_cache(
         k.data_ptr(), v.data_ptr(), kp, vp, slot_mapping.data_ptr(), k.shape[0], k.shape[1], k.shape[2],
-        k.stride(0), v.stride(0), native.dtype_code(k), native.stream(k.device),
+        k.stride(0), v.stride(0), native.dtype_code(k), native.dtype_code(kv_cache), native.stream(k.device),
     )
 
 
@@ -113,9 +117,11 @@ def _piece_cost(ctas_per_piece: int, parts: int, max_tiles: int, share: float, r
 
 @functools.lru_cache(maxsize=1024)
 def decode_plan(
-    num_seqs: int, kv_heads: int, head_dim: int, max_seq_len: int, sms: int, smem_per_sm: int, smem_per_cta: int
+    num_seqs: int, kv_heads: int, head_dim: int, max_seq_len: int, sms: int, smem_per_sm: int, smem_per_cta: int,
+    cache_bytes: int = 2,
 ) -> DecodePlan:
-    """Heads per CTA and piece length for a grid serving contexts up to ``max_seq_len`` (bf16/f16 cache).
+    """Heads per CTA and piece length for a grid serving contexts up to ``max_seq_len`` (``cache_bytes`` per
+    cached value: 2 for a bf16/f16 cache, 1 for e4m3, whose stages take half the shared memory).
 
     Whole-row CTAs (the most heads) hold three 64 KB stages at D=128, so one runs per SM; at small batches fewer
     heads per CTA give more, smaller CTAs, several per SM. The cost model (:func:`_piece_cost`) was fitted to
@@ -135,7 +141,7 @@ def decode_plan(
     best: dict[int, tuple[float, int]] = {}
     hmax = decode_max_heads_per_cta(kv_heads, head_dim)
     for heads in {hmax, *(h for h in (1, 2, 4, 8) if h < hmax)}:
-        stages = _ATTN_STAGES * 2 * _ATTN_TILE * heads * head_dim * 2
+        stages = _ATTN_STAGES * 2 * _ATTN_TILE * heads * head_dim * cache_bytes
         if stages >= smem_per_cta:
             continue
         resident = max(1, min(smem_per_sm // (stages + 1024), warps_per_sm // heads, 32))
@@ -168,7 +174,8 @@ def _smem_limits(device_index: int) -> tuple[int, int]:
 def auto_decode_plan(q: torch.Tensor, kv_cache: torch.Tensor, max_seq_len: int) -> DecodePlan:
     """:func:`decode_plan` for this q [B, Hq, D] / cache on its GPU."""
     dev = _device_index(q.device)
-    return decode_plan(q.shape[0], kv_cache.shape[3], q.shape[2], max_seq_len, sm_count(dev), *_smem_limits(dev))
+    return decode_plan(q.shape[0], kv_cache.shape[3], q.shape[2], max_seq_len, sm_count(dev), *_smem_limits(dev),
+                       kv_cache.element_size())
 
 
 @functools.cache
@@ -182,7 +189,7 @@ def _reduce_counters(device_index: int) -> torch.Tensor:
 
 def paged_decode_supported(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """True when :func:`paged_decode_attention` handles q [B, Hq, D] over this cache."""
-    if not (available(q.device) and q.dtype in HALF_DTYPES and kv_cache.dtype == q.dtype and kv_cache.dim() == 5):
+    if not (available(q.device) and q.dtype in HALF_DTYPES and cache_holds(kv_cache, q.dtype) and kv_cache.dim() == 5):
         return False
     hk, d = kv_cache.shape[3], kv_cache.shape[4]
     return (
@@ -223,8 +230,8 @@ def paged_decode_attention(
     """
     if not paged_decode_supported(q, kv_cache):
         raise ValueError(
-            "paged_decode_attention needs f16/bf16 q [B, Hq, D] and cache [2, blocks, block_size, Hk, D] of one "
-            "dtype, D in 64/128/256, Hq a multiple of Hk (at most 16x), 16-byte aligned"
+            "paged_decode_attention needs f16/bf16 q [B, Hq, D] and cache [2, blocks, block_size, Hk, D] of q's "
+            "dtype or e4m3, D in 64/128/256, Hq a multiple of Hk (at most 16x), 16-byte aligned"
         )
     if block_tables.dtype != torch.int32 or seq_lens.dtype != torch.int32:
         raise ValueError("paged_decode_attention: block_tables and seq_lens must be int32")
@@ -256,6 +263,6 @@ def paged_decode_attention(
         out.data_ptr(), q.data_ptr(), kp, vp, block_tables.data_ptr(), seq_lens.data_ptr(), po_ptr, pml_ptr,
         counters.data_ptr() if fused else 0, b, hq, hk, d, q.stride(0), block_size, block_tables.shape[1],
         partition_size, parts, heads_per_cta, splits, scale, softcap or 0.0, sliding_window or 0, native.dtype_code(q),
-        native.stream(q.device),
+        native.dtype_code(kv_cache), native.stream(q.device),
     )
     return out

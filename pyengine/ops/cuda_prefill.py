@@ -5,6 +5,10 @@ every tile computed), the largest share of the time to first token after the lin
 step's flattened query rows to the paged cache after ``reshape_and_cache`` wrote them, so chunked prefill and
 prefix-cache hits read their cached prefix blocks with no special case. It takes raw device pointers; every
 precondition it relies on is checked here.
+
+The cache is of q's dtype or ``torch.float8_e4m3fn`` (``--kvcache-dtype fp8``, ``native/cuda/fp8_kv.cuh``): with
+an e4m3 cache the kernel reads the cached bytes as they are and runs both products as f16 mma (q and the softmax
+weights rounded to f16, f32 accumulation); q and the output stay f16/bf16.
 """
 
 from __future__ import annotations
@@ -18,9 +22,14 @@ HEAD_DIMS = (64, 128, 256)
 
 def flash_prefill_supported(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """True when :func:`flash_prefill` handles q [T, Hq, D] over kv_cache [2, blocks, block_size, Hk, D]:
-    f16/bf16 of one dtype on a CUDA device, D in 64/128/256, Hq a multiple of Hk, q's heads packed with a token
-    stride that keeps every row 16-byte aligned (views into the fused qkv buffer qualify)."""
-    if not (cuda.available(q.device) and q.dtype in cuda.HALF_DTYPES and kv_cache.dtype == q.dtype):
+    f16/bf16 q on a CUDA device with a cache of q's dtype or e4m3 (``torch.float8_e4m3fn``), D in 64/128/256,
+    Hq a multiple of Hk, q's heads packed with a token stride that keeps every row 16-byte aligned (views into
+    the fused qkv buffer qualify)."""
+    if not (
+        cuda.available(q.device)
+        and q.dtype in cuda.HALF_DTYPES
+        and kv_cache.dtype in (q.dtype, torch.float8_e4m3fn)
+    ):
         return False
     if q.dim() != 3 or kv_cache.dim() != 5 or kv_cache.device != q.device:
         return False
@@ -76,7 +85,8 @@ def flash_prefill(
     if not flash_prefill_supported(q, kv_cache):
         raise ValueError(
             "flash_prefill needs f16/bf16 q [T, Hq, D] (heads packed, token stride % 8 == 0) and a contiguous cache "
-            "[2, blocks, block_size, Hk, D] of the same dtype, D in 64/128/256, Hq a multiple of Hk, 16-byte aligned; "
+            "[2, blocks, block_size, Hk, D] of the same dtype or float8_e4m3fn, D in 64/128/256, Hq a multiple of Hk, "
+            "16-byte aligned; "
             f"got q {tuple(q.shape)} {q.dtype} strides {q.stride()}, cache {tuple(kv_cache.shape)} {kv_cache.dtype}"
         )
     for name, ints in (("block_tables", block_tables), ("query_start_loc", query_start_loc), ("seq_lens", seq_lens)):
@@ -98,6 +108,6 @@ def flash_prefill(
         out.data_ptr(), q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), block_tables.data_ptr(),
         query_start_loc.data_ptr(), seq_lens.data_ptr(), seq_lens.shape[0], max_query_len, hq, hk, d, q.stride(0),
         block_size, block_tables.shape[1], scale, softcap or 0.0, sliding_window or 0, *tiling, skip_single_token,
-        native.dtype_code(q), native.stream(q.device),
+        native.dtype_code(q), native.dtype_code(kv_cache), native.stream(q.device),
     )
     return out

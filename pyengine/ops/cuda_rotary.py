@@ -13,6 +13,7 @@ from candle_vllm.pyengine.ops.cuda import (
     _cache_halves,
     _heads_view_ok,
     available,
+    cache_holds,
     deferred_norm_args,
     deferred_norm_ok,
 )
@@ -103,7 +104,8 @@ def rotary_cache_supported(
     vec = 16 // q.element_size()
     d = q.shape[2]
     return (
-        v.dtype == kv_cache.dtype == q.dtype
+        v.dtype == q.dtype
+        and cache_holds(kv_cache, q.dtype)
         and v.device == q.device
         and _heads_view_ok(v)
         and kv_cache.is_contiguous()
@@ -143,7 +145,7 @@ def rotary_embedding_cache_(
     native.loaded().cuda_rotary_embedding_cache(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), positions.data_ptr(), cos_sin_cache.data_ptr(), kp, vp,
         slot_mapping.data_ptr(), q.shape[0], q.shape[1], k.shape[1], q.shape[2], q.stride(0), k.stride(0),
-        v.stride(0), _rope_style(is_neox, pair_group), pair_group, native.dtype_code(q), native.stream(q.device),
-        *deferred_norm_args(norm),
+        v.stride(0), _rope_style(is_neox, pair_group), pair_group, native.dtype_code(q), native.dtype_code(kv_cache),
+        native.stream(q.device), *deferred_norm_args(norm),
     )
 

@@ -22,6 +22,7 @@ DTYPE_CODES: dict[torch.dtype, int] = {
     torch.uint8: 3,
     torch.int32: 4,
     torch.int64: 5,
+    torch.float8_e4m3fn: 6,
 }
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

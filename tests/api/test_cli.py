@@ -176,7 +176,7 @@ def test_list_flags_split_on_commas() -> None:
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
-        (["--kvcache-dtype", "e4m3"], "--kvcache-dtype fp8"),
+        (["--kvcache-dtype", "k3v4"], "--kvcache-dtype turbo3"),
         (["--kvcache-dtype", "turbo4"], "--kvcache-dtype turbo4"),
         (["--multithread"], "--multithread"),
         (["--num-nodes", "2", "--node-rank", "1", "--master-addr", "10.1.2.3"], "--num-nodes 2"),

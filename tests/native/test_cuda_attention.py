@@ -7,45 +7,13 @@ import math
 import pytest
 import torch
 from _cuda_helpers import REL_TOL, poison_allocator, rel_error
+from paged_cases import DEV, paged_case, reference
 
 from candle_vllm.pyengine.ops import cuda_paged
 from candle_vllm.pyengine.ops.rotary import apply_rotary_and_cache, rope_cos_sin_cache
 
 pytestmark = pytest.mark.cuda
-DEV = torch.device("cuda")
 
-
-
-def _paged_case(seq_lens: list[int], hq: int, hk: int, d: int, block_size: int, dtype: torch.dtype, seed: int):
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    need = [math.ceil(s / block_size) for s in seq_lens]
-    num_blocks = sum(need) + 3
-    cache = torch.randn(2, num_blocks, block_size, hk, d, generator=g, device=DEV).to(dtype)
-    perm = torch.randperm(num_blocks, generator=g, device=DEV).tolist()  # blocks scattered over the cache
-    tables, pos = [], 0
-    for n in need:
-        tables.append(perm[pos : pos + n])
-        pos += n
-    width = max(need) + 1
-    table_t = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=DEV)
-    q = torch.randn(len(seq_lens), hq, d, generator=g, device=DEV).to(dtype)
-    return q, cache, table_t, tables
-
-
-def _reference(q, cache, tables, seq_lens, scale, window=None, softcap=None) -> torch.Tensor:
-    hq, hk = q.shape[1], cache.shape[3]
-    out = []
-    for b, (table, ctx) in enumerate(zip(tables, seq_lens, strict=True)):
-        kv = cache[:, table].flatten(1, 2)[:, :ctx].double()  # [2, ctx, hk, d]
-        k = kv[0].repeat_interleave(hq // hk, dim=1)
-        v = kv[1].repeat_interleave(hq // hk, dim=1)
-        s = torch.einsum("hd,thd->ht", q[b].double(), k) * scale
-        if softcap:
-            s = softcap * torch.tanh(s / softcap)
-        if window:
-            s[:, : max(0, ctx - window)] = float("-inf")
-        out.append(torch.einsum("ht,thd->hd", s.softmax(-1), v))
-    return torch.stack(out)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -55,12 +23,12 @@ def _reference(q, cache, tables, seq_lens, scale, window=None, softcap=None) -> 
 def test_paged_decode_matches_reference(dtype: torch.dtype, d: int, hq: int, hk: int, block_size: int) -> None:
     """Every head geometry the kernel specialises (GQA groups 1, 2, 4, 7 and 16 = two CTAs per kv head)."""
     seq_lens = [1, 17, 300, 1025]
-    q, cache, table_t, tables = _paged_case(seq_lens, hq, hk, d, block_size, dtype, seed=d + hq + block_size)
+    q, cache, table_t, tables = paged_case(seq_lens, hq, hk, d, block_size, dtype, seed=d + hq + block_size)
     lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
     scale = d**-0.5
     poison_allocator(DEV, 1 << 22)
     got = cuda_paged.paged_decode_attention(q, cache, table_t, lens_t, scale, max_seq_len=max(seq_lens))
-    assert rel_error(got, _reference(q, cache, tables, seq_lens, scale)) < REL_TOL[dtype]
+    assert rel_error(got, reference(q, cache, tables, seq_lens, scale)) < REL_TOL[dtype]
 
 
 @pytest.mark.parametrize("partition_size", [64, 128, 512])
@@ -68,33 +36,33 @@ def test_paged_decode_matches_reference(dtype: torch.dtype, d: int, hq: int, hk:
 def test_split_kv_partitions_and_graph_sized_grid(partition_size: int, max_seq_len: int | None) -> None:
     """Split-KV pieces and a grid sized for a longer maximum (as a captured CUDA graph has) give one answer."""
     seq_lens = [5, 64, 65, 700, 2000]
-    q, cache, table_t, tables = _paged_case(seq_lens, 32, 8, 128, 32, torch.bfloat16, seed=partition_size)
+    q, cache, table_t, tables = paged_case(seq_lens, 32, 8, 128, 32, torch.bfloat16, seed=partition_size)
     lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
     got = cuda_paged.paged_decode_attention(
         q, cache, table_t, lens_t, 0.1, max_seq_len=max_seq_len or max(seq_lens), partition_size=partition_size
     )
-    assert rel_error(got, _reference(q, cache, tables, seq_lens, 0.1)) < REL_TOL[torch.bfloat16]
+    assert rel_error(got, reference(q, cache, tables, seq_lens, 0.1)) < REL_TOL[torch.bfloat16]
 
 
 def test_block_size_not_a_power_of_two() -> None:
     """Block sizes outside the shift path (here 48) take the division path and give the same answer."""
     seq_lens = [7, 48, 49, 1000]
-    q, cache, table_t, tables = _paged_case(seq_lens, 32, 8, 128, 48, torch.bfloat16, seed=48)
+    q, cache, table_t, tables = paged_case(seq_lens, 32, 8, 128, 48, torch.bfloat16, seed=48)
     lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
     got = cuda_paged.paged_decode_attention(q, cache, table_t, lens_t, 0.1, max_seq_len=1024, partition_size=128)
-    assert rel_error(got, _reference(q, cache, tables, seq_lens, 0.1)) < REL_TOL[torch.bfloat16]
+    assert rel_error(got, reference(q, cache, tables, seq_lens, 0.1)) < REL_TOL[torch.bfloat16]
 
 
 @pytest.mark.parametrize("partition_size", [64, 1024])
 def test_sliding_window_and_softcap(partition_size: int) -> None:
     """Window and cap with split-KV (pieces wholly before the window are empty) and with one piece."""
     seq_lens = [3, 200, 900]
-    q, cache, table_t, tables = _paged_case(seq_lens, 16, 4, 128, 16, torch.float16, seed=7)
+    q, cache, table_t, tables = paged_case(seq_lens, 16, 4, 128, 16, torch.float16, seed=7)
     lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
     got = cuda_paged.paged_decode_attention(
         q, cache, table_t, lens_t, 0.08, max_seq_len=1024, sliding_window=100, softcap=30.0, partition_size=partition_size
     )
-    want = _reference(q, cache, tables, seq_lens, 0.08, window=100, softcap=30.0)
+    want = reference(q, cache, tables, seq_lens, 0.08, window=100, softcap=30.0)
     assert rel_error(got, want) < REL_TOL[torch.float16]
 
 
@@ -102,11 +70,11 @@ def test_sliding_window_and_softcap(partition_size: int) -> None:
 def test_kv_heads_not_a_multiple_of_the_cta_heads(d: int) -> None:
     """12 kv heads: a CTA covers 1024 / d of them, so the last CTA of each sequence has idle warps and copies."""
     seq_lens = [9, 130, 777]
-    q, cache, table_t, tables = _paged_case(seq_lens, 24, 12, d, 32, torch.bfloat16, seed=d)
+    q, cache, table_t, tables = paged_case(seq_lens, 24, 12, d, 32, torch.bfloat16, seed=d)
     lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
     poison_allocator(DEV, 1 << 22)
     got = cuda_paged.paged_decode_attention(q, cache, table_t, lens_t, d**-0.5, max_seq_len=1024, partition_size=64)
-    assert rel_error(got, _reference(q, cache, tables, seq_lens, d**-0.5)) < REL_TOL[torch.bfloat16]
+    assert rel_error(got, reference(q, cache, tables, seq_lens, d**-0.5)) < REL_TOL[torch.bfloat16]
 
 
 def test_graph_replay_with_other_lengths_and_automatic_split() -> None:
@@ -114,7 +82,7 @@ def test_graph_replay_with_other_lengths_and_automatic_split() -> None:
     than at capture: the kernel re-cuts each sequence's span into the captured pieces, and the reduce (a
     programmatic dependent launch) stays ordered after it inside the graph."""
     max_len = 24576
-    q, cache, table_t, tables = _paged_case([max_len, 3000], 32, 8, 128, 64, torch.bfloat16, seed=11)
+    q, cache, table_t, tables = paged_case([max_len, 3000], 32, 8, 128, 64, torch.bfloat16, seed=11)
     lens_t = torch.tensor([5, 5], dtype=torch.int32, device=DEV)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -128,7 +96,7 @@ def test_graph_replay_with_other_lengths_and_automatic_split() -> None:
         lens_t.copy_(torch.tensor(lens, dtype=torch.int32))
         graph.replay()
         torch.cuda.synchronize()
-        assert rel_error(out, _reference(q, cache, tables, lens, 0.09)) < REL_TOL[torch.bfloat16], lens
+        assert rel_error(out, reference(q, cache, tables, lens, 0.09)) < REL_TOL[torch.bfloat16], lens
 
 
 def test_partition_rule_covers_the_grid() -> None:
@@ -188,31 +156,31 @@ def test_every_heads_per_cta_and_reduce_form(
     of 16 * splits, for a 1024-token grid)."""
     if heads_per_cta * splits > 1024 // d:
         pytest.skip("more warps than one CTA holds at this head_dim")
-    q, cache, table_t, tables = _paged_case(_BOUNDARY_LENS, hq, hk, d, block_size, torch.bfloat16, seed=d + hq)
+    q, cache, table_t, tables = paged_case(_BOUNDARY_LENS, hq, hk, d, block_size, torch.bfloat16, seed=d + hq)
     lens_t = torch.tensor(_BOUNDARY_LENS, dtype=torch.int32, device=DEV)
     poison_allocator(DEV, 1 << 22)
     got = cuda_paged.paged_decode_attention(
         q, cache, table_t, lens_t, d**-0.5, max_seq_len=1024, partition_size=64, heads_per_cta=heads_per_cta,
         fused_reduce=fused_reduce, splits=splits,
     )
-    assert rel_error(got, _reference(q, cache, tables, _BOUNDARY_LENS, d**-0.5)) < REL_TOL[torch.bfloat16]
+    assert rel_error(got, reference(q, cache, tables, _BOUNDARY_LENS, d**-0.5)) < REL_TOL[torch.bfloat16]
 
 
 def test_fused_reduce_rearms_its_counters() -> None:
     """The last CTA re-zeroes its counter: the same fused call twice, then with other lengths, gives the right
     answer each time (a counter left non-zero would make no CTA, or the wrong one, reduce)."""
     seq_lens = [40, 250, 511]
-    q, cache, table_t, tables = _paged_case(seq_lens, 32, 8, 128, 16, torch.bfloat16, seed=5)
+    q, cache, table_t, tables = paged_case(seq_lens, 32, 8, 128, 16, torch.bfloat16, seed=5)
     for lens in (seq_lens, seq_lens, [33, 1, 300]):  # each within the blocks its sequence owns
         lens_t = torch.tensor(lens, dtype=torch.int32, device=DEV)
         got = cuda_paged.paged_decode_attention(
             q, cache, table_t, lens_t, 0.1, max_seq_len=512, partition_size=128, heads_per_cta=2, fused_reduce=True
         )
-        assert rel_error(got, _reference(q, cache, tables, lens, 0.1)) < REL_TOL[torch.bfloat16], lens
+        assert rel_error(got, reference(q, cache, tables, lens, 0.1)) < REL_TOL[torch.bfloat16], lens
 
 
 def test_heads_per_cta_out_of_range_is_refused() -> None:
-    q, cache, table_t, _ = _paged_case([5], 8, 8, 256, 16, torch.bfloat16, seed=1)
+    q, cache, table_t, _ = paged_case([5], 8, 8, 256, 16, torch.bfloat16, seed=1)
     lens_t = torch.tensor([5], dtype=torch.int32, device=DEV)
     with pytest.raises(ValueError, match=r"heads_per_cta x splits must be 1 \.\. 4"):
         cuda_paged.paged_decode_attention(q, cache, table_t, lens_t, 0.1, max_seq_len=16, heads_per_cta=8)
@@ -222,12 +190,13 @@ def test_heads_per_cta_out_of_range_is_refused() -> None:
         cuda_paged.paged_decode_attention(q, cache, table_t, lens_t, 0.1, max_seq_len=16, heads_per_cta=1, splits=3)
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
 @pytest.mark.parametrize("writer", ["rope_cache", "reshape_and_cache"])
 @pytest.mark.parametrize(
     "heads_per_cta,fused_reduce,splits", [(8, False, 1), (2, False, 1), (2, True, 1), (1, True, 1), (1, False, 4), (2, True, 4)]
 )
 def test_decode_after_the_newest_token_write_in_a_graph(
-    writer: str, heads_per_cta: int, fused_reduce: bool, splits: int
+    writer: str, heads_per_cta: int, fused_reduce: bool, splits: int, kv_dtype: torch.dtype
 ) -> None:
     """The decode step as the engine captures it: the fused RoPE + cache write (or reshape_and_cache) stores each
     sequence's newest K/V and rotates q, then the decode kernel, a programmatic dependent launch, runs right
@@ -236,7 +205,8 @@ def test_decode_after_the_newest_token_write_in_a_graph(
     hq, hk, d, bs = 32, 8, 128, 16
     lens = [1, 16, 17, 33, 64, 65, 129, 700]
     max_len = 1024
-    _, cache, table_t, tables = _paged_case(lens, hq, hk, d, bs, torch.bfloat16, seed=heads_per_cta)
+    _, cache, table_t, tables = paged_case(lens, hq, hk, d, bs, torch.bfloat16, seed=heads_per_cta,
+                                            kv_dtype=kv_dtype)
     g = torch.Generator(device=DEV).manual_seed(17)
     b = len(lens)
     source = torch.randn(b, (hq + 2 * hk) * d, generator=g, device=DEV).to(torch.bfloat16)
@@ -249,7 +219,8 @@ def test_decode_after_the_newest_token_write_in_a_graph(
     inv_freq = 1.0 / (500000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
     cos_sin = rope_cos_sin_cache(inv_freq, 1.0, max_len, DEV)
     lens_t = torch.tensor(lens, dtype=torch.int32, device=DEV)
-    flat = cache.view(2, -1, hk, d)
+    row_bytes = d * cache.element_size()
+    flat = cache.view(torch.uint8).view(2, -1, hk, row_bytes)  # bytes: torch has no index_put_ for float8
 
     def step() -> torch.Tensor:
         qkv.copy_(source)
@@ -271,11 +242,11 @@ def test_decode_after_the_newest_token_write_in_a_graph(
     with torch.cuda.graph(graph):
         out = step()
     for trial in range(3):
-        flat[:, slots] = (40.0 * torch.randn(2, b, hk, d, generator=g, device=DEV)).to(flat.dtype)
+        flat[:, slots] = (40.0 * torch.randn(2, b, hk, d, generator=g, device=DEV)).to(kv_dtype).view(torch.uint8)
         stale = flat[:, slots].clone()
         graph.replay()
         torch.cuda.synchronize()
         written = flat[:, slots]
         assert not torch.equal(written, stale), "the writer kernel did not store the newest K/V"
-        want = _reference(q, cache, tables, lens, d**-0.5)  # q rotated in place, cache holding the new rows
+        want = reference(q, cache, tables, lens, d**-0.5)  # q rotated in place, cache holding the new rows
         assert rel_error(out, want) < REL_TOL[torch.bfloat16], trial

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from candle_vllm import LLM, SamplingParams
 from candle_vllm.pyengine.ops.attention import AttentionMetadata, attention
-from candle_vllm.pyengine.ops.cuda_prefill import KERNEL_CONFIGS, flash_prefill
+from candle_vllm.pyengine.ops.cuda_prefill import KERNEL_CONFIGS, flash_prefill, flash_prefill_supported
 
 pytestmark = pytest.mark.cuda
 DEV = torch.device("cuda")
@@ -140,6 +140,77 @@ def test_unsupported_inputs_are_refused() -> None:
         flash_prefill(q, cache, meta.block_tables.long(), meta.query_start_loc, meta.seq_lens, 8, 0.1)
     with pytest.raises(ValueError, match="not compiled"):
         flash_prefill(q, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, 8, 0.1, config=(64, 32, 64))
+
+
+def _e4m3_case(query_lens: list[int], seq_lens: list[int], hq: int, hk: int, d: int, block_size: int,
+               dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor, list[list[int]], AttentionMetadata]:
+    """``_case`` with an e4m3 cache (``--kvcache-dtype fp8``) written directly: K = 2 randn (values above 1 and
+    e4m3 subnormals below 2^-6), V the same with 1 % of the entries 100x larger (large exponents up to the
+    +-448 clamp), rounded by torch's conversion."""
+    q, cache, tables, meta = _case(query_lens, seq_lens, hq, hk, d, block_size, dtype, seed)
+    g = torch.Generator().manual_seed(seed + 1000)
+    x = torch.randn(cache.shape, generator=g) * 2
+    x[1] = torch.where(torch.rand(x[1].shape, generator=g) < 0.01, x[1] * 100, x[1])
+    return q, x.clamp(-448, 448).to(torch.float8_e4m3fn).to(DEV), tables, meta
+
+
+def _e4m3_reference(q: torch.Tensor, cache: torch.Tensor, tables: list[list[int]], query_lens: list[int],
+                    seq_lens: list[int], scale: float, window: int | None = None,
+                    softcap: float | None = None) -> torch.Tensor:
+    """The float64 reference over the cached values (e4m3 -> float is exact) and q rounded to f16 as the kernel
+    rounds it. What remains is the kernel's own rounding: P to f16 (finer than the bf16 P of a bf16 cache) and the
+    output to q's dtype, both as in the plain path, so the plain path's REL_TOL applies unchanged."""
+    return _reference(q.half().float(), cache.float(), tables, query_lens, seq_lens, scale, window, softcap)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("hq,hk", [(4, 4), (16, 2)])
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+def test_e4m3_cache_matches_reference(dtype: torch.dtype, d: int, hq: int, hk: int, block_size: int) -> None:
+    """An e4m3 cache under f16/bf16 q: every head dim (D = 64 has its own K/V swizzle), GQA 1 and 8, odd lengths
+    and cached prefixes (QUERY_LENS / SEQ_LENS), scattered blocks of several sizes, the default tiling."""
+    q, cache, tables, meta = _e4m3_case(QUERY_LENS, SEQ_LENS, hq, hk, d, block_size, dtype, seed=d + hq + block_size)
+    assert meta.block_tables is not None
+    scale = d**-0.5
+    poison_allocator(DEV, 1 << 22)
+    got = flash_prefill(q, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, max(QUERY_LENS), scale)
+    assert got.dtype == dtype
+    want = _e4m3_reference(q, cache, tables, QUERY_LENS, SEQ_LENS, scale)
+    assert rel_error(got, want) < REL_TOL[dtype]
+
+
+E4M3_TILINGS = [(d, config) for d, configs in KERNEL_CONFIGS.items() for config in configs]
+
+
+@pytest.mark.parametrize("d,config", E4M3_TILINGS)
+@pytest.mark.parametrize("window,softcap", [(None, None), (1, None), (50, None), (300, None), (100, 5.0)])
+def test_e4m3_cache_every_tiling_window_softcap(d: int, config: tuple[int, int, int], window: int | None,
+                                                softcap: float | None) -> None:
+    """Every tiling compiled (for both cache types) with an e4m3 cache: a 700-row chunk after a 600-token prefix
+    (several query tiles), sliding windows of one token, inside and across tiles, soft-capping, GQA 4."""
+    query_lens, seq_lens = [700, 77, 3], [1300, 77, 900]
+    q, cache, tables, meta = _e4m3_case(query_lens, seq_lens, 8, 2, d, 32, torch.bfloat16, seed=d + sum(config))
+    assert meta.block_tables is not None
+    poison_allocator(DEV, 1 << 24)
+    got = flash_prefill(q, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, max(query_lens), 0.1,
+                        window, softcap, config=config)
+    want = _e4m3_reference(q, cache, tables, query_lens, seq_lens, 0.1, window, softcap)
+    assert rel_error(got, want) < REL_TOL[torch.bfloat16]
+
+
+def test_cache_of_another_dtype_is_refused() -> None:
+    """The cache is q's dtype or e4m3: an f16 cache under bf16 q (or an f32 one) is refused, not reinterpreted."""
+    q, cache, _, meta = _case([8], [8], 4, 4, 64, 16, torch.bfloat16, seed=1)
+    assert meta.block_tables is not None
+    assert flash_prefill_supported(q, cache.to(torch.float8_e4m3fn))
+    for other in (torch.float16, torch.float32):
+        wrong = cache.to(other)
+        assert not flash_prefill_supported(q, wrong)
+        with pytest.raises(ValueError, match="same dtype or float8_e4m3fn"):
+            flash_prefill(q, wrong, meta.block_tables, meta.query_start_loc, meta.seq_lens, 8, 0.1)
+    # q must stay f16/bf16 whatever the cache.
+    assert not flash_prefill_supported(q.float(), cache.to(torch.float8_e4m3fn))
 
 
 @pytest.mark.parametrize("window,softcap", [(None, None), (40, None), (None, 20.0)])

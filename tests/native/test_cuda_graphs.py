@@ -115,17 +115,20 @@ def _model_dir(path: Path) -> Path:
 
 
 @pytest.mark.cuda
-def test_greedy_generation_with_graphs_equals_without(tmp_path: Path) -> None:
-    """Greedy tokens through ``LLM.generate``. The context limit is 64 tokens, so the eager decode kernel and the
-    graphs' (whose grid is fixed by that limit) both use one split-KV partition, and batches stay <= 16 rows (the
-    skinny GEMM, whose rows do not depend on the batch): the two paths then agree bit for bit, so greedy
-    choices may be compared exactly even between near-tied logits."""
+@pytest.mark.parametrize("kvcache_dtype", ["auto", "fp8"])
+def test_greedy_generation_with_graphs_equals_without(tmp_path: Path, kvcache_dtype: str) -> None:
+    """Greedy tokens through ``LLM.generate``, with a bf16 and an e4m3 KV cache. The context limit is 64 tokens,
+    so the eager decode kernel and the graphs' (whose grid is fixed by that limit) both use one split-KV
+    partition, and batches stay <= 16 rows (the skinny GEMM, whose rows do not depend on the batch): the two
+    paths then agree bit for bit, so greedy choices may be compared exactly even between near-tied logits."""
     if not cuda.available(DEV):
         pytest.fail("candle_vllm._native was built without CUDA kernels")
     model = str(_model_dir(tmp_path))
-    common = dict(load_format="dummy", dtype="bf16", mem=64, max_num_seqs=16, seed=0)
+    common = dict(load_format="dummy", dtype="bf16", mem=64, max_num_seqs=16, seed=0, kvcache_dtype=kvcache_dtype)
     eager = LLM(model=model, disable_cuda_graph=True, **common)
     graphed = LLM(model=model, **common)
+    want_dtype = torch.float8_e4m3fn if kvcache_dtype == "fp8" else torch.bfloat16
+    assert {c.dtype for c in graphed.engine.runner.model.kv_caches} == {want_dtype}
     assert eager.engine.runner.graphs is None
     graphs = graphed.engine.runner.graphs
     assert graphs is not None

@@ -143,8 +143,7 @@ def test_boundary_values_are_accepted(kwargs: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "flag"),
     [
-        ({"kvcache_dtype": "fp8"}, "--kvcache-dtype fp8"),
-        ({"kvcache_dtype": "e4m3"}, "--kvcache-dtype fp8"),
+        ({"kvcache_dtype": "turbo8"}, "--kvcache-dtype turbo8"),
         ({"kvcache_dtype": "k8v4"}, "--kvcache-dtype turbo8"),
         ({"kvcache_dtype": "4bit"}, "--kvcache-dtype turbo4"),
         ({"kvcache_dtype": "k3v4"}, "--kvcache-dtype turbo3"),

@@ -291,3 +291,25 @@ def test_unset_max_tokens_is_cut_to_the_kv_cache() -> None:
     assert small.engine.max_gen_tokens > capacity - n_prompt + 1, "the default must not fit, or nothing is tested"
     out = small.generate([prompt], SamplingParams(temperature=0, ignore_eos=True))[0].outputs[0]
     assert (len(out.token_ids), out.finish_reason) == (capacity - n_prompt + 1, "length")
+
+
+def test_fp8_kv_cache_holds_four_times_the_tokens_and_stays_close() -> None:
+    """--kvcache-dtype fp8 on the CPU: an e4m3 cache (1 byte a value against f32's 4) holds four times the
+    blocks in the same budget, and the prompt's log-probabilities move (the e4m3 values are what attention
+    reads) but stay near the f32 cache's."""
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
+    prompts = [p * 3 for p in PROMPTS[:4]]
+    f32, fp8 = LLM(mem=16), LLM(mem=16, kvcache_dtype="fp8")
+    assert {c.dtype for c in fp8.engine.runner.model.kv_caches} == {torch.float8_e4m3fn}
+    blocks = f32.engine.info.num_blocks
+    assert 4 * blocks <= fp8.engine.info.num_blocks < 4 * (blocks + 1)  # both floor(budget / block bytes)
+    diffs: list[float] = []
+    for want, got in zip(f32.generate(prompts, params), fp8.generate(prompts, params), strict=True):
+        ids = want.prompt_token_ids
+        for i, (w, g) in enumerate(zip(_prompt_lps(want), _prompt_lps(got), strict=True)):
+            if w is not None and g is not None:
+                diffs.append(abs(w[ids[i]] - g[ids[i]]))
+    mean = sum(diffs) / len(diffs)
+    # e4m3 keeps 3 mantissa bits (a value moves up to 1/16); on this 135M model that measured a mean move of
+    # 0.075 nats per prompt token, the largest 1.1
+    assert 0 < mean < 0.15 and max(diffs) < 3.0, (mean, max(diffs))

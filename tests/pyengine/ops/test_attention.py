@@ -97,3 +97,52 @@ def test_paged_mixed_prefill_and_decode(
 def test_build_rejects_query_longer_than_sequence() -> None:
     with pytest.raises(ValueError, match="query length"):
         AttentionMetadata.build([5], [3])
+
+
+def e4m3(x: torch.Tensor) -> torch.Tensor:
+    """What an e4m3 cache holds for x, in f32: the format's largest finite value is 448 (saturated there), and
+    torch's own float8 cast is the rounding oracle."""
+    return x.float().clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float()
+
+
+# f32: values reach 448, so summation order alone moves the output by a few 1e-5
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("window,softcap", [(None, None), (6, None), (None, 4.0)])
+def test_e4m3_cache_attends_to_the_stored_values(
+    dtype: torch.dtype, tol: float, window: int | None, softcap: float | None
+) -> None:
+    """--kvcache-dtype fp8 on the CPU: cached prefixes and new tokens written as e4m3 (some past 448, so the
+    saturation shows), attention equal to the naive loop over the e4m3-rounded keys and values."""
+    g = torch.Generator().manual_seed(3)
+    bs, num_blocks = 4, 16
+    cached_new = [(0, 6), (5, 1), (9, 3), (2, 1)]
+    cache = torch.zeros(2, num_blocks, bs, HK, D, dtype=torch.float8_e4m3fn)
+    perm = torch.randperm(num_blocks, generator=g).tolist()
+    tables = [[perm.pop() for _ in range((c + n + bs - 1) // bs)] for c, n in cached_new]
+
+    def kv(n: int) -> torch.Tensor:
+        x = torch.randn(n, HK, D, generator=g) * 3
+        x[torch.rand(n, HK, D, generator=g) < 0.05] *= 400  # a few values beyond e4m3's range
+        return x.to(dtype)
+
+    full_k = [kv(c + n) for c, n in cached_new]
+    full_v = [kv(c + n) for c, n in cached_new]
+    pre = AttentionMetadata.build([c for c, _ in cached_new], [c for c, _ in cached_new], "cpu", tables, bs)
+    assert pre.slot_mapping is not None
+    write_kv(torch.cat([fk[:c] for fk, (c, _) in zip(full_k, cached_new, strict=True)]),
+             torch.cat([fv[:c] for fv, (c, _) in zip(full_v, cached_new, strict=True)]), cache, pre.slot_mapping)
+    meta = AttentionMetadata.build([n for _, n in cached_new], [c + n for c, n in cached_new], "cpu", tables, bs)
+    qs = [torch.randn(n, HQ, D, generator=g).to(dtype) for _, n in cached_new]
+    k_new = torch.cat([fk[c:] for fk, (c, _) in zip(full_k, cached_new, strict=True)])
+    v_new = torch.cat([fv[c:] for fv, (c, _) in zip(full_v, cached_new, strict=True)])
+    got = attention(torch.cat(qs), k_new, v_new, cache, meta, D**-0.5, HK, window, softcap)
+    start = 0
+    for q, fk, fv, (_, n) in zip(qs, full_k, full_v, cached_new, strict=True):
+        want = naive(q.float(), e4m3(fk), e4m3(fv), window, softcap)
+        # bf16 rounds the probabilities; with values up to 448 the error scales with the output's magnitude
+        torch.testing.assert_close(got[start : start + n].float(), want, atol=tol * want.abs().max().item(), rtol=tol)
+        start += n
+    assert meta.slot_mapping is not None
+    stored = cache[0].view(-1, HK, D)[meta.slot_mapping].float()
+    torch.testing.assert_close(stored, e4m3(k_new), atol=0, rtol=0)
+    assert stored.abs().max() == 448.0  # saturated, not NaN
