@@ -80,10 +80,10 @@ static Registrar registrar([](py::module_& m) {
       [](uintptr_t y, uintptr_t x, uintptr_t xq, uintptr_t xb, uintptr_t w, int64_t M, int64_t N, int64_t K,
          int qtype, int dtype, uintptr_t positions, uintptr_t cos_sin, uintptr_t key_cache, uintptr_t value_cache,
          uintptr_t slots, int q_rows, int rot_rows, int head_dim, int kv_heads, uintptr_t stream, int rows,
-         bool tensor_cores) {
+         bool tensor_cores, bool cache_e4m3) {
         const cuda::GgufRopeCache rope{as_ptr<const int64_t>(positions), as_ptr<const float>(cos_sin),
                                        as_ptr<void>(key_cache), as_ptr<void>(value_cache),
-                                       as_ptr<const int64_t>(slots), q_rows, rot_rows, head_dim, kv_heads};
+                                       as_ptr<const int64_t>(slots), q_rows, rot_rows, head_dim, kv_heads, cache_e4m3};
         cuda::gguf_gemv_q8_rope_cache(as_ptr<void>(y), as_ptr<const void>(x), as_ptr<int8_t>(xq), as_ptr<void>(xb),
                                       as_ptr<const uint8_t>(w), M, N, K, qtype, to_dtype(dtype), rope, stream, rows,
                                       tensor_cores);
@@ -92,10 +92,11 @@ static Registrar registrar([](py::module_& m) {
       py::arg("qtype"), py::arg("dtype"), py::arg("positions"), py::arg("cos_sin"), py::arg("key_cache"),
       py::arg("value_cache"), py::arg("slots"), py::arg("q_rows"), py::arg("rot_rows"), py::arg("head_dim"),
       py::arg("kv_heads"), py::arg("stream"), py::arg("rows") = 0, py::arg("tensor_cores") = false,
+      py::arg("cache_e4m3") = false,
       "cuda_gguf_gemv_q8 (x = 0: codes already in xq/xb; tensor_cores: cuda_gguf_mmq's product, whose codes must then "
       "be of cuda_gguf_mmq_x_group's scale group) of a fused qkv weight "
       "whose q/k heads have their halves interleaved in adjacent row pairs, with neox RoPE on q/k and the k/v cache "
-      "store in the epilogue (y in the standard head layout)");
+      "store in the epilogue (y in the standard head layout; cache_e4m3: the cache holds e4m3)");
   m.def("cuda_gguf_gemv_q8_rows", &cuda::gguf_gemv_q8_rows, py::arg("qtype"), py::arg("M"), py::arg("N"),
         py::arg("K"), py::arg("rows") = 0,
         "rows per CTA cuda_gguf_gemv_q8 launches with for M tokens and an N x K weight on the current device (rows = "

@@ -31,17 +31,19 @@ static Registrar registrar([](py::module_& m) {
       "cuda_skinny_gemm_rope_cache",
       [](uintptr_t y, uintptr_t x, uintptr_t w, uintptr_t partials, uintptr_t counters, int64_t M, int64_t N,
          int64_t K, int splits, int warps, uintptr_t positions, uintptr_t cos_sin, uintptr_t key_cache,
-         uintptr_t value_cache, uintptr_t slots, int q_rows, int rot_rows, int head_dim, int kv_heads, int dtype,
-         uintptr_t stream) {
+         uintptr_t value_cache, uintptr_t slots, int q_rows, int rot_rows, int head_dim, int kv_heads,
+         bool cache_e4m3, int dtype, uintptr_t stream) {
         const cuda::SkinnyRopeCache rope{as_ptr<const int64_t>(positions), as_ptr<const float>(cos_sin),
                                          as_ptr<void>(key_cache), as_ptr<void>(value_cache),
-                                         as_ptr<const int64_t>(slots), q_rows, rot_rows, head_dim, kv_heads};
+                                         as_ptr<const int64_t>(slots), q_rows, rot_rows, head_dim, kv_heads,
+                                         cache_e4m3};
         cuda::skinny_gemm_rope_cache(as_ptr<void>(y), as_ptr<const void>(x), as_ptr<const void>(w),
                                      as_ptr<float>(partials), as_ptr<int>(counters), M, N, K, splits, warps, rope,
                                      to_dtype(dtype), stream);
       },
       "cuda_skinny_gemm of a fused qkv weight whose q/k heads have their halves interleaved in groups of 8, with "
-      "neox RoPE on q/k and the k/v cache store in the epilogue (y in the standard head layout)");
+      "neox RoPE on q/k and the k/v cache store (of x's dtype, or e4m3 with cache_e4m3) in the epilogue (y in the "
+      "standard head layout)");
   m.def(
       "cuda_skinny_gemm_kn",
       [](uintptr_t y, uintptr_t x, uintptr_t w, uintptr_t partials, uintptr_t counters, int64_t M, int64_t N,

@@ -55,6 +55,16 @@ __device__ __forceinline__ Vec<KV, N> to_cache(const Vec<T, N>& x) {
   }
 }
 
+// Element idx of a cache half a fused epilogue writes one value at a time: v as it is, or as to_e4m3.
+template <typename T>
+__device__ __forceinline__ void store_cache_value(void* cache, int64_t idx, T v, bool e4m3) {
+  if (e4m3) {
+    static_cast<Fp8*>(cache)[idx] = to_e4m3(to_f32(v));
+  } else {
+    static_cast<T*>(cache)[idx] = v;
+  }
+}
+
 // Two e4m3 values (the low 16 bits of w, low byte first) as an f16x2 word, the low byte's value in the low half.
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t w) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);

@@ -1,11 +1,12 @@
 // The store of the GGUF RoPE + cache epilogue (the dp4a GEMV's, gguf_gemv_q8.cu, and the tensor-core product's,
 // gguf_mmq.cu): one output element of a fused q/k/v projection whose q/k rows hold each head's halves interleaved
 // in pairs, rotated as the separate RoPE kernel would, written to y in the standard head layout and, for k and v,
-// to the paged cache.
+// to the paged cache (of the activations' dtype or e4m3).
 #pragma once
 #include <cstdint>
 
 #include "cuda/common.cuh"
+#include "cuda/fp8_kv.cuh"
 #include "cuda/gguf.h"
 
 namespace candle_vllm::cuda {
@@ -41,7 +42,7 @@ __device__ __forceinline__ void rope_cache_store(void* y, float v, float pv, con
   if (row >= a.rot_rows) {  // a v feature: stored as it is
     out = from_f32<T>(v);
     const int vf = row - a.rot_rows;
-    if (slot >= 0) static_cast<T*>(a.value_cache)[(slot * a.kv_heads + vf / d) * d + vf % d] = out;
+    if (slot >= 0) store_cache_value(a.value_cache, (slot * a.kv_heads + vf / d) * d + vf % d, out, a.cache_e4m3);
   } else {
     const int head0 = row - row % d, p = (row % d) >> 1, half = d >> 1;
     const bool second = row & 1;
@@ -50,7 +51,8 @@ __device__ __forceinline__ void rope_cache_store(void* y, float v, float pv, con
     out = from_f32<T>(second ? r.y : r.x);
     feat = head0 + (second ? half + p : p);
     if (row >= a.q_rows && slot >= 0)
-      static_cast<T*>(a.key_cache)[(slot * a.kv_heads + (head0 - a.q_rows) / d) * d + feat - head0] = out;
+      store_cache_value(a.key_cache, (slot * a.kv_heads + (head0 - a.q_rows) / d) * d + feat - head0, out,
+                        a.cache_e4m3);
   }
   static_cast<T*>(y)[static_cast<int64_t>(m) * N + feat] = out;
 }

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
+#include "cuda/fp8_kv.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/skinny_gemm.h"
 #include "cuda/split_k.cuh"
@@ -89,7 +90,7 @@ __device__ __forceinline__ void rope_cache_store(T* y, const float (&sums)[NT * 
     const T v = from_f32<T>(sums[tok][row]);
     y[static_cast<size_t>(tok) * N + feat] = v;
     const int vf = feat - a.rot_rows;
-    if (slot >= 0) static_cast<T*>(a.value_cache)[(slot * a.kv_heads + vf / d) * d + vf % d] = v;
+    if (slot >= 0) store_cache_value(a.value_cache, (slot * a.kv_heads + vf / d) * d + vf % d, v, a.cache_e4m3);
     return;
   }
   // Rows 0-7 of the tile are channels 8j..8j+7 of a head's first half, rows 8-15 their partners half+8j..
@@ -101,7 +102,7 @@ __device__ __forceinline__ void rope_cache_store(T* y, const float (&sums)[NT * 
   const T v = from_f32<T>(row < 8 ? rot.x : rot.y);
   y[static_cast<size_t>(tok) * N + head0 + channel] = v;
   if (feat >= a.q_rows && slot >= 0)
-    static_cast<T*>(a.key_cache)[(slot * a.kv_heads + (head0 - a.q_rows) / d) * d + channel] = v;
+    store_cache_value(a.key_cache, (slot * a.kv_heads + (head0 - a.q_rows) / d) * d + channel, v, a.cache_e4m3);
 }
 
 template <typename T, int NT, int kWarps, int kEpi>

@@ -27,10 +27,11 @@ void skinny_gemm(void* y, const void* x, const void* w, float* partials, int* co
 struct SkinnyRopeCache {
   const int64_t* positions;  // [M] token positions
   const float* cos_sin;      // [max_pos, head_dim] f32: cos then sin of each position (neox pairs)
-  void* key_cache;           // flat [slots, kv_heads, head_dim] in the GEMM's dtype
+  void* key_cache;           // flat [slots, kv_heads, head_dim] in the GEMM's dtype, or e4m3 (cache_e4m3)
   void* value_cache;
   const int64_t* slots;      // [M] cache slot per token; < 0: not stored
   int q_rows, rot_rows, head_dim, kv_heads;
+  bool cache_e4m3;           // the cache holds e4m3 (cuda/fp8_kv.cuh's to_e4m3 of each stored value)
 };
 
 // skinny_gemm whose epilogue rotates q and k (neox RoPE, cos/sin rounded to T as rotary_embedding does) and

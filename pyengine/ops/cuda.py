@@ -182,9 +182,9 @@ def epilogue_target_ok(
 ) -> bool:
     """Whether a decode GEMM's RoPE + cache epilogue can rotate x's [M, ...] projection with this table and store
     into this cache: whole-head rotary from an f32 table, a contiguous cache [2, blocks, block_size, kv_heads,
-    head_dim] in x's dtype, int64 positions and slots, one per row, all on x's device."""
+    head_dim] in x's dtype (or e4m3), int64 positions and slots, one per row, all on x's device."""
     return (
-        kv_cache.dtype == x.dtype
+        cache_holds(kv_cache, x.dtype)
         and kv_cache.is_contiguous()
         and kv_cache.dim() == 5
         and tuple(kv_cache.shape[3:]) == (kv_heads, head_dim)
@@ -236,7 +236,7 @@ def skinny_gemm_rope_cache(
     native.loaded().cuda_skinny_gemm_rope_cache(
         y.data_ptr(), x.data_ptr(), weight.data_ptr(), partials_ptr, counters_ptr, m, n, k, splits, warps,
         positions.data_ptr(), cos_sin_cache.data_ptr(), kp, vp, slot_mapping.data_ptr(), rot_rows - kv_heads * d,
-        rot_rows, d, kv_heads, native.dtype_code(x), native.stream(x.device),
+        rot_rows, d, kv_heads, kv_cache.dtype == torch.float8_e4m3fn, native.dtype_code(x), native.stream(x.device),
     )
     return y
 

@@ -314,6 +314,7 @@ def gemv_rope_cache(
         data.data_ptr(), m, out_features, in_features, int(qtype), native.dtype_code(x), positions.data_ptr(),
         cos_sin_cache.data_ptr(), kp, vp, slot_mapping.data_ptr(),
         rot_rows - kv_heads * d, rot_rows, d, kv_heads, native.stream(x.device), rows, tensor_cores,
+        kv_cache.dtype == torch.float8_e4m3fn,
     )
     return y
 

@@ -142,6 +142,22 @@ def test_fused_equals_gemv_then_rotary_cache(qtype: QT, m: int, dtype: torch.dty
         assert rel_error(kv, ref_kv[stored.cpu()]) < REF_TOL[dtype]
 
 
+@pytest.mark.parametrize("tensor_cores", [False, True], ids=["dp4a", "mmq"])
+@pytest.mark.parametrize("m", [1, 8])
+def test_fused_epilogue_into_an_e4m3_cache(m: int, tensor_cores: bool) -> None:
+    """--kvcache-dtype fp8: the dp4a GEMV's and the tensor-core product's epilogue store torch's e4m3 cast of what
+    they store into a bf16 cache (untouched slots keep their bytes), y unchanged."""
+    p = _problem(QT.Q4_K, m, 32, 8, 128, 4096, torch.bfloat16, seed=m + 5)
+    paired = _paired_blocks(p)
+    p["cache"] = p["cache"].float().clamp(-448, 448).to(torch.bfloat16)
+    want_y, bf16 = _fused(p, p["x"], paired, tensor_cores=tensor_cores)
+    p["cache"] = p["cache"].to(torch.float8_e4m3fn)
+    got_y, e4m3 = _fused(p, p["x"], paired, tensor_cores=tensor_cores)
+    assert torch.equal(got_y, want_y)
+    want = bf16.float().clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert torch.equal(e4m3.view(torch.uint8), want.view(torch.uint8))
+
+
 EPILOGUE_TYPES = [QT.Q4_K, QT.Q8_0, QT.Q6_K, QT.Q4_0, QT.Q5_0, QT.Q2_K, QT.Q3_K, QT.Q4_1, QT.Q5_1, QT.Q5_K]
 
 

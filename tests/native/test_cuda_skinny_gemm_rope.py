@@ -68,6 +68,28 @@ def test_fused_epilogue_equals_gemm_then_rotary_cache(
     assert torch.equal(cache, want_cache), "the cache differs (k, v, or a slot that should be untouched)"
 
 
+@pytest.mark.parametrize("m", [1, 9])
+@pytest.mark.parametrize("hq,hk,d,k", [(32, 8, 128, 4096), (7, 1, 64, 320)])
+def test_fused_epilogue_into_an_e4m3_cache(m: int, hq: int, hk: int, d: int, k: int) -> None:
+    """--kvcache-dtype fp8: the epilogue stores torch's e4m3 cast (saturated at 448) of what it stores into a bf16
+    cache, and leaves y as it is."""
+    p = _problem(m, hq, hk, d, k, torch.bfloat16, seed=m + d)
+    p["x"] = p["x"] * 300  # some k/v values past 448
+    rot_rows = (hq + hk) * d
+    w = torch.cat([interleave_halves(p["w"][:rot_rows], d), p["w"][rot_rows:]])
+    caches = {}
+    for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn):
+        cache = p["cache"].float().clamp(-448, 448).to(kv_dtype)
+        y = cuda.skinny_gemm_rope_cache(p["x"], w, d, hk, p["pos"], p["table"], cache, p["slots"])
+        assert y is not None
+        caches[kv_dtype] = (y, cache)
+    (y_bf16, bf16), (y_e4m3, e4m3) = caches[torch.bfloat16], caches[torch.float8_e4m3fn]
+    assert torch.equal(y_e4m3, y_bf16)
+    assert (bf16.float().abs() > 448).any(), "the case must store values past e4m3's range"
+    want = bf16.float().clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert torch.equal(e4m3.view(torch.uint8), want.view(torch.uint8))
+
+
 def test_dense_method_stores_halves_interleaved_and_keeps_its_output() -> None:
     hq, hk, d, k = 6, 2, 128, 256
     p = _problem(4, hq, hk, d, k, torch.bfloat16, seed=5)
