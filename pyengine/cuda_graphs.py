@@ -62,7 +62,7 @@ def unsupported_reason(model: CausalLM, kv_caches: list[torch.Tensor], device: t
     num_heads = getattr(getattr(model, "config", None), "num_heads", None)
     if num_heads is None:
         return f"{type(model).__name__} has no config.num_heads"
-    # An e4m3 cache serves f16/bf16 activations (EngineArgs.kv_cache_dtype refuses it with f32 on CUDA).
+    # An e4m3 cache serves f16/bf16 activations (EngineArgs.cache_torch_dtype refuses it with f32 on CUDA).
     act = torch.bfloat16 if cache.dtype == torch.float8_e4m3fn else cache.dtype
     probe = torch.empty(1, num_heads, cache.shape[-1], dtype=act, device=device)
     if not cuda_paged.paged_decode_supported(probe, cache):

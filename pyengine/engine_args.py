@@ -283,7 +283,7 @@ class EngineArgs:
             return DTYPES[self.dtype]
         return torch.bfloat16 if device.type == "cuda" else torch.float32
 
-    def kv_cache_dtype(self, device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    def cache_torch_dtype(self, device: torch.device, dtype: torch.dtype) -> torch.dtype:
         """The KV cache's element type: the activation dtype, or e4m3 with `--kvcache-dtype fp8` (half the bytes
         of bf16, so twice the tokens and half the attention traffic; values saturate at +-448, scale 1.0)."""
         if self.kvcache_dtype != "fp8":

@@ -81,6 +81,11 @@ class EngineCore:
             torch.backends.cuda.preferred_blas_library("cublaslt")
         self.args = args
         dtype = args.torch_dtype(device)
+        cache_dtype = args.cache_torch_dtype(device, dtype)  # refused before the model loads, not after
+        if cache_dtype == torch.float8_e4m3fn and device.type == "cpu":
+            log.warning("--kvcache-dtype fp8 on the CPU: the native CPU attention kernels take f32 caches, so "
+                        "attention runs on the torch reference path (several times slower); the cache holds 4x the "
+                        "tokens")
         model_arg = args.model
         embedded = model_arg is None and args.weight_path is None and args.weight_file is None
         if embedded:
@@ -102,7 +107,6 @@ class EngineCore:
         self.max_model_len = max_model_len
 
         assert args.block_size is not None
-        cache_dtype = args.kv_cache_dtype(device, dtype)
         per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cache_dtype)
         budget = kv_cache_budget_bytes(device, args.kv_fraction, args.mem, cap_cpu=default_kv_budget)
         num_blocks = num_kv_blocks(budget, args.block_size, per_token)

@@ -189,6 +189,14 @@ static Registrar registrar([](py::module_& m) {
       },
       "write new K/V rows into the paged cache at their flat slots (negative slots skipped)");
   m.def(
+      "cuda_round_to_e4m3",
+      [](uintptr_t k, uintptr_t v, int64_t tokens, int64_t kv_heads, int64_t head_dim, int64_t k_stride,
+         int64_t v_stride, int dtype, uintptr_t stream) {
+        cuda::round_to_e4m3(as_ptr<void>(k), as_ptr<void>(v), tokens, kv_heads, head_dim, k_stride, v_stride,
+                            to_dtype(dtype), stream);
+      },
+      "round K/V rows in place to the values an e4m3 cache holds of them");
+  m.def(
       "cuda_argmax",
       [](uintptr_t out, uintptr_t logits, int64_t rows, int64_t vocab, int dtype, uintptr_t stream) {
         cuda::argmax_rows(as_ptr<int64_t>(out), as_ptr<const void>(logits), rows, vocab, to_dtype(dtype), stream);

@@ -85,19 +85,6 @@ __device__ __forceinline__ int swz(int r, int c) {
   else return r * D + (c ^ ((r >> 1) & 3)) * VALS;
 }
 
-// An f16x2 word from two values of T (the same bits when T is f16).
-template <typename T>
-__device__ __forceinline__ uint32_t to_f16x2(uint32_t w) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return w;
-  } else {
-    __nv_bfloat162 b;
-    memcpy(&b, &w, 4);
-    const float2 f = __bfloat1622float2(b);
-    return pack2<__half>(f.x, f.y);
-  }
-}
-
 // The value a running max is subtracted from: 0 while nothing was seen, so exp2(-inf - base) stays 0, not NaN.
 __device__ __forceinline__ float exp_base(float m) { return m == -INFINITY ? 0.f : m; }
 

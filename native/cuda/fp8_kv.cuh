@@ -3,16 +3,17 @@
 //
 // Stores saturate to +-448 and round to nearest even (a value past the range keeps its sign at the largest finite
 // magnitude, never NaN); there is no per-tensor scale (1.0, as vLLM's default without calibrated scales).
-// Reads: e4m3 converts exactly to f16 (cvt.rn.f16x2.e4m3x2, two values per instruction), so the kernels run
-// Q K^T and P V as f16 mma with f32 accumulation whatever the activation dtype; q and P are rounded to f16.
+// Reads: e4m3 converts exactly to f16 (cvt.rn.f16x2.e4m3x2 on sm_89+, two values an instruction; sm_80 builds get
+// cuda_fp8.h's software conversion, correct but slower), so the kernels run Q K^T and P V as f16 mma with f32 accumulation whatever the activation dtype; q and P are rounded to f16.
 // Fragments come straight from ldmatrix on the e4m3 tile, each 16-byte chunk (16 values of one row) read as
 // eight b16 "elements" of value pairs:
 // - K (non-transposed): lane (g, t) receives bytes 4t..4t+3 of row g: the B fragment of a k-step whose 16
 //   channels are the chunk's, in the order b0 = channels 4t, 4t+1 and b1 = 4t+2, 4t+3. Q's A fragment must use
-//   the same order (see e4m3_q_channel).
+//   the same order: logical k index i of a step stands for channel 4 (i / 2) + i % 2 when i < 8, else
+//   4 ((i - 8) / 2) + 2 + i % 2.
 // - V (transposed): lane (g, t) receives channels 2g, 2g+1 of rows 2t and 2t+1; one byte permute gives the B
 //   fragments of two 8-wide n-tiles, channel 2g (even tile) and 2g+1 (odd tile). Output column n of the n-tile
-//   (chunk c, parity p) is channel 16c + 2n + p (see e4m3_out_channel).
+//   (chunk c, parity p) is channel 16c + 2n + p.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -33,16 +34,7 @@ __device__ __forceinline__ Fp8 to_e4m3(float x) {
   return r;
 }
 
-// x as a cache of element KV stores it: as it is (KV = T), or as to_e4m3.
-template <typename KV, typename T>
-__device__ __forceinline__ KV to_cache(T x) {
-  if constexpr (std::is_same_v<KV, T>) {
-    return x;
-  } else {
-    return to_e4m3(to_f32(x));
-  }
-}
-
+// N values as a cache of element KV stores them: as they are (KV = T), or as to_e4m3.
 template <typename KV, typename T, int N>
 __device__ __forceinline__ Vec<KV, N> to_cache(const Vec<T, N>& x) {
   if constexpr (std::is_same_v<KV, T>) {
@@ -71,6 +63,18 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t w) {
   return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
+// Two values of T (a 32-bit word of f16 or bf16, the low one first) as an f16x2 word: q's operand words beside an
+// e4m3 cache.
+template <typename T>
+__device__ __forceinline__ uint32_t to_f16x2(uint32_t w) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return w;
+  } else {
+    const __half2 h = __floats2half2_rn(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
 // K: one ldmatrix word (channels 4t..4t+3 of a chunk) -> the k-step's B fragment pair.
 __device__ __forceinline__ void e4m3_k_frag(uint32_t w, uint32_t& b0, uint32_t& b1) {
   b0 = e4m3x2_to_f16x2(w);
@@ -84,11 +88,5 @@ __device__ __forceinline__ void e4m3_v_frag(uint32_t w, uint32_t& even, uint32_t
   even = e4m3x2_to_f16x2(p);
   odd = e4m3x2_to_f16x2(p >> 16);
 }
-
-// The channel (within a 16-channel k-step) that logical k index i (0..15) of an mma A/B fragment stands for.
-__host__ __device__ constexpr int e4m3_q_channel(int i) { return (i & 8) ? 4 * ((i & 7) >> 1) + 2 + (i & 1) : 4 * (i >> 1) + (i & 1); }
-
-// The head channel of output column n (0..7) of the P V n-tile `tile` (= 2 * chunk + parity).
-__host__ __device__ constexpr int e4m3_out_channel(int tile, int n) { return 16 * (tile >> 1) + 2 * n + (tile & 1); }
 
 }  // namespace candle_vllm::cuda

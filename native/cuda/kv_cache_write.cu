@@ -32,7 +32,38 @@ __global__ void reshape_and_cache_kernel(const T* k, const T* v, KV* __restrict_
   }
 }
 
+// k and v rows of token blockIdx.x rounded in place to what an e4m3 cache holds of them.
+template <typename T, int V>
+__global__ void round_to_e4m3_kernel(T* k, T* v, int row, int64_t k_stride, int64_t v_stride) {
+  using Vt = Vec<T, V>;
+  const int64_t t = blockIdx.x;
+  const int vecs = row / V;
+  for (int i = threadIdx.x; i < 2 * vecs; i += blockDim.x) {
+    Vt* p = reinterpret_cast<Vt*>(i < vecs ? k + t * k_stride : v + t * v_stride) + i % vecs;
+    Vt x = *p;
+#pragma unroll
+    for (int j = 0; j < V; ++j) x.v[j] = from_f32<T>(static_cast<float>(to_e4m3(to_f32(x.v[j]))));
+    *p = x;
+  }
+}
+
 }  // namespace
+
+void round_to_e4m3(void* k, void* v, int64_t tokens, int64_t kv_heads, int64_t head_dim, int64_t k_stride,
+                   int64_t v_stride, DType dtype, std::uintptr_t stream) {
+  if (tokens == 0) return;
+  dispatch_float<false>(dtype, "round_to_e4m3", [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kVec = 16 / sizeof(T);
+    const int row = static_cast<int>(kv_heads * head_dim);
+    const bool vec = row % kVec == 0 && k_stride % kVec == 0 && v_stride % kVec == 0 && aligned16(k, v);
+    const int threads = std::min(512, std::max(32, ((vec ? 2 * row / kVec : 2 * row) + 31) / 32 * 32));
+    auto kernel = vec ? round_to_e4m3_kernel<T, kVec> : round_to_e4m3_kernel<T, 1>;
+    kernel<<<static_cast<unsigned>(tokens), threads, 0, as_stream(stream)>>>(static_cast<T*>(k), static_cast<T*>(v),
+                                                                             row, k_stride, v_stride);
+    check_cuda(cudaGetLastError(), "round_to_e4m3");
+  });
+}
 
 void reshape_and_cache(const void* k, const void* v, void* key_cache, void* value_cache, const int64_t* slot_mapping,
                        int64_t tokens, int64_t kv_heads, int64_t head_dim, int64_t k_stride, int64_t v_stride,

@@ -2,7 +2,7 @@
 // split_kv_reduce.cuh, the KV-cache write in kv_cache_write.cu.
 //
 // Grid (kv-head group, sequence, piece). A CTA covers heads_per_cta kv heads (each token's cache row of those
-// heads streamed as one contiguous run: 2 KB for all 8 of a Llama-3-8B layer) with `splits` warps per kv head,
+// heads streamed as one contiguous run: 2 KB for all 8 of a Llama-3-8B layer, 1 KB in e4m3) with `splits` warps per kv head,
 // at most kAttnCtaRow / head_dim warps; small batches take fewer heads per CTA, so more, smaller CTAs fill the
 // GPU. K/V stages of splits x kTile tokens go global -> shared through a kStages-deep cp.async pipeline
 // (zero-filled past the piece), 16-byte chunks XOR-swizzled by token so the ldmatrix reads are free of bank
@@ -47,17 +47,6 @@ __device__ __forceinline__ int block_of(int j, int block_size, int block_shift) 
 // q is written by the kernel before this one, which may still run when this grid starts (PDL): an ordinary load
 // after the wait, never the read-only (.nc) path.
 __device__ __forceinline__ uint32_t ld_u32(const void* p) { return __ldca(reinterpret_cast<const unsigned int*>(p)); }
-
-// Two q values (4-byte aligned) as the f16x2 word of an e4m3 cache's f16 mma (fp8_kv.cuh).
-template <typename T>
-__device__ __forceinline__ uint32_t ld_f16x2(const T* p) {
-  const uint32_t w = ld_u32(p);
-  if constexpr (std::is_same_v<T, __half>) {
-    return w;
-  } else {
-    return pack2<__half>(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
-  }
-}
 
 // Calls f(d, x0, y0, x1, y1) for every pair of output channels d, d + 1 a lane holds: (x0, y0) of its row r0,
 // (x1, y1) of r1. The P V n-tiles of an e4m3 cache interleave a chunk's channels (fp8_kv.cuh).
@@ -177,7 +166,7 @@ __global__ void __launch_bounds__(kAttnCtaRow / D * 32, 1) paged_decode_kernel(
     const T* qb = q + static_cast<size_t>(seq) * q_stride + static_cast<size_t>(kvh) * group * D + tig * (F8 ? 4 : 2);
     const bool v0 = active && r0 < group, v1 = active && r1 < group;
     constexpr int kHi = F8 ? 2 : 8;  // offset of a2/a3's channels from a0/a1's
-    auto word = [&](const T* p) { if constexpr (F8) return ld_f16x2(p); else return ld_u32(p); };
+    auto word = [&](const T* p) { if constexpr (F8) return to_f16x2<T>(ld_u32(p)); else return ld_u32(p); };
 #pragma unroll
     for (int k = 0; k < kKSteps; ++k) {
       qa[k][0] = v0 ? word(qb + r0 * D + k * 16) : 0u;

@@ -44,4 +44,10 @@ void reshape_and_cache(const void* k, const void* v, void* key_cache, void* valu
                        int64_t tokens, int64_t kv_heads, int64_t head_dim, int64_t k_stride, int64_t v_stride,
                        DType dtype, DType cache_dtype, std::uintptr_t stream);
 
+// k, v [tokens, kv_heads, head_dim] (f16/bf16, token strides k_stride / v_stride, heads contiguous) rounded in
+// place to the values an e4m3 cache holds of them (cuda/fp8_kv.cuh's to_e4m3, read back exactly): what torch's
+// prefill kernels attend to beside an e4m3 cache, so that every attention route reads the same values.
+void round_to_e4m3(void* k, void* v, int64_t tokens, int64_t kv_heads, int64_t head_dim, int64_t k_stride,
+                   int64_t v_stride, DType dtype, std::uintptr_t stream);
+
 }  // namespace candle_vllm::cuda

@@ -5,9 +5,10 @@ says where each sequence's tokens start and how long its context is. Chunked pre
 code path: a query at absolute position p attends to its sequence's keys at positions <= p (and > p -
 sliding_window when set). On the torch reference, decode rows (one new token each) are batched into a single
 padded call and longer query runs go one sequence at a time so a long prefill never pads the others; on CUDA
-(f16/bf16) a step with prefill rows runs the flash prefill kernel once (``ops/cuda_prefill.py``), its decode rows
-the paged decode kernel; with ``CANDLE_VLLM_PREFILL=sdpa-cudnn|sdpa-flash`` the rows of fresh prompts (no cached
-prefix) take torch's cuDNN/flash kernel instead (``ops/sdpa_prefill.py``).
+(f16/bf16 activations, a cache of their dtype or e4m3) a step with prefill rows runs the flash prefill kernel once
+(``ops/cuda_prefill.py``), its decode rows the paged decode kernel; the rows of fresh prompts (no cached prefix)
+may take torch's cuDNN/flash kernel instead (``ops/sdpa_prefill.py``, ``CANDLE_VLLM_PREFILL``), given the K/V
+values an e4m3 cache holds so that every route attends to the same values.
 """
 
 from __future__ import annotations
@@ -84,10 +85,18 @@ def _mask(
     return m
 
 
+def _blocks(kv_cache: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``kv_cache[:, index]``; an e4m3 cache is indexed as bytes (float8 indexing is missing from some torch
+    builds and devices)."""
+    if kv_cache.dtype == torch.float8_e4m3fn:
+        return kv_cache.view(torch.uint8)[:, index].view(kv_cache.dtype)
+    return kv_cache[:, index]
+
+
 def _gather_context(kv_cache: torch.Tensor, table: torch.Tensor, ctx: int) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V [ctx, Hk, D] of one sequence, read through its block table."""
     bs = kv_cache.shape[2]
-    blocks = kv_cache[:, table[: (ctx + bs - 1) // bs].long()]
+    blocks = _blocks(kv_cache, table[: (ctx + bs - 1) // bs].long())
     kv = blocks.flatten(1, 2)[:, :ctx]
     return kv[0], kv[1]
 
@@ -129,7 +138,8 @@ def attention(
             if not cuda_decode:
                 raise ValueError(
                     "max_decode_seq_len (a decode batch without host seq_lens, as CUDA graphs run it) needs the CUDA "
-                    "paged decode kernel (f16/bf16 cache, supported head geometry); build the metadata with "
+                    "paged decode kernel (f16/bf16 q, a cache of q's dtype or e4m3, supported head geometry); build "
+                    "the metadata with "
                     "seq_lens_cpu instead"
                 )
             return cuda_paged.paged_decode_attention(
@@ -143,6 +153,8 @@ def attention(
         if on_cuda and flash_prefill_supported(q, kv_cache):
             backend = sdpa_prefill.prefill_backend()
             if sdpa_prefill.sdpa_eligible(backend, q, k, v, sliding_window, softcap) and meta.fresh_runs:
+                if kv_cache.dtype != k.dtype:  # torch's kernels read k/v, not the cache: give them its values
+                    cuda_paged.round_to_e4m3_(k, v)
                 return sdpa_prefill_step(backend, q, k, v, kv_cache, meta, scale, cuda_decode)
             return cuda_prefill_step(q, kv_cache, meta, scale, sliding_window, softcap, cuda_decode)
     qsl, lens = meta.query_start_loc_cpu or [], meta.seq_lens_cpu or []
@@ -189,7 +201,7 @@ def _decode_batch(
     n_blocks = (max(ctx) + bs - 1) // bs
     idx = torch.tensor(rows, device=q.device)
     tables = meta.block_tables.index_select(0, idx)[:, :n_blocks].long()
-    kv = kv_cache[:, tables].flatten(2, 3).to(q.dtype)  # [2, B, n_blocks*bs, Hk, D]
+    kv = _blocks(kv_cache, tables).flatten(2, 3).to(q.dtype)  # [2, B, n_blocks*bs, Hk, D]
     tok = torch.tensor([meta.query_start_loc_cpu[s] for s in rows], device=q.device)
     k_len = torch.tensor(ctx, device=q.device)
     mask = _mask((k_len - 1).unsqueeze(1), k_len, kv.shape[2], sliding_window)

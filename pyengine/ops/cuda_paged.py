@@ -59,6 +59,26 @@ def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, 
     )
 
 
+def round_to_e4m3_(k: torch.Tensor, v: torch.Tensor) -> None:
+    """Round k, v [T, Hk, D] (f16/bf16, heads packed, any token stride) in place to the values an e4m3 cache holds
+    of them: torch's prefill kernels read k/v, not the cache, and must attend to the same values as every other
+    route (one launch instead of torch's clamp / cast / cast-back per tensor)."""
+    ok = (
+        available(k.device)
+        and k.dtype == v.dtype
+        and k.dtype in HALF_DTYPES
+        and _heads_view_ok(k)
+        and _heads_view_ok(v)
+        and k.shape == v.shape
+    )
+    if not ok:
+        raise ValueError("round_to_e4m3_: needs f16/bf16 k/v [T, Hk, D] of one shape on a CUDA device")
+    native.loaded().cuda_round_to_e4m3(
+        k.data_ptr(), v.data_ptr(), k.shape[0], k.shape[1], k.shape[2], k.stride(0), v.stride(0),
+        native.dtype_code(k), native.stream(k.device),
+    )
+
+
 def decode_max_heads_per_cta(kv_heads: int, head_dim: int) -> int:
     """Most kv heads one decode CTA covers: a warp each, ``cuda_attn_cta_row // head_dim`` at most."""
     return min(kv_heads, native.loaded().cuda_attn_cta_row // head_dim)

@@ -25,11 +25,7 @@ def flash_prefill_supported(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     f16/bf16 q on a CUDA device with a cache of q's dtype or e4m3 (``torch.float8_e4m3fn``), D in 64/128/256,
     Hq a multiple of Hk, q's heads packed with a token stride that keeps every row 16-byte aligned (views into
     the fused qkv buffer qualify)."""
-    if not (
-        cuda.available(q.device)
-        and q.dtype in cuda.HALF_DTYPES
-        and kv_cache.dtype in (q.dtype, torch.float8_e4m3fn)
-    ):
+    if not (cuda.available(q.device) and q.dtype in cuda.HALF_DTYPES and cuda.cache_holds(kv_cache, q.dtype)):
         return False
     if q.dim() != 3 or kv_cache.dim() != 5 or kv_cache.device != q.device:
         return False

@@ -9,6 +9,7 @@ from _cuda_helpers import REL_TOL, poison_allocator, rel_error
 from paged_cases import DEV, e4m3, paged_case, reference
 
 from candle_vllm.pyengine.ops import cuda_paged
+from candle_vllm.pyengine.ops.attention import AttentionMetadata, attention
 from candle_vllm.pyengine.ops.rotary import apply_rotary_and_cache, rope_cos_sin_cache
 
 pytestmark = pytest.mark.cuda
@@ -76,6 +77,20 @@ def test_reshape_and_cache_stores_saturated_e4m3(dtype: torch.dtype) -> None:
     assert torch.equal(_bytes(cache), want)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_round_to_e4m3_gives_the_cached_values(dtype: torch.dtype) -> None:
+    """k/v views of a fused qkv buffer rounded in place to torch's e4m3 cast (saturated) read back; q untouched."""
+    g = torch.Generator(device=DEV).manual_seed(9)
+    t, hq, hk, d = 37, 8, 2, 128
+    qkv = (torch.randn(t, (hq + 2 * hk) * d, generator=g, device=DEV) * 200).to(dtype)
+    before = qkv.clone()
+    k, v = qkv[:, hq * d : (hq + hk) * d].view(t, hk, d), qkv[:, (hq + hk) * d :].view(t, hk, d)
+    cuda_paged.round_to_e4m3_(k, v)
+    assert torch.equal(qkv[:, : hq * d], before[:, : hq * d])
+    assert torch.equal(qkv[:, hq * d :], e4m3(before[:, hq * d :]).to(dtype))
+    assert not torch.equal(qkv, before)
+
+
 @pytest.mark.parametrize("pair_group", [0, 1, 8])
 def test_rotary_cache_write_stores_the_rotated_k_as_e4m3(pair_group: int) -> None:
     """The fused RoPE + cache write into an e4m3 cache stores exactly the e4m3 cast of what it writes into a bf16
@@ -96,3 +111,34 @@ def test_rotary_cache_write_stores_the_rotated_k_as_e4m3(pair_group: int) -> Non
                                       cache, slots, pair_group=pair_group)
         caches[kv_dtype] = cache
     assert torch.equal(_bytes(caches[E4M3]), _bytes(e4m3(caches[torch.bfloat16])))
+
+
+@pytest.mark.parametrize("route", ["auto", "native", "sdpa-flash", "reference"])
+def test_every_attention_route_reads_the_e4m3_values(route: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step of fresh prompts, a chunk after a cached prefix and decode rows through ``attention()`` with an e4m3
+    cache: each route (the flash kernel, torch's kernels for fresh prompts, the torch reference on the GPU)
+    attends to the values the cache holds, against float64 attention over them."""
+    if route == "reference":
+        monkeypatch.setenv("CANDLE_VLLM_OPS", "reference")
+    else:
+        monkeypatch.setenv("CANDLE_VLLM_PREFILL", route)
+    g = torch.Generator(device=DEV).manual_seed(8)
+    hq, hk, d, bs = 32, 8, 128, 16
+    cached_new = [(0, 300), (0, 77), (40, 25), (90, 1), (17, 1)]
+    num_blocks = sum((c + n + bs - 1) // bs for c, n in cached_new) + 2
+    cache = e4m3(torch.randn(2, num_blocks, bs, hk, d, generator=g, device=DEV))
+    perm = torch.randperm(num_blocks, generator=g, device=DEV).tolist()
+    tables = [[perm.pop() for _ in range((c + n + bs - 1) // bs)] for c, n in cached_new]
+    meta = AttentionMetadata.build([n for _, n in cached_new], [c + n for c, n in cached_new], DEV, tables, bs)
+    t = sum(n for _, n in cached_new)
+    qkv = (torch.randn(t, (hq + 2 * hk) * d, generator=g, device=DEV) * 4).to(torch.bfloat16)
+    q, k, v = (qkv[:, : hq * d].view(t, hq, d), qkv[:, hq * d : (hq + hk) * d].view(t, hk, d),
+               qkv[:, (hq + hk) * d :].view(t, hk, d))
+    got = attention(q, k, v, cache, meta, d**-0.5, hk)
+    start = 0
+    for s, (c, n) in enumerate(cached_new):
+        for i in range(n):  # each query row as the last token of a context of c + i + 1
+            row = got[start + i : start + i + 1]
+            want = reference(q[start + i : start + i + 1], cache, [tables[s]], [c + i + 1], d**-0.5)
+            assert rel_error(row, want) < REL_TOL[torch.bfloat16], (route, s, i)
+        start += n

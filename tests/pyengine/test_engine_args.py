@@ -11,6 +11,7 @@ import torch
 from candle_vllm.pyengine.engine_args import (
     NOT_YET_SUPPORTED,
     EngineArgs,
+    EngineConfigError,
     UnsupportedFeatureError,
     check_supported,
 )
@@ -190,3 +191,17 @@ def test_hf_token_from_env_var_or_file(monkeypatch: pytest.MonkeyPatch, tmp_path
     with pytest.raises(ValueError, match="no such file"):
         EngineArgs(hf_token_path=str(tmp_path / "missing")).hf_token_value()
     assert EngineArgs().hf_token_value() is None
+
+
+def test_fp8_kv_cache_dtype_and_where_it_is_refused() -> None:
+    """--kvcache-dtype fp8 gives an e4m3 cache on CUDA (f16/bf16 activations) and the CPU; f32 activations on CUDA
+    and other devices are refused with a message naming the flag."""
+    args = EngineArgs(kvcache_dtype="e4m3")
+    assert args.kvcache_dtype == "fp8"
+    assert args.cache_torch_dtype(torch.device("cuda"), torch.bfloat16) == torch.float8_e4m3fn
+    assert args.cache_torch_dtype(torch.device("cpu"), torch.float32) == torch.float8_e4m3fn
+    assert EngineArgs().cache_torch_dtype(torch.device("cuda"), torch.float16) == torch.float16
+    with pytest.raises(EngineConfigError, match=r"--kvcache-dtype fp8 on CUDA needs f16/bf16 activations"):
+        args.cache_torch_dtype(torch.device("cuda"), torch.float32)
+    with pytest.raises(EngineConfigError, match=r"--kvcache-dtype fp8 needs a CUDA or CPU device, not mps"):
+        args.cache_torch_dtype(torch.device("mps"), torch.float16)

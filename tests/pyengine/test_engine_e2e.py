@@ -299,7 +299,7 @@ def test_fp8_kv_cache_holds_four_times_the_tokens_and_stays_close() -> None:
     reads) but stay near the f32 cache's."""
     params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
     prompts = [p * 3 for p in PROMPTS[:4]]
-    f32, fp8 = LLM(mem=16), LLM(mem=16, kvcache_dtype="fp8")
+    f32, fp8 = LLM(mem=16, cpu=True), LLM(mem=16, cpu=True, kvcache_dtype="fp8")
     assert {c.dtype for c in fp8.engine.runner.model.kv_caches} == {torch.float8_e4m3fn}
     blocks = f32.engine.info.num_blocks
     assert 4 * blocks <= fp8.engine.info.num_blocks < 4 * (blocks + 1)  # both floor(budget / block bytes)

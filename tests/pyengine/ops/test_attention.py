@@ -46,6 +46,24 @@ def test_no_cache_is_causal_within_each_sequence(window: int | None, softcap: fl
         start += n
 
 
+def _prefix_then_step(
+    cache: torch.Tensor, tables: list[list[int]], bs: int, cached_new: list[tuple[int, int]],
+    full_k: list[torch.Tensor], full_v: list[torch.Tensor], g: torch.Generator, window: int | None,
+    softcap: float | None,
+) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """Each sequence's cached prefix written through ``write_kv``, then one step of its new tokens (random
+    queries of K's dtype): the queries per sequence, the output, the new keys and the step's metadata."""
+    pre = AttentionMetadata.build([c for c, _ in cached_new], [c for c, _ in cached_new], "cpu", tables, bs)
+    assert pre.slot_mapping is not None
+    write_kv(torch.cat([fk[:c] for fk, (c, _) in zip(full_k, cached_new, strict=True)]),
+             torch.cat([fv[:c] for fv, (c, _) in zip(full_v, cached_new, strict=True)]), cache, pre.slot_mapping)
+    meta = AttentionMetadata.build([n for _, n in cached_new], [c + n for c, n in cached_new], "cpu", tables, bs)
+    qs = [torch.randn(n, HQ, D, generator=g).to(full_k[0].dtype) for _, n in cached_new]
+    k_new = torch.cat([fk[c:] for fk, (c, _) in zip(full_k, cached_new, strict=True)])
+    v_new = torch.cat([fv[c:] for fv, (c, _) in zip(full_v, cached_new, strict=True)])
+    return qs, attention(torch.cat(qs), k_new, v_new, cache, meta, D**-0.5, HK, window, softcap), k_new, meta
+
+
 @pytest.mark.parametrize("impl", ["native", "reference"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("window,softcap", [(None, None), (6, None), (None, 4.0)])
@@ -71,19 +89,7 @@ def test_paged_mixed_prefill_and_decode(
         full_k.append(torch.randn(c + n, HK, D, generator=g).to(dtype))
         full_v.append(torch.randn(c + n, HK, D, generator=g).to(dtype))
     # fill the cached prefix of each sequence through the public write path
-    pre = AttentionMetadata.build([c for c, _ in cached_new], [c for c, _ in cached_new], "cpu", tables, bs)
-    assert pre.slot_mapping is not None
-    write_kv(
-        torch.cat([fk[:c] for fk, (c, _) in zip(full_k, cached_new, strict=True)]),
-        torch.cat([fv[:c] for fv, (c, _) in zip(full_v, cached_new, strict=True)]),
-        cache,
-        pre.slot_mapping,
-    )
-    meta = AttentionMetadata.build([n for _, n in cached_new], [c + n for c, n in cached_new], "cpu", tables, bs)
-    qs = [torch.randn(n, HQ, D, generator=g).to(dtype) for _, n in cached_new]
-    k_new = torch.cat([fk[c:] for fk, (c, _) in zip(full_k, cached_new, strict=True)])
-    v_new = torch.cat([fv[c:] for fv, (c, _) in zip(full_v, cached_new, strict=True)])
-    got = attention(torch.cat(qs), k_new, v_new, cache, meta, D**-0.5, HK, window, softcap)
+    qs, got, k_new, meta = _prefix_then_step(cache, tables, bs, cached_new, full_k, full_v, g, window, softcap)
     start = 0
     for q, fk, fv, (_, n) in zip(qs, full_k, full_v, cached_new, strict=True):
         want = naive(q.float(), fk.float(), fv.float(), window, softcap)
@@ -127,15 +133,7 @@ def test_e4m3_cache_attends_to_the_stored_values(
 
     full_k = [kv(c + n) for c, n in cached_new]
     full_v = [kv(c + n) for c, n in cached_new]
-    pre = AttentionMetadata.build([c for c, _ in cached_new], [c for c, _ in cached_new], "cpu", tables, bs)
-    assert pre.slot_mapping is not None
-    write_kv(torch.cat([fk[:c] for fk, (c, _) in zip(full_k, cached_new, strict=True)]),
-             torch.cat([fv[:c] for fv, (c, _) in zip(full_v, cached_new, strict=True)]), cache, pre.slot_mapping)
-    meta = AttentionMetadata.build([n for _, n in cached_new], [c + n for c, n in cached_new], "cpu", tables, bs)
-    qs = [torch.randn(n, HQ, D, generator=g).to(dtype) for _, n in cached_new]
-    k_new = torch.cat([fk[c:] for fk, (c, _) in zip(full_k, cached_new, strict=True)])
-    v_new = torch.cat([fv[c:] for fv, (c, _) in zip(full_v, cached_new, strict=True)])
-    got = attention(torch.cat(qs), k_new, v_new, cache, meta, D**-0.5, HK, window, softcap)
+    qs, got, k_new, meta = _prefix_then_step(cache, tables, bs, cached_new, full_k, full_v, g, window, softcap)
     start = 0
     for q, fk, fv, (_, n) in zip(qs, full_k, full_v, cached_new, strict=True):
         want = naive(q.float(), e4m3(fk), e4m3(fv), window, softcap)
