@@ -82,10 +82,6 @@ class EngineCore:
         self.args = args
         dtype = args.torch_dtype(device)
         cache_dtype = args.cache_torch_dtype(device, dtype)  # refused before the model loads, not after
-        if cache_dtype == torch.float8_e4m3fn and device.type == "cpu":
-            log.warning("--kvcache-dtype fp8 on the CPU: the native CPU attention kernels take f32 caches, so "
-                        "attention runs on the torch reference path (several times slower); the cache holds 4x the "
-                        "tokens")
         model_arg = args.model
         embedded = model_arg is None and args.weight_path is None and args.weight_file is None
         if embedded:

@@ -13,10 +13,12 @@ namespace {
 
 constexpr int64_t kTile = 32;
 
-template <typename IO>
+// IO: q and out's element; CIO: the cache's.
+template <typename IO, typename CIO>
 void attend_one(const PagedAttentionArgs& a, int64_t seq, int64_t token, int64_t head, float* qf, float* acc,
                 float* scores) {
   using T = typename IO::storage;
+  using C = typename CIO::storage;
   const int64_t D = a.head_dim, bs = a.block_size, Hk = a.num_kv_heads;
   const int64_t kv_head = head / (a.num_q_heads / Hk);
   const T* qrow = static_cast<const T*>(a.q) + (token * a.num_q_heads + head) * D;
@@ -24,8 +26,8 @@ void attend_one(const PagedAttentionArgs& a, int64_t seq, int64_t token, int64_t
   const int64_t q_len = a.query_start_loc[seq + 1] - a.query_start_loc[seq];
   const int64_t pos = a.seq_lens[seq] - q_len + (token - a.query_start_loc[seq]);
   const int64_t first = a.sliding_window > 0 ? std::max<int64_t>(0, pos - a.sliding_window + 1) : 0;
-  const T* k_cache = static_cast<const T*>(a.kv_cache);
-  const T* v_cache = k_cache + a.num_blocks * bs * Hk * D;
+  const C* k_cache = static_cast<const C*>(a.kv_cache);
+  const C* v_cache = k_cache + a.num_blocks * bs * Hk * D;
   const int32_t* table = a.block_tables + seq * a.max_blocks;
   float m = -std::numeric_limits<float>::infinity(), l = 0.f;
   std::fill(acc, acc + D, 0.f);
@@ -35,10 +37,10 @@ void attend_one(const PagedAttentionArgs& a, int64_t seq, int64_t token, int64_t
     const int64_t lo = std::max(start, first), hi = std::min(start + kTile - 1, pos);
     float tile_max = -std::numeric_limits<float>::infinity();
     for (int64_t j = lo; j <= hi; ++j) {
-      const T* krow = k_cache + ((table[j / bs] * bs + j % bs) * Hk + kv_head) * D;
+      const C* krow = k_cache + ((table[j / bs] * bs + j % bs) * Hk + kv_head) * D;
       float s = 0.f;
 #pragma omp simd reduction(+ : s)
-      for (int64_t d = 0; d < D; ++d) s += qf[d] * IO::load(krow[d]);
+      for (int64_t d = 0; d < D; ++d) s += qf[d] * CIO::load(krow[d]);
       if (a.softcap > 0.f) s = a.softcap * std::tanh(s / a.softcap);
       scores[j - lo] = s;
       tile_max = std::max(tile_max, s);
@@ -50,9 +52,9 @@ void attend_one(const PagedAttentionArgs& a, int64_t seq, int64_t token, int64_t
     for (int64_t j = lo; j <= hi; ++j) {
       const float w = std::exp(scores[j - lo] - new_m);
       l += w;
-      const T* vrow = v_cache + ((table[j / bs] * bs + j % bs) * Hk + kv_head) * D;
+      const C* vrow = v_cache + ((table[j / bs] * bs + j % bs) * Hk + kv_head) * D;
 #pragma omp simd
-      for (int64_t d = 0; d < D; ++d) acc[d] += w * IO::load(vrow[d]);
+      for (int64_t d = 0; d < D; ++d) acc[d] += w * CIO::load(vrow[d]);
     }
     m = new_m;
   }
@@ -61,15 +63,21 @@ void attend_one(const PagedAttentionArgs& a, int64_t seq, int64_t token, int64_t
   for (int64_t d = 0; d < D; ++d) orow[d] = IO::store(acc[d] * inv);
 }
 
-template <typename IO>
+template <typename IO, typename CIO>
 void share(const PagedAttentionArgs& a, const int32_t* seq_of) {
   const int64_t work = a.num_tokens * a.num_q_heads;
   std::vector<float> qf(a.head_dim), acc(a.head_dim), scores(kTile);
 #pragma omp for schedule(dynamic, 4) nowait
   for (int64_t w = 0; w < work; ++w) {
     const int64_t token = w / a.num_q_heads, head = w % a.num_q_heads;
-    attend_one<IO>(a, seq_of[token], token, head, qf.data(), acc.data(), scores.data());
+    attend_one<IO, CIO>(a, seq_of[token], token, head, qf.data(), acc.data(), scores.data());
   }
+}
+
+template <typename IO>
+void share_by_cache(const PagedAttentionArgs& a, const int32_t* seq_of) {
+  if (a.cache_dtype == DType::F8E4M3) share<IO, E4M3>(a, seq_of);
+  else share<IO, IO>(a, seq_of);
 }
 
 }  // namespace
@@ -78,6 +86,8 @@ void check_paged_attention(const PagedAttentionArgs& a) {
   if (a.num_q_heads % a.num_kv_heads != 0) throw std::invalid_argument("paged_attention: q heads must be a multiple of kv heads");
   if (a.dtype != DType::F32 && a.dtype != DType::F16 && a.dtype != DType::BF16)
     throw std::invalid_argument("paged_attention: dtype must be f32, f16 or bf16");
+  if (a.cache_dtype != a.dtype && a.cache_dtype != DType::F8E4M3)
+    throw std::invalid_argument("paged_attention: the cache must hold q's dtype or e4m3");
 }
 
 void token_sequences(const PagedAttentionArgs& a, int32_t* seq_of) {
@@ -87,9 +97,9 @@ void token_sequences(const PagedAttentionArgs& a, int32_t* seq_of) {
 
 void paged_attention_share(const PagedAttentionArgs& a, const int32_t* seq_of) {
   switch (a.dtype) {
-    case DType::F32: return share<F32>(a, seq_of);
-    case DType::F16: return share<F16>(a, seq_of);
-    case DType::BF16: return share<BF16>(a, seq_of);
+    case DType::F32: return share_by_cache<F32>(a, seq_of);
+    case DType::F16: return share_by_cache<F16>(a, seq_of);
+    case DType::BF16: return share_by_cache<BF16>(a, seq_of);
     default: return;  // rejected by check_paged_attention before any parallel region
   }
 }

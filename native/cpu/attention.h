@@ -19,7 +19,8 @@ struct PagedAttentionArgs {
   float scale;
   int64_t sliding_window;  // 0 = none
   float softcap;           // 0 = none
-  DType dtype;             // of q, out and the cache
+  DType dtype;             // of q and out
+  DType cache_dtype;       // of the cache: dtype, or F8E4M3 (--kvcache-dtype fp8, read exactly as f32)
 };
 
 void paged_attention(const PagedAttentionArgs& a);

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "cpu/attention.h"
+#include "cpu/dtype_io.h"
 #include "cpu/norm.h"
 #include "cpu/quant_gemv.h"
 
@@ -109,11 +110,21 @@ CVLLM_NO_CONTRACT void add_bias(float* row, const float* bias, int64_t n) {
   for (int64_t i = 0; i < n; ++i) row[i] = row[i] + bias[i];
 }
 
-// Bias, q/k norm and RoPE of every head of every token; q into s.q, k and v into the cache. No barrier.
-void heads(const DecoderLayerWeights& w, const DecoderStep& st, float* kv_cache, Scratch& s) {
+// Row `row` of a cache half holding CIO (f32, or e4m3 rounded as the CUDA writes round).
+template <typename CIO>
+void store_cache_row(void* half, int64_t row, const float* src, int64_t D) {
+  typename CIO::storage* dst = static_cast<typename CIO::storage*>(half) + row * D;
+  for (int64_t d = 0; d < D; ++d) dst[d] = CIO::store(src[d]);
+}
+
+// Bias, q/k norm and RoPE of every head of every token; q into s.q, k and v into the cache (f32, or e4m3 from the
+// f32 row). No barrier.
+template <typename CIO>
+void heads(const DecoderLayerWeights& w, const DecoderStep& st, void* kv_cache, Scratch& s) {
   const int64_t D = w.head_dim, hq = w.num_heads, hk = w.num_kv_heads, per_token = hq + 2 * hk;
   const int64_t nqkv = per_token * D;
-  float* v_cache = kv_cache + st.num_blocks * st.block_size * hk * D;
+  using C = typename CIO::storage;
+  void* v_cache = static_cast<C*>(kv_cache) + st.num_blocks * st.block_size * hk * D;
 #pragma omp for schedule(static) nowait
   for (int64_t u = 0; u < st.num_tokens * per_token; ++u) {
     const int64_t t = u / per_token, h = u % per_token;
@@ -127,19 +138,18 @@ void heads(const DecoderLayerWeights& w, const DecoderStep& st, float* kv_cache,
       else std::memcpy(dst, src, D * sizeof(float));
       rope(dst, cs, w.rotary_dim, w.is_neox);
     } else if (h < hq + hk) {
-      float* dst = kv_cache + (slot * hk + (h - hq)) * D;
-      if (w.k_norm != nullptr) rms_norm_row(dst, src, w.k_norm, D, w.eps, DType::F32);
-      else std::memcpy(dst, src, D * sizeof(float));
-      rope(dst, cs, w.rotary_dim, w.is_neox);
+      if (w.k_norm != nullptr) rms_norm_row(src, src, w.k_norm, D, w.eps, DType::F32);
+      rope(src, cs, w.rotary_dim, w.is_neox);
+      store_cache_row<CIO>(kv_cache, slot * hk + (h - hq), src, D);
     } else {
-      std::memcpy(v_cache + (slot * hk + (h - hq - hk)) * D, src, D * sizeof(float));
+      store_cache_row<CIO>(v_cache, slot * hk + (h - hq - hk), src, D);
     }
   }
 }
 
 struct LayerCall {
   const DecoderLayerWeights& w;
-  float* kv_cache;
+  void* kv_cache;
   bool first;               // x holds the embeddings: residual = x, x = norm(x)
   int64_t rows;             // rows after the attention (num_out_rows on the last layer when given, else T)
   const int64_t* out_rows;  // non-null on the last layer with output rows
@@ -162,11 +172,13 @@ void layer_to_gate_up(const LayerCall& c, const DecoderStep& st, float* x, float
   }
   bar.wait();
   linear(w.qkv, x, T, s.qkv.get(), bar);
-  heads(w, st, c.kv_cache, s);
+  if (st.cache_e4m3) heads<E4M3>(w, st, c.kv_cache, s);
+  else heads<F32>(w, st, c.kv_cache, s);
   bar.wait();
   const PagedAttentionArgs a{s.attn.get(), s.q.get(), c.kv_cache, st.block_tables, st.query_start_loc, st.seq_lens,
                              st.num_seqs, T, w.num_heads, w.num_kv_heads, w.head_dim, st.block_size, st.num_blocks,
-                             st.max_blocks, w.scale, w.sliding_window, 0.f, DType::F32};
+                             st.max_blocks, w.scale, w.sliding_window, 0.f, DType::F32,
+                             st.cache_e4m3 ? DType::F8E4M3 : DType::F32};
   paged_attention_share(a, s.seq_of.data());
   bar.wait();
   const float* attn = s.attn.get();
@@ -238,7 +250,7 @@ void check_decoder_step(const std::vector<const DecoderLayerWeights*>& layers, c
   }
 }
 
-void decoder_segment(const std::vector<const DecoderLayerWeights*>& layers, const std::vector<float*>& kv_caches,
+void decoder_segment(const std::vector<const DecoderLayerWeights*>& layers, const std::vector<void*>& kv_caches,
                      const DecoderStep& step, size_t layer, const float* act, float* gate_up, float* x,
                      float* residual, const int64_t* out_rows, int64_t num_out_rows) {
   const size_t n = layers.size();

@@ -58,7 +58,8 @@ struct DecoderStep {
   int64_t max_blocks = 0;
   const int32_t* query_start_loc = nullptr;  // [S + 1]
   const int32_t* seq_lens = nullptr;         // [S]
-  int64_t num_blocks = 0, block_size = 0;    // of every layer's cache [2, num_blocks, block_size, Hk, D] (f32)
+  int64_t num_blocks = 0, block_size = 0;    // of every layer's cache [2, num_blocks, block_size, Hk, D]
+  bool cache_e4m3 = false;                   // the caches hold e4m3 (--kvcache-dtype fp8), else f32
 };
 
 // Throws std::invalid_argument when a position is outside a layer's rotary table, a slot outside the caches, or
@@ -75,7 +76,7 @@ void check_decoder_step(const std::vector<const DecoderLayerWeights*>& layers, c
 // layer's MLP output; residual [T, hidden] is the residual stream. With `out_rows` (num_out_rows indices into the
 // T tokens) the last layer's o projection and MLP run for those rows only ("rows" above), and x/residual rows
 // [0, num_out_rows) hold them; every token's K/V still reach the caches. kv_caches[i] is layer i's cache.
-void decoder_segment(const std::vector<const DecoderLayerWeights*>& layers, const std::vector<float*>& kv_caches,
+void decoder_segment(const std::vector<const DecoderLayerWeights*>& layers, const std::vector<void*>& kv_caches,
                      const DecoderStep& step, size_t layer, const float* act, float* gate_up, float* x,
                      float* residual, const int64_t* out_rows, int64_t num_out_rows);
 

@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <algorithm>
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -68,6 +70,35 @@ inline uint16_t f32_to_f16(float f) {  // round to nearest even
   const uint32_t nonsign = ((bits >> 13) & 0x7c00u) + (bits & 0x0fffu);
   return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xff000000u ? 0x7e00u : nonsign));
 #endif
+}
+
+// e4m3, the KV cache of --kvcache-dtype fp8: a sign, 4 exponent bits (bias 7), 3 mantissa bits, no infinities,
+// 0x7f / 0xff NaN. Every value is exact in f32.
+inline float e4m3_to_f32(uint8_t b) {
+  const int exp = (b >> 3) & 0xf, man = b & 7;
+  float v;
+  if (exp == 15 && man == 7) v = std::numeric_limits<float>::quiet_NaN();
+  else if (exp == 0) v = std::ldexp(static_cast<float>(man), -9);
+  else v = std::ldexp(static_cast<float>(8 + man), exp - 10);
+  return (b & 0x80) ? -v : v;
+}
+
+// Round to nearest even, saturating at +-448 (as the CUDA cache writes store, and torch's cast of the clamped
+// value); NaN stays NaN.
+inline uint8_t f32_to_e4m3(float f) {
+  if (std::isnan(f)) return 0x7f;
+  const int sign = std::signbit(f) ? 0x80 : 0;
+  const float a = std::fabs(f);
+  if (a >= 448.f) return static_cast<uint8_t>(sign | 0x7e);
+  if (a == 0.f) return static_cast<uint8_t>(sign);
+  int e2 = 0;
+  std::frexp(a, &e2);                      // a = m 2^e2, m in [0.5, 1)
+  const int e = std::max(e2 - 1, -6);      // a's binade; subnormals share 2^-6's step
+  int q = static_cast<int>(std::nearbyint(std::ldexp(a, 3 - e)));  // a in steps of 2^(e - 3): 0 .. 16
+  if (e == -6 && q < 8) return static_cast<uint8_t>(sign | q);     // subnormal
+  int field = e + 7;
+  if (q == 16) q = 8, ++field;  // rounded up into the next binade (never past 448: a < 448)
+  return static_cast<uint8_t>(sign | (field << 3) | (q - 8));
 }
 
 }  // namespace candle_vllm::cpu

@@ -212,8 +212,9 @@ def _native_paged_ready(q: torch.Tensor, kv_cache: torch.Tensor, meta: Attention
     assert meta.block_tables is not None
     return (
         q.device.type == "cpu"
-        and q.dtype == kv_cache.dtype
-        and native.ready(q, kv_cache)
+        and kv_cache.dtype in (q.dtype, torch.float8_e4m3fn)
+        and native.ready(q)
+        and native.ready(kv_cache, dtypes=(kv_cache.dtype,))
         and native.ready(meta.block_tables, meta.query_start_loc, meta.seq_lens, dtypes=(torch.int32,))
     )
 
@@ -235,6 +236,6 @@ def _native_paged_attention(
         native.ptr(out), native.ptr(q), native.ptr(kv_cache), native.ptr(meta.block_tables),
         native.ptr(meta.query_start_loc), native.ptr(meta.seq_lens), meta.seq_lens.shape[0], t, hq, num_kv_heads, d,
         kv_cache.shape[2], kv_cache.shape[1], meta.block_tables.shape[1], scale, sliding_window or 0, softcap or 0.0,
-        native.dtype_code(q),
+        native.dtype_code(q), native.dtype_code(kv_cache),
     )
     return out

@@ -105,8 +105,8 @@ class CpuDecoderStack:
     def step_supported(
         self, x: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[torch.Tensor], meta: AttentionMetadata
     ) -> bool:
-        """Whether this step can run natively: f32 CPU activations, one f32 paged cache per layer, and the
-        metadata the CPU attention kernel reads (else the caller runs its op-by-op path). With q/k norm, one token
+        """Whether this step can run natively: f32 CPU activations, one paged cache per layer (all f32 or all e4m3),
+        and the metadata the CPU attention kernel reads (else the caller runs its op-by-op path). With q/k norm, one token
         only: op by op, the q/k views of a bigger batch are strided and take the torch reference norm."""
         if (
             x.device.type != "cpu"
@@ -119,7 +119,9 @@ class CpuDecoderStack:
             return False
         shape = kv_caches[0].shape
         return (
-            native.ready(x, *kv_caches, dtypes=(torch.float32,))
+            native.ready(x, dtypes=(torch.float32,))
+            and native.ready(*kv_caches, dtypes=(kv_caches[0].dtype,))
+            and kv_caches[0].dtype in (torch.float32, torch.float8_e4m3fn)
             and all(
                 c.shape == shape and tuple(c.shape[3:]) == g for c, g in zip(kv_caches, self._kv_geometry, strict=True)
             )
@@ -149,6 +151,7 @@ class CpuDecoderStack:
             max_blocks=meta.block_tables.shape[1], query_start_loc=native.ptr(meta.query_start_loc),
             seq_lens=native.ptr(meta.seq_lens), num_seqs=meta.seq_lens.shape[0], num_blocks=kv_caches[0].shape[1],
             block_size=kv_caches[0].shape[2], out_rows=_addr(rows), num_out_rows=0 if rows is None else rows.shape[0],
+            cache_e4m3=kv_caches[0].dtype == torch.float8_e4m3fn,
         )
         # SiLU-and-mul as ops.activation.silu_and_mul computes it on CPU (the same torch kernels on the same
         # strided views, in place and into preallocated buffers to save two dispatches per layer).

@@ -92,10 +92,11 @@ def _run_schedule(
     return outs, model.kv_caches
 
 
-def _assert_fused_equals_unfused(model: LlamaForCausalLM, num_blocks: int, block_size: int, seed: int) -> None:
+def _assert_fused_equals_unfused(model: LlamaForCausalLM, num_blocks: int, block_size: int, seed: int,
+                                 kv_dtype: torch.dtype = torch.float32) -> None:
     cfg = model.config
     g = torch.Generator().manual_seed(seed)
-    caches = [torch.randn(2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, generator=g)
+    caches = [torch.randn(2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, generator=g).to(kv_dtype)
               for _ in range(cfg.num_layers)]
     seqs = [torch.randint(0, cfg.vocab_size, (n,), generator=g) for n in (22, 13, 9)]
     schedules = [[7, 1, 5, 1, 1, 6, 1], [1, 4, 1, 1, 6], [9]]
@@ -108,7 +109,8 @@ def _assert_fused_equals_unfused(model: LlamaForCausalLM, num_blocks: int, block
     for step, (a, b) in enumerate(zip(got, want, strict=True)):
         assert a.shape == b.shape and torch.equal(a, b), f"step {step}: max diff {(a - b).abs().max().item()}"
     for layer, (a, b) in enumerate(zip(got_caches, want_caches, strict=True)):
-        assert torch.equal(a, b), f"layer {layer} cache differs"
+        assert a.dtype == b.dtype == kv_dtype
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"layer {layer} cache differs"
 
 
 @pytest.mark.parametrize(
@@ -132,6 +134,19 @@ def test_fused_stack_bitwise_equals_op_by_op(
     _assert_fused_equals_unfused(model, num_blocks=24, block_size=4, seed=3)
     # q/k norm: a lone token only (op by op, bigger batches norm strided views with the torch reference)
     assert fused == ([1] if case == "qwen3_qk_norm" else [17, 5, 6, 2, 7, 6, 1])
+
+
+@pytest.mark.parametrize(("case", "qtypes"), [("llama", {}), ("qwen2_bias", {"q_proj": QT.Q8_0, "v_proj": QT.Q4_0})])
+def test_fused_stack_with_an_e4m3_cache_equals_op_by_op(
+    case: str, qtypes: dict[str, QT], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--kvcache-dtype fp8 on the CPU: the fused stack stores k/v as e4m3 itself (its own rounding) and the op-by-op
+    path through torch's float8 cast; caches byte for byte and hidden states bitwise equal, both attending
+    through the native kernel's e4m3 loads."""
+    model, _ = _gguf_model(case, tmp_path, qtypes)
+    fused = _count_fused_steps(monkeypatch)
+    _assert_fused_equals_unfused(model, num_blocks=24, block_size=4, seed=5, kv_dtype=torch.float8_e4m3fn)
+    assert fused == [17, 5, 6, 2, 7, 6, 1]
 
 
 def test_fused_stack_with_f32_blocks_matches_transformers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -112,13 +112,20 @@ def e4m3(x: torch.Tensor) -> torch.Tensor:
 
 
 # f32: values reach 448, so summation order alone moves the output by a few 1e-5
+@pytest.mark.parametrize("impl", ["native", "reference"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("window,softcap", [(None, None), (6, None), (None, 4.0)])
 def test_e4m3_cache_attends_to_the_stored_values(
-    dtype: torch.dtype, tol: float, window: int | None, softcap: float | None
+    impl: str, dtype: torch.dtype, tol: float, window: int | None, softcap: float | None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """--kvcache-dtype fp8 on the CPU: cached prefixes and new tokens written as e4m3 (some past 448, so the
-    saturation shows), attention equal to the naive loop over the e4m3-rounded keys and values."""
+    saturation shows), attention equal to the naive loop over the e4m3-rounded keys and values, through the
+    native CPU kernel's e4m3 loads and the torch reference."""
+    if impl == "reference":
+        monkeypatch.setenv("CANDLE_VLLM_OPS", "reference")
+    elif native.module() is None:
+        pytest.fail("candle_vllm._native is not built")
     g = torch.Generator().manual_seed(3)
     bs, num_blocks = 4, 16
     cached_new = [(0, 6), (5, 1), (9, 3), (2, 1)]
