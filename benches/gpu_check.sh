@@ -27,7 +27,8 @@
 #   hold       the staged product's held tokens against its pointer loop (CANDLE_VLLM_STAGED_HOLD=0) in this build:
 #              every type at 2-8 tokens, two rounds in opposite order (hold_<on>_<round>.json; compare_kernels.py
 #              hold_0_1.json hold_1_1.json --sums)
-#   decode     bench_decode.py: bf16 and --isq q4k / q8_0 decode at batch 1 (4k) and 16 / 64 (1k)
+#   decode     bench_decode.py: bf16 and --isq q4k / q8_0 decode at batch 1 (4k) and 16 / 64 (1k); bf16 with
+#              --kvcache-dtype fp8 (an e4m3 cache) at batch 64
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
@@ -90,6 +91,8 @@ for stage in "$@"; do
     decode)
       run_stage decode_bf16 "${DECODE[@]}" --output-len 256 --batch 64 --batch-context 1024 --batch-output-len 64 \
         --ttft-repeats 3
+      run_stage decode_bf16_fp8 "${DECODE[@]}" --kvcache-dtype fp8 --output-len 256 --batch 64 --batch-context 1024 \
+        --batch-output-len 64 --ttft-repeats 0
       for isq in q4k q8_0; do
         run_stage "decode_$isq" "${DECODE[@]}" --isq "$isq" --output-len 128 --batch 16 --batch-context 1024 \
           --batch-output-len 32 --ttft-repeats 0

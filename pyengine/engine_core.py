@@ -59,6 +59,7 @@ class EngineInfo:
     max_model_len: int
     num_blocks: int
     block_size: int
+    kv_cache_dtype: torch.dtype  # the activation dtype, or float8_e4m3fn with --kvcache-dtype fp8
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -125,7 +126,7 @@ class EngineCore:
         self._in_flight: deque[tuple[StepPlan, PendingStep]] = deque()  # launched by step(), not yet applied
         self.info = EngineInfo(
             model_name=default_model_path().stem if embedded else source.name, device=device, dtype=dtype, quantization=_quantization(source.format, loaded),
-            max_model_len=max_model_len, num_blocks=num_blocks, block_size=args.block_size,
+            max_model_len=max_model_len, num_blocks=num_blocks, block_size=args.block_size, kv_cache_dtype=cache_dtype,
         )
 
     # ---- requests --------------------------------------------------------------------------------------

@@ -325,11 +325,12 @@ def test_accepted_flags_reach_the_server_step_with_the_embedded_model(
     assert calls["source"] is not None
 
 
-def test_the_command_serves_the_embedded_model_and_writes_the_log(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("kv", "shown"), [("auto", "float32"), ("fp8", "float8_e4m3fn")])
+def test_the_command_serves_the_embedded_model_and_writes_the_log(tmp_path: Path, kv: str, shown: str) -> None:
     exe = shutil.which("candle-vllm")
     assert exe is not None, "the candle-vllm console script is not installed (pip install -e .)"
-    proc = subprocess.Popen([exe, "--cpu", "--log", "--h", "127.0.0.1", "--p", "0", "--mem", "64"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([exe, "--cpu", "--log", "--h", "127.0.0.1", "--p", "0", "--mem", "64", "--kvcache-dtype", kv],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert proc.stdout is not None
         lines = []
@@ -338,6 +339,8 @@ def test_the_command_serves_the_embedded_model_and_writes_the_log(tmp_path: Path
             if re.search(r"API: http://127\.0\.0\.1:\d+/v1", line):
                 break
         assert any("API: http://127.0.0.1:" in line for line in lines), "".join(lines)
+        assert any(line.strip().startswith("KV cache:") and line.rstrip().endswith(f", {shown})") for line in lines), (
+            "".join(lines))
         proc.terminate()
         assert proc.wait(10) == 0
     finally:

@@ -301,6 +301,7 @@ def test_fp8_kv_cache_holds_four_times_the_tokens_and_stays_close() -> None:
     prompts = [p * 3 for p in PROMPTS[:4]]
     f32, fp8 = LLM(mem=16, cpu=True), LLM(mem=16, cpu=True, kvcache_dtype="fp8")
     assert {c.dtype for c in fp8.engine.runner.model.kv_caches} == {torch.float8_e4m3fn}
+    assert fp8.engine.info.kv_cache_dtype == torch.float8_e4m3fn and f32.engine.info.kv_cache_dtype == torch.float32
     blocks = f32.engine.info.num_blocks
     assert 4 * blocks <= fp8.engine.info.num_blocks < 4 * (blocks + 1)  # both floor(budget / block bytes)
     diffs: list[float] = []
