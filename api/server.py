@@ -108,7 +108,7 @@ def startup_summary(engine: Any, urls: list[str], ui_urls: Sequence[str] = ()) -
         f"  device {info.device}, dtype {str(info.dtype).removeprefix('torch.')}, quantization {info.quantization}, "
         f"max_model_len {info.max_model_len}",
         f"  KV cache: {info.kv_capacity_tokens} tokens ({info.num_blocks} blocks x {info.block_size}, "
-        f"{str(info.kv_cache_dtype).removeprefix('torch.')})",
+        f"{info.kv_cache_label})",
     ]
     lines += [f"  API: {url}/v1 (OpenAI-compatible; /health, /metrics, /openapi.json)" for url in urls]
     lines += [f"  UI: {url}/ (web chat)" for url in ui_urls]

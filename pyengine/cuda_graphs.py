@@ -59,6 +59,8 @@ def unsupported_reason(model: CausalLM, kv_caches: list[torch.Tensor], device: t
     if not kv_caches:
         return "the model has no KV cache bound"
     cache = kv_caches[0]
+    if cache.dtype == torch.uint8:
+        return "a TurboQuant KV cache is read by the torch reference on CUDA (no paged decode kernel for it yet)"
     num_heads = getattr(getattr(model, "config", None), "num_heads", None)
     if num_heads is None:
         return f"{type(model).__name__} has no config.num_heads"

@@ -70,7 +70,6 @@ class PendingFeature:
 
 
 NOT_YET_SUPPORTED: tuple[PendingFeature, ...] = (
-    PendingFeature("kvcache_dtype", "the TurboQuant KV cache", lambda v: v not in (None, "auto", "fp8")),
     PendingFeature("multithread", "multi-threaded tensor parallelism", bool),
     PendingFeature("num_nodes", "multi-node inference", lambda v: v > 1),
     PendingFeature(
@@ -284,12 +283,16 @@ class EngineArgs:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
 
     def cache_torch_dtype(self, device: torch.device, dtype: torch.dtype) -> torch.dtype:
-        """The KV cache's element type: the activation dtype, or e4m3 with `--kvcache-dtype fp8` (half the bytes
-        of bf16, so twice the tokens and half the attention traffic; values saturate at +-448, scale 1.0)."""
-        if self.kvcache_dtype != "fp8":
+        """The KV cache's element type: the activation dtype, e4m3 with `--kvcache-dtype fp8` (half the bytes of
+        bf16, so twice the tokens and half the attention traffic; values saturate at +-448, scale 1.0), or bytes
+        of TurboQuant rows with turbo8/4/3 (``kv_cache/turbo.py``)."""
+        if self.kvcache_dtype == "auto":
             return dtype
         if device.type not in ("cuda", "cpu"):
-            raise EngineConfigError(f"--kvcache-dtype fp8 needs a CUDA or CPU device, not {device.type}; remove it")
+            raise EngineConfigError(f"--kvcache-dtype {self.kvcache_dtype} needs a CUDA or CPU device, not "
+                                    f"{device.type}; remove it")
+        if self.kvcache_dtype != "fp8":
+            return torch.uint8
         if device.type == "cuda" and dtype == torch.float32:
             raise EngineConfigError("--kvcache-dtype fp8 on CUDA needs f16/bf16 activations; use --dtype bf16 or f16")
         return torch.float8_e4m3fn

@@ -23,6 +23,7 @@ from candle_vllm.pyengine.kv_cache import (
     kv_cache_budget_bytes,
     num_kv_blocks,
 )
+from candle_vllm.pyengine.kv_cache.turbo import K_BITS, turbo_format
 from candle_vllm.pyengine.loader import load_model, resolve_model_source
 from candle_vllm.pyengine.loader.embedded import default_model_path
 from candle_vllm.pyengine.output_processor import OutputProcessor, RequestGroup, StopStringHit, TokenEvent
@@ -59,7 +60,13 @@ class EngineInfo:
     max_model_len: int
     num_blocks: int
     block_size: int
-    kv_cache_dtype: torch.dtype  # the activation dtype, or float8_e4m3fn with --kvcache-dtype fp8
+    kv_cache_dtype: torch.dtype  # the activation dtype, float8_e4m3fn with fp8, uint8 rows with the turbo modes
+    kv_cache_mode: str = "auto"  # --kvcache-dtype, canonical
+
+    @property
+    def kv_cache_label(self) -> str:
+        """What the cache holds, for people: the element type, or the TurboQuant mode."""
+        return self.kv_cache_mode if self.kv_cache_mode in K_BITS else str(self.kv_cache_dtype).removeprefix("torch.")
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -104,11 +111,12 @@ class EngineCore:
         self.max_model_len = max_model_len
 
         assert args.block_size is not None
-        per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cache_dtype)
+        turbo = turbo_format(args.kvcache_dtype, cfg.head_dim)
+        per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cache_dtype, turbo)
         budget = kv_cache_budget_bytes(device, args.kv_fraction, args.mem, cap_cpu=default_kv_budget)
         num_blocks = num_kv_blocks(budget, args.block_size, per_token)
         caches = allocate_kv_caches(cfg.num_layers, num_blocks, args.block_size, cfg.num_kv_heads, cfg.head_dim,
-                                    cache_dtype, device)
+                                    cache_dtype, device, turbo)
         self.scheduler = Scheduler(SchedulerConfig(
             num_blocks=num_blocks, block_size=args.block_size, max_model_len=max_model_len,
             max_num_seqs=args.max_num_seqs, prefill_chunk_size=args.prefill_chunk_size,
@@ -127,6 +135,7 @@ class EngineCore:
         self.info = EngineInfo(
             model_name=default_model_path().stem if embedded else source.name, device=device, dtype=dtype, quantization=_quantization(source.format, loaded),
             max_model_len=max_model_len, num_blocks=num_blocks, block_size=args.block_size, kv_cache_dtype=cache_dtype,
+            kv_cache_mode=args.kvcache_dtype,
         )
 
     # ---- requests --------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ namespace candle_vllm::cpu {
 struct PagedAttentionArgs {
   void* out;                   // [T, Hq, D]
   const void* q;               // [T, Hq, D]
-  const void* kv_cache;        // [2, num_blocks, block_size, Hk, D]
+  const void* kv_cache;        // [2, num_blocks, block_size, Hk, D], or TurboQuant rows [num_blocks, block_size, Hk, R]
   const int32_t* block_tables; // [S, max_blocks]
   const int32_t* query_start_loc;  // [S + 1]
   const int32_t* seq_lens;     // [S]
@@ -20,7 +20,11 @@ struct PagedAttentionArgs {
   int64_t sliding_window;  // 0 = none
   float softcap;           // 0 = none
   DType dtype;             // of q and out
-  DType cache_dtype;       // of the cache: dtype, or F8E4M3 (--kvcache-dtype fp8, read exactly as f32)
+  DType cache_dtype;       // of the cache: dtype, F8E4M3 (--kvcache-dtype fp8, read exactly as f32), or U8
+  // With cache_dtype U8: TurboQuant rows (pyengine/kv_cache/turbo.py) whose K has 8 (e4m3), 4 or 3 bits a value;
+  // 4 and 3 are rotated by signs [D] then the Walsh-Hadamard transform, and so is each query here.
+  int turbo_k_bits = 0;
+  const float* turbo_signs = nullptr;
 };
 
 void paged_attention(const PagedAttentionArgs& a);

@@ -4,6 +4,7 @@ block_manager.pyx  KVCacheManager: ref-counted blocks, LRU free lists, prefix ca
 step_inputs.pyx    build_step_arrays: one step's slot mapping, positions, block tables ... for the runner
 sizing.py          how many blocks fit: --kv-fraction of free memory or a fixed --mem budget
 cache_tensors.py   per-layer ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` cache tensors
+turbo.py           TurboQuant cache rows (--kvcache-dtype turbo8/4/3): format, encode/decode, rotation
 """
 
 from candle_vllm.pyengine.kv_cache.block_manager import KVCacheManager

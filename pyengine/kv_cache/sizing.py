@@ -14,6 +14,7 @@ import os
 import torch
 
 from candle_vllm.pyengine.engine_args import EngineConfigError
+from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
 
 logger = logging.getLogger(__name__)
 
@@ -21,8 +22,12 @@ CPU_KV_CAP_BYTES = 4 << 30
 MIB = 1 << 20
 
 
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """Bytes one token's K and V take across all layers (one rank's heads)."""
+def kv_bytes_per_token(
+    num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, turbo: TurboFormat | None = None
+) -> int:
+    """Bytes one token's K and V take across all layers (one rank's heads); ``turbo``: a TurboQuant cache's rows."""
+    if turbo is not None:
+        return num_layers * num_kv_heads * turbo.row_bytes
     elem = torch.empty((), dtype=dtype).element_size()
     return 2 * num_layers * num_kv_heads * head_dim * elem
 

@@ -8,7 +8,9 @@ padded call and longer query runs go one sequence at a time so a long prefill ne
 (f16/bf16 activations, a cache of their dtype or e4m3) a step with prefill rows runs the flash prefill kernel once
 (``ops/cuda_prefill.py``), its decode rows the paged decode kernel; the rows of fresh prompts (no cached prefix)
 may take torch's cuDNN/flash kernel instead (``ops/sdpa_prefill.py``, ``CANDLE_VLLM_PREFILL``), given the K/V
-values an e4m3 cache holds so that every route attends to the same values.
+values an e4m3 cache holds so that every route attends to the same values. A TurboQuant cache
+(``kv_cache/turbo.py``) is read through the torch reference on every device but the CPU, whose native kernel
+decodes its rows; queries are rotated as its keys were.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from candle_vllm.pyengine.kv_cache import turbo
+from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
 from candle_vllm.pyengine.ops import cuda, cuda_paged, native, sdpa_prefill
 from candle_vllm.pyengine.ops.attention_cuda import cuda_prefill_step, sdpa_prefill_step
 from candle_vllm.pyengine.ops.attention_metadata import AttentionMetadata
@@ -36,7 +40,12 @@ def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store new keys/values [T, Hk, D] into a cache [2, num_blocks, block_size, Hk, D] at flat slots [T]."""
+    """Store new keys/values [T, Hk, D] into a cache [2, num_blocks, block_size, Hk, D] (or a TurboQuant one) at
+    flat slots [T]."""
+    fmt = TurboFormat.of_cache(kv_cache, k.shape[-1])
+    if fmt is not None:
+        turbo.write(k, v, kv_cache, slot_mapping, fmt)
+        return
     _, _, _, hk, d = kv_cache.shape
     as_bytes = kv_cache.dtype == torch.float8_e4m3fn  # torch has no index_copy_ for float8: move the bytes
     flat = kv_cache.view(torch.uint8).view(2, -1, hk, d) if as_bytes else kv_cache.view(2, -1, hk, d)
@@ -85,18 +94,23 @@ def _mask(
     return m
 
 
-def _blocks(kv_cache: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def _blocks(kv_cache: torch.Tensor, index: torch.Tensor, head_dim: int) -> torch.Tensor:
     """``kv_cache[:, index]``; an e4m3 cache is indexed as bytes (float8 indexing is missing from some torch
-    builds and devices)."""
+    builds and devices), a TurboQuant one decoded to f32 (its keys rotated)."""
+    fmt = TurboFormat.of_cache(kv_cache, head_dim)
+    if fmt is not None:
+        return turbo.read_blocks(kv_cache, index, fmt)
     if kv_cache.dtype == torch.float8_e4m3fn:
         return kv_cache.view(torch.uint8)[:, index].view(kv_cache.dtype)
     return kv_cache[:, index]
 
 
-def _gather_context(kv_cache: torch.Tensor, table: torch.Tensor, ctx: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _gather_context(
+    kv_cache: torch.Tensor, table: torch.Tensor, ctx: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V [ctx, Hk, D] of one sequence, read through its block table."""
     bs = kv_cache.shape[2]
-    blocks = _blocks(kv_cache, table[: (ctx + bs - 1) // bs].long())
+    blocks = _blocks(kv_cache, table[: (ctx + bs - 1) // bs].long(), head_dim)
     kv = blocks.flatten(1, 2)[:, :ctx]
     return kv[0], kv[1]
 
@@ -133,6 +147,9 @@ def attention(
             write_kv(k, v, kv_cache, meta.slot_mapping)
         if _native_paged_ready(q, kv_cache, meta):
             return _native_paged_attention(q, kv_cache, meta, scale, num_kv_heads, sliding_window, softcap)
+        fmt = TurboFormat.of_cache(kv_cache, d)
+        if fmt is not None and fmt.rotated:  # the cached keys are rotated: scores need the queries rotated alike
+            q = turbo.rotate(q).to(q.dtype)
         cuda_decode = on_cuda and cuda_paged.paged_decode_supported(q, kv_cache)
         if meta.max_decode_seq_len is not None:
             if not cuda_decode:
@@ -170,7 +187,7 @@ def attention(
             continue
         if paged:
             assert kv_cache is not None and meta.block_tables is not None
-            ks, vs = _gather_context(kv_cache, meta.block_tables[s], ctx)
+            ks, vs = _gather_context(kv_cache, meta.block_tables[s], ctx, d)
         else:
             ks, vs = k[start:end], v[start:end]
         q_pos = torch.arange(ctx - q_len, ctx, device=q.device).unsqueeze(0)
@@ -201,7 +218,7 @@ def _decode_batch(
     n_blocks = (max(ctx) + bs - 1) // bs
     idx = torch.tensor(rows, device=q.device)
     tables = meta.block_tables.index_select(0, idx)[:, :n_blocks].long()
-    kv = _blocks(kv_cache, tables).flatten(2, 3).to(q.dtype)  # [2, B, n_blocks*bs, Hk, D]
+    kv = _blocks(kv_cache, tables, q.shape[-1]).flatten(2, 3).to(q.dtype)  # [2, B, n_blocks*bs, Hk, D]
     tok = torch.tensor([meta.query_start_loc_cpu[s] for s in rows], device=q.device)
     k_len = torch.tensor(ctx, device=q.device)
     mask = _mask((k_len - 1).unsqueeze(1), k_len, kv.shape[2], sliding_window)
@@ -212,7 +229,7 @@ def _native_paged_ready(q: torch.Tensor, kv_cache: torch.Tensor, meta: Attention
     assert meta.block_tables is not None
     return (
         q.device.type == "cpu"
-        and kv_cache.dtype in (q.dtype, torch.float8_e4m3fn)
+        and kv_cache.dtype in (q.dtype, torch.float8_e4m3fn, torch.uint8)
         and native.ready(q)
         and native.ready(kv_cache, dtypes=(kv_cache.dtype,))
         and native.ready(meta.block_tables, meta.query_start_loc, meta.seq_lens, dtypes=(torch.int32,))
@@ -228,14 +245,18 @@ def _native_paged_attention(
     sliding_window: int | None,
     softcap: float | None,
 ) -> torch.Tensor:
-    """The CPU kernel: each (token, head) alone with an online softmax, so results are batch invariant."""
+    """The CPU kernel: each (token, head) alone with an online softmax, so results are batch invariant. It reads
+    TurboQuant rows itself, rotating each query as their keys were."""
     assert meta.block_tables is not None
     t, hq, d = q.shape
     out = torch.empty_like(q)
+    fmt = TurboFormat.of_cache(kv_cache, d)
+    signs = turbo.channel_signs(d) if fmt is not None and fmt.rotated else None
     native.loaded().cpu_paged_attention(
         native.ptr(out), native.ptr(q), native.ptr(kv_cache), native.ptr(meta.block_tables),
         native.ptr(meta.query_start_loc), native.ptr(meta.seq_lens), meta.seq_lens.shape[0], t, hq, num_kv_heads, d,
         kv_cache.shape[2], kv_cache.shape[1], meta.block_tables.shape[1], scale, sliding_window or 0, softcap or 0.0,
-        native.dtype_code(q), native.dtype_code(kv_cache),
+        native.dtype_code(q), native.dtype_code(kv_cache), 0 if fmt is None else fmt.k_bits,
+        0 if signs is None else native.ptr(signs),
     )
     return out

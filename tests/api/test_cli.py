@@ -176,8 +176,6 @@ def test_list_flags_split_on_commas() -> None:
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
-        (["--kvcache-dtype", "k3v4"], "--kvcache-dtype turbo3"),
-        (["--kvcache-dtype", "turbo4"], "--kvcache-dtype turbo4"),
         (["--multithread"], "--multithread"),
         (["--num-nodes", "2", "--node-rank", "1", "--master-addr", "10.1.2.3"], "--num-nodes 2"),
         (["--d", "0,1"], "--d 0,1"),
@@ -325,7 +323,7 @@ def test_accepted_flags_reach_the_server_step_with_the_embedded_model(
     assert calls["source"] is not None
 
 
-@pytest.mark.parametrize(("kv", "shown"), [("auto", "float32"), ("fp8", "float8_e4m3fn")])
+@pytest.mark.parametrize(("kv", "shown"), [("auto", "float32"), ("fp8", "float8_e4m3fn"), ("4bit", "turbo4")])
 def test_the_command_serves_the_embedded_model_and_writes_the_log(tmp_path: Path, kv: str, shown: str) -> None:
     exe = shutil.which("candle-vllm")
     assert exe is not None, "the candle-vllm console script is not installed (pip install -e .)"

@@ -144,10 +144,6 @@ def test_boundary_values_are_accepted(kwargs: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "flag"),
     [
-        ({"kvcache_dtype": "turbo8"}, "--kvcache-dtype turbo8"),
-        ({"kvcache_dtype": "k8v4"}, "--kvcache-dtype turbo8"),
-        ({"kvcache_dtype": "4bit"}, "--kvcache-dtype turbo4"),
-        ({"kvcache_dtype": "k3v4"}, "--kvcache-dtype turbo3"),
         ({"multithread": True}, "--multithread"),
         ({"num_nodes": 2, "node_rank": 1}, "--num-nodes 2"),
         ({"device_ids": [0, 1]}, "--d 0,1"),
@@ -204,4 +200,16 @@ def test_fp8_kv_cache_dtype_and_where_it_is_refused() -> None:
     with pytest.raises(EngineConfigError, match=r"--kvcache-dtype fp8 on CUDA needs f16/bf16 activations"):
         args.cache_torch_dtype(torch.device("cuda"), torch.float32)
     with pytest.raises(EngineConfigError, match=r"--kvcache-dtype fp8 needs a CUDA or CPU device, not mps"):
+        args.cache_torch_dtype(torch.device("mps"), torch.float16)
+
+
+@pytest.mark.parametrize(("given", "mode"), [("k8v4", "turbo8"), ("4bit", "turbo4"), ("turbo3", "turbo3")])
+def test_turbo_kv_cache_dtypes_are_bytes_on_cuda_and_cpu(given: str, mode: str) -> None:
+    """The TurboQuant modes are accepted (no longer refused as pending) and give a cache of uint8 rows on CUDA
+    and the CPU, whatever the activations; other devices are refused naming the flag."""
+    args = EngineArgs(kvcache_dtype=given)
+    assert args.kvcache_dtype == mode
+    assert args.cache_torch_dtype(torch.device("cuda"), torch.bfloat16) == torch.uint8
+    assert args.cache_torch_dtype(torch.device("cpu"), torch.float32) == torch.uint8
+    with pytest.raises(EngineConfigError, match=rf"--kvcache-dtype {mode} needs a CUDA or CPU device, not mps"):
         args.cache_torch_dtype(torch.device("mps"), torch.float16)

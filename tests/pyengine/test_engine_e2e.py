@@ -12,6 +12,7 @@ from pipeline_cases import fail_forward_on_call
 from candle_vllm import LLM, SamplingParams
 from candle_vllm.pyengine.engine_core import EngineCore
 from candle_vllm.pyengine.kv_cache import kv_bytes_per_token
+from candle_vllm.pyengine.outputs import RequestOutput
 
 PROMPTS = [
     f"{topic} Here is a short note number {i}:"
@@ -293,6 +294,17 @@ def test_unset_max_tokens_is_cut_to_the_kv_cache() -> None:
     assert (len(out.token_ids), out.finish_reason) == (capacity - n_prompt + 1, "length")
 
 
+def _prompt_logprob_moves(want: list[RequestOutput], got: list[RequestOutput]) -> list[float]:
+    """How far each prompt token's log-probability moved from ``want`` to ``got`` (same prompts)."""
+    diffs: list[float] = []
+    for w_out, g_out in zip(want, got, strict=True):
+        ids = w_out.prompt_token_ids
+        for i, (w, g) in enumerate(zip(_prompt_lps(w_out), _prompt_lps(g_out), strict=True)):
+            if w is not None and g is not None:
+                diffs.append(abs(w[ids[i]] - g[ids[i]]))
+    return diffs
+
+
 def test_fp8_kv_cache_holds_four_times_the_tokens_and_stays_close() -> None:
     """--kvcache-dtype fp8 on the CPU: an e4m3 cache (1 byte a value against f32's 4) holds four times the
     blocks in the same budget, and the prompt's log-probabilities move (the e4m3 values are what attention
@@ -304,13 +316,30 @@ def test_fp8_kv_cache_holds_four_times_the_tokens_and_stays_close() -> None:
     assert fp8.engine.info.kv_cache_dtype == torch.float8_e4m3fn and f32.engine.info.kv_cache_dtype == torch.float32
     blocks = f32.engine.info.num_blocks
     assert 4 * blocks <= fp8.engine.info.num_blocks < 4 * (blocks + 1)  # both floor(budget / block bytes)
-    diffs: list[float] = []
-    for want, got in zip(f32.generate(prompts, params), fp8.generate(prompts, params), strict=True):
-        ids = want.prompt_token_ids
-        for i, (w, g) in enumerate(zip(_prompt_lps(want), _prompt_lps(got), strict=True)):
-            if w is not None and g is not None:
-                diffs.append(abs(w[ids[i]] - g[ids[i]]))
+    diffs = _prompt_logprob_moves(f32.generate(prompts, params), fp8.generate(prompts, params))
     mean = sum(diffs) / len(diffs)
     # e4m3 keeps 3 mantissa bits (a value moves up to 1/16); on this 135M model that measured a mean move of
     # 0.075 nats per prompt token, the largest 1.1
     assert 0 < mean < 0.15 and max(diffs) < 3.0, (mean, max(diffs))
+
+
+# SmolLM2 has 3 kv heads of 64 channels: an f32 row pair is 512 bytes, a TurboQuant row 100 / 72 / 64. Measured
+# mean moves of the prompt log-probabilities (nats per token): turbo8 0.16, turbo4 0.21, turbo3 0.55 (largest
+# 1.4 / 1.5 / 2.9); a 135M model with 64-channel heads is more sensitive than the 8B models TurboQuant targets.
+@pytest.mark.parametrize(("mode", "row_bytes", "mean_bound"), [("turbo8", 100, 0.3), ("turbo4", 72, 0.35),
+                                                              ("turbo3", 64, 0.9)])
+def test_turbo_kv_caches_hold_more_tokens_and_stay_close(mode: str, row_bytes: int, mean_bound: float) -> None:
+    """--kvcache-dtype turbo8/4/3 on the CPU: blocks in proportion to the row size in the same budget, the mode
+    in the engine's summary, prompt log-probabilities near the f32 cache's, and greedy decoding running on."""
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
+    prompts = [p * 3 for p in PROMPTS[:4]]
+    f32, tq = LLM(mem=16, cpu=True), LLM(mem=16, cpu=True, kvcache_dtype=mode)
+    assert {(c.dtype, c.shape[-1]) for c in tq.engine.runner.model.kv_caches} == {(torch.uint8, row_bytes)}
+    assert tq.engine.info.kv_cache_label == mode and f32.engine.info.kv_cache_label == "float32"
+    block_bytes = tq.engine.info.block_size * 30 * 3 * row_bytes  # 30 layers x 3 kv heads of rows
+    assert tq.engine.info.num_blocks == 16 * 1024 * 1024 // block_bytes
+    diffs = _prompt_logprob_moves(f32.generate(prompts, params), tq.generate(prompts, params))
+    mean = sum(diffs) / len(diffs)
+    assert 0 < mean < mean_bound and max(diffs) < 5.0, (mean, max(diffs))
+    out = tq.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == 24 for o in out)

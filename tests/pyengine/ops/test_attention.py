@@ -7,6 +7,9 @@ import math
 import pytest
 import torch
 
+from candle_vllm.pyengine.kv_cache import turbo
+from candle_vllm.pyengine.kv_cache.cache_tensors import allocate_kv_caches
+from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
 from candle_vllm.pyengine.ops import native
 from candle_vllm.pyengine.ops.attention import AttentionMetadata, attention, write_kv
 
@@ -64,6 +67,21 @@ def _prefix_then_step(
     return qs, attention(torch.cat(qs), k_new, v_new, cache, meta, D**-0.5, HK, window, softcap), k_new, meta
 
 
+def _use(impl: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run attention through the native CPU kernel, or the torch reference (forced with CANDLE_VLLM_OPS)."""
+    if impl == "reference":
+        monkeypatch.setenv("CANDLE_VLLM_OPS", "reference")
+    elif native.module() is None:
+        pytest.fail("candle_vllm._native is not built")
+
+
+def _shuffled_tables(cached_new: list[tuple[int, int]], bs: int, num_blocks: int,
+                     g: torch.Generator) -> list[list[int]]:
+    """Block tables covering each sequence's cached + new tokens, with shuffled block ids."""
+    perm = torch.randperm(num_blocks, generator=g).tolist()
+    return [[perm.pop() for _ in range((c + n + bs - 1) // bs)] for c, n in cached_new]
+
+
 @pytest.mark.parametrize("impl", ["native", "reference"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("window,softcap", [(None, None), (6, None), (None, 4.0)])
@@ -73,10 +91,7 @@ def test_paged_mixed_prefill_and_decode(
 ) -> None:
     """Sequences with (cached, new) tokens across block boundaries, GQA, shuffled block ids; both the
     native CPU kernel and the torch reference (forced with CANDLE_VLLM_OPS=reference)."""
-    if impl == "reference":
-        monkeypatch.setenv("CANDLE_VLLM_OPS", "reference")
-    elif native.module() is None:
-        pytest.fail("candle_vllm._native is not built")
+    _use(impl, monkeypatch)
     g = torch.Generator().manual_seed(2)
     bs, num_blocks = 4, 24
     cached_new = [(0, 7), (5, 1), (8, 1), (3, 6), (13, 1), (4, 4)]
@@ -122,16 +137,12 @@ def test_e4m3_cache_attends_to_the_stored_values(
     """--kvcache-dtype fp8 on the CPU: cached prefixes and new tokens written as e4m3 (some past 448, so the
     saturation shows), attention equal to the naive loop over the e4m3-rounded keys and values, through the
     native CPU kernel's e4m3 loads and the torch reference."""
-    if impl == "reference":
-        monkeypatch.setenv("CANDLE_VLLM_OPS", "reference")
-    elif native.module() is None:
-        pytest.fail("candle_vllm._native is not built")
+    _use(impl, monkeypatch)
     g = torch.Generator().manual_seed(3)
     bs, num_blocks = 4, 16
     cached_new = [(0, 6), (5, 1), (9, 3), (2, 1)]
     cache = torch.zeros(2, num_blocks, bs, HK, D, dtype=torch.float8_e4m3fn)
-    perm = torch.randperm(num_blocks, generator=g).tolist()
-    tables = [[perm.pop() for _ in range((c + n + bs - 1) // bs)] for c, n in cached_new]
+    tables = _shuffled_tables(cached_new, bs, num_blocks, g)
 
     def kv(n: int) -> torch.Tensor:
         x = torch.randn(n, HK, D, generator=g) * 3
@@ -151,3 +162,41 @@ def test_e4m3_cache_attends_to_the_stored_values(
     stored = cache[0].view(-1, HK, D)[meta.slot_mapping].float()
     torch.testing.assert_close(stored, e4m3(k_new), atol=0, rtol=0)
     assert stored.abs().max() == 448.0  # saturated, not NaN
+
+
+def unrotate(k: torch.Tensor) -> torch.Tensor:
+    """The inverse of TurboQuant's key rotation, s * (H k) / sqrt(D), by a float64 Hadamard matrix."""
+    d = k.shape[-1]
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < d:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)])
+    return (k.double() @ h.T / math.sqrt(d) * turbo.channel_signs(d).double()).float()
+
+
+@pytest.mark.parametrize("impl", ["native", "reference"])
+@pytest.mark.parametrize("mode", ["turbo8", "turbo4", "turbo3"])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("window,softcap", [(None, None), (6, None), (None, 4.0)])
+def test_turbo_cache_attends_to_the_decoded_rows(
+    impl: str, mode: str, dtype: torch.dtype, tol: float, window: int | None, softcap: float | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--kvcache-dtype turbo8/4/3 on the CPU: attention equal to the naive loop over the rows' decoded keys (turned
+    back by a float64 Hadamard matrix where they were rotated) and values, through the native CPU kernel (which
+    rotates each query and decodes the rows itself) and the torch reference."""
+    _use(impl, monkeypatch)
+    g = torch.Generator().manual_seed(4)
+    bs, num_blocks = 4, 16
+    cached_new = [(0, 6), (5, 1), (9, 3), (2, 1)]
+    fmt = TurboFormat(mode, D)
+    cache = allocate_kv_caches(1, num_blocks, bs, HK, D, dtype, torch.device("cpu"), fmt)[0]
+    tables = _shuffled_tables(cached_new, bs, num_blocks, g)
+    full_k = [(torch.randn(c + n, HK, D, generator=g) * 2).to(dtype) for c, n in cached_new]
+    full_v = [torch.randn(c + n, HK, D, generator=g).to(dtype) for c, n in cached_new]
+    qs, got, _, _ = _prefix_then_step(cache, tables, bs, cached_new, full_k, full_v, g, window, softcap)
+    start = 0
+    for q, fk, fv, (_, n) in zip(qs, full_k, full_v, cached_new, strict=True):
+        k_read, v_read = turbo.decode(turbo.encode(fk, fv, fmt), fmt)
+        want = naive(q.float(), unrotate(k_read) if fmt.rotated else k_read, v_read, window, softcap)
+        torch.testing.assert_close(got[start : start + n].float(), want, atol=tol, rtol=tol)
+        start += n
