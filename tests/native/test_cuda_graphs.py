@@ -150,3 +150,16 @@ def test_greedy_generation_with_graphs_equals_without(tmp_path: Path, kvcache_dt
         assert got == want, f"batch {batch}"
         assert all(len(t) == p.max_tokens for t, p in zip(got, params, strict=True))
     assert {1, 2, 4, 8, 16} <= set(replays), f"graph buckets replayed: {sorted(set(replays))}"
+
+
+@pytest.mark.cuda
+def test_turbo_cache_serves_eagerly(tmp_path: Path) -> None:
+    """A TurboQuant cache on CUDA has no paged decode kernel yet: graphs stay off (saying why) and generation runs
+    to its length through the torch reference."""
+    model = str(_model_dir(tmp_path))
+    llm = LLM(model=model, load_format="dummy", dtype="bf16", mem=64, max_num_seqs=4, seed=0, kvcache_dtype="turbo4")
+    assert llm.engine.runner.graphs is None
+    assert {c.dtype for c in llm.engine.runner.model.kv_caches} == {torch.uint8}
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    out = llm.generate([{"prompt_token_ids": list(range(3, 40))}, {"prompt_token_ids": [5, 6, 7]}], params)
+    assert [len(o.outputs[0].token_ids) for o in out] == [12, 12]

@@ -55,13 +55,15 @@ def _prefix_then_step(
     softcap: float | None,
 ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, AttentionMetadata]:
     """Each sequence's cached prefix written through ``write_kv``, then one step of its new tokens (random
-    queries of K's dtype): the queries per sequence, the output, the new keys and the step's metadata."""
-    pre = AttentionMetadata.build([c for c, _ in cached_new], [c for c, _ in cached_new], "cpu", tables, bs)
+    queries of K's dtype, on the cache's device): the queries per sequence, the output, the new keys and the step's
+    metadata."""
+    dev = cache.device
+    pre = AttentionMetadata.build([c for c, _ in cached_new], [c for c, _ in cached_new], dev, tables, bs)
     assert pre.slot_mapping is not None
     write_kv(torch.cat([fk[:c] for fk, (c, _) in zip(full_k, cached_new, strict=True)]),
              torch.cat([fv[:c] for fv, (c, _) in zip(full_v, cached_new, strict=True)]), cache, pre.slot_mapping)
-    meta = AttentionMetadata.build([n for _, n in cached_new], [c + n for c, n in cached_new], "cpu", tables, bs)
-    qs = [torch.randn(n, HQ, D, generator=g).to(full_k[0].dtype) for _, n in cached_new]
+    meta = AttentionMetadata.build([n for _, n in cached_new], [c + n for c, n in cached_new], dev, tables, bs)
+    qs = [torch.randn(n, HQ, D, generator=g).to(dev, full_k[0].dtype) for _, n in cached_new]
     k_new = torch.cat([fk[c:] for fk, (c, _) in zip(full_k, cached_new, strict=True)])
     v_new = torch.cat([fv[c:] for fv, (c, _) in zip(full_v, cached_new, strict=True)])
     return qs, attention(torch.cat(qs), k_new, v_new, cache, meta, D**-0.5, HK, window, softcap), k_new, meta
@@ -200,3 +202,31 @@ def test_turbo_cache_attends_to_the_decoded_rows(
         want = naive(q.float(), unrotate(k_read) if fmt.rotated else k_read, v_read, window, softcap)
         torch.testing.assert_close(got[start : start + n].float(), want, atol=tol, rtol=tol)
         start += n
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mode", ["turbo8", "turbo4", "turbo3"])
+def test_turbo_cache_on_cuda_reads_what_the_cpu_kernel_reads(mode: str) -> None:
+    """On CUDA a TurboQuant cache goes through the torch reference: the same inputs give the CPU kernel's attention
+    (bf16 on the GPU against f32 on the CPU), and the rows written there decode to within a code step of the CPU
+    encoder's (a rounding tie may fall the other way)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    bs, num_blocks = 4, 16
+    cached_new = [(0, 6), (5, 1), (9, 3), (2, 1)]
+    fmt = TurboFormat(mode, D)
+    outs, caches = [], []
+    for dev, dtype in (("cpu", torch.float32), ("cuda", torch.bfloat16)):
+        g = torch.Generator().manual_seed(5)
+        cache = allocate_kv_caches(1, num_blocks, bs, HK, D, dtype, torch.device(dev), fmt)[0]
+        tables = _shuffled_tables(cached_new, bs, num_blocks, g)
+        full_k = [(torch.randn(c + n, HK, D, generator=g) * 2).to(dev, dtype) for c, n in cached_new]
+        full_v = [torch.randn(c + n, HK, D, generator=g).to(dev, dtype) for c, n in cached_new]
+        _, got, _, _ = _prefix_then_step(cache, tables, bs, cached_new, full_k, full_v, g, None, None)
+        outs.append(got.float().cpu())
+        caches.append(cache.cpu())
+    torch.testing.assert_close(outs[1], outs[0], atol=3e-2, rtol=3e-2)
+    (k_cpu, v_cpu), (k_gpu, v_gpu) = (turbo.decode(c[0], fmt) for c in caches)
+    for cpu_x, gpu_x in ((k_cpu, k_gpu), (v_cpu, v_gpu)):
+        step = cpu_x.abs().amax(-1, keepdim=True) / 3.0  # the coarsest code step (3 bits); bf16 inputs move a little
+        assert torch.all((gpu_x - cpu_x).abs() <= step + 0.02)
