@@ -88,8 +88,9 @@ def weight_elements(llm: LLM) -> int:
 
 
 def kv_bytes_per_token(llm: LLM) -> int:
-    c = llm.engine.model_config
-    return 2 * c.num_layers * c.num_kv_heads * c.head_dim * llm.engine.runner.model.kv_caches[0].element_size()
+    """Cache bytes a token takes over all layers (dense K/V halves or TurboQuant rows: dims 1-2 are the blocks)."""
+    cache = llm.engine.runner.model.kv_caches[0]
+    return llm.engine.model_config.num_layers * cache.numel() * cache.element_size() // (cache.shape[1] * cache.shape[2])
 
 
 def random_prompts(rng: random.Random, n: int, length: int, vocab: int) -> list[dict[str, list[int]]]:
@@ -143,7 +144,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--disable-cuda-graph", action="store_true", help="run decode steps eagerly (no CUDA graphs)")
     ap.add_argument("--isq", default=None, help="quantize the weights while loading (q4k, q4_0, q8_0, q6k, ...)")
-    ap.add_argument("--kvcache-dtype", default="auto", help="auto (the activation dtype) or fp8 (e4m3)")
+    ap.add_argument("--kvcache-dtype", default="auto", help="auto (the activation dtype), fp8 (e4m3), or turbo8 / turbo4 / turbo3")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
 
