@@ -23,8 +23,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
 from candle_vllm.pyengine.models.base import CausalLM
-from candle_vllm.pyengine.ops import cuda, cuda_paged
+from candle_vllm.pyengine.ops import cuda, cuda_paged, cuda_turbo
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 
 log = logging.getLogger(__name__)
@@ -59,11 +60,16 @@ def unsupported_reason(model: CausalLM, kv_caches: list[torch.Tensor], device: t
     if not kv_caches:
         return "the model has no KV cache bound"
     cache = kv_caches[0]
-    if cache.dtype == torch.uint8:
-        return "a TurboQuant KV cache is read by the torch reference on CUDA (no paged decode kernel for it yet)"
     num_heads = getattr(getattr(model, "config", None), "num_heads", None)
     if num_heads is None:
         return f"{type(model).__name__} has no config.num_heads"
+    head_dim = getattr(getattr(model, "config", None), "head_dim", cache.shape[-1])
+    fmt = TurboFormat.of_cache(cache, head_dim)
+    if fmt is not None:
+        probe = torch.empty(1, num_heads, head_dim, dtype=torch.bfloat16, device=device)
+        if not cuda_turbo.turbo_supported(probe, cache, fmt):
+            return f"the TurboQuant decode kernel takes head_dim 64, 128 or 256, not {head_dim}"
+        return None
     # An e4m3 cache serves f16/bf16 activations (EngineArgs.cache_torch_dtype refuses it with f32 on CUDA).
     act = torch.bfloat16 if cache.dtype == torch.float8_e4m3fn else cache.dtype
     probe = torch.empty(1, num_heads, cache.shape[-1], dtype=act, device=device)

@@ -291,11 +291,10 @@ class EngineArgs:
         if device.type not in ("cuda", "cpu"):
             raise EngineConfigError(f"--kvcache-dtype {self.kvcache_dtype} needs a CUDA or CPU device, not "
                                     f"{device.type}; remove it")
-        if self.kvcache_dtype != "fp8":
-            return torch.uint8
         if device.type == "cuda" and dtype == torch.float32:
-            raise EngineConfigError("--kvcache-dtype fp8 on CUDA needs f16/bf16 activations; use --dtype bf16 or f16")
-        return torch.float8_e4m3fn
+            raise EngineConfigError(f"--kvcache-dtype {self.kvcache_dtype} on CUDA needs f16/bf16 activations; use "
+                                    "--dtype bf16 or f16")
+        return torch.float8_e4m3fn if self.kvcache_dtype == "fp8" else torch.uint8
 
     def max_gen_tokens_for(self, max_model_len: int) -> int:
         """Per-response output cap: `--max-gen-tokens`, else a fifth of the model's context."""

@@ -11,6 +11,7 @@
 #include "cuda/rotary.h"
 #include "cuda/skinny_gemm.h"
 #include "cuda/skinny_gemm_kn.h"
+#include "cuda/turbo_kv.h"
 #include "cuda/wide_gemm.h"
 
 namespace py = pybind11;
@@ -196,6 +197,29 @@ static Registrar registrar([](py::module_& m) {
                             to_dtype(dtype), stream);
       },
       "round K/V rows in place to the values an e4m3 cache holds of them");
+  m.def(
+      "cuda_turbo_cache_write",
+      [](uintptr_t k, uintptr_t v, uintptr_t cache, uintptr_t slots, uintptr_t signs, int64_t tokens,
+         int64_t kv_heads, int64_t head_dim, int64_t k_stride, int64_t v_stride, int k_bits, int dtype,
+         uintptr_t stream) {
+        cuda::turbo_cache_write(as_ptr<const void>(k), as_ptr<const void>(v), as_ptr<void>(cache),
+                                as_ptr<const int64_t>(slots), as_ptr<const float>(signs), tokens, kv_heads, head_dim,
+                                k_stride, v_stride, k_bits, to_dtype(dtype), stream);
+      },
+      "write new K/V as TurboQuant rows at their flat slots (negative slots skipped)");
+  m.def(
+      "cuda_turbo_decode_attention",
+      [](uintptr_t out, uintptr_t q, uintptr_t cache, uintptr_t block_tables, uintptr_t seq_lens, uintptr_t signs,
+         uintptr_t partials, int64_t num_seqs, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+         int64_t block_size, int64_t max_blocks, int64_t parts, int64_t part_size, float scale,
+         int64_t sliding_window, float softcap, int k_bits, int dtype, uintptr_t stream) {
+        cuda::turbo_decode_attention(as_ptr<void>(out), as_ptr<const void>(q), as_ptr<const void>(cache),
+                                     as_ptr<const int32_t>(block_tables), as_ptr<const int32_t>(seq_lens),
+                                     as_ptr<const float>(signs), as_ptr<float>(partials), num_seqs, q_heads, kv_heads,
+                                     head_dim, block_size, max_blocks, parts, part_size, scale, sliding_window,
+                                     softcap, k_bits, to_dtype(dtype), stream);
+      },
+      "paged decode attention over TurboQuant rows, one new query per sequence");
   m.def(
       "cuda_argmax",
       [](uintptr_t out, uintptr_t logits, int64_t rows, int64_t vocab, int dtype, uintptr_t stream) {

@@ -116,9 +116,10 @@ def _signs(head_dim: int, device: torch.device) -> torch.Tensor:
     return (1.0 - 2.0 * bits.float()).to(device)
 
 
-def channel_signs(head_dim: int) -> torch.Tensor:
-    """The K rotation's +-1 per channel (f32, CPU): the native kernels take them from here."""
-    return _signs(head_dim, torch.device("cpu"))
+def channel_signs(head_dim: int, device: torch.device | None = None) -> torch.Tensor:
+    """The K rotation's +-1 per channel (f32, on ``device``, default the CPU): the native kernels take them from
+    here (made once per device, so the first use must not be inside CUDA-graph capture)."""
+    return _signs(head_dim, device or torch.device("cpu"))
 
 
 def _hadamard(x: torch.Tensor) -> torch.Tensor:

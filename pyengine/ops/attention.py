@@ -9,8 +9,9 @@ padded call and longer query runs go one sequence at a time so a long prefill ne
 (``ops/cuda_prefill.py``), its decode rows the paged decode kernel; the rows of fresh prompts (no cached prefix)
 may take torch's cuDNN/flash kernel instead (``ops/sdpa_prefill.py``, ``CANDLE_VLLM_PREFILL``), given the K/V
 values an e4m3 cache holds so that every route attends to the same values. A TurboQuant cache
-(``kv_cache/turbo.py``) is read through the torch reference on every device but the CPU, whose native kernel
-decodes its rows; queries are rotated as its keys were.
+(``kv_cache/turbo.py``) is written and decoded by its own kernels on CUDA (``ops/cuda_turbo.py``; prefill steps
+read it through the torch reference) and by the native paged-attention kernel on the CPU; queries are rotated as
+its keys were.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 
 from candle_vllm.pyengine.kv_cache import turbo
 from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
-from candle_vllm.pyengine.ops import cuda, cuda_paged, native, sdpa_prefill
+from candle_vllm.pyengine.ops import cuda, cuda_paged, cuda_turbo, native, sdpa_prefill
 from candle_vllm.pyengine.ops.attention_cuda import cuda_prefill_step, sdpa_prefill_step
 from candle_vllm.pyengine.ops.attention_metadata import AttentionMetadata
 from candle_vllm.pyengine.ops.cuda_prefill import flash_prefill_supported
@@ -141,13 +142,20 @@ def attention(
     on_cuda = q.device.type == "cuda" and cuda.available(q.device)
     if paged:
         assert kv_cache is not None and meta.slot_mapping is not None and meta.block_tables is not None
+        fmt = TurboFormat.of_cache(kv_cache, d)
+        if on_cuda and fmt is not None and cuda_turbo.turbo_supported(q, kv_cache, fmt):
+            if not kv_cached:
+                cuda_turbo.turbo_cache_write(k, v, kv_cache, meta.slot_mapping, fmt)
+                kv_cached = True
+            out = _turbo_decode(q, kv_cache, meta, scale, sliding_window, softcap, fmt)
+            if out is not None:
+                return out
         if on_cuda and k.dtype == v.dtype and cuda.cache_holds(kv_cache, k.dtype) and not kv_cached:
             cuda_paged.reshape_and_cache(k, v, kv_cache, meta.slot_mapping)
         elif not kv_cached:
             write_kv(k, v, kv_cache, meta.slot_mapping)
         if _native_paged_ready(q, kv_cache, meta):
             return _native_paged_attention(q, kv_cache, meta, scale, num_kv_heads, sliding_window, softcap)
-        fmt = TurboFormat.of_cache(kv_cache, d)
         if fmt is not None and fmt.rotated:  # the cached keys are rotated: scores need the queries rotated alike
             q = turbo.rotate(q).to(q.dtype)
         cuda_decode = on_cuda and cuda_paged.paged_decode_supported(q, kv_cache)
@@ -199,6 +207,28 @@ def attention(
         assert kv_cache is not None
         _decode_batch(q, out, kv_cache, meta, decode_rows, scale, sliding_window, softcap)
     return out
+
+
+def _turbo_decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None,
+    softcap: float | None,
+    fmt: TurboFormat,
+) -> torch.Tensor | None:
+    """A pure decode step over a TurboQuant cache through its CUDA kernel (a CUDA graph's too); None for steps with
+    prefill rows, which read the rows through the torch reference."""
+    assert meta.block_tables is not None
+    if meta.max_decode_seq_len is not None:
+        longest = meta.max_decode_seq_len
+    elif meta.query_start_loc_cpu == list(range(q.shape[0] + 1)):
+        longest = max(meta.seq_lens_cpu or [1])
+    else:
+        return None
+    return cuda_turbo.turbo_decode_attention(q, kv_cache, meta.block_tables, meta.seq_lens, scale, longest, fmt,
+                                             sliding_window, softcap)
 
 
 def _decode_batch(

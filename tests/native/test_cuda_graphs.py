@@ -115,11 +115,11 @@ def _model_dir(path: Path) -> Path:
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("kvcache_dtype", ["auto", "fp8"])
+@pytest.mark.parametrize("kvcache_dtype", ["auto", "fp8", "turbo4"])
 def test_greedy_generation_with_graphs_equals_without(tmp_path: Path, kvcache_dtype: str) -> None:
-    """Greedy tokens through ``LLM.generate``, with a bf16 and an e4m3 KV cache. The context limit is 64 tokens,
-    so the eager decode kernel and the graphs' (whose grid is fixed by that limit) both use one split-KV
-    partition, and batches stay <= 16 rows (the skinny GEMM, whose rows do not depend on the batch): the two
+    """Greedy tokens through ``LLM.generate``, with a bf16, an e4m3 and a TurboQuant KV cache. The context limit
+    is 64 tokens, so the eager decode kernel and the graphs' (whose grid is fixed by that limit) both use one
+    split-KV partition, and batches stay <= 16 rows (the skinny GEMM, whose rows do not depend on the batch): the two
     paths then agree bit for bit, so greedy choices may be compared exactly even between near-tied logits."""
     if not cuda.available(DEV):
         pytest.fail("candle_vllm._native was built without CUDA kernels")
@@ -127,7 +127,7 @@ def test_greedy_generation_with_graphs_equals_without(tmp_path: Path, kvcache_dt
     common = dict(load_format="dummy", dtype="bf16", mem=64, max_num_seqs=16, seed=0, kvcache_dtype=kvcache_dtype)
     eager = LLM(model=model, disable_cuda_graph=True, **common)
     graphed = LLM(model=model, **common)
-    want_dtype = torch.float8_e4m3fn if kvcache_dtype == "fp8" else torch.bfloat16
+    want_dtype = {"auto": torch.bfloat16, "fp8": torch.float8_e4m3fn, "turbo4": torch.uint8}[kvcache_dtype]
     assert {c.dtype for c in graphed.engine.runner.model.kv_caches} == {want_dtype}
     assert eager.engine.runner.graphs is None
     graphs = graphed.engine.runner.graphs
@@ -151,15 +151,3 @@ def test_greedy_generation_with_graphs_equals_without(tmp_path: Path, kvcache_dt
         assert all(len(t) == p.max_tokens for t, p in zip(got, params, strict=True))
     assert {1, 2, 4, 8, 16} <= set(replays), f"graph buckets replayed: {sorted(set(replays))}"
 
-
-@pytest.mark.cuda
-def test_turbo_cache_serves_eagerly(tmp_path: Path) -> None:
-    """A TurboQuant cache on CUDA has no paged decode kernel yet: graphs stay off (saying why) and generation runs
-    to its length through the torch reference."""
-    model = str(_model_dir(tmp_path))
-    llm = LLM(model=model, load_format="dummy", dtype="bf16", mem=64, max_num_seqs=4, seed=0, kvcache_dtype="turbo4")
-    assert llm.engine.runner.graphs is None
-    assert {c.dtype for c in llm.engine.runner.model.kv_caches} == {torch.uint8}
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    out = llm.generate([{"prompt_token_ids": list(range(3, 40))}, {"prompt_token_ids": [5, 6, 7]}], params)
-    assert [len(o.outputs[0].token_ids) for o in out] == [12, 12]

@@ -206,10 +206,12 @@ def test_fp8_kv_cache_dtype_and_where_it_is_refused() -> None:
 @pytest.mark.parametrize(("given", "mode"), [("k8v4", "turbo8"), ("4bit", "turbo4"), ("turbo3", "turbo3")])
 def test_turbo_kv_cache_dtypes_are_bytes_on_cuda_and_cpu(given: str, mode: str) -> None:
     """The TurboQuant modes are accepted (no longer refused as pending) and give a cache of uint8 rows on CUDA
-    and the CPU, whatever the activations; other devices are refused naming the flag."""
+    (f16/bf16 activations, which its kernels take) and the CPU; other devices are refused naming the flag."""
     args = EngineArgs(kvcache_dtype=given)
     assert args.kvcache_dtype == mode
     assert args.cache_torch_dtype(torch.device("cuda"), torch.bfloat16) == torch.uint8
     assert args.cache_torch_dtype(torch.device("cpu"), torch.float32) == torch.uint8
+    with pytest.raises(EngineConfigError, match=rf"--kvcache-dtype {mode} on CUDA needs f16/bf16 activations"):
+        args.cache_torch_dtype(torch.device("cuda"), torch.float32)
     with pytest.raises(EngineConfigError, match=rf"--kvcache-dtype {mode} needs a CUDA or CPU device, not mps"):
         args.cache_torch_dtype(torch.device("mps"), torch.float16)

@@ -207,9 +207,9 @@ def test_turbo_cache_attends_to_the_decoded_rows(
 @pytest.mark.cuda
 @pytest.mark.parametrize("mode", ["turbo8", "turbo4", "turbo3"])
 def test_turbo_cache_on_cuda_reads_what_the_cpu_kernel_reads(mode: str) -> None:
-    """On CUDA a TurboQuant cache goes through the torch reference: the same inputs give the CPU kernel's attention
-    (bf16 on the GPU against f32 on the CPU), and the rows written there decode to within a code step of the CPU
-    encoder's (a rounding tie may fall the other way)."""
+    """On CUDA a TurboQuant cache is written by its kernel and, in a step with prefill rows, read through the torch
+    reference: the same inputs give the CPU kernel's attention (bf16 on the GPU against f32 on the CPU), and the
+    rows written there decode to within a code step of the CPU encoder's (a rounding tie may fall the other way)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     bs, num_blocks = 4, 16

@@ -1,0 +1,344 @@
+// TurboQuant rows (pyengine/kv_cache/turbo.py): [K codes | K absmax f32 (4 / 3 bits) | V 4-bit codes | V absmax].
+// One warp holds one head vector, E = D / 32 consecutive channels a lane, so the Walsh-Hadamard transform is E-wide
+// butterflies in registers then five shuffle stages, in the reference's stage order (the rotated keys equal
+// torch's bit for bit). The codes follow the reference's f32 operations one IEEE op at a time (explicit _rn
+// intrinsics: this file is built with fast math), so the stored bytes are the reference's.
+#include <cmath>
+#include <type_traits>
+
+#include "cuda/common.cuh"
+#include "cuda/fp8_kv.cuh"
+#include "cuda/turbo_kv.h"
+
+namespace candle_vllm::cuda {
+namespace {
+
+constexpr int kDecodeWarps = 4;
+
+struct RowLayout {
+  int k_code_bytes, k_bytes, row_bytes;
+  __host__ __device__ RowLayout(int D, int k_bits)
+      : k_code_bytes(D * k_bits / 8), k_bytes(D * k_bits / 8 + (k_bits == 8 ? 0 : 4)),
+        row_bytes(D * k_bits / 8 + (k_bits == 8 ? 0 : 4) + D / 2 + 4) {}
+};
+
+// x (E channels a lane) <- H (signs * x) / sqrt_d, H in Sylvester order: stage h pairs channels c and c + h.
+template <int E>
+__device__ __forceinline__ void rotate(float (&x)[E], const float* signs, float sqrt_d) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] *= signs[lane * E + e];
+#pragma unroll
+  for (int h = 1; h < E; h *= 2)
+#pragma unroll
+    for (int i = 0; i < E; i += 2 * h)
+#pragma unroll
+      for (int j = i; j < i + h; ++j) {
+        const float u = x[j], w = x[j + h];
+        x[j] = __fadd_rn(u, w);
+        x[j + h] = __fsub_rn(u, w);
+      }
+#pragma unroll
+  for (int m = 1; m < 32; m *= 2)
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const float p = __shfl_xor_sync(0xffffffffu, x[e], m);
+      x[e] = (lane & m) ? __fsub_rn(p, x[e]) : __fadd_rn(x[e], p);
+    }
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] = __fdiv_rn(x[e], sqrt_d);
+}
+
+// Absmax codes of the warp's vector: code = rint(clamp(x / a * half + half, 0, 2 half)); returns a.
+template <int E>
+__device__ __forceinline__ float absmax_codes(const float (&x)[E], float half, int (&code)[E]) {
+  float a = 0.f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) a = fmaxf(a, fabsf(x[e]));
+  a = warp_max(a);
+  const float safe = a > 0.f ? a : 1.f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const float pre = __fadd_rn(__fmul_rn(__fdiv_rn(x[e], safe), half), half);
+    code[e] = __float2int_rn(fminf(fmaxf(pre, 0.f), 2.f * half));
+  }
+  return a;
+}
+
+template <int E>
+__device__ __forceinline__ void store_nibbles(uint8_t* dst, const int (&code)[E]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int b = 0; b < E / 2; ++b) dst[lane * (E / 2) + b] = static_cast<uint8_t>(code[2 * b] | (code[2 * b + 1] << 4));
+}
+
+// Eight 3-bit codes in three bytes, channel i of the eight at bits 3i..3i+2: the 8 / E lanes of a group OR their
+// shifted bits together, and the group's first lane stores them.
+template <int E>
+__device__ __forceinline__ void store_triples(uint8_t* dst, const int (&code)[E]) {
+  constexpr int kLanes = 8 / E;
+  const int lane = threadIdx.x & 31;
+  uint32_t bits = 0;
+#pragma unroll
+  for (int e = 0; e < E; ++e) bits |= static_cast<uint32_t>(code[e]) << (3 * e);
+  bits <<= 3 * E * (lane % kLanes);
+#pragma unroll
+  for (int m = 1; m < kLanes; m *= 2) bits |= __shfl_xor_sync(0xffffffffu, bits, m);
+  if (lane % kLanes == 0) {
+    uint8_t* p = dst + 3 * (lane / kLanes);
+    p[0] = bits & 0xff;
+    p[1] = (bits >> 8) & 0xff;
+    p[2] = (bits >> 16) & 0xff;
+  }
+}
+
+__device__ __forceinline__ void store_f32(uint8_t* dst, float v) { *reinterpret_cast<float*>(dst) = v; }
+__device__ __forceinline__ float load_f32(const uint8_t* src) { return *reinterpret_cast<const float*>(src); }
+
+template <typename T, int E>
+__device__ __forceinline__ void load_lane(float (&x)[E], const T* row) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] = to_f32(row[lane * E + e]);
+}
+
+// One warp per (token, kv head).
+template <typename T, int E>
+__global__ void turbo_write_kernel(const T* k, const T* v, uint8_t* cache, const int64_t* slots, const float* signs,
+                                   int64_t tokens, int kv_heads, int64_t k_stride, int64_t v_stride, int k_bits,
+                                   float sqrt_d) {
+  constexpr int D = 32 * E;
+  const int64_t work = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (work >= tokens * kv_heads) return;
+  const int64_t t = work / kv_heads;
+  const int h = static_cast<int>(work % kv_heads);
+  const int64_t slot = slots[t];
+  if (slot < 0) return;
+  const int lane = threadIdx.x & 31;
+  const RowLayout L(D, k_bits);
+  uint8_t* row = cache + (slot * kv_heads + h) * L.row_bytes;
+  float x[E];
+  int code[E];
+  load_lane(x, k + t * k_stride + static_cast<int64_t>(h) * D);
+  if (k_bits == 8) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) reinterpret_cast<Fp8*>(row)[lane * E + e] = to_e4m3(x[e]);
+  } else {
+    rotate(x, signs, sqrt_d);
+    const float a = absmax_codes(x, k_bits == 4 ? 7.5f : 3.f, code);
+    if (k_bits == 4) store_nibbles(row, code);
+    else store_triples(row, code);
+    if (lane == 0) store_f32(row + L.k_code_bytes, a);
+  }
+  load_lane(x, v + t * v_stride + static_cast<int64_t>(h) * D);
+  const float a = absmax_codes(x, 7.5f, code);
+  store_nibbles(row + L.k_bytes, code);
+  if (lane == 0) store_f32(row + L.k_bytes + D / 2, a);
+}
+
+// The lane's E channels of a K part as what the score multiplies: codes (4 / 3 bits) or e4m3 values.
+template <int E>
+__device__ __forceinline__ void key_lane(const uint8_t* row, int k_bits, float (&c)[E]) {
+  const int lane = threadIdx.x & 31;
+  if (k_bits == 8) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      Fp8 f;
+      f.__x = row[lane * E + e];
+      c[e] = static_cast<float>(f);
+    }
+  } else if (k_bits == 4) {
+#pragma unroll
+    for (int b = 0; b < E / 2; ++b) {
+      const uint32_t w = row[lane * (E / 2) + b];
+      c[2 * b] = static_cast<float>(w & 15);
+      c[2 * b + 1] = static_cast<float>(w >> 4);
+    }
+  } else {
+    const int bit = 3 * E * lane;
+    const uint8_t* p = row + bit / 8;
+    uint32_t w = p[0] | (p[1] << 8) | (p[2] << 16) | (E == 8 ? 0u : static_cast<uint32_t>(p[3]) << 24);
+    w >>= bit % 8;
+#pragma unroll
+    for (int e = 0; e < E; ++e) c[e] = static_cast<float>((w >> (3 * e)) & 7);
+  }
+}
+
+// One CTA per (piece, q head, sequence): kDecodeWarps warps take every kDecodeWarps-th token of the piece, each
+// with its own online softmax, merged through shared memory at the end.
+template <typename T, int E>
+__global__ void __launch_bounds__(32 * kDecodeWarps)
+    turbo_decode_kernel(T* out, const T* q, const uint8_t* cache, const int32_t* block_tables, const int32_t* seq_lens,
+                        const float* signs, float* partials, int q_heads, int kv_heads, int block_size,
+                        int max_blocks, int part_size, float scale, int sliding_window, float softcap, int k_bits,
+                        float sqrt_d) {
+  constexpr int D = 32 * E;
+  __shared__ float sm_m[kDecodeWarps], sm_l[kDecodeWarps], sm_acc[kDecodeWarps][D];
+  const int part = blockIdx.x, head = blockIdx.y, seq = blockIdx.z, parts = gridDim.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int kvh = head / (q_heads / kv_heads);
+  const RowLayout L(D, k_bits);
+  const int len = seq_lens[seq];
+  const int first = sliding_window > 0 ? max(0, len - sliding_window) : 0;
+  const int lo = max(part * part_size, first), hi = min(part * part_size + part_size, len);
+  float qf[E];
+  load_lane(qf, q + (static_cast<int64_t>(seq) * q_heads + head) * D);
+#pragma unroll
+  for (int e = 0; e < E; ++e) qf[e] *= scale;
+  if (k_bits != 8) rotate(qf, signs, sqrt_d);
+  float q_sum = 0.f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) q_sum += qf[e];
+  q_sum = warp_sum(q_sum);
+  const float k_half = k_bits == 4 ? 7.5f : 3.f;
+  const int32_t* table = block_tables + static_cast<int64_t>(seq) * max_blocks;
+  float m = -INFINITY, l = 0.f, acc[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) acc[e] = 0.f;
+  for (int j = lo + warp; j < hi; j += kDecodeWarps) {
+    const int64_t slot = static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
+    const uint8_t* row = cache + (slot * kv_heads + kvh) * L.row_bytes;
+    float c[E];
+    key_lane(row, k_bits, c);
+    float s = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) s += qf[e] * c[e];
+    s = warp_sum(s);
+    if (k_bits != 8) s = load_f32(row + L.k_code_bytes) / k_half * (s - k_half * q_sum);
+    if (softcap > 0.f) s = softcap * tanhf(s / softcap);
+    const float new_m = fmaxf(m, s);
+    const float corr = __expf(m - new_m), w = __expf(s - new_m);
+    l = l * corr + w;
+    const uint8_t* vrow = row + L.k_bytes;
+    const float step = w * load_f32(vrow + D / 2) / 7.5f;
+#pragma unroll
+    for (int b = 0; b < E / 2; ++b) {
+      const uint32_t byte = vrow[lane * (E / 2) + b];
+      acc[2 * b] = acc[2 * b] * corr + step * (static_cast<float>(byte & 15) - 7.5f);
+      acc[2 * b + 1] = acc[2 * b + 1] * corr + step * (static_cast<float>(byte >> 4) - 7.5f);
+    }
+    m = new_m;
+  }
+  if (lane == 0) sm_m[warp] = m, sm_l[warp] = l;
+#pragma unroll
+  for (int e = 0; e < E; ++e) sm_acc[warp][lane * E + e] = acc[e];
+  __syncthreads();
+  if (warp != 0) return;
+  float big = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kDecodeWarps; ++w) big = fmaxf(big, sm_m[w]);
+  float sum = 0.f, o[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) o[e] = 0.f;
+  if (big != -INFINITY) {
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float f = __expf(sm_m[w] - big);
+      sum += sm_l[w] * f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) o[e] += sm_acc[w][lane * E + e] * f;
+    }
+  }
+  const int64_t qh = static_cast<int64_t>(seq) * q_heads + head;
+  if (parts == 1) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) out[qh * D + lane * E + e] = from_f32<T>(o[e] / sum);
+    return;
+  }
+  float* p = partials + (qh * parts + part) * (D + 2);
+  if (lane == 0) p[0] = big, p[1] = sum;
+#pragma unroll
+  for (int e = 0; e < E; ++e) p[2 + lane * E + e] = o[e];
+}
+
+// One warp per (q head, sequence): the pieces' partial softmaxes combined.
+template <typename T, int E>
+__global__ void turbo_reduce_kernel(T* out, const float* partials, int parts) {
+  constexpr int D = 32 * E;
+  const int lane = threadIdx.x;
+  const int64_t qh = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  const float* p = partials + qh * parts * (D + 2);
+  float big = -INFINITY;
+  for (int i = 0; i < parts; ++i) big = fmaxf(big, p[i * (D + 2)]);
+  float sum = 0.f, o[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) o[e] = 0.f;
+  for (int i = 0; i < parts; ++i) {
+    const float* pi = p + i * (D + 2);
+    if (pi[1] == 0.f) continue;
+    const float f = __expf(pi[0] - big);
+    sum += pi[1] * f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o[e] += pi[2 + lane * E + e] * f;
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e) out[qh * D + lane * E + e] = from_f32<T>(o[e] / sum);
+}
+
+template <class F>
+void dispatch_lanes(int64_t head_dim, const char* what, F&& f) {
+  switch (head_dim) {
+    case 64: f(std::integral_constant<int, 2>{}); return;
+    case 128: f(std::integral_constant<int, 4>{}); return;
+    case 256: f(std::integral_constant<int, 8>{}); return;
+    default: throw std::invalid_argument(std::string(what) + ": head_dim must be 64, 128 or 256");
+  }
+}
+
+void check_bits(int k_bits, const char* what) {
+  if (k_bits != 8 && k_bits != 4 && k_bits != 3) throw std::invalid_argument(std::string(what) + ": k_bits 8, 4 or 3");
+}
+
+float sqrt_of(int64_t d) { return static_cast<float>(std::sqrt(static_cast<double>(d))); }
+
+}  // namespace
+
+void turbo_cache_write(const void* k, const void* v, void* cache, const int64_t* slots, const float* signs,
+                       int64_t tokens, int64_t kv_heads, int64_t head_dim, int64_t k_stride, int64_t v_stride,
+                       int k_bits, DType dtype, std::uintptr_t stream) {
+  const char* what = "turbo_cache_write";
+  check_bits(k_bits, what);
+  if (tokens == 0) return;
+  dispatch_float<false>(dtype, what, [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_lanes(head_dim, what, [&](auto e) {
+      constexpr int kWarps = 8;
+      const int64_t blocks = (tokens * kv_heads + kWarps - 1) / kWarps;
+      turbo_write_kernel<T, decltype(e)::value><<<static_cast<unsigned>(blocks), 32 * kWarps, 0, as_stream(stream)>>>(
+          static_cast<const T*>(k), static_cast<const T*>(v), static_cast<uint8_t*>(cache), slots, signs, tokens,
+          static_cast<int>(kv_heads), k_stride, v_stride, k_bits, sqrt_of(head_dim));
+      check_launch(what);
+    });
+  });
+}
+
+void turbo_decode_attention(void* out, const void* q, const void* cache, const int32_t* block_tables,
+                            const int32_t* seq_lens, const float* signs, float* partials, int64_t num_seqs,
+                            int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t block_size,
+                            int64_t max_blocks, int64_t parts, int64_t part_size, float scale,
+                            int64_t sliding_window, float softcap, int k_bits, DType dtype, std::uintptr_t stream) {
+  const char* what = "turbo_decode_attention";
+  check_bits(k_bits, what);
+  if (num_seqs == 0) return;
+  if (parts < 1 || parts > 65535 || num_seqs > 65535 || q_heads % kv_heads != 0)
+    throw std::invalid_argument(std::string(what) + ": 1-65535 pieces and sequences, q heads a multiple of kv heads");
+  dispatch_float<false>(dtype, what, [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_lanes(head_dim, what, [&](auto e) {
+      const dim3 grid(static_cast<unsigned>(parts), static_cast<unsigned>(q_heads), static_cast<unsigned>(num_seqs));
+      turbo_decode_kernel<T, decltype(e)::value><<<grid, 32 * kDecodeWarps, 0, as_stream(stream)>>>(
+          static_cast<T*>(out), static_cast<const T*>(q), static_cast<const uint8_t*>(cache), block_tables, seq_lens,
+          signs, partials, static_cast<int>(q_heads), static_cast<int>(kv_heads), static_cast<int>(block_size),
+          static_cast<int>(max_blocks), static_cast<int>(part_size), scale, static_cast<int>(sliding_window), softcap,
+          k_bits, sqrt_of(head_dim));
+      check_launch(what);
+      if (parts > 1) {
+        turbo_reduce_kernel<T, decltype(e)::value><<<dim3(static_cast<unsigned>(q_heads), static_cast<unsigned>(num_seqs)), 32, 0,
+                                      as_stream(stream)>>>(static_cast<T*>(out), partials, static_cast<int>(parts));
+        check_launch(what);
+      }
+    });
+  });
+}
+
+}  // namespace candle_vllm::cuda

@@ -1,0 +1,30 @@
+// TurboQuant KV cache rows on CUDA (pyengine/kv_cache/turbo.py holds the layout and the torch reference): the cache
+// write (K rotated and coded, V coded, each with its f32 absmax) and the paged decode attention over the rows
+// (declared in plain C++ for the bindings). Why kernels of their own: the torch reference decodes every cached row
+// to f32 each step and writes through a dozen small ops a layer, which CUDA graphs cannot hold either.
+#pragma once
+#include <cstdint>
+
+#include "bindings/tensor_arg.h"
+
+namespace candle_vllm::cuda {
+
+// k, v [T, Hk, D] (f16/bf16; token strides k_stride / v_stride elements, heads packed) into rows of `cache`
+// [blocks * block_size, Hk, R] at flat slots [T] (int64; < 0 skipped). k_bits 8 (e4m3 K), 4 or 3 (K rotated by
+// signs [D] f32 and the Walsh-Hadamard transform first); D 64, 128 or 256.
+void turbo_cache_write(const void* k, const void* v, void* cache, const int64_t* slots, const float* signs,
+                       int64_t tokens, int64_t kv_heads, int64_t head_dim, int64_t k_stride, int64_t v_stride,
+                       int k_bits, DType dtype, std::uintptr_t stream);
+
+// out [S, Hq, D] = attention of each sequence's one new query q [S, Hq, D] (f16/bf16, contiguous) over its cached
+// rows (seq_lens [S] int32 on the device, block_tables [S, max_blocks] int32). Each (sequence, q head) is cut into
+// `parts` pieces of `part_size` tokens (parts * part_size covers the longest context the grid serves, so a CUDA graph
+// keeps its grid); with parts > 1 `partials` (f32, S * Hq * parts * (D + 2)) holds each piece's max, sum and
+// unnormalised output for a second kernel to combine. sliding_window 0: none; softcap 0: none.
+void turbo_decode_attention(void* out, const void* q, const void* cache, const int32_t* block_tables,
+                            const int32_t* seq_lens, const float* signs, float* partials, int64_t num_seqs,
+                            int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t block_size,
+                            int64_t max_blocks, int64_t parts, int64_t part_size, float scale,
+                            int64_t sliding_window, float softcap, int k_bits, DType dtype, std::uintptr_t stream);
+
+}  // namespace candle_vllm::cuda

@@ -1,0 +1,96 @@
+"""Checked wrappers around the TurboQuant cache kernels (``native/cuda/turbo_kv.cu``): the cache write and the paged
+decode attention over the rows of ``kv_cache/turbo.py``, which ``ops/attention.py`` dispatches to on CUDA (prefill
+steps still read the rows through the torch reference). Same contract as ``ops/cuda.py``: preconditions checked
+here, launches on the caller's stream, scratch through torch (so both run inside CUDA graphs)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from candle_vllm.pyengine.kv_cache import turbo
+from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
+from candle_vllm.pyengine.ops import native
+from candle_vllm.pyengine.ops.cuda import HALF_DTYPES, _heads_view_ok, available
+
+# Tokens of one decode piece (a CTA of 4 warps): batch 1 at 4k makes 16 pieces per q head.
+PART_SIZE = 256
+HEAD_DIMS = (64, 128, 256)
+
+
+def turbo_supported(x: torch.Tensor, kv_cache: torch.Tensor, fmt: TurboFormat | None) -> bool:
+    """Whether the kernels take this TurboQuant cache for activations like ``x`` (f16/bf16 on its CUDA device)."""
+    return (
+        fmt is not None
+        and available(x.device)
+        and x.dtype in HALF_DTYPES
+        and fmt.head_dim in HEAD_DIMS
+        and kv_cache.device == x.device
+        and kv_cache.is_contiguous()
+    )
+
+
+def turbo_cache_write(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                      fmt: TurboFormat) -> None:
+    """Store k, v [T, Hk, D] as rows of ``kv_cache`` at flat slots [T] (int64; < 0 skipped)."""
+    ok = (
+        turbo_supported(k, kv_cache, fmt)
+        and k.dtype == v.dtype
+        and _heads_view_ok(k)
+        and _heads_view_ok(v)
+        and k.shape == v.shape
+        and k.shape[1:] == (kv_cache.shape[3], fmt.head_dim)
+        and slot_mapping.dtype == torch.int64
+        and slot_mapping.is_contiguous()
+        and slot_mapping.numel() == k.shape[0]
+    )
+    if not ok:
+        raise ValueError("turbo_cache_write: needs f16/bf16 k/v [T, Hk, D] on the cache's GPU, D 64/128/256, int64 "
+                         "slots")
+    native.loaded().cuda_turbo_cache_write(
+        k.data_ptr(), v.data_ptr(), kv_cache.data_ptr(), slot_mapping.data_ptr(),
+        turbo.channel_signs(fmt.head_dim, k.device).data_ptr(), k.shape[0], k.shape[1], fmt.head_dim,
+        k.stride(0), v.stride(0), fmt.k_bits, native.dtype_code(k), native.stream(k.device),
+    )
+
+
+def turbo_decode_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    max_seq_len: int,
+    fmt: TurboFormat,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """One query token per sequence over its rows: q [B, Hq, D] -> out [B, Hq, D]. ``max_seq_len`` (host int, >=
+    every seq_lens entry) fixes the grid's pieces, so a CUDA graph captured at the longest context serves all
+    shorter ones. block_tables int32 [B, max_blocks], seq_lens int32 [B]."""
+    b, hq, d = q.shape
+    hk = kv_cache.shape[3]
+    ok = (
+        turbo_supported(q, kv_cache, fmt)
+        and d == fmt.head_dim
+        and hq % hk == 0
+        and block_tables.dtype == seq_lens.dtype == torch.int32
+        and block_tables.is_contiguous()
+        and seq_lens.is_contiguous()
+        and block_tables.shape[0] == seq_lens.shape[0] == b
+    )
+    if not ok:
+        raise ValueError("turbo_decode_attention: needs f16/bf16 q [B, Hq, D] on the cache's GPU, Hq a multiple of "
+                         "the cache's kv heads, int32 block_tables [B, max_blocks] and seq_lens [B]")
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    parts = max(1, math.ceil(max_seq_len / PART_SIZE))
+    partials = torch.empty(b * hq * parts * (d + 2) if parts > 1 else 1, dtype=torch.float32, device=q.device)
+    native.loaded().cuda_turbo_decode_attention(
+        out.data_ptr(), q.data_ptr(), kv_cache.data_ptr(), block_tables.data_ptr(), seq_lens.data_ptr(),
+        turbo.channel_signs(d, q.device).data_ptr(), partials.data_ptr(), b, hq, hk, d, kv_cache.shape[2],
+        block_tables.shape[1], parts, PART_SIZE, scale, sliding_window or 0, softcap or 0.0, fmt.k_bits,
+        native.dtype_code(q), native.stream(q.device),
+    )
+    return out

@@ -1,0 +1,143 @@
+"""TurboQuant cache kernels (``native/cuda/turbo_kv.cu``): the write against the CPU encoder's bytes, the decode
+attention against float64 attention over the rows' decoded vectors (keys turned back by a float64 Hadamard
+matrix), over head sizes, GQA ratios, block sizes, contexts of one and many pieces, a window and a soft-cap."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from _cuda_helpers import poison_allocator, rel_error
+
+from candle_vllm.pyengine.kv_cache import turbo
+from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
+from candle_vllm.pyengine.ops import cuda, cuda_turbo
+
+DEV = torch.device("cuda")
+pytestmark = pytest.mark.cuda
+MODES = ["turbo8", "turbo4", "turbo3"]
+
+
+@pytest.fixture(autouse=True)
+def _needs_kernels() -> None:
+    if not cuda.available(DEV):
+        pytest.fail("candle_vllm._native was built without CUDA kernels")
+
+
+def unrotate(k: torch.Tensor) -> torch.Tensor:
+    d = k.shape[-1]
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < d:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)])
+    return k.double() @ h.T / math.sqrt(d) * turbo.channel_signs(d).double()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_write_stores_the_cpu_encoders_bytes(mode: str, d: int, dtype: torch.dtype) -> None:
+    """Rows at their slots equal ``turbo.encode`` of the same values on the CPU (rotated codes may differ by one
+    where a value sits on a rounding tie); negative slots and unlisted rows stay untouched. k/v are views into a
+    fused buffer (a token stride beyond the heads)."""
+    g = torch.Generator(device="cuda").manual_seed(d)
+    t, hk = 37, 3
+    fmt = TurboFormat(mode, d)
+    qkv = torch.randn(t, 5 * hk * d, generator=g, device=DEV).to(dtype) * 3
+    qkv[:, : hk * d].view(t, hk, d)[..., [1, 7]] *= 20  # outlier key channels
+    k, v = qkv[:, : hk * d].view(t, hk, d), qkv[:, 2 * hk * d : 3 * hk * d].view(t, hk, d)
+    cache = torch.full((1, 12, 16, hk, fmt.row_bytes), 0xA5, dtype=torch.uint8, device=DEV)
+    slots = torch.randperm(12 * 16, generator=g, device=DEV)[:t]
+    slots[5] = -1
+    cuda_turbo.turbo_cache_write(k, v, cache, slots, fmt)
+    rows = cache.view(-1, hk, fmt.row_bytes).cpu()
+    want = turbo.encode(k.float().cpu(), v.float().cpu(), fmt)
+    keep = slots.cpu() >= 0
+    got = rows[slots.cpu()[keep]]
+    want = want[keep]
+    got_k, _ = turbo.decode(got, fmt)
+    want_k, _ = turbo.decode(want, fmt)
+    vo = fmt.k_bytes
+    assert torch.equal(got[..., vo:], want[..., vo:]), "V codes and absmax"
+    if fmt.rotated:
+        step = want_k.abs().amax(-1, keepdim=True) / (7.5 if mode == "turbo4" else 3.0)
+        off = (got_k - want_k).abs() > 1e-6 * step
+        assert torch.all((got_k - want_k).abs() <= step * 1.0001) and off.float().mean() < 0.005
+    else:
+        assert torch.equal(got[..., :vo], want[..., :vo]), "e4m3 K"
+    untouched = torch.ones(12 * 16, dtype=torch.bool)
+    untouched[slots.cpu()[keep]] = False
+    assert torch.all(rows[untouched] == 0xA5)
+
+
+def decode_case(
+    mode: str, d: int, hq: int, hk: int, bs: int, lens: list[int], dtype: torch.dtype, seed: int
+) -> tuple[TurboFormat, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A cache of shuffled blocks written by the kernel; q [B, Hq, D], block tables and seq_lens on the GPU."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    fmt = TurboFormat(mode, d)
+    need = [(n + bs - 1) // bs for n in lens]
+    num_blocks = sum(need) + 3
+    cache = torch.zeros(1, num_blocks, bs, hk, fmt.row_bytes, dtype=torch.uint8, device=DEV)
+    perm = torch.randperm(num_blocks, generator=g, device=DEV).tolist()
+    width = max(need)
+    tables = torch.zeros(len(lens), width, dtype=torch.int32)
+    for s, n in enumerate(need):
+        tables[s, :n] = torch.tensor([perm.pop() for _ in range(n)])
+        pos = torch.arange(lens[s])
+        slots = (tables[s, pos // bs] * bs + pos % bs).long()
+        k = (torch.randn(lens[s], hk, d, generator=g, device=DEV) * 2).to(dtype)
+        v = torch.randn(lens[s], hk, d, generator=g, device=DEV).to(dtype)
+        cuda_turbo.turbo_cache_write(k, v, cache, slots.to(DEV), fmt)
+    q = torch.randn(len(lens), hq, d, generator=g, device=DEV).to(dtype)
+    return fmt, cache, q, tables.to(DEV), torch.tensor(lens, dtype=torch.int32, device=DEV)
+
+
+def reference(q: torch.Tensor, cache: torch.Tensor, tables: torch.Tensor, lens: list[int], fmt: TurboFormat,
+              scale: float, window: int | None, softcap: float | None) -> torch.Tensor:
+    """float64 attention of each sequence's query over its decoded rows (keys turned back where rotated)."""
+    hq, hk, bs = q.shape[1], cache.shape[3], cache.shape[2]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    rows = cache[0].cpu()
+    for s, n in enumerate(lens):
+        pos = torch.arange(n)
+        k, v = turbo.decode(rows[tables[s].cpu().long()[pos // bs], pos % bs], fmt)
+        k = unrotate(k) if fmt.rotated else k.double()
+        first = max(0, n - window) if window else 0
+        for h in range(hq):
+            sc = k[first:, h // (hq // hk)] @ q[s, h].double().cpu() * scale
+            if softcap:
+                sc = softcap * torch.tanh(sc / softcap)
+            out[s, h] = torch.softmax(sc, 0) @ v[first:, h // (hq // hk)].double()
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("d", "hq", "hk", "bs", "lens"), [
+    (128, 32, 8, 16, [1, 77, 256, 257, 1000]),
+    (64, 9, 3, 64, [5, 300, 64]),
+    (256, 8, 1, 16, [700, 2]),
+    (128, 28, 4, 64, [3000, 129]),
+])
+def test_decode_matches_float64_attention_over_the_rows(
+    mode: str, d: int, hq: int, hk: int, bs: int, lens: list[int]
+) -> None:
+    poison_allocator(DEV, 1 << 22)
+    fmt, cache, q, tables, seq_lens = decode_case(mode, d, hq, hk, bs, lens, torch.bfloat16, d + hq)
+    got = cuda_turbo.turbo_decode_attention(q, cache, tables, seq_lens, d**-0.5, max(lens), fmt)
+    want = reference(q, cache, tables, lens, fmt, d**-0.5, None, None)
+    assert rel_error(got, want) < 1e-2
+
+
+@pytest.mark.parametrize("mode", ["turbo4", "turbo3"])
+@pytest.mark.parametrize(("window", "softcap", "grid_len"), [(100, None, 2048), (None, 30.0, 600), (40, 20.0, 4096)])
+def test_decode_window_softcap_and_a_graph_sized_grid(
+    mode: str, window: int | None, softcap: float | None, grid_len: int
+) -> None:
+    """A sliding window, a soft-cap, and pieces sized for a longer context than any sequence (a CUDA graph's
+    grid): the empty pieces drop out of the reduction. f16 activations."""
+    lens = [1, 130, 555]
+    fmt, cache, q, tables, seq_lens = decode_case(mode, 128, 16, 4, 16, lens, torch.float16, 7)
+    got = cuda_turbo.turbo_decode_attention(q, cache, tables, seq_lens, 0.1, grid_len, fmt, window, softcap)
+    want = reference(q, cache, tables, lens, fmt, 0.1, window, softcap)
+    assert rel_error(got, want) < 5e-3
