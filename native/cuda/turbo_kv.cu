@@ -14,6 +14,7 @@ namespace candle_vllm::cuda {
 namespace {
 
 constexpr int kDecodeWarps = 4;
+constexpr int kUnroll = 8;  // tokens a decode warp takes per trip
 
 struct RowLayout {
   int k_code_bytes, k_bytes, row_bytes;
@@ -195,27 +196,55 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
   float m = -INFINITY, l = 0.f, acc[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) acc[e] = 0.f;
-  for (int j = lo + warp; j < hi; j += kDecodeWarps) {
-    const int64_t slot = static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
-    const uint8_t* row = cache + (slot * kv_heads + kvh) * L.row_bytes;
-    float c[E];
-    key_lane(row, k_bits, c);
-    float s = 0.f;
+  // kUnroll tokens a warp per trip, every load of them issued before any is used (a token at a time left the warp
+  // waiting on one table -> row round trip per token: 132 tok/s at batch 1, 4k, against bf16's 179 on an H100).
+  for (int base = lo + warp * kUnroll; base < hi; base += kDecodeWarps * kUnroll) {
+    const uint8_t* rows[kUnroll];
 #pragma unroll
-    for (int e = 0; e < E; ++e) s += qf[e] * c[e];
-    s = warp_sum(s);
-    if (k_bits != 8) s = load_f32(row + L.k_code_bytes) / k_half * (s - k_half * q_sum);
-    if (softcap > 0.f) s = softcap * tanhf(s / softcap);
-    const float new_m = fmaxf(m, s);
-    const float corr = __expf(m - new_m), w = __expf(s - new_m);
-    l = l * corr + w;
-    const uint8_t* vrow = row + L.k_bytes;
-    const float step = w * load_f32(vrow + D / 2) / 7.5f;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = min(base + u, hi - 1);
+      const int64_t slot = static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
+      rows[u] = cache + (slot * kv_heads + kvh) * L.row_bytes;
+    }
+    float c[kUnroll][E], k_scale[kUnroll], v_scale[kUnroll];
+    uint32_t v_bytes[kUnroll][E / 2];
 #pragma unroll
-    for (int b = 0; b < E / 2; ++b) {
-      const uint32_t byte = vrow[lane * (E / 2) + b];
-      acc[2 * b] = acc[2 * b] * corr + step * (static_cast<float>(byte & 15) - 7.5f);
-      acc[2 * b + 1] = acc[2 * b + 1] * corr + step * (static_cast<float>(byte >> 4) - 7.5f);
+    for (int u = 0; u < kUnroll; ++u) {
+      key_lane(rows[u], k_bits, c[u]);
+      k_scale[u] = k_bits != 8 ? load_f32(rows[u] + L.k_code_bytes) : 1.f;
+      const uint8_t* vrow = rows[u] + L.k_bytes;
+#pragma unroll
+      for (int b = 0; b < E / 2; ++b) v_bytes[u][b] = vrow[lane * (E / 2) + b];
+      v_scale[u] = load_f32(vrow + D / 2);
+    }
+    float s[kUnroll];
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      float dot = 0.f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) dot += qf[e] * c[u][e];
+      dot = warp_sum(dot);
+      if (k_bits != 8) dot = k_scale[u] / k_half * (dot - k_half * q_sum);
+      if (softcap > 0.f) dot = softcap * tanhf(dot / softcap);
+      s[u] = base + u < hi ? dot : -INFINITY;
+      tile_max = fmaxf(tile_max, s[u]);
+    }
+    const float new_m = fmaxf(m, tile_max);
+    const float corr = __expf(m - new_m);
+    l *= corr;
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] *= corr;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const float w = __expf(s[u] - new_m);
+      l += w;
+      const float step = w * v_scale[u] / 7.5f;
+#pragma unroll
+      for (int b = 0; b < E / 2; ++b) {
+        acc[2 * b] += step * (static_cast<float>(v_bytes[u][b] & 15) - 7.5f);
+        acc[2 * b + 1] += step * (static_cast<float>(v_bytes[u][b] >> 4) - 7.5f);
+      }
     }
     m = new_m;
   }

@@ -55,7 +55,7 @@ def _prefix_then_step(
     softcap: float | None,
 ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, AttentionMetadata]:
     """Each sequence's cached prefix written through ``write_kv``, then one step of its new tokens (random
-    queries of K's dtype, on the cache's device): the queries per sequence, the output, the new keys and the step's
+    queries of K's dtype, bf16 values, on the cache's device): the queries per sequence, the output, the new keys and the step's
     metadata."""
     dev = cache.device
     pre = AttentionMetadata.build([c for c, _ in cached_new], [c for c, _ in cached_new], dev, tables, bs)
@@ -63,7 +63,7 @@ def _prefix_then_step(
     write_kv(torch.cat([fk[:c] for fk, (c, _) in zip(full_k, cached_new, strict=True)]),
              torch.cat([fv[:c] for fv, (c, _) in zip(full_v, cached_new, strict=True)]), cache, pre.slot_mapping)
     meta = AttentionMetadata.build([n for _, n in cached_new], [c + n for c, n in cached_new], dev, tables, bs)
-    qs = [torch.randn(n, HQ, D, generator=g).to(dev, full_k[0].dtype) for _, n in cached_new]
+    qs = [torch.randn(n, HQ, D, generator=g).bfloat16().to(dev, full_k[0].dtype) for _, n in cached_new]
     k_new = torch.cat([fk[c:] for fk, (c, _) in zip(full_k, cached_new, strict=True)])
     v_new = torch.cat([fv[c:] for fv, (c, _) in zip(full_v, cached_new, strict=True)])
     return qs, attention(torch.cat(qs), k_new, v_new, cache, meta, D**-0.5, HK, window, softcap), k_new, meta
@@ -220,8 +220,9 @@ def test_turbo_cache_on_cuda_reads_what_the_cpu_kernel_reads(mode: str) -> None:
         g = torch.Generator().manual_seed(5)
         cache = allocate_kv_caches(1, num_blocks, bs, HK, D, dtype, torch.device(dev), fmt)[0]
         tables = _shuffled_tables(cached_new, bs, num_blocks, g)
-        full_k = [(torch.randn(c + n, HK, D, generator=g) * 2).to(dev, dtype) for c, n in cached_new]
-        full_v = [torch.randn(c + n, HK, D, generator=g).to(dev, dtype) for c, n in cached_new]
+        # the same values on both devices (bf16's): a quantizer's codes would turn f32-vs-bf16 noise into steps
+        full_k = [(torch.randn(c + n, HK, D, generator=g) * 2).bfloat16().to(dev, dtype) for c, n in cached_new]
+        full_v = [torch.randn(c + n, HK, D, generator=g).bfloat16().to(dev, dtype) for c, n in cached_new]
         _, got, _, _ = _prefix_then_step(cache, tables, bs, cached_new, full_k, full_v, g, None, None)
         outs.append(got.float().cpu())
         caches.append(cache.cpu())
