@@ -64,14 +64,15 @@ class DecoderStack {
   void begin_step(const std::vector<std::uintptr_t>& kv_caches, int64_t num_tokens, std::uintptr_t positions,
                   std::uintptr_t slot_mapping, std::uintptr_t block_tables, int64_t max_blocks,
                   std::uintptr_t query_start_loc, std::uintptr_t seq_lens, int64_t num_seqs, int64_t num_blocks,
-                  int64_t block_size, std::uintptr_t out_rows, int64_t num_out_rows, bool cache_e4m3) {
+                  int64_t block_size, std::uintptr_t out_rows, int64_t num_out_rows, bool cache_e4m3,
+                  int turbo_k_bits, std::uintptr_t turbo_signs) {
     if (kv_caches.size() != ptrs_.size()) throw std::invalid_argument("begin_step: one KV cache per layer");
     caches_.clear();
     for (std::uintptr_t c : kv_caches) caches_.push_back(as_ptr<void>(c));
     step_ = cpu::DecoderStep{num_tokens, num_seqs, as_ptr<const int64_t>(positions),
                              as_ptr<const int64_t>(slot_mapping), as_ptr<const int32_t>(block_tables), max_blocks,
                              as_ptr<const int32_t>(query_start_loc), as_ptr<const int32_t>(seq_lens), num_blocks,
-                             block_size, cache_e4m3};
+                             block_size, cache_e4m3, turbo_k_bits, as_ptr<const float>(turbo_signs)};
     out_rows_ = as_ptr<const int64_t>(out_rows);
     num_out_rows_ = num_out_rows;
     cpu::check_decoder_step(ptrs_, step_, out_rows_, num_out_rows_);
@@ -115,8 +116,10 @@ static Registrar registrar([](py::module_& m) {
            py::arg("positions"), py::arg("slot_mapping"), py::arg("block_tables"), py::arg("max_blocks"),
            py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("num_seqs"), py::arg("num_blocks"),
            py::arg("block_size"), py::arg("out_rows"), py::arg("num_out_rows"), py::arg("cache_e4m3") = false,
+           py::arg("turbo_k_bits") = 0, py::arg("turbo_signs") = 0,
            "check and keep a step's metadata (addresses of tensors the caller keeps alive until its last segment; "
-           "cache_e4m3: the caches hold e4m3, else f32)")
+           "cache_e4m3: the caches hold e4m3; turbo_k_bits 8 / 4 / 3: TurboQuant rows, turbo_signs [D] f32 for 4 / "
+           "3; else f32)")
       .def("segment", &DecoderStack::segment, py::arg("layer"), py::arg("act"), py::arg("gate_up"), py::arg("x"),
            py::arg("residual"), "one native call of the step (see decoder_segment in native/cpu/decoder_layer.h)")
       .def("__len__", &DecoderStack::size);

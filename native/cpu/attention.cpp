@@ -44,20 +44,6 @@ inline float read_f32(const uint8_t* p) {
   return f;
 }
 
-// In place: H (signs * x) / sqrt(D), H the Walsh-Hadamard matrix in Sylvester order (D a power of two).
-void rotate(float* x, const float* signs, int64_t D) {
-  for (int64_t d = 0; d < D; ++d) x[d] *= signs[d];
-  for (int64_t h = 1; h < D; h *= 2)
-    for (int64_t i = 0; i < D; i += 2 * h)
-      for (int64_t j = i; j < i + h; ++j) {
-        const float u = x[j], w = x[j + h];
-        x[j] = u + w;
-        x[j + h] = u - w;
-      }
-  const float norm = 1.f / std::sqrt(static_cast<float>(D));
-  for (int64_t d = 0; d < D; ++d) x[d] *= norm;
-}
-
 // TurboQuant rows (pyengine/kv_cache/turbo.py) [blocks, block_size, Hk, R]: [K codes | K absmax f32 (4 / 3 bits) |
 // V 4-bit codes | V absmax]. Constructing it rotates the query (4 / 3 bits) as the keys were; a code c of h
 // levels below zero stands for (c - h) * absmax / h, so q . k = absmax / h * (sum q_d c_d - h * sum q_d).
@@ -69,7 +55,7 @@ struct TurboRows {
       : cache(static_cast<const uint8_t*>(a.kv_cache)), D(a.head_dim), k_bits(a.turbo_k_bits),
         k_code_bytes(a.head_dim * a.turbo_k_bits / 8), k_bytes(k_code_bytes + (a.turbo_k_bits == 8 ? 0 : 4)),
         row_bytes(k_bytes + a.head_dim / 2 + 4) {
-    if (k_bits != 8) rotate(qf, a.turbo_signs, D);
+    if (k_bits != 8) turbo_rotate(qf, a.turbo_signs, D);
     for (int64_t d = 0; d < D; ++d) q_sum += qf[d];
   }
   float score(int64_t slot, const float* qf) const {
@@ -164,6 +150,19 @@ void share_by_cache(const PagedAttentionArgs& a, const int32_t* seq_of) {
 }
 
 }  // namespace
+
+void turbo_rotate(float* x, const float* signs, int64_t D) {
+  for (int64_t d = 0; d < D; ++d) x[d] *= signs[d];
+  for (int64_t h = 1; h < D; h *= 2)
+    for (int64_t i = 0; i < D; i += 2 * h)
+      for (int64_t j = i; j < i + h; ++j) {
+        const float u = x[j], w = x[j + h];
+        x[j] = u + w;
+        x[j + h] = u - w;
+      }
+  const float root = static_cast<float>(std::sqrt(static_cast<double>(D)));
+  for (int64_t d = 0; d < D; ++d) x[d] = x[d] / root;
+}
 
 void check_paged_attention(const PagedAttentionArgs& a) {
   if (a.num_q_heads % a.num_kv_heads != 0) throw std::invalid_argument("paged_attention: q heads must be a multiple of kv heads");

@@ -29,6 +29,10 @@ struct PagedAttentionArgs {
 
 void paged_attention(const PagedAttentionArgs& a);
 
+// In place: H (signs * x) / sqrt(D), H the Walsh-Hadamard matrix in Sylvester order (D a power of two), with the f32
+// operations of pyengine/kv_cache/turbo.py's rotate (TurboQuant keys, and the queries that read them).
+void turbo_rotate(float* x, const float* signs, int64_t D);
+
 // Throws std::invalid_argument for arguments paged_attention rejects (call before a parallel region).
 void check_paged_attention(const PagedAttentionArgs& a);
 

@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cpu/attention.h"
 #include "cpu/dtype_io.h"
@@ -110,21 +112,71 @@ CVLLM_NO_CONTRACT void add_bias(float* row, const float* bias, int64_t n) {
   for (int64_t i = 0; i < n; ++i) row[i] = row[i] + bias[i];
 }
 
-// Row `row` of a cache half holding CIO (f32, or e4m3 rounded as the CUDA writes round).
-template <typename CIO>
-void store_cache_row(void* half, int64_t row, const float* src, int64_t D) {
-  typename CIO::storage* dst = static_cast<typename CIO::storage*>(half) + row * D;
-  for (int64_t d = 0; d < D; ++d) dst[d] = CIO::store(src[d]);
-}
+// TurboQuant rows as pyengine/kv_cache/turbo.py encodes them, one f32 operation at a time as torch rounds them:
+// [K codes | K absmax (4 / 3 bits) | V 4-bit codes | V absmax].
+struct TurboWriter {
+  int64_t D, k_bits, k_code_bytes, k_bytes, row_bytes;
+  const float* signs;
+  explicit TurboWriter(const DecoderStep& st, int64_t head_dim)
+      : D(head_dim), k_bits(st.turbo_k_bits), k_code_bytes(head_dim * st.turbo_k_bits / 8),
+        k_bytes(head_dim * st.turbo_k_bits / 8 + (st.turbo_k_bits == 8 ? 0 : 4)),
+        row_bytes(head_dim * st.turbo_k_bits / 8 + (st.turbo_k_bits == 8 ? 0 : 4) + head_dim / 2 + 4),
+        signs(st.turbo_signs) {}
 
-// Bias, q/k norm and RoPE of every head of every token; q into s.q, k and v into the cache (f32, or e4m3 from the
-// f32 row). No barrier.
-template <typename CIO>
-void heads(const DecoderLayerWeights& w, const DecoderStep& st, void* kv_cache, Scratch& s) {
+  // codes[d] = rint(clamp(x[d] / a * half + half, 0, 2 half)), a = max |x|; returns a.
+  CVLLM_NO_CONTRACT static float codes(const float* x, int64_t n, float half, uint8_t* out) {
+    float a = 0.f;
+    for (int64_t d = 0; d < n; ++d) a = std::max(a, std::fabs(x[d]));
+    const float safe = a > 0.f ? a : 1.f;
+    for (int64_t d = 0; d < n; ++d) {
+      const float pre = x[d] / safe * half + half;
+      out[d] = static_cast<uint8_t>(std::nearbyint(std::min(std::max(pre, 0.f), 2.f * half)));
+    }
+    return a;
+  }
+
+  static void nibbles(const uint8_t* c, int64_t n, uint8_t* dst) {
+    for (int64_t b = 0; b < n / 2; ++b) dst[b] = static_cast<uint8_t>(c[2 * b] | (c[2 * b + 1] << 4));
+  }
+
+  void key(uint8_t* row, const float* k, float* scratch) const {
+    if (k_bits == 8) {
+      for (int64_t d = 0; d < D; ++d) row[d] = E4M3::store(k[d]);
+      return;
+    }
+    std::memcpy(scratch, k, D * sizeof(float));
+    turbo_rotate(scratch, signs, D);
+    uint8_t* c = reinterpret_cast<uint8_t*>(scratch + D);  // D codes after the rotated values
+    const float a = codes(scratch, D, k_bits == 4 ? 7.5f : 3.f, c);
+    if (k_bits == 4) {
+      nibbles(c, D, row);
+    } else {
+      for (int64_t g = 0; g < D / 8; ++g) {
+        uint32_t word = 0;
+        for (int i = 0; i < 8; ++i) word |= static_cast<uint32_t>(c[8 * g + i]) << (3 * i);
+        row[3 * g] = word & 0xff;
+        row[3 * g + 1] = (word >> 8) & 0xff;
+        row[3 * g + 2] = (word >> 16) & 0xff;
+      }
+    }
+    std::memcpy(row + k_code_bytes, &a, sizeof a);
+  }
+
+  void value(uint8_t* row, const float* v, float* scratch) const {
+    uint8_t* c = reinterpret_cast<uint8_t*>(scratch);
+    const float a = codes(v, D, 7.5f, c);
+    nibbles(c, D, row + k_bytes);
+    std::memcpy(row + k_bytes + D / 2, &a, sizeof a);
+  }
+};
+
+// Bias, q/k norm and RoPE of every head of every token; q into s.q, k and v into the cache: Store::key / value
+// (f32 rows, e4m3 rows from the f32 row, or TurboQuant rows). No barrier.
+template <typename Store>
+void heads(const DecoderLayerWeights& w, const DecoderStep& st, const Store& store, Scratch& s) {
   const int64_t D = w.head_dim, hq = w.num_heads, hk = w.num_kv_heads, per_token = hq + 2 * hk;
   const int64_t nqkv = per_token * D;
-  using C = typename CIO::storage;
-  void* v_cache = static_cast<C*>(kv_cache) + st.num_blocks * st.block_size * hk * D;
+  std::vector<float> scratch(2 * D);
 #pragma omp for schedule(static) nowait
   for (int64_t u = 0; u < st.num_tokens * per_token; ++u) {
     const int64_t t = u / per_token, h = u % per_token;
@@ -140,12 +192,43 @@ void heads(const DecoderLayerWeights& w, const DecoderStep& st, void* kv_cache, 
     } else if (h < hq + hk) {
       if (w.k_norm != nullptr) rms_norm_row(src, src, w.k_norm, D, w.eps, DType::F32);
       rope(src, cs, w.rotary_dim, w.is_neox);
-      store_cache_row<CIO>(kv_cache, slot * hk + (h - hq), src, D);
+      store.key(slot * hk + (h - hq), src, scratch.data());
     } else {
-      store_cache_row<CIO>(v_cache, slot * hk + (h - hq - hk), src, D);
+      store.value(slot * hk + (h - hq - hk), src, scratch.data());
     }
   }
 }
+
+// Rows of a dense cache [2, num_blocks, block_size, Hk, D] holding CIO (f32, or e4m3 rounded as the CUDA writes).
+template <typename CIO>
+struct DenseStore {
+  using C = typename CIO::storage;
+  C* k_cache;
+  C* v_cache;
+  int64_t D;
+  void key(int64_t row, const float* src, float*) const { put(k_cache + row * D, src); }
+  void value(int64_t row, const float* src, float*) const { put(v_cache + row * D, src); }
+  void put(C* dst, const float* src) const {
+    for (int64_t d = 0; d < D; ++d) dst[d] = CIO::store(src[d]);
+  }
+};
+
+template <typename CIO>
+DenseStore<CIO> dense_store(void* kv_cache, const DecoderStep& st, const DecoderLayerWeights& w) {
+  auto* k = static_cast<typename CIO::storage*>(kv_cache);
+  return {k, k + st.num_blocks * st.block_size * w.num_kv_heads * w.head_dim, w.head_dim};
+}
+
+struct TurboStore {
+  uint8_t* cache;
+  TurboWriter writer;
+  void key(int64_t row, const float* src, float* scratch) const {
+    writer.key(cache + row * writer.row_bytes, src, scratch);
+  }
+  void value(int64_t row, const float* src, float* scratch) const {
+    writer.value(cache + row * writer.row_bytes, src, scratch);
+  }
+};
 
 struct LayerCall {
   const DecoderLayerWeights& w;
@@ -172,13 +255,15 @@ void layer_to_gate_up(const LayerCall& c, const DecoderStep& st, float* x, float
   }
   bar.wait();
   linear(w.qkv, x, T, s.qkv.get(), bar);
-  if (st.cache_e4m3) heads<E4M3>(w, st, c.kv_cache, s);
-  else heads<F32>(w, st, c.kv_cache, s);
+  if (st.turbo_k_bits != 0) heads(w, st, TurboStore{static_cast<uint8_t*>(c.kv_cache), TurboWriter(st, w.head_dim)}, s);
+  else if (st.cache_e4m3) heads(w, st, dense_store<E4M3>(c.kv_cache, st, w), s);
+  else heads(w, st, dense_store<F32>(c.kv_cache, st, w), s);
   bar.wait();
   const PagedAttentionArgs a{s.attn.get(), s.q.get(), c.kv_cache, st.block_tables, st.query_start_loc, st.seq_lens,
                              st.num_seqs, T, w.num_heads, w.num_kv_heads, w.head_dim, st.block_size, st.num_blocks,
                              st.max_blocks, w.scale, w.sliding_window, 0.f, DType::F32,
-                             st.cache_e4m3 ? DType::F8E4M3 : DType::F32};
+                             st.turbo_k_bits != 0 ? DType::U8 : st.cache_e4m3 ? DType::F8E4M3 : DType::F32,
+                             st.turbo_k_bits, st.turbo_signs};
   paged_attention_share(a, s.seq_of.data());
   bar.wait();
   const float* attn = s.attn.get();

@@ -60,6 +60,10 @@ struct DecoderStep {
   const int32_t* seq_lens = nullptr;         // [S]
   int64_t num_blocks = 0, block_size = 0;    // of every layer's cache [2, num_blocks, block_size, Hk, D]
   bool cache_e4m3 = false;                   // the caches hold e4m3 (--kvcache-dtype fp8), else f32
+  // 8 / 4 / 3: the caches hold TurboQuant rows [num_blocks, block_size, Hk, R] (pyengine/kv_cache/turbo.py) whose K
+  // has that many bits, rotated (4 / 3) by turbo_signs [D] and the Walsh-Hadamard transform; 0: dense caches.
+  int turbo_k_bits = 0;
+  const float* turbo_signs = nullptr;
 };
 
 // Throws std::invalid_argument when a position is outside a layer's rotary table, a slot outside the caches, or

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as QT
 
+from candle_vllm.pyengine.kv_cache import turbo as turbo_kv
+from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
 from candle_vllm.pyengine.ops import native
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 from candle_vllm.pyengine.ops.quant import row_bytes
@@ -102,12 +104,19 @@ class CpuDecoderStack:
         self._intermediate = intermediate
         self._qk_norm = self._qk_norm or q_norm is not None
 
+    def _turbo_format(self, kv_caches: Sequence[torch.Tensor]) -> TurboFormat | None:
+        """The caches' TurboQuant format (layer 0 tells; step_supported checks the others), None for dense ones."""
+        if not kv_caches or not self._kv_geometry:
+            return None
+        return TurboFormat.of_cache(kv_caches[0], self._kv_geometry[0][1])
+
     def step_supported(
         self, x: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[torch.Tensor], meta: AttentionMetadata
     ) -> bool:
-        """Whether this step can run natively: f32 CPU activations, one paged cache per layer (all f32 or all e4m3),
-        and the metadata the CPU attention kernel reads (else the caller runs its op-by-op path). With q/k norm, one token
-        only: op by op, the q/k views of a bigger batch are strided and take the torch reference norm."""
+        """Whether this step can run natively: f32 CPU activations, one paged cache per layer (all f32, all e4m3 or
+        all TurboQuant rows of one mode), and the metadata the CPU attention kernel reads (else the caller runs its
+        op-by-op path). With q/k norm, one token only: op by op, the q/k views of a bigger batch are strided and take
+        the torch reference norm."""
         if (
             x.device.type != "cpu"
             or (self._qk_norm and x.shape[0] != 1)
@@ -118,12 +127,16 @@ class CpuDecoderStack:
         ):
             return False
         shape = kv_caches[0].shape
+        turbo = self._turbo_format(kv_caches)
         return (
             native.ready(x, dtypes=(torch.float32,))
             and native.ready(*kv_caches, dtypes=(kv_caches[0].dtype,))
-            and kv_caches[0].dtype in (torch.float32, torch.float8_e4m3fn)
+            and kv_caches[0].dtype in (torch.float32, torch.float8_e4m3fn, torch.uint8)
             and all(
-                c.shape == shape and tuple(c.shape[3:]) == g for c, g in zip(kv_caches, self._kv_geometry, strict=True)
+                c.shape == shape
+                and c.shape[3] == g[0]
+                and c.shape[4] == (g[1] if turbo is None else TurboFormat(turbo.mode, g[1]).row_bytes)
+                for c, g in zip(kv_caches, self._kv_geometry, strict=True)
             )
             and native.ready(positions, meta.slot_mapping, dtypes=(torch.int64,))
             and native.ready(meta.block_tables, meta.query_start_loc, meta.seq_lens, dtypes=(torch.int32,))
@@ -143,6 +156,8 @@ class CpuDecoderStack:
         assert meta.slot_mapping is not None and meta.block_tables is not None
         t, n = x.shape[0], len(self)
         rows = None if output_rows is None else output_rows.to(torch.int64).contiguous()
+        turbo = self._turbo_format(kv_caches)
+        turbo_signs = None if turbo is None else turbo_kv.channel_signs(turbo.head_dim)
         residual = torch.empty_like(x)
         gate_up = torch.empty(t, 2 * self._intermediate, dtype=x.dtype)
         self._stack.begin_step(
@@ -152,6 +167,8 @@ class CpuDecoderStack:
             seq_lens=native.ptr(meta.seq_lens), num_seqs=meta.seq_lens.shape[0], num_blocks=kv_caches[0].shape[1],
             block_size=kv_caches[0].shape[2], out_rows=_addr(rows), num_out_rows=0 if rows is None else rows.shape[0],
             cache_e4m3=kv_caches[0].dtype == torch.float8_e4m3fn,
+            turbo_k_bits=0 if turbo is None else turbo.k_bits,
+            turbo_signs=_addr(turbo_signs),
         )
         # SiLU-and-mul as ops.activation.silu_and_mul computes it on CPU (the same torch kernels on the same
         # strided views, in place and into preallocated buffers to save two dispatches per layer).

@@ -15,6 +15,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from tiny_models import hf_logits, make_hf_model, save_hf_model
 
+from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
 from candle_vllm.pyengine.loader import load_model, resolve_model_source
 from candle_vllm.pyengine.loader.embedded import default_model_path
 from candle_vllm.pyengine.models.llama import LlamaForCausalLM
@@ -93,11 +94,16 @@ def _run_schedule(
 
 
 def _assert_fused_equals_unfused(model: LlamaForCausalLM, num_blocks: int, block_size: int, seed: int,
-                                 kv_dtype: torch.dtype = torch.float32) -> None:
+                                 kv_dtype: torch.dtype = torch.float32, turbo: str | None = None) -> None:
     cfg = model.config
     g = torch.Generator().manual_seed(seed)
-    caches = [torch.randn(2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, generator=g).to(kv_dtype)
-              for _ in range(cfg.num_layers)]
+    if turbo is not None:  # garbage bytes outside the written rows, as the dense caches' random values
+        row = TurboFormat(turbo, cfg.head_dim).row_bytes
+        caches = [torch.randint(0, 256, (1, num_blocks, block_size, cfg.num_kv_heads, row), generator=g,
+                                dtype=torch.uint8) for _ in range(cfg.num_layers)]
+    else:
+        caches = [torch.randn(2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, generator=g).to(kv_dtype)
+                  for _ in range(cfg.num_layers)]
     seqs = [torch.randint(0, cfg.vocab_size, (n,), generator=g) for n in (22, 13, 9)]
     schedules = [[7, 1, 5, 1, 1, 6, 1], [1, 4, 1, 1, 6], [9]]
     perm = torch.randperm(num_blocks, generator=g).tolist()
@@ -109,7 +115,7 @@ def _assert_fused_equals_unfused(model: LlamaForCausalLM, num_blocks: int, block
     for step, (a, b) in enumerate(zip(got, want, strict=True)):
         assert a.shape == b.shape and torch.equal(a, b), f"step {step}: max diff {(a - b).abs().max().item()}"
     for layer, (a, b) in enumerate(zip(got_caches, want_caches, strict=True)):
-        assert a.dtype == b.dtype == kv_dtype
+        assert a.dtype == b.dtype == (kv_dtype if turbo is None else torch.uint8)
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"layer {layer} cache differs"
 
 
@@ -136,16 +142,21 @@ def test_fused_stack_bitwise_equals_op_by_op(
     assert fused == ([1] if case == "qwen3_qk_norm" else [17, 5, 6, 2, 7, 6, 1])
 
 
+@pytest.mark.parametrize("cache", ["fp8", "turbo8", "turbo4", "turbo3"])
 @pytest.mark.parametrize(("case", "qtypes"), [("llama", {}), ("qwen2_bias", {"q_proj": QT.Q8_0, "v_proj": QT.Q4_0})])
-def test_fused_stack_with_an_e4m3_cache_equals_op_by_op(
-    case: str, qtypes: dict[str, QT], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_fused_stack_with_a_compressed_cache_equals_op_by_op(
+    cache: str, case: str, qtypes: dict[str, QT], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """--kvcache-dtype fp8 on the CPU: the fused stack stores k/v as e4m3 itself (its own rounding) and the op-by-op
-    path through torch's float8 cast; caches byte for byte and hidden states bitwise equal, both attending
-    through the native kernel's e4m3 loads."""
+    """--kvcache-dtype fp8 / turbo8 / turbo4 / turbo3 on the CPU: the fused stack stores k/v itself (e4m3 with its
+    own rounding; TurboQuant rows with its own rotation, absmax and packing) and the op-by-op path through torch
+    (float8 cast, ``kv_cache/turbo.py``); caches byte for byte and hidden states bitwise equal, both attending
+    through the native kernel."""
     model, _ = _gguf_model(case, tmp_path, qtypes)
     fused = _count_fused_steps(monkeypatch)
-    _assert_fused_equals_unfused(model, num_blocks=24, block_size=4, seed=5, kv_dtype=torch.float8_e4m3fn)
+    if cache == "fp8":
+        _assert_fused_equals_unfused(model, num_blocks=24, block_size=4, seed=5, kv_dtype=torch.float8_e4m3fn)
+    else:
+        _assert_fused_equals_unfused(model, num_blocks=24, block_size=4, seed=5, turbo=cache)
     assert fused == [17, 5, 6, 2, 7, 6, 1]
 
 
