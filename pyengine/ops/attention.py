@@ -221,6 +221,8 @@ def _turbo_decode(
     """A pure decode step over a TurboQuant cache through its CUDA kernel (a CUDA graph's too); None for steps with
     prefill rows, which read the rows through the torch reference."""
     assert meta.block_tables is not None
+    if not cuda_turbo.decode_supported(q, kv_cache, fmt):
+        return None
     if meta.max_decode_seq_len is not None:
         longest = meta.max_decode_seq_len
     elif meta.query_start_loc_cpu == list(range(q.shape[0] + 1)):

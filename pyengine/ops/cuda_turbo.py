@@ -14,9 +14,10 @@ from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
 from candle_vllm.pyengine.ops import native
 from candle_vllm.pyengine.ops.cuda import HALF_DTYPES, _heads_view_ok, available
 
-# Tokens of one decode piece (a CTA of 4 warps): batch 1 at 4k makes 16 pieces per q head.
+# Tokens of one decode piece (a CTA of 4 warps): batch 1 at 4k makes 16 pieces per kv head.
 PART_SIZE = 256
 HEAD_DIMS = (64, 128, 256)
+MAX_GROUP = 8  # q heads per kv head the decode kernel serves (one CTA reads each row once for all of them)
 
 
 def turbo_supported(x: torch.Tensor, kv_cache: torch.Tensor, fmt: TurboFormat | None) -> bool:
@@ -29,6 +30,12 @@ def turbo_supported(x: torch.Tensor, kv_cache: torch.Tensor, fmt: TurboFormat | 
         and kv_cache.device == x.device
         and kv_cache.is_contiguous()
     )
+
+
+def decode_supported(q: torch.Tensor, kv_cache: torch.Tensor, fmt: TurboFormat | None) -> bool:
+    """Whether :func:`turbo_decode_attention` takes q [B, Hq, D] over this cache (at most 8 q heads per kv head)."""
+    hk = kv_cache.shape[3]
+    return turbo_supported(q, kv_cache, fmt) and q.shape[1] % hk == 0 and q.shape[1] // hk <= MAX_GROUP
 
 
 def turbo_cache_write(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
@@ -72,17 +79,16 @@ def turbo_decode_attention(
     b, hq, d = q.shape
     hk = kv_cache.shape[3]
     ok = (
-        turbo_supported(q, kv_cache, fmt)
+        decode_supported(q, kv_cache, fmt)
         and d == fmt.head_dim
-        and hq % hk == 0
         and block_tables.dtype == seq_lens.dtype == torch.int32
         and block_tables.is_contiguous()
         and seq_lens.is_contiguous()
         and block_tables.shape[0] == seq_lens.shape[0] == b
     )
     if not ok:
-        raise ValueError("turbo_decode_attention: needs f16/bf16 q [B, Hq, D] on the cache's GPU, Hq a multiple of "
-                         "the cache's kv heads, int32 block_tables [B, max_blocks] and seq_lens [B]")
+        raise ValueError("turbo_decode_attention: needs f16/bf16 q [B, Hq, D] on the cache's GPU, Hq 1-8 times the "
+                         "cache's kv heads, int32 block_tables [B, max_blocks] and seq_lens [B]")
     q = q.contiguous()
     out = torch.empty_like(q)
     parts = max(1, math.ceil(max_seq_len / PART_SIZE))

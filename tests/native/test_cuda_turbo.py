@@ -118,6 +118,8 @@ def reference(q: torch.Tensor, cache: torch.Tensor, tables: torch.Tensor, lens: 
     (64, 9, 3, 64, [5, 300, 64]),
     (256, 8, 1, 16, [700, 2]),
     (128, 28, 4, 64, [3000, 129]),
+    (64, 4, 2, 16, [40, 600]),
+    (128, 4, 4, 16, [3, 300]),
 ])
 def test_decode_matches_float64_attention_over_the_rows(
     mode: str, d: int, hq: int, hk: int, bs: int, lens: list[int]
