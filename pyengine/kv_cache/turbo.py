@@ -1,8 +1,9 @@
 """TurboQuant KV cache rows (``--kvcache-dtype turbo8 | turbo4 | turbo3``): each (token, kv head) stores its K and
 V vectors as a few bits a value plus an f32 absmax, 2.6-4.3x fewer bytes than a bf16 cache at head_dim 128.
 
-Why these rules: they are the Rust project's layout (shared/reference/NOTES.md), so a cache means the same thing
-in both. V is never rotated: 4-bit absmax codes ``q = round(clamp(v / a * 7.5 + 7.5, 0, 15))``, decoded as
+Why these rules: they are the Rust project's layout (shared/reference/NOTES.md): the same codes, scales and
+rotation. The caches are not interchangeable byte for byte (the signs come from our own seed, and turbo8 keeps no
+second, FP8 copy of V). V is never rotated: 4-bit absmax codes ``q = round(clamp(v / a * 7.5 + 7.5, 0, 15))``, decoded as
 ``(q - 7.5) / 7.5 * a``. K is e4m3 for turbo8 (saturating at +-448, no scale, as ``--kvcache-dtype fp8``); for
 turbo4 / turbo3 it is first rotated, ``H (s * k) / sqrt(D)`` with ``s`` a fixed random sign per channel and ``H``
 the Walsh-Hadamard matrix, which spreads a few outlier channels over all of them before absmax quantization (4
