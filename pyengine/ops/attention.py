@@ -138,6 +138,7 @@ def attention(
     if k.shape[1] != num_kv_heads:
         raise ValueError(f"k has {k.shape[1]} heads, expected num_kv_heads={num_kv_heads}")
     q = q.view(t, -1, d)
+    q_unrotated = q  # a TurboQuant cache's CUDA kernel rotates its queries itself
     paged = kv_cache is not None and meta.slot_mapping is not None
     on_cuda = q.device.type == "cuda" and cuda.available(q.device)
     if paged:
@@ -205,7 +206,11 @@ def attention(
         )[0]
     if decode_rows:
         assert kv_cache is not None
-        _decode_batch(q, out, kv_cache, meta, decode_rows, scale, sliding_window, softcap)
+        fmt = TurboFormat.of_cache(kv_cache, d)
+        if on_cuda and fmt is not None and cuda_turbo.decode_supported(q, kv_cache, fmt):
+            _turbo_decode_rows(q_unrotated, out, kv_cache, meta, decode_rows, scale, sliding_window, softcap, fmt)
+        else:
+            _decode_batch(q, out, kv_cache, meta, decode_rows, scale, sliding_window, softcap)
     return out
 
 
@@ -231,6 +236,28 @@ def _turbo_decode(
         return None
     return cuda_turbo.turbo_decode_attention(q, kv_cache, meta.block_tables, meta.seq_lens, scale, longest, fmt,
                                              sliding_window, softcap)
+
+
+def _turbo_decode_rows(
+    q: torch.Tensor,
+    out: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    rows: list[int],
+    scale: float,
+    sliding_window: int | None,
+    softcap: float | None,
+    fmt: TurboFormat,
+) -> None:
+    """The decode rows of a step with prefill rows, through the TurboQuant CUDA kernel (unrotated q): the torch
+    reference would decode every row's whole context to f32 at once."""
+    assert meta.block_tables is not None and meta.seq_lens_cpu is not None and meta.query_start_loc_cpu is not None
+    idx = torch.tensor(rows, device=q.device)
+    tok = torch.tensor([meta.query_start_loc_cpu[s] for s in rows], device=q.device)
+    out[tok] = cuda_turbo.turbo_decode_attention(
+        q[tok], kv_cache, meta.block_tables.index_select(0, idx).contiguous(), meta.seq_lens.index_select(0, idx),
+        scale, max(meta.seq_lens_cpu[s] for s in rows), fmt, sliding_window, softcap,
+    )
 
 
 def _decode_batch(
