@@ -231,3 +231,34 @@ def test_turbo_cache_on_cuda_reads_what_the_cpu_kernel_reads(mode: str) -> None:
     for cpu_x, gpu_x in ((k_cpu, k_gpu), (v_cpu, v_gpu)):
         step = cpu_x.abs().amax(-1, keepdim=True) / 3.0  # the coarsest code step (3 bits); bf16 inputs move a little
         assert torch.all((gpu_x - cpu_x).abs() <= step + 0.02)
+
+
+@pytest.mark.parametrize("mode", ["turbo8", "turbo4", "turbo3"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_turbo_cpu_kernel_at_model_head_sizes(mode: str, d: int) -> None:
+    """The native CPU kernel over TurboQuant rows at the head sizes models use (the tests above run D = 16): a
+    decode step of three sequences against float64 attention over the rows' decoded vectors."""
+    if native.module() is None:
+        pytest.fail("candle_vllm._native is not built")
+    g = torch.Generator().manual_seed(d)
+    hq, hk, bs, num_blocks = 8, 2, 16, 16
+    lens = [1, 40, 77]
+    fmt = TurboFormat(mode, d)
+    cache = allocate_kv_caches(1, num_blocks, bs, hk, d, torch.float32, torch.device("cpu"), fmt)[0]
+    tables = _shuffled_tables([(n - 1, 1) for n in lens], bs, num_blocks, g)
+    ks = [torch.randn(n, hk, d, generator=g) * 2 for n in lens]
+    vs = [torch.randn(n, hk, d, generator=g) for n in lens]
+    everything = AttentionMetadata.build(lens, lens, "cpu", tables, bs)
+    assert everything.slot_mapping is not None
+    write_kv(torch.cat(ks), torch.cat(vs), cache, everything.slot_mapping)
+    q = torch.randn(len(lens), hq, d, generator=g)
+    step = AttentionMetadata.build([1] * len(lens), lens, "cpu", tables, bs)
+    last_k = torch.stack([k[-1] for k in ks])
+    got = attention(q, last_k, torch.stack([v[-1] for v in vs]), cache, step, d**-0.5, hk, kv_cached=True)
+    for s in range(len(lens)):
+        k_read, v_read = turbo.decode(turbo.encode(ks[s], vs[s], fmt), fmt)
+        k_read = unrotate(k_read) if fmt.rotated else k_read
+        for h in range(hq):
+            scores = k_read[:, h // (hq // hk)].double() @ q[s, h].double() * d**-0.5
+            want = torch.softmax(scores, 0) @ v_read[:, h // (hq // hk)].double()
+            torch.testing.assert_close(got[s, h].double(), want, atol=2e-5, rtol=2e-5)
