@@ -23,12 +23,10 @@ struct RowLayout {
         row_bytes(D * k_bits / 8 + (k_bits == 8 ? 0 : 4) + D / 2 + 4) {}
 };
 
-// x (E channels a lane) <- H (signs * x) / sqrt_d, H in Sylvester order: stage h pairs channels c and c + h.
+// x (E channels a lane) <- H x, H in Sylvester order: stage h pairs channels c and c + h.
 template <int E>
-__device__ __forceinline__ void rotate(float (&x)[E], const float* signs, float sqrt_d) {
+__device__ __forceinline__ void hadamard(float (&x)[E]) {
   const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int e = 0; e < E; ++e) x[e] *= signs[lane * E + e];
 #pragma unroll
   for (int h = 1; h < E; h *= 2)
 #pragma unroll
@@ -46,6 +44,15 @@ __device__ __forceinline__ void rotate(float (&x)[E], const float* signs, float 
       const float p = __shfl_xor_sync(0xffffffffu, x[e], m);
       x[e] = (lane & m) ? __fsub_rn(p, x[e]) : __fadd_rn(x[e], p);
     }
+}
+
+// x <- H (signs * x) / sqrt_d: the keys' rotation.
+template <int E>
+__device__ __forceinline__ void rotate(float (&x)[E], const float* signs, float sqrt_d) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] *= signs[lane * E + e];
+  hadamard(x);
 #pragma unroll
   for (int e = 0; e < E; ++e) x[e] = __fdiv_rn(x[e], sqrt_d);
 }
@@ -135,6 +142,74 @@ __global__ void turbo_write_kernel(const T* k, const T* v, uint8_t* cache, const
   const float a = absmax_codes(x, 7.5f, code);
   store_nibbles(row + L.k_bytes, code);
   if (lane == 0) store_f32(row + L.k_bytes + D / 2, a);
+}
+
+// The calling lane's E codes of `bits` bits (channels lane * E ...), as packed by store_nibbles / store_triples.
+template <int E>
+__device__ __forceinline__ void load_codes(int (&code)[E], const uint8_t* packed, int bits) {
+  const int lane = threadIdx.x & 31;
+  if (bits == 4) {
+#pragma unroll
+    for (int b = 0; b < E / 2; ++b) {
+      const int byte = packed[lane * (E / 2) + b];
+      code[2 * b] = byte & 15;
+      code[2 * b + 1] = byte >> 4;
+    }
+    return;
+  }
+  const uint8_t* p = packed + 3 * (lane * E / 8);
+  const uint32_t word = (p[0] | (p[1] << 8) | (p[2] << 16)) >> (3 * ((lane * E) % 8));
+#pragma unroll
+  for (int e = 0; e < E; ++e) code[e] = (word >> (3 * e)) & 7;
+}
+
+// (code - half) * (a / half), the reference's dequantization.
+template <int E>
+__device__ __forceinline__ void dequant(float (&x)[E], const int (&code)[E], float a, float half) {
+  const float step = __fdiv_rn(a, half);
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] = __fmul_rn(__fsub_rn(static_cast<float>(code[e]), half), step);
+}
+
+template <typename T, int E>
+__device__ __forceinline__ void store_lane(T* dst, const float (&x)[E]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int e = 0; e < E; ++e) dst[lane * E + e] = from_f32<T>(x[e]);
+}
+
+// One warp per row of the listed blocks: K decoded and turned back (signs * H k' / sqrt_d), V decoded, both stored
+// as dense [2, n, block_size, Hk, D] blocks.
+template <typename T, int E>
+__global__ void turbo_blocks_kernel(T* out, const uint8_t* cache, const int64_t* blocks, const float* signs,
+                                    int64_t rows, int block_rows, int k_bits, float sqrt_d) {
+  constexpr int D = 32 * E;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const RowLayout L(D, k_bits);
+  const uint8_t* row = cache + (blocks[r / block_rows] * block_rows + r % block_rows) * L.row_bytes;
+  float x[E];
+  int code[E];
+  if (k_bits == 8) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      Fp8 f;
+      f.__x = static_cast<__nv_fp8_storage_t>(row[lane * E + e]);
+      x[e] = static_cast<float>(f);
+    }
+  } else {
+    const float half = k_bits == 4 ? 7.5f : 3.f;
+    load_codes(code, row, k_bits);
+    dequant(x, code, load_f32(row + L.k_code_bytes), half);
+    hadamard(x);
+#pragma unroll
+    for (int e = 0; e < E; ++e) x[e] = __fdiv_rn(x[e], sqrt_d) * signs[lane * E + e];
+  }
+  store_lane(out + r * D, x);
+  load_codes(code, row + L.k_bytes, 4);
+  dequant(x, code, load_f32(row + L.k_bytes + D / 2), 7.5f);
+  store_lane(out + (rows + r) * D, x);
 }
 
 // One token's K part (the calling lane's) scored against the CTA's G queries in shared memory, rotated and scaled:
@@ -417,6 +492,26 @@ void turbo_decode_attention(void* out, const void* q, const void* cache, const i
                                       as_stream(stream)>>>(static_cast<T*>(out), partials, static_cast<int>(parts));
         check_launch(what);
       }
+    });
+  });
+}
+
+void turbo_blocks_to_dense(void* out, const void* cache, const int64_t* blocks, const float* signs, int64_t num_blocks,
+                           int64_t block_size, int64_t kv_heads, int64_t head_dim, int k_bits, DType dtype,
+                           std::uintptr_t stream) {
+  const char* what = "turbo_blocks_to_dense";
+  check_bits(k_bits, what);
+  if (num_blocks == 0) return;
+  dispatch_float<false>(dtype, what, [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_lanes(head_dim, what, [&](auto e) {
+      constexpr int kWarps = 8;
+      const int64_t rows = num_blocks * block_size * kv_heads;
+      turbo_blocks_kernel<T, decltype(e)::value><<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), 32 * kWarps, 0,
+                                                   as_stream(stream)>>>(
+          static_cast<T*>(out), static_cast<const uint8_t*>(cache), blocks, signs, rows,
+          static_cast<int>(block_size * kv_heads), k_bits, sqrt_of(head_dim));
+      check_launch(what);
     });
   });
 }

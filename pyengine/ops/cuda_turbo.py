@@ -1,6 +1,6 @@
 """Checked wrappers around the TurboQuant cache kernels (``native/cuda/turbo_kv.cu``): the cache write and the paged
-decode attention over the rows of ``kv_cache/turbo.py``, which ``ops/attention.py`` dispatches to on CUDA (prefill
-steps still read the rows through the torch reference). Same contract as ``ops/cuda.py``: preconditions checked
+decode attention over the rows of ``kv_cache/turbo.py``, and the rows of listed blocks decoded into dense blocks
+for prefill steps (``ops/attention_turbo.py`` dispatches to them). Same contract as ``ops/cuda.py``: preconditions checked
 here, launches on the caller's stream, scratch through torch (so both run inside CUDA graphs)."""
 
 from __future__ import annotations
@@ -98,5 +98,27 @@ def turbo_decode_attention(
         turbo.channel_signs(d, q.device).data_ptr(), partials.data_ptr(), b, hq, hk, d, kv_cache.shape[2],
         block_tables.shape[1], parts, PART_SIZE, scale, sliding_window or 0, softcap or 0.0, fmt.k_bits,
         native.dtype_code(q), native.stream(q.device),
+    )
+    return out
+
+
+def blocks_to_dense(kv_cache: torch.Tensor, blocks: torch.Tensor, fmt: TurboFormat, dtype: torch.dtype
+                    ) -> torch.Tensor:
+    """The rows of cache blocks ``blocks`` (int64 [n]) as a dense cache [2, n, block_size, Hk, D] of ``dtype``
+    (f16/bf16), K turned back from its rotation: what the flash prefill kernel reads with unrotated queries."""
+    n, bs, hk = blocks.shape[0], kv_cache.shape[2], kv_cache.shape[3]
+    out = torch.empty(2, n, bs, hk, fmt.head_dim, dtype=dtype, device=kv_cache.device)
+    ok = (
+        turbo_supported(out, kv_cache, fmt)
+        and blocks.dtype == torch.int64
+        and blocks.is_contiguous()
+        and blocks.device == kv_cache.device
+    )
+    if not ok:
+        raise ValueError("turbo_blocks_to_dense: needs a contiguous TurboQuant cache on a GPU, D 64/128/256, f16/bf16 "
+                         "output, int64 block ids on the cache's device")
+    native.loaded().cuda_turbo_blocks_to_dense(
+        out.data_ptr(), kv_cache.data_ptr(), blocks.data_ptr(), turbo.channel_signs(fmt.head_dim, out.device).data_ptr(),
+        n, bs, hk, fmt.head_dim, fmt.k_bits, native.dtype_code(out), native.stream(out.device),
     )
     return out
