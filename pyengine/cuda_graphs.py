@@ -67,9 +67,8 @@ def unsupported_reason(model: CausalLM, kv_caches: list[torch.Tensor], device: t
     fmt = TurboFormat.of_cache(cache, head_dim)
     if fmt is not None:
         probe = torch.empty(1, num_heads, head_dim, dtype=torch.bfloat16, device=device)
-        if not cuda_turbo.decode_supported(probe, cache, fmt):
-            return (f"the TurboQuant decode kernel takes head_dim 64, 128 or 256 and at most {cuda_turbo.MAX_GROUP} "
-                    f"q heads per kv head, not {head_dim} and {num_heads} / {cache.shape[3]}")
+        if not cuda_turbo.turbo_supported(probe, cache, fmt):
+            return f"the TurboQuant decode kernel takes head_dim 64, 128 or 256, not {head_dim}"
         return None
     # An e4m3 cache serves f16/bf16 activations (EngineArgs.cache_torch_dtype refuses it with f32 on CUDA).
     act = torch.bfloat16 if cache.dtype == torch.float8_e4m3fn else cache.dtype

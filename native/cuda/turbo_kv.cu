@@ -14,7 +14,6 @@ namespace candle_vllm::cuda {
 namespace {
 
 constexpr int kDecodeWarps = 4;
-constexpr int kMaxGroup = 8;  // q heads per kv head the decode kernel serves
 
 struct RowLayout {
   int k_code_bytes, k_bytes, row_bytes;
@@ -260,8 +259,9 @@ __device__ __forceinline__ void key_scores(const uint8_t* row, int k_bits, const
   }
 }
 
-// One CTA per (piece, kv head, sequence), covering the kv head's G q heads (G rounds the group up to 1, 2, 4 or 8;
-// the extra heads are zero queries whose results are dropped), so each row is read once for all of them. Scores:
+// One CTA per (piece, kv head and chunk of its q heads, sequence), covering G q heads (G rounds the group up to 1, 2,
+// 4 or 8; larger groups take chunks of 8; the extra heads are zero queries whose results are dropped), so each row
+// is read once for all of them. Scores:
 // a lane per token, 32 tokens a warp per trip, the queries in shared memory. P V: a lane per E channels, the 32
 // tokens' V codes read coalesced row by row. Each warp keeps an online softmax per head; the warps merge through
 // shared memory at the end.
@@ -277,14 +277,16 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
   __shared__ float sm_p[kDecodeWarps][G][32];
   __shared__ float sm_m[kDecodeWarps][G], sm_l[kDecodeWarps][G];
   __shared__ float sm_acc[kDecodeWarps][G][D];
-  const int part = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z, parts = gridDim.x;
+  const int group = q_heads / kv_heads, chunks = (group + G - 1) / G;
+  const int part = blockIdx.x, kvh = blockIdx.y / chunks, seq = blockIdx.z, parts = gridDim.x;
+  const int chunk_head = blockIdx.y % chunks * G, heads = min(G, group - chunk_head);  // this CTA's live q heads
+  const int64_t head0 = static_cast<int64_t>(seq) * q_heads + static_cast<int64_t>(kvh) * group + chunk_head;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int group = q_heads / kv_heads;
   const RowLayout L(D, k_bits);
   for (int g = warp; g < G; g += kDecodeWarps) {
     float x[E];
-    if (g < group) {
-      load_lane(x, q + (static_cast<int64_t>(seq) * q_heads + static_cast<int64_t>(kvh) * group + g) * D);
+    if (g < heads) {
+      load_lane(x, q + (head0 + g) * D);
 #pragma unroll
       for (int e = 0; e < E; ++e) x[e] *= scale;
       if (k_bits != 8) rotate(x, signs, sqrt_d);
@@ -369,7 +371,7 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
     for (int e = 0; e < E; ++e) sm_acc[warp][g][lane * E + e] = acc[g][e];
   }
   __syncthreads();
-  for (int g = warp; g < group; g += kDecodeWarps) {
+  for (int g = warp; g < heads; g += kDecodeWarps) {
     float big = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) big = fmaxf(big, sm_m[w][g]);
@@ -385,10 +387,10 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
         for (int e = 0; e < E; ++e) o[e] += sm_acc[w][g][lane * E + e] * f;
       }
     }
-    const int64_t qh = static_cast<int64_t>(seq) * q_heads + static_cast<int64_t>(kvh) * group + g;
+    const int64_t qh = head0 + g;
     if (parts == 1) {
 #pragma unroll
-      for (int e = 0; e < E; ++e) out[qh * D + lane * E + e] = from_f32<T>(o[e] / sum);
+      for (int e = 0; e < E; ++e) out[qh * D + lane * E + e] = from_f32<T>(sum > 0.f ? o[e] / sum : 0.f);
       continue;
     }
     float* p = partials + (qh * parts + part) * (D + 2);
@@ -419,7 +421,7 @@ __global__ void turbo_reduce_kernel(T* out, const float* partials, int parts) {
     for (int e = 0; e < E; ++e) o[e] += pi[2 + lane * E + e] * f;
   }
 #pragma unroll
-  for (int e = 0; e < E; ++e) out[qh * D + lane * E + e] = from_f32<T>(o[e] / sum);
+  for (int e = 0; e < E; ++e) out[qh * D + lane * E + e] = from_f32<T>(sum > 0.f ? o[e] / sum : 0.f);
 }
 
 template <class F>
@@ -467,21 +469,22 @@ void turbo_decode_attention(void* out, const void* q, const void* cache, const i
   const char* what = "turbo_decode_attention";
   check_bits(k_bits, what);
   if (num_seqs == 0) return;
-  if (parts < 1 || parts > 65535 || num_seqs > 65535 || q_heads % kv_heads != 0 || q_heads / kv_heads > kMaxGroup)
-    throw std::invalid_argument(std::string(what) + ": 1-65535 pieces and sequences, q heads a multiple of kv heads "
-                                "(at most 8 per kv head)");
+  if (parts < 1 || parts > 65535 || num_seqs > 65535 || kv_heads < 1 || q_heads % kv_heads != 0)
+    throw std::invalid_argument(std::string(what) + ": 1-65535 pieces and sequences, q heads a multiple of kv heads");
   dispatch_float<false>(dtype, what, [&](auto tag) {
     using T = decltype(tag);
     dispatch_lanes(head_dim, what, [&](auto e) {
-      const dim3 grid(static_cast<unsigned>(parts), static_cast<unsigned>(kv_heads), static_cast<unsigned>(num_seqs));
+      const int64_t group = q_heads / kv_heads;
       auto go = [&](auto g) {
+        const int64_t chunks = (group + decltype(g)::value - 1) / decltype(g)::value;
+        const dim3 grid(static_cast<unsigned>(parts), static_cast<unsigned>(kv_heads * chunks),
+                        static_cast<unsigned>(num_seqs));
         turbo_decode_kernel<T, decltype(e)::value, decltype(g)::value><<<grid, 32 * kDecodeWarps, 0, as_stream(stream)>>>(
             static_cast<T*>(out), static_cast<const T*>(q), static_cast<const uint8_t*>(cache), block_tables,
             seq_lens, signs, partials, static_cast<int>(q_heads), static_cast<int>(kv_heads),
             static_cast<int>(block_size), static_cast<int>(max_blocks), static_cast<int>(part_size), scale,
             static_cast<int>(sliding_window), softcap, k_bits, sqrt_of(head_dim));
       };
-      const int64_t group = q_heads / kv_heads;
       if (group == 1) go(std::integral_constant<int, 1>{});
       else if (group == 2) go(std::integral_constant<int, 2>{});
       else if (group <= 4) go(std::integral_constant<int, 4>{});

@@ -10,7 +10,11 @@ import torch
 from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
 from candle_vllm.pyengine.ops import cuda_turbo, sdpa_prefill
 from candle_vllm.pyengine.ops.attention_metadata import AttentionMetadata
-from candle_vllm.pyengine.ops.cuda_prefill import flash_prefill, flash_prefill_supported
+from candle_vllm.pyengine.ops.cuda_prefill import KERNEL_CONFIGS, flash_prefill, flash_prefill_supported
+
+# The flash prefill kernel's widest K/V tile (powers of two): under a sliding window its first tile starts at the
+# window's start rounded down to a multiple of its own width, so never before the start rounded down to this.
+FLASH_KEY_TILE = max(bn for configs in KERNEL_CONFIGS.values() for _, _, bn in configs)
 
 
 def turbo_step(
@@ -25,24 +29,21 @@ def turbo_step(
     """Attention of a step whose K/V are already in the TurboQuant cache: q [T, Hq, D] (unrotated) -> [T, Hq, D];
     None where the kernels do not take the step (the caller falls back to the torch reference)."""
     assert meta.block_tables is not None
-    decode_ok = cuda_turbo.decode_supported(q, kv_cache, fmt)
-    if decode_ok and meta.max_decode_seq_len is not None:
-        return cuda_turbo.turbo_decode_attention(q, kv_cache, meta.block_tables, meta.seq_lens, scale,
-                                                 meta.max_decode_seq_len, fmt, sliding_window, softcap)
-    if meta.max_decode_seq_len is not None:
+    if not cuda_turbo.decode_supported(q, kv_cache, fmt):
         return None
-    assert meta.seq_lens_cpu is not None
-    if decode_ok and meta.query_start_loc_cpu == list(range(q.shape[0] + 1)):
-        return cuda_turbo.turbo_decode_attention(q, kv_cache, meta.block_tables, meta.seq_lens, scale,
-                                                 max(meta.seq_lens_cpu or [1]), fmt, sliding_window, softcap)
+    if meta.max_decode_seq_len is not None or meta.query_start_loc_cpu == list(range(q.shape[0] + 1)):
+        longest = meta.max_decode_seq_len or max(meta.seq_lens_cpu or [1])
+        return cuda_turbo.turbo_decode_attention(q, kv_cache, meta.block_tables, meta.seq_lens, scale, longest, fmt,
+                                                 sliding_window, softcap)
     q_lens = meta.query_lens_cpu
-    one_token = [s for s, n in enumerate(q_lens) if n == 1] if decode_ok else []
-    dense_seqs = [s for s, n in enumerate(q_lens) if n > 1 or (n == 1 and not decode_ok)]
-    if dense_seqs:
-        dense, tables = _dense_blocks(q.dtype, kv_cache, meta, dense_seqs, fmt)
-        if not flash_prefill_supported(q, dense):
+    one_token = [s for s, n in enumerate(q_lens) if n == 1]
+    multi = [s for s, n in enumerate(q_lens) if n > 1]
+    if multi:
+        dense = _dense_cache(q, kv_cache, meta, multi, sliding_window, fmt)
+        if dense is None:
             return None
-        out = flash_prefill(q, dense, tables, meta.query_start_loc, meta.seq_lens, max(q_lens), scale, sliding_window,
+        cache, tables = dense
+        out = flash_prefill(q, cache, tables, meta.query_start_loc, meta.seq_lens, max(q_lens), scale, sliding_window,
                             softcap, skip_single_token=bool(one_token))
         sdpa_prefill.ROUTES["native"] += 1
     else:
@@ -52,32 +53,45 @@ def turbo_step(
     return out
 
 
-def _dense_blocks(
-    dtype: torch.dtype, kv_cache: torch.Tensor, meta: AttentionMetadata, seqs: list[int], fmt: TurboFormat
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sequences ``seqs``' context blocks decoded to a dense cache [2, n, block_size, Hk, D], and block tables
-    [S, width] int32 into it (other sequences' rows point at block 0, which the prefill kernel skips for them). The
+def _dense_cache(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    seqs: list[int],
+    sliding_window: int | None,
+    fmt: TurboFormat,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Sequences ``seqs``' context blocks decoded to a dense cache [2, n, block_size, Hk, D] of q's dtype, and block
+    tables [S, width] int32 into it; None when the flash prefill kernel does not take q. Only blocks a query can
+    reach are decoded (under a sliding window, from the first query's window start rounded down to a whole key
+    tile); the others, and other sequences' rows, point at block 0, which the kernel never reads for them. The
     index lists are host arithmetic, built once per step; the block ids are gathered on the device."""
     assert meta.block_tables is not None and meta.seq_lens_cpu is not None
     bs = kv_cache.shape[2]
-    lens = meta.seq_lens_cpu
-    need = {s: (lens[s] + bs - 1) // bs for s in seqs}
-    width = max(need.values())
+    lens, q_lens = meta.seq_lens_cpu, meta.query_lens_cpu
+    span: dict[int, range] = {}
+    for s in seqs:
+        start = max(0, lens[s] - q_lens[s] - sliding_window + 1) if sliding_window else 0
+        span[s] = range(start // FLASH_KEY_TILE * FLASH_KEY_TILE // bs, (lens[s] + bs - 1) // bs)
+    width = max(r.stop for r in span.values())
     key = f"turbo_dense{seqs}"
-    rows = meta.device_ints(key + "rows", lambda: [s for s in seqs for _ in range(need[s])])
-    cols = meta.device_ints(key + "cols", lambda: [c for s in seqs for c in range(need[s])])
+    rows = meta.device_ints(key + "rows", lambda: [s for s in seqs for _ in span[s]])
+    cols = meta.device_ints(key + "cols", lambda: [c for s in seqs for c in span[s]])
 
     def tables() -> list[int]:
         flat, first = [], 0
         for s in range(meta.num_seqs):
-            n = need.get(s, 0)
-            flat += list(range(first, first + n)) + [0] * (width - n)
-            first += n
+            r = span.get(s, range(0))
+            flat += [0] * r.start + list(range(first, first + len(r))) + [0] * (width - r.stop)
+            first += len(r)
         return flat
 
-    dense_tables = meta.device_ints(key + "tables", tables, torch.int32).view(meta.num_seqs, width)
-    blocks = meta.block_tables[rows, cols].long()
-    return cuda_turbo.blocks_to_dense(kv_cache, blocks, fmt, dtype), dense_tables
+    d = fmt.head_dim
+    cache = torch.empty(2, len(cols), bs, kv_cache.shape[3], d, dtype=q.dtype, device=q.device)
+    if not flash_prefill_supported(q, cache):
+        return None
+    cuda_turbo.blocks_to_dense(kv_cache, meta.block_tables[rows, cols].long(), fmt, cache)
+    return cache, meta.device_ints(key + "tables", tables, torch.int32).view(meta.num_seqs, width)
 
 
 def turbo_decode_rows(

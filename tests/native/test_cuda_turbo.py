@@ -138,6 +138,8 @@ def reference(q: torch.Tensor, cache: torch.Tensor, tables: torch.Tensor, lens: 
     (128, 28, 4, 64, [3000, 129]),
     (64, 4, 2, 16, [40, 600]),
     (128, 4, 4, 16, [3, 300]),
+    (128, 12, 1, 16, [300, 5]),  # 12 q heads a kv head: chunks of 8 and 4
+    (64, 32, 2, 16, [700]),  # 16 a kv head: two chunks of 8
 ])
 def test_decode_matches_float64_attention_over_the_rows(
     mode: str, d: int, hq: int, hk: int, bs: int, lens: list[int]
@@ -165,43 +167,50 @@ def test_decode_window_softcap_and_a_graph_sized_grid(
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("d", [64, 128, 256])
-def test_blocks_to_dense_equal_the_cpu_decoder(mode: str, d: int) -> None:
-    """Listed blocks (shuffled, one twice) decoded to dense bf16 blocks: the CPU decoder's values (keys turned back
-    by a float64 Hadamard matrix) rounded once to bf16."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_blocks_to_dense_equal_the_cpu_decoder(mode: str, d: int, dtype: torch.dtype) -> None:
+    """Written blocks, listed shuffled and one twice, decoded to dense blocks: the CPU decoder's values (keys turned
+    back by a float64 Hadamard matrix) rounded once to the output dtype."""
     poison_allocator(DEV, 1 << 22)
-    fmt, cache, _, _, _ = decode_case(mode, d, 4, 2, 16, [16 * 9], torch.bfloat16, d)
-    blocks = torch.tensor([7, 2, 2, 0, 5], device=DEV)
-    got = cuda_turbo.blocks_to_dense(cache, blocks, fmt, torch.bfloat16).cpu()
+    fmt, cache, _, tables, _ = decode_case(mode, d, 4, 2, 16, [16 * 9], dtype, d)
+    blocks = tables[0, [7, 2, 2, 0, 8, 5]].long()
+    got = torch.empty(2, 6, 16, 2, d, dtype=dtype, device=DEV)
+    cuda_turbo.blocks_to_dense(cache, blocks, fmt, got)
     k, v = turbo.decode(cache[0].cpu()[blocks.cpu()], fmt)
     want = torch.stack((unrotate(k) if fmt.rotated else k.double(), v.double()))
-    assert got.shape == want.shape
-    assert torch.all((got.double() - want).abs() <= want.abs() * 2**-8 + 1e-5 * want.abs().max())
+    ulp = 2**-8 if dtype == torch.bfloat16 else 2**-11
+    assert torch.all((got.double().cpu() - want).abs() <= want.abs() * ulp + 1e-5 * want.abs().max())
+    assert want.abs().amin(-1).gt(0).float().mean() > 0.5, "most vectors hold non-zero values"
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize(("d", "hq", "hk", "window", "softcap"), [
-    (128, 32, 8, None, None),
-    (64, 12, 1, 50, None),  # 12 q heads a kv head: more than the decode kernel serves, so its rows go dense too
-    (256, 8, 2, None, 30.0),
+@pytest.mark.parametrize(("d", "hq", "hk", "window", "softcap", "dtype"), [
+    (128, 32, 8, None, None, torch.bfloat16),
+    (64, 12, 1, 50, None, torch.float16),  # a window: only the blocks it reaches are decoded
+    (256, 8, 2, None, 30.0, torch.bfloat16),
 ])
 def test_steps_with_prefill_rows_match_float64_attention(
-    mode: str, d: int, hq: int, hk: int, window: int | None, softcap: float | None, monkeypatch: pytest.MonkeyPatch
+    mode: str, d: int, hq: int, hk: int, window: int | None, softcap: float | None, dtype: torch.dtype,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A step of fresh prompts, chunks over cached prefixes and one-token rows through ``attention`` on a turbo
-    cache: the flash kernel over the decoded blocks and the decode kernel, never the torch reference, against
-    float64 attention over the CPU decoder's vectors."""
+    """A step of fresh prompts, chunks over cached prefixes, one-token rows and a sequence with no new token
+    through ``attention`` on a turbo cache: the flash kernel over the decoded blocks and the decode kernel, never
+    the torch reference, against float64 attention over the CPU decoder's vectors."""
     monkeypatch.setattr(turbo, "read_blocks", lambda *a: pytest.fail("the torch reference read the rows"))
-    cached_new = [(0, 300), (130, 1), (517, 64), (40, 1), (0, 17), (15, 2)]
+    poison_allocator(DEV, 1 << 24)
+    cached_new = [(0, 300), (130, 1), (517, 64), (40, 1), (33, 0), (0, 17), (15, 2)]
     lens = [c + n for c, n in cached_new]
-    fmt, cache, _, tables, _ = decode_case(mode, d, hq, hk, 16, lens, torch.bfloat16, d + hq)
+    fmt, cache, _, tables, _ = decode_case(mode, d, hq, hk, 16, lens, dtype, d + hq)
     g = torch.Generator(device="cuda").manual_seed(3)
     t = sum(n for _, n in cached_new)
-    q = torch.randn(t, hq, d, generator=g, device=DEV).to(torch.bfloat16)
-    kv_new = torch.zeros(t, hk, d, dtype=torch.bfloat16, device=DEV)  # already in the cache (kv_cached)
+    q = torch.randn(t, hq, d, generator=g, device=DEV).to(dtype)
+    kv_new = torch.zeros(t, hk, d, dtype=dtype, device=DEV)  # already in the cache (kv_cached)
     meta = AttentionMetadata.build([n for _, n in cached_new], lens, DEV, tables.tolist(), 16)
     got = attention(q, kv_new, kv_new, cache, meta, d**-0.5, hk, window, softcap, kv_cached=True)
     start = 0
     for s, (_, n) in enumerate(cached_new):
+        if n == 0:
+            continue
         want = attend64(q[start : start + n], *decoded_context(cache, tables[s], lens[s], fmt), d**-0.5, window,
                         softcap)
         assert rel_error(got[start : start + n], want) < 1e-2, f"sequence {s}"
