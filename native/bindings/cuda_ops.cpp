@@ -221,6 +221,15 @@ static Registrar registrar([](py::module_& m) {
       },
       "paged decode attention over TurboQuant rows, one new query per sequence");
   m.def(
+      "cuda_turbo_blocks_to_dense",
+      [](uintptr_t out, uintptr_t cache, uintptr_t blocks, uintptr_t signs, int64_t num_blocks, int64_t block_size,
+         int64_t kv_heads, int64_t head_dim, int k_bits, int dtype, uintptr_t stream) {
+        cuda::turbo_blocks_to_dense(as_ptr<void>(out), as_ptr<const void>(cache), as_ptr<const int64_t>(blocks),
+                                    as_ptr<const float>(signs), num_blocks, block_size, kv_heads, head_dim, k_bits,
+                                    to_dtype(dtype), stream);
+      },
+      "decode the TurboQuant rows of listed blocks into dense f16/bf16 K/V blocks (K turned back)");
+  m.def(
       "cuda_argmax",
       [](uintptr_t out, uintptr_t logits, int64_t rows, int64_t vocab, int dtype, uintptr_t stream) {
         cuda::argmax_rows(as_ptr<int64_t>(out), as_ptr<const void>(logits), rows, vocab, to_dtype(dtype), stream);

@@ -164,19 +164,20 @@ void turbo_rotate(float* x, const float* signs, int64_t D) {
   for (int64_t d = 0; d < D; ++d) x[d] = x[d] / root;
 }
 
+void check_turbo_rows(const PagedAttentionArgs& a) {
+  const int64_t D = a.head_dim;
+  const bool pow2 = D >= 16 && (D & (D - 1)) == 0;
+  if (!((a.turbo_k_bits == 8 && D % 8 == 0 && D >= 16) ||
+        ((a.turbo_k_bits == 4 || a.turbo_k_bits == 3) && pow2 && a.turbo_signs != nullptr)))
+    throw std::invalid_argument("TurboQuant rows need K of 8 bits (head_dim % 8 == 0), or 4 / 3 bits with a "
+                                "power-of-two head_dim and the rotation's signs");
+}
+
 void check_paged_attention(const PagedAttentionArgs& a) {
   if (a.num_q_heads % a.num_kv_heads != 0) throw std::invalid_argument("paged_attention: q heads must be a multiple of kv heads");
   if (a.dtype != DType::F32 && a.dtype != DType::F16 && a.dtype != DType::BF16)
     throw std::invalid_argument("paged_attention: dtype must be f32, f16 or bf16");
-  if (a.cache_dtype == DType::U8) {
-    const int64_t D = a.head_dim;
-    const bool pow2 = D >= 16 && (D & (D - 1)) == 0;
-    if (!((a.turbo_k_bits == 8 && D % 8 == 0 && D >= 16) || ((a.turbo_k_bits == 4 || a.turbo_k_bits == 3) && pow2 &&
-                                                            a.turbo_signs != nullptr)))
-      throw std::invalid_argument("paged_attention: TurboQuant rows need K of 8 bits (head_dim % 8 == 0), or 4 / 3 "
-                                  "bits with a power-of-two head_dim and the rotation's signs");
-    return;
-  }
+  if (a.cache_dtype == DType::U8) return check_turbo_rows(a);
   if (a.cache_dtype != a.dtype && a.cache_dtype != DType::F8E4M3)
     throw std::invalid_argument("paged_attention: the cache must hold q's dtype, e4m3 or TurboQuant rows");
 }

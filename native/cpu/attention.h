@@ -33,6 +33,9 @@ void paged_attention(const PagedAttentionArgs& a);
 // operations of pyengine/kv_cache/turbo.py's rotate (TurboQuant keys, and the queries that read them).
 void turbo_rotate(float* x, const float* signs, int64_t D);
 
+// Throws std::invalid_argument unless turbo_k_bits / turbo_signs / head_dim describe TurboQuant rows the kernels read.
+void check_turbo_rows(const PagedAttentionArgs& a);
+
 // Throws std::invalid_argument for arguments paged_attention rejects (call before a parallel region).
 void check_paged_attention(const PagedAttentionArgs& a);
 

@@ -324,6 +324,16 @@ void check_decoder_step(const std::vector<const DecoderLayerWeights*>& layers, c
     throw std::invalid_argument("decoder step: num_out_rows must be in 1..num_tokens");
   for (int64_t i = 0; out_rows != nullptr && i < num_out_rows; ++i)
     if (out_rows[i] < 0 || out_rows[i] >= T) throw std::invalid_argument("decoder step: output row out of range");
+  if (step.turbo_k_bits != 0) {
+    for (const DecoderLayerWeights* w : layers) {
+      PagedAttentionArgs probe{};
+      probe.head_dim = w->head_dim;
+      probe.cache_dtype = DType::U8;
+      probe.turbo_k_bits = step.turbo_k_bits;
+      probe.turbo_signs = step.turbo_signs;
+      check_turbo_rows(probe);
+    }
+  }
   const int64_t slots = step.num_blocks * step.block_size;
   for (int64_t t = 0; t < T; ++t) {
     if (step.slot_mapping[t] < 0 || step.slot_mapping[t] >= slots)

@@ -14,7 +14,6 @@ namespace candle_vllm::cuda {
 namespace {
 
 constexpr int kDecodeWarps = 4;
-constexpr int kUnroll = 8;  // tokens a decode warp takes per trip
 
 struct RowLayout {
   int k_code_bytes, k_bytes, row_bytes;
@@ -23,12 +22,10 @@ struct RowLayout {
         row_bytes(D * k_bits / 8 + (k_bits == 8 ? 0 : 4) + D / 2 + 4) {}
 };
 
-// x (E channels a lane) <- H (signs * x) / sqrt_d, H in Sylvester order: stage h pairs channels c and c + h.
+// x (E channels a lane) <- H x, H in Sylvester order: stage h pairs channels c and c + h.
 template <int E>
-__device__ __forceinline__ void rotate(float (&x)[E], const float* signs, float sqrt_d) {
+__device__ __forceinline__ void hadamard(float (&x)[E]) {
   const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int e = 0; e < E; ++e) x[e] *= signs[lane * E + e];
 #pragma unroll
   for (int h = 1; h < E; h *= 2)
 #pragma unroll
@@ -46,6 +43,15 @@ __device__ __forceinline__ void rotate(float (&x)[E], const float* signs, float 
       const float p = __shfl_xor_sync(0xffffffffu, x[e], m);
       x[e] = (lane & m) ? __fsub_rn(p, x[e]) : __fadd_rn(x[e], p);
     }
+}
+
+// x <- H (signs * x) / sqrt_d: the keys' rotation.
+template <int E>
+__device__ __forceinline__ void rotate(float (&x)[E], const float* signs, float sqrt_d) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] *= signs[lane * E + e];
+  hadamard(x);
 #pragma unroll
   for (int e = 0; e < E; ++e) x[e] = __fdiv_rn(x[e], sqrt_d);
 }
@@ -137,147 +143,261 @@ __global__ void turbo_write_kernel(const T* k, const T* v, uint8_t* cache, const
   if (lane == 0) store_f32(row + L.k_bytes + D / 2, a);
 }
 
-// The lane's E channels of a K part as what the score multiplies: codes (4 / 3 bits) or e4m3 values.
+// The calling lane's E codes of `bits` bits (channels lane * E ...), as packed by store_nibbles / store_triples.
 template <int E>
-__device__ __forceinline__ void key_lane(const uint8_t* row, int k_bits, float (&c)[E]) {
+__device__ __forceinline__ void load_codes(int (&code)[E], const uint8_t* packed, int bits) {
   const int lane = threadIdx.x & 31;
+  if (bits == 4) {
+#pragma unroll
+    for (int b = 0; b < E / 2; ++b) {
+      const int byte = packed[lane * (E / 2) + b];
+      code[2 * b] = byte & 15;
+      code[2 * b + 1] = byte >> 4;
+    }
+    return;
+  }
+  const uint8_t* p = packed + 3 * (lane * E / 8);
+  const uint32_t word = (p[0] | (p[1] << 8) | (p[2] << 16)) >> (3 * ((lane * E) % 8));
+#pragma unroll
+  for (int e = 0; e < E; ++e) code[e] = (word >> (3 * e)) & 7;
+}
+
+// (code - half) * (a / half), the reference's dequantization.
+template <int E>
+__device__ __forceinline__ void dequant(float (&x)[E], const int (&code)[E], float a, float half) {
+  const float step = __fdiv_rn(a, half);
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] = __fmul_rn(__fsub_rn(static_cast<float>(code[e]), half), step);
+}
+
+template <typename T, int E>
+__device__ __forceinline__ void store_lane(T* dst, const float (&x)[E]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int e = 0; e < E; ++e) dst[lane * E + e] = from_f32<T>(x[e]);
+}
+
+// One warp per row of the listed blocks: K decoded and turned back (signs * H k' / sqrt_d), V decoded, both stored
+// as dense [2, n, block_size, Hk, D] blocks.
+template <typename T, int E>
+__global__ void turbo_blocks_kernel(T* out, const uint8_t* cache, const int64_t* blocks, const float* signs,
+                                    int64_t rows, int block_rows, int k_bits, float sqrt_d) {
+  constexpr int D = 32 * E;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const RowLayout L(D, k_bits);
+  const uint8_t* row = cache + (blocks[r / block_rows] * block_rows + r % block_rows) * L.row_bytes;
+  float x[E];
+  int code[E];
   if (k_bits == 8) {
 #pragma unroll
     for (int e = 0; e < E; ++e) {
       Fp8 f;
-      f.__x = row[lane * E + e];
-      c[e] = static_cast<float>(f);
-    }
-  } else if (k_bits == 4) {
-#pragma unroll
-    for (int b = 0; b < E / 2; ++b) {
-      const uint32_t w = row[lane * (E / 2) + b];
-      c[2 * b] = static_cast<float>(w & 15);
-      c[2 * b + 1] = static_cast<float>(w >> 4);
+      f.__x = static_cast<__nv_fp8_storage_t>(row[lane * E + e]);
+      x[e] = static_cast<float>(f);
     }
   } else {
-    const int bit = 3 * E * lane;
-    const uint8_t* p = row + bit / 8;
-    uint32_t w = p[0] | (p[1] << 8) | (p[2] << 16) | (E == 8 ? 0u : static_cast<uint32_t>(p[3]) << 24);
-    w >>= bit % 8;
+    const float half = k_bits == 4 ? 7.5f : 3.f;
+    load_codes(code, row, k_bits);
+    dequant(x, code, load_f32(row + L.k_code_bytes), half);
+    hadamard(x);
 #pragma unroll
-    for (int e = 0; e < E; ++e) c[e] = static_cast<float>((w >> (3 * e)) & 7);
+    for (int e = 0; e < E; ++e) x[e] = __fdiv_rn(x[e], sqrt_d) * signs[lane * E + e];
+  }
+  store_lane(out + r * D, x);
+  load_codes(code, row + L.k_bytes, 4);
+  dequant(x, code, load_f32(row + L.k_bytes + D / 2), 7.5f);
+  store_lane(out + (rows + r) * D, x);
+}
+
+// One token's K part (the calling lane's) scored against the CTA's G queries in shared memory, rotated and scaled:
+// code sums sum_d q_d c_d for 4 / 3 bits (the caller applies the absmax), q . k for e4m3. Rows are 4-byte aligned.
+template <int D, int G>
+__device__ __forceinline__ void key_scores(const uint8_t* row, int k_bits, const float (*qs)[D], float (&s)[G]) {
+#pragma unroll
+  for (int g = 0; g < G; ++g) s[g] = 0.f;
+  if (k_bits == 8) {
+#pragma unroll 4
+    for (int w = 0; w < D / 4; ++w) {
+      const uint32_t word = *reinterpret_cast<const uint32_t*>(row + 4 * w);
+      float c[4];
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        Fp8 f;
+        f.__x = static_cast<__nv_fp8_storage_t>((word >> (8 * b)) & 0xff);
+        c[b] = static_cast<float>(f);
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float4 qv = reinterpret_cast<const float4*>(qs[g])[w];
+        s[g] += qv.x * c[0] + qv.y * c[1] + qv.z * c[2] + qv.w * c[3];
+      }
+    }
+    return;
+  }
+#pragma unroll 2
+  for (int w = 0; w < D / 8; ++w) {
+    uint32_t word;
+    if (k_bits == 4) {
+      word = *reinterpret_cast<const uint32_t*>(row + 4 * w);
+    } else {
+      const uint8_t* p = row + 3 * w;
+      word = p[0] | (p[1] << 8) | (p[2] << 16);
+    }
+    const int shift = k_bits == 4 ? 4 : 3, mask = k_bits == 4 ? 15 : 7;
+    float c[8];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) c[n] = static_cast<float>((word >> (shift * n)) & mask);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float4 lo = reinterpret_cast<const float4*>(qs[g])[2 * w];
+      const float4 hi = reinterpret_cast<const float4*>(qs[g])[2 * w + 1];
+      s[g] += lo.x * c[0] + lo.y * c[1] + lo.z * c[2] + lo.w * c[3] + hi.x * c[4] + hi.y * c[5] + hi.z * c[6] +
+              hi.w * c[7];
+    }
   }
 }
 
-// One CTA per (piece, q head, sequence): kDecodeWarps warps take every kDecodeWarps-th token of the piece, each
-// with its own online softmax, merged through shared memory at the end.
-template <typename T, int E>
+// One CTA per (piece, kv head and chunk of its q heads, sequence), covering G q heads (G rounds the group up to 1, 2,
+// 4 or 8; larger groups take chunks of 8; the extra heads are zero queries whose results are dropped), so each row
+// is read once for all of them. Scores:
+// a lane per token, 32 tokens a warp per trip, the queries in shared memory. P V: a lane per E channels, the 32
+// tokens' V codes read coalesced row by row. Each warp keeps an online softmax per head; the warps merge through
+// shared memory at the end.
+template <typename T, int E, int G>
 __global__ void __launch_bounds__(32 * kDecodeWarps)
     turbo_decode_kernel(T* out, const T* q, const uint8_t* cache, const int32_t* block_tables, const int32_t* seq_lens,
                         const float* signs, float* partials, int q_heads, int kv_heads, int block_size,
                         int max_blocks, int part_size, float scale, int sliding_window, float softcap, int k_bits,
                         float sqrt_d) {
   constexpr int D = 32 * E;
-  __shared__ float sm_m[kDecodeWarps], sm_l[kDecodeWarps], sm_acc[kDecodeWarps][D];
-  const int part = blockIdx.x, head = blockIdx.y, seq = blockIdx.z, parts = gridDim.x;
+  __shared__ __align__(16) float sm_q[G][D];
+  __shared__ float sm_qsum[G];
+  __shared__ float sm_p[kDecodeWarps][G][32];
+  __shared__ float sm_m[kDecodeWarps][G], sm_l[kDecodeWarps][G];
+  __shared__ float sm_acc[kDecodeWarps][G][D];
+  const int group = q_heads / kv_heads, chunks = (group + G - 1) / G;
+  const int part = blockIdx.x, kvh = blockIdx.y / chunks, seq = blockIdx.z, parts = gridDim.x;
+  const int chunk_head = blockIdx.y % chunks * G, heads = min(G, group - chunk_head);  // this CTA's live q heads
+  const int64_t head0 = static_cast<int64_t>(seq) * q_heads + static_cast<int64_t>(kvh) * group + chunk_head;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int kvh = head / (q_heads / kv_heads);
   const RowLayout L(D, k_bits);
+  for (int g = warp; g < G; g += kDecodeWarps) {
+    float x[E];
+    if (g < heads) {
+      load_lane(x, q + (head0 + g) * D);
+#pragma unroll
+      for (int e = 0; e < E; ++e) x[e] *= scale;
+      if (k_bits != 8) rotate(x, signs, sqrt_d);
+    } else {
+#pragma unroll
+      for (int e = 0; e < E; ++e) x[e] = 0.f;
+    }
+    float sum = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      sm_q[g][lane * E + e] = x[e];
+      sum += x[e];
+    }
+    sum = warp_sum(sum);
+    if (lane == 0) sm_qsum[g] = sum;
+  }
+  __syncthreads();
   const int len = seq_lens[seq];
   const int first = sliding_window > 0 ? max(0, len - sliding_window) : 0;
   const int lo = max(part * part_size, first), hi = min(part * part_size + part_size, len);
-  float qf[E];
-  load_lane(qf, q + (static_cast<int64_t>(seq) * q_heads + head) * D);
-#pragma unroll
-  for (int e = 0; e < E; ++e) qf[e] *= scale;
-  if (k_bits != 8) rotate(qf, signs, sqrt_d);
-  float q_sum = 0.f;
-#pragma unroll
-  for (int e = 0; e < E; ++e) q_sum += qf[e];
-  q_sum = warp_sum(q_sum);
   const float k_half = k_bits == 4 ? 7.5f : 3.f;
   const int32_t* table = block_tables + static_cast<int64_t>(seq) * max_blocks;
-  float m = -INFINITY, l = 0.f, acc[E];
+  float m[G], l[G], acc[G][E];
 #pragma unroll
-  for (int e = 0; e < E; ++e) acc[e] = 0.f;
-  // kUnroll tokens a warp per trip, every load of them issued before any is used (a token at a time left the warp
-  // waiting on one table -> row round trip per token: 132 tok/s at batch 1, 4k, against bf16's 179 on an H100).
-  for (int base = lo + warp * kUnroll; base < hi; base += kDecodeWarps * kUnroll) {
-    const uint8_t* rows[kUnroll];
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY, l[g] = 0.f;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int j = min(base + u, hi - 1);
-      const int64_t slot = static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
-      rows[u] = cache + (slot * kv_heads + kvh) * L.row_bytes;
+    for (int e = 0; e < E; ++e) acc[g][e] = 0.f;
+  }
+  for (int base = lo + warp * 32; base < hi; base += kDecodeWarps * 32) {
+    const int j = base + lane;
+    const bool live = j < hi;
+    const int jj = live ? j : hi - 1;
+    const int64_t slot = static_cast<int64_t>(table[jj / block_size]) * block_size + jj % block_size;
+    const uint8_t* row = cache + (slot * kv_heads + kvh) * L.row_bytes;
+    const uint8_t* my_v = row + L.k_bytes;
+    const float my_v_step = load_f32(my_v + D / 2) / 7.5f;
+    float s[G];
+    key_scores<D, G>(row, k_bits, sm_q, s);
+    const float k_scale = k_bits != 8 ? load_f32(row + L.k_code_bytes) / k_half : 1.f;
+    float corr[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float x = k_bits != 8 ? k_scale * (s[g] - k_half * sm_qsum[g]) : s[g];
+      if (softcap > 0.f) x = softcap * tanhf(x / softcap);
+      x = live ? x : -INFINITY;
+      const float new_m = fmaxf(m[g], warp_max(x));
+      corr[g] = __expf(m[g] - new_m);
+      const float p = __expf(x - new_m);
+      l[g] = l[g] * corr[g] + warp_sum(p);
+      m[g] = new_m;
+      sm_p[warp][g][lane] = p;
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[g][e] *= corr[g];
     }
-    float c[kUnroll][E], k_scale[kUnroll], v_scale[kUnroll];
-    uint32_t v_bytes[kUnroll][E / 2];
+    __syncwarp();
+    const int n = min(32, hi - base);
+#pragma unroll 4
+    for (int t = 0; t < n; ++t) {
+      const auto* vrow = reinterpret_cast<const uint8_t*>(
+          __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(my_v), t));
+      const float v_step = __shfl_sync(0xffffffffu, my_v_step, t);
+      uint32_t bytes[E / 2];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      key_lane(rows[u], k_bits, c[u]);
-      k_scale[u] = k_bits != 8 ? load_f32(rows[u] + L.k_code_bytes) : 1.f;
-      const uint8_t* vrow = rows[u] + L.k_bytes;
+      for (int b = 0; b < E / 2; ++b) bytes[b] = vrow[lane * (E / 2) + b];
 #pragma unroll
-      for (int b = 0; b < E / 2; ++b) v_bytes[u][b] = vrow[lane * (E / 2) + b];
-      v_scale[u] = load_f32(vrow + D / 2);
-    }
-    float s[kUnroll];
-    float tile_max = -INFINITY;
+      for (int g = 0; g < G; ++g) {
+        const float pv = sm_p[warp][g][t] * v_step;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      float dot = 0.f;
-#pragma unroll
-      for (int e = 0; e < E; ++e) dot += qf[e] * c[u][e];
-      dot = warp_sum(dot);
-      if (k_bits != 8) dot = k_scale[u] / k_half * (dot - k_half * q_sum);
-      if (softcap > 0.f) dot = softcap * tanhf(dot / softcap);
-      s[u] = base + u < hi ? dot : -INFINITY;
-      tile_max = fmaxf(tile_max, s[u]);
-    }
-    const float new_m = fmaxf(m, tile_max);
-    const float corr = __expf(m - new_m);
-    l *= corr;
-#pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] *= corr;
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const float w = __expf(s[u] - new_m);
-      l += w;
-      const float step = w * v_scale[u] / 7.5f;
-#pragma unroll
-      for (int b = 0; b < E / 2; ++b) {
-        acc[2 * b] += step * (static_cast<float>(v_bytes[u][b] & 15) - 7.5f);
-        acc[2 * b + 1] += step * (static_cast<float>(v_bytes[u][b] >> 4) - 7.5f);
+        for (int b = 0; b < E / 2; ++b) {
+          acc[g][2 * b] += pv * (static_cast<float>(bytes[b] & 15) - 7.5f);
+          acc[g][2 * b + 1] += pv * (static_cast<float>(bytes[b] >> 4) - 7.5f);
+        }
       }
     }
-    m = new_m;
+    __syncwarp();
   }
-  if (lane == 0) sm_m[warp] = m, sm_l[warp] = l;
 #pragma unroll
-  for (int e = 0; e < E; ++e) sm_acc[warp][lane * E + e] = acc[e];
+  for (int g = 0; g < G; ++g) {
+    if (lane == 0) sm_m[warp][g] = m[g], sm_l[warp][g] = l[g];
+#pragma unroll
+    for (int e = 0; e < E; ++e) sm_acc[warp][g][lane * E + e] = acc[g][e];
+  }
   __syncthreads();
-  if (warp != 0) return;
-  float big = -INFINITY;
+  for (int g = warp; g < heads; g += kDecodeWarps) {
+    float big = -INFINITY;
 #pragma unroll
-  for (int w = 0; w < kDecodeWarps; ++w) big = fmaxf(big, sm_m[w]);
-  float sum = 0.f, o[E];
+    for (int w = 0; w < kDecodeWarps; ++w) big = fmaxf(big, sm_m[w][g]);
+    float sum = 0.f, o[E];
 #pragma unroll
-  for (int e = 0; e < E; ++e) o[e] = 0.f;
-  if (big != -INFINITY) {
+    for (int e = 0; e < E; ++e) o[e] = 0.f;
+    if (big != -INFINITY) {
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) {
-      const float f = __expf(sm_m[w] - big);
-      sum += sm_l[w] * f;
+      for (int w = 0; w < kDecodeWarps; ++w) {
+        const float f = __expf(sm_m[w][g] - big);
+        sum += sm_l[w][g] * f;
 #pragma unroll
-      for (int e = 0; e < E; ++e) o[e] += sm_acc[w][lane * E + e] * f;
+        for (int e = 0; e < E; ++e) o[e] += sm_acc[w][g][lane * E + e] * f;
+      }
     }
-  }
-  const int64_t qh = static_cast<int64_t>(seq) * q_heads + head;
-  if (parts == 1) {
+    const int64_t qh = head0 + g;
+    if (parts == 1) {
 #pragma unroll
-    for (int e = 0; e < E; ++e) out[qh * D + lane * E + e] = from_f32<T>(o[e] / sum);
-    return;
-  }
-  float* p = partials + (qh * parts + part) * (D + 2);
-  if (lane == 0) p[0] = big, p[1] = sum;
+      for (int e = 0; e < E; ++e) out[qh * D + lane * E + e] = from_f32<T>(sum > 0.f ? o[e] / sum : 0.f);
+      continue;
+    }
+    float* p = partials + (qh * parts + part) * (D + 2);
+    if (lane == 0) p[0] = big, p[1] = sum;
 #pragma unroll
-  for (int e = 0; e < E; ++e) p[2 + lane * E + e] = o[e];
+    for (int e = 0; e < E; ++e) p[2 + lane * E + e] = o[e];
+  }
 }
 
 // One warp per (q head, sequence): the pieces' partial softmaxes combined.
@@ -301,7 +421,7 @@ __global__ void turbo_reduce_kernel(T* out, const float* partials, int parts) {
     for (int e = 0; e < E; ++e) o[e] += pi[2 + lane * E + e] * f;
   }
 #pragma unroll
-  for (int e = 0; e < E; ++e) out[qh * D + lane * E + e] = from_f32<T>(o[e] / sum);
+  for (int e = 0; e < E; ++e) out[qh * D + lane * E + e] = from_f32<T>(sum > 0.f ? o[e] / sum : 0.f);
 }
 
 template <class F>
@@ -349,23 +469,52 @@ void turbo_decode_attention(void* out, const void* q, const void* cache, const i
   const char* what = "turbo_decode_attention";
   check_bits(k_bits, what);
   if (num_seqs == 0) return;
-  if (parts < 1 || parts > 65535 || num_seqs > 65535 || q_heads % kv_heads != 0)
+  if (parts < 1 || parts > 65535 || num_seqs > 65535 || kv_heads < 1 || q_heads % kv_heads != 0)
     throw std::invalid_argument(std::string(what) + ": 1-65535 pieces and sequences, q heads a multiple of kv heads");
   dispatch_float<false>(dtype, what, [&](auto tag) {
     using T = decltype(tag);
     dispatch_lanes(head_dim, what, [&](auto e) {
-      const dim3 grid(static_cast<unsigned>(parts), static_cast<unsigned>(q_heads), static_cast<unsigned>(num_seqs));
-      turbo_decode_kernel<T, decltype(e)::value><<<grid, 32 * kDecodeWarps, 0, as_stream(stream)>>>(
-          static_cast<T*>(out), static_cast<const T*>(q), static_cast<const uint8_t*>(cache), block_tables, seq_lens,
-          signs, partials, static_cast<int>(q_heads), static_cast<int>(kv_heads), static_cast<int>(block_size),
-          static_cast<int>(max_blocks), static_cast<int>(part_size), scale, static_cast<int>(sliding_window), softcap,
-          k_bits, sqrt_of(head_dim));
+      const int64_t group = q_heads / kv_heads;
+      auto go = [&](auto g) {
+        const int64_t chunks = (group + decltype(g)::value - 1) / decltype(g)::value;
+        const dim3 grid(static_cast<unsigned>(parts), static_cast<unsigned>(kv_heads * chunks),
+                        static_cast<unsigned>(num_seqs));
+        turbo_decode_kernel<T, decltype(e)::value, decltype(g)::value><<<grid, 32 * kDecodeWarps, 0, as_stream(stream)>>>(
+            static_cast<T*>(out), static_cast<const T*>(q), static_cast<const uint8_t*>(cache), block_tables,
+            seq_lens, signs, partials, static_cast<int>(q_heads), static_cast<int>(kv_heads),
+            static_cast<int>(block_size), static_cast<int>(max_blocks), static_cast<int>(part_size), scale,
+            static_cast<int>(sliding_window), softcap, k_bits, sqrt_of(head_dim));
+      };
+      if (group == 1) go(std::integral_constant<int, 1>{});
+      else if (group == 2) go(std::integral_constant<int, 2>{});
+      else if (group <= 4) go(std::integral_constant<int, 4>{});
+      else go(std::integral_constant<int, 8>{});
       check_launch(what);
       if (parts > 1) {
         turbo_reduce_kernel<T, decltype(e)::value><<<dim3(static_cast<unsigned>(q_heads), static_cast<unsigned>(num_seqs)), 32, 0,
                                       as_stream(stream)>>>(static_cast<T*>(out), partials, static_cast<int>(parts));
         check_launch(what);
       }
+    });
+  });
+}
+
+void turbo_blocks_to_dense(void* out, const void* cache, const int64_t* blocks, const float* signs, int64_t num_blocks,
+                           int64_t block_size, int64_t kv_heads, int64_t head_dim, int k_bits, DType dtype,
+                           std::uintptr_t stream) {
+  const char* what = "turbo_blocks_to_dense";
+  check_bits(k_bits, what);
+  if (num_blocks == 0) return;
+  dispatch_float<false>(dtype, what, [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_lanes(head_dim, what, [&](auto e) {
+      constexpr int kWarps = 8;
+      const int64_t rows = num_blocks * block_size * kv_heads;
+      turbo_blocks_kernel<T, decltype(e)::value><<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), 32 * kWarps, 0,
+                                                   as_stream(stream)>>>(
+          static_cast<T*>(out), static_cast<const uint8_t*>(cache), blocks, signs, rows,
+          static_cast<int>(block_size * kv_heads), k_bits, sqrt_of(head_dim));
+      check_launch(what);
     });
   });
 }

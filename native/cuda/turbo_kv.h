@@ -27,4 +27,11 @@ void turbo_decode_attention(void* out, const void* q, const void* cache, const i
                             int64_t max_blocks, int64_t parts, int64_t part_size, float scale,
                             int64_t sliding_window, float softcap, int k_bits, DType dtype, std::uintptr_t stream);
 
+// The rows of the listed cache blocks (int64 [num_blocks]) decoded into dense blocks out [2, num_blocks, block_size,
+// Hk, D] (f16/bf16): K turned back from its rotation, so the flash prefill kernel (or any dense attention) reads
+// them with unrotated queries. Prefill steps over a TurboQuant cache attend through these.
+void turbo_blocks_to_dense(void* out, const void* cache, const int64_t* blocks, const float* signs, int64_t num_blocks,
+                           int64_t block_size, int64_t kv_heads, int64_t head_dim, int k_bits, DType dtype,
+                           std::uintptr_t stream);
+
 }  // namespace candle_vllm::cuda

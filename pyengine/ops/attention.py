@@ -9,9 +9,9 @@ padded call and longer query runs go one sequence at a time so a long prefill ne
 (``ops/cuda_prefill.py``), its decode rows the paged decode kernel; the rows of fresh prompts (no cached prefix)
 may take torch's cuDNN/flash kernel instead (``ops/sdpa_prefill.py``, ``CANDLE_VLLM_PREFILL``), given the K/V
 values an e4m3 cache holds so that every route attends to the same values. A TurboQuant cache
-(``kv_cache/turbo.py``) is written and decoded by its own kernels on CUDA (``ops/cuda_turbo.py``; prefill steps
-read it through the torch reference) and by the native paged-attention kernel on the CPU; queries are rotated as
-its keys were.
+(``kv_cache/turbo.py``) is written and read by its own kernels on CUDA (``ops/attention_turbo.py``: decode rows on
+its decode kernel, prefill rows on the flash prefill kernel over blocks decoded to dense) and by the native
+paged-attention kernel on the CPU; the torch reference rotates the queries as its keys were.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
 from candle_vllm.pyengine.ops import cuda, cuda_paged, cuda_turbo, native, sdpa_prefill
 from candle_vllm.pyengine.ops.attention_cuda import cuda_prefill_step, sdpa_prefill_step
 from candle_vllm.pyengine.ops.attention_metadata import AttentionMetadata
+from candle_vllm.pyengine.ops.attention_turbo import turbo_decode_rows, turbo_step
 from candle_vllm.pyengine.ops.cuda_prefill import flash_prefill_supported
 
 __all__ = ["AttentionMetadata", "attention", "write_kv"]
@@ -138,6 +139,7 @@ def attention(
     if k.shape[1] != num_kv_heads:
         raise ValueError(f"k has {k.shape[1]} heads, expected num_kv_heads={num_kv_heads}")
     q = q.view(t, -1, d)
+    q_unrotated = q  # a TurboQuant cache's CUDA kernel rotates its queries itself
     paged = kv_cache is not None and meta.slot_mapping is not None
     on_cuda = q.device.type == "cuda" and cuda.available(q.device)
     if paged:
@@ -147,7 +149,7 @@ def attention(
             if not kv_cached:
                 cuda_turbo.turbo_cache_write(k, v, kv_cache, meta.slot_mapping, fmt)
                 kv_cached = True
-            out = _turbo_decode(q, kv_cache, meta, scale, sliding_window, softcap, fmt)
+            out = turbo_step(q, kv_cache, meta, scale, sliding_window, softcap, fmt)
             if out is not None:
                 return out
         if on_cuda and k.dtype == v.dtype and cuda.cache_holds(kv_cache, k.dtype) and not kv_cached:
@@ -205,30 +207,12 @@ def attention(
         )[0]
     if decode_rows:
         assert kv_cache is not None
-        _decode_batch(q, out, kv_cache, meta, decode_rows, scale, sliding_window, softcap)
+        fmt = TurboFormat.of_cache(kv_cache, d)
+        if on_cuda and fmt is not None and cuda_turbo.decode_supported(q, kv_cache, fmt):
+            turbo_decode_rows(q_unrotated, out, kv_cache, meta, decode_rows, scale, sliding_window, softcap, fmt)
+        else:
+            _decode_batch(q, out, kv_cache, meta, decode_rows, scale, sliding_window, softcap)
     return out
-
-
-def _turbo_decode(
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    meta: AttentionMetadata,
-    scale: float,
-    sliding_window: int | None,
-    softcap: float | None,
-    fmt: TurboFormat,
-) -> torch.Tensor | None:
-    """A pure decode step over a TurboQuant cache through its CUDA kernel (a CUDA graph's too); None for steps with
-    prefill rows, which read the rows through the torch reference."""
-    assert meta.block_tables is not None
-    if meta.max_decode_seq_len is not None:
-        longest = meta.max_decode_seq_len
-    elif meta.query_start_loc_cpu == list(range(q.shape[0] + 1)):
-        longest = max(meta.seq_lens_cpu or [1])
-    else:
-        return None
-    return cuda_turbo.turbo_decode_attention(q, kv_cache, meta.block_tables, meta.seq_lens, scale, longest, fmt,
-                                             sliding_window, softcap)
 
 
 def _decode_batch(

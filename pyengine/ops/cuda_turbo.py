@@ -1,7 +1,7 @@
 """Checked wrappers around the TurboQuant cache kernels (``native/cuda/turbo_kv.cu``): the cache write and the paged
-decode attention over the rows of ``kv_cache/turbo.py``, which ``ops/attention.py`` dispatches to on CUDA (prefill
-steps still read the rows through the torch reference). Same contract as ``ops/cuda.py``: preconditions checked
-here, launches on the caller's stream, scratch through torch (so both run inside CUDA graphs)."""
+decode attention over the rows of ``kv_cache/turbo.py``, and the rows of listed blocks decoded into dense blocks
+for prefill steps (``ops/attention_turbo.py`` dispatches to them). Same contract as ``ops/cuda.py``: preconditions
+checked here, launches on the caller's stream, scratch through torch (so they run inside CUDA graphs)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
 from candle_vllm.pyengine.ops import native
 from candle_vllm.pyengine.ops.cuda import HALF_DTYPES, _heads_view_ok, available
 
-# Tokens of one decode piece (a CTA of 4 warps): batch 1 at 4k makes 16 pieces per q head.
+# Tokens of one decode piece (a CTA of 4 warps): batch 1 at 4k makes 16 pieces per kv head.
 PART_SIZE = 256
 HEAD_DIMS = (64, 128, 256)
 
@@ -29,6 +29,11 @@ def turbo_supported(x: torch.Tensor, kv_cache: torch.Tensor, fmt: TurboFormat | 
         and kv_cache.device == x.device
         and kv_cache.is_contiguous()
     )
+
+
+def decode_supported(q: torch.Tensor, kv_cache: torch.Tensor, fmt: TurboFormat | None) -> bool:
+    """Whether :func:`turbo_decode_attention` takes q [B, Hq, D] over this cache (Hq a multiple of its kv heads)."""
+    return turbo_supported(q, kv_cache, fmt) and q.shape[1] % kv_cache.shape[3] == 0
 
 
 def turbo_cache_write(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
@@ -72,17 +77,16 @@ def turbo_decode_attention(
     b, hq, d = q.shape
     hk = kv_cache.shape[3]
     ok = (
-        turbo_supported(q, kv_cache, fmt)
+        decode_supported(q, kv_cache, fmt)
         and d == fmt.head_dim
-        and hq % hk == 0
         and block_tables.dtype == seq_lens.dtype == torch.int32
         and block_tables.is_contiguous()
         and seq_lens.is_contiguous()
         and block_tables.shape[0] == seq_lens.shape[0] == b
     )
     if not ok:
-        raise ValueError("turbo_decode_attention: needs f16/bf16 q [B, Hq, D] on the cache's GPU, Hq a multiple of "
-                         "the cache's kv heads, int32 block_tables [B, max_blocks] and seq_lens [B]")
+        raise ValueError("turbo_decode_attention: needs f16/bf16 q [B, Hq, D] on the cache's GPU, Hq a multiple of the "
+                         "cache's kv heads, int32 block_tables [B, max_blocks] and seq_lens [B]")
     q = q.contiguous()
     out = torch.empty_like(q)
     parts = max(1, math.ceil(max_seq_len / PART_SIZE))
@@ -94,3 +98,28 @@ def turbo_decode_attention(
         native.dtype_code(q), native.stream(q.device),
     )
     return out
+
+
+def blocks_to_dense(kv_cache: torch.Tensor, blocks: torch.Tensor, fmt: TurboFormat, out: torch.Tensor) -> None:
+    """Decode the rows of cache blocks ``blocks`` (int64 [n]) into the dense cache ``out`` [2, n, block_size, Hk, D]
+    (f16/bf16), K turned back from its rotation: what the flash prefill kernel reads with unrotated queries."""
+    n, bs, hk = blocks.shape[0], kv_cache.shape[2], kv_cache.shape[3]
+    ok = (
+        turbo_supported(out, kv_cache, fmt)
+        and kv_cache.dtype == torch.uint8
+        and kv_cache.shape[-1] == fmt.row_bytes
+        and blocks.dim() == 1
+        and blocks.dtype == torch.int64
+        and blocks.is_contiguous()
+        and blocks.device == kv_cache.device
+        and out.shape == (2, n, bs, hk, fmt.head_dim)
+        and out.is_contiguous()
+    )
+    if not ok:
+        raise ValueError("turbo_blocks_to_dense: needs a contiguous TurboQuant cache on a GPU, D 64/128/256, int64 "
+                         "block ids [n] and a contiguous f16/bf16 out [2, n, block_size, Hk, D] on the cache's device")
+    native.loaded().cuda_turbo_blocks_to_dense(
+        out.data_ptr(), kv_cache.data_ptr(), blocks.data_ptr(),
+        turbo.channel_signs(fmt.head_dim, out.device).data_ptr(), n, bs, hk, fmt.head_dim, fmt.k_bits,
+        native.dtype_code(out), native.stream(out.device),
+    )

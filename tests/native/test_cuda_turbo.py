@@ -1,6 +1,8 @@
 """TurboQuant cache kernels (``native/cuda/turbo_kv.cu``): the write against the CPU encoder's bytes, the decode
 attention against float64 attention over the rows' decoded vectors (keys turned back by a float64 Hadamard
-matrix), over head sizes, GQA ratios, block sizes, contexts of one and many pieces, a window and a soft-cap."""
+matrix), over head sizes, GQA ratios, block sizes, contexts of one and many pieces, a window and a soft-cap; the
+blocks decoded to dense against the CPU decoder, and steps with prefill rows through ``attention`` against float64
+attention."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from _cuda_helpers import poison_allocator, rel_error
 from candle_vllm.pyengine.kv_cache import turbo
 from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
 from candle_vllm.pyengine.ops import cuda, cuda_turbo
+from candle_vllm.pyengine.ops.attention import AttentionMetadata, attention
 
 DEV = torch.device("cuda")
 pytestmark = pytest.mark.cuda
@@ -93,23 +96,38 @@ def decode_case(
     return fmt, cache, q, tables.to(DEV), torch.tensor(lens, dtype=torch.int32, device=DEV)
 
 
+def decoded_context(cache: torch.Tensor, table: torch.Tensor, n: int, fmt: TurboFormat
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V [n, Hk, D] (float64) of one sequence's rows, decoded on the CPU, keys turned back where rotated."""
+    bs = cache.shape[2]
+    pos = torch.arange(n)
+    k, v = turbo.decode(cache[0].cpu()[table.cpu().long()[pos // bs], pos % bs], fmt)
+    return (unrotate(k) if fmt.rotated else k.double()), v.double()
+
+
+def attend64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None,
+             softcap: float | None) -> torch.Tensor:
+    """float64 causal attention of q [Lq, Hq, D], the last Lq positions of k/v [n, Hk, D]."""
+    lq, hq, n, hk = q.shape[0], q.shape[1], k.shape[0], k.shape[1]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for i in range(lq):
+        pos = n - lq + i
+        first = max(0, pos + 1 - window) if window else 0
+        for h in range(hq):
+            sc = k[first : pos + 1, h // (hq // hk)] @ q[i, h].double().cpu() * scale
+            if softcap:
+                sc = softcap * torch.tanh(sc / softcap)
+            out[i, h] = torch.softmax(sc, 0) @ v[first : pos + 1, h // (hq // hk)]
+    return out
+
+
 def reference(q: torch.Tensor, cache: torch.Tensor, tables: torch.Tensor, lens: list[int], fmt: TurboFormat,
               scale: float, window: int | None, softcap: float | None) -> torch.Tensor:
     """float64 attention of each sequence's query over its decoded rows (keys turned back where rotated)."""
-    hq, hk, bs = q.shape[1], cache.shape[3], cache.shape[2]
-    out = torch.zeros(q.shape, dtype=torch.float64)
-    rows = cache[0].cpu()
-    for s, n in enumerate(lens):
-        pos = torch.arange(n)
-        k, v = turbo.decode(rows[tables[s].cpu().long()[pos // bs], pos % bs], fmt)
-        k = unrotate(k) if fmt.rotated else k.double()
-        first = max(0, n - window) if window else 0
-        for h in range(hq):
-            sc = k[first:, h // (hq // hk)] @ q[s, h].double().cpu() * scale
-            if softcap:
-                sc = softcap * torch.tanh(sc / softcap)
-            out[s, h] = torch.softmax(sc, 0) @ v[first:, h // (hq // hk)].double()
-    return out
+    return torch.cat([
+        attend64(q[s : s + 1], *decoded_context(cache, tables[s], n, fmt), scale, window, softcap)
+        for s, n in enumerate(lens)
+    ])
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -118,6 +136,10 @@ def reference(q: torch.Tensor, cache: torch.Tensor, tables: torch.Tensor, lens: 
     (64, 9, 3, 64, [5, 300, 64]),
     (256, 8, 1, 16, [700, 2]),
     (128, 28, 4, 64, [3000, 129]),
+    (64, 4, 2, 16, [40, 600]),
+    (128, 4, 4, 16, [3, 300]),
+    (128, 12, 1, 16, [300, 5]),  # 12 q heads a kv head: chunks of 8 and 4
+    (64, 32, 2, 16, [700]),  # 16 a kv head: two chunks of 8
 ])
 def test_decode_matches_float64_attention_over_the_rows(
     mode: str, d: int, hq: int, hk: int, bs: int, lens: list[int]
@@ -141,3 +163,55 @@ def test_decode_window_softcap_and_a_graph_sized_grid(
     got = cuda_turbo.turbo_decode_attention(q, cache, tables, seq_lens, 0.1, grid_len, fmt, window, softcap)
     want = reference(q, cache, tables, lens, fmt, 0.1, window, softcap)
     assert rel_error(got, want) < 5e-3
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_blocks_to_dense_equal_the_cpu_decoder(mode: str, d: int, dtype: torch.dtype) -> None:
+    """Written blocks, listed shuffled and one twice, decoded to dense blocks: the CPU decoder's values (keys turned
+    back by a float64 Hadamard matrix) rounded once to the output dtype."""
+    poison_allocator(DEV, 1 << 22)
+    fmt, cache, _, tables, _ = decode_case(mode, d, 4, 2, 16, [16 * 9], dtype, d)
+    blocks = tables[0, [7, 2, 2, 0, 8, 5]].long()
+    got = torch.empty(2, 6, 16, 2, d, dtype=dtype, device=DEV)
+    cuda_turbo.blocks_to_dense(cache, blocks, fmt, got)
+    k, v = turbo.decode(cache[0].cpu()[blocks.cpu()], fmt)
+    want = torch.stack((unrotate(k) if fmt.rotated else k.double(), v.double()))
+    ulp = 2**-8 if dtype == torch.bfloat16 else 2**-11
+    assert torch.all((got.double().cpu() - want).abs() <= want.abs() * ulp + 1e-5 * want.abs().max())
+    assert want.abs().amin(-1).gt(0).float().mean() > 0.5, "most vectors hold non-zero values"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("d", "hq", "hk", "window", "softcap", "dtype"), [
+    (128, 32, 8, None, None, torch.bfloat16),
+    (64, 12, 1, 50, None, torch.float16),  # a window: only the blocks it reaches are decoded
+    (256, 8, 2, None, 30.0, torch.bfloat16),
+])
+def test_steps_with_prefill_rows_match_float64_attention(
+    mode: str, d: int, hq: int, hk: int, window: int | None, softcap: float | None, dtype: torch.dtype,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A step of fresh prompts, chunks over cached prefixes, one-token rows and a sequence with no new token
+    through ``attention`` on a turbo cache: the flash kernel over the decoded blocks and the decode kernel, never
+    the torch reference, against float64 attention over the CPU decoder's vectors."""
+    monkeypatch.setattr(turbo, "read_blocks", lambda *a: pytest.fail("the torch reference read the rows"))
+    poison_allocator(DEV, 1 << 24)
+    cached_new = [(0, 300), (130, 1), (517, 64), (40, 1), (33, 0), (0, 17), (15, 2)]
+    lens = [c + n for c, n in cached_new]
+    fmt, cache, _, tables, _ = decode_case(mode, d, hq, hk, 16, lens, dtype, d + hq)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    t = sum(n for _, n in cached_new)
+    q = torch.randn(t, hq, d, generator=g, device=DEV).to(dtype)
+    kv_new = torch.zeros(t, hk, d, dtype=dtype, device=DEV)  # already in the cache (kv_cached)
+    meta = AttentionMetadata.build([n for _, n in cached_new], lens, DEV, tables.tolist(), 16)
+    got = attention(q, kv_new, kv_new, cache, meta, d**-0.5, hk, window, softcap, kv_cached=True)
+    start = 0
+    for s, (_, n) in enumerate(cached_new):
+        if n == 0:
+            continue
+        want = attend64(q[start : start + n], *decoded_context(cache, tables[s], lens[s], fmt), d**-0.5, window,
+                        softcap)
+        assert rel_error(got[start : start + n], want) < 1e-2, f"sequence {s}"
+        start += n

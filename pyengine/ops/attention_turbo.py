@@ -1,0 +1,117 @@
+"""CUDA steps over a TurboQuant cache (``kv_cache/turbo.py``): pure decode steps (CUDA graphs too) and the one-token
+rows of other steps on the rows' own decode kernel; the multi-token sequences of a step on the flash prefill kernel
+over their blocks decoded to dense f16/bf16 once per layer (``cuda_turbo.blocks_to_dense``). The queries stay
+unrotated: the decode kernel rotates them itself, and the dense blocks hold K turned back."""
+
+from __future__ import annotations
+
+import torch
+
+from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
+from candle_vllm.pyengine.ops import cuda_turbo, sdpa_prefill
+from candle_vllm.pyengine.ops.attention_metadata import AttentionMetadata
+from candle_vllm.pyengine.ops.cuda_prefill import KERNEL_CONFIGS, flash_prefill, flash_prefill_supported
+
+# The flash prefill kernel's widest K/V tile (powers of two): under a sliding window its first tile starts at the
+# window's start rounded down to a multiple of its own width, so never before the start rounded down to this.
+FLASH_KEY_TILE = max(bn for configs in KERNEL_CONFIGS.values() for _, _, bn in configs)
+
+
+def turbo_step(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None,
+    softcap: float | None,
+    fmt: TurboFormat,
+) -> torch.Tensor | None:
+    """Attention of a step whose K/V are already in the TurboQuant cache: q [T, Hq, D] (unrotated) -> [T, Hq, D];
+    None where the kernels do not take the step (the caller falls back to the torch reference)."""
+    assert meta.block_tables is not None
+    if not cuda_turbo.decode_supported(q, kv_cache, fmt):
+        return None
+    if meta.max_decode_seq_len is not None or meta.query_start_loc_cpu == list(range(q.shape[0] + 1)):
+        longest = meta.max_decode_seq_len or max(meta.seq_lens_cpu or [1])
+        return cuda_turbo.turbo_decode_attention(q, kv_cache, meta.block_tables, meta.seq_lens, scale, longest, fmt,
+                                                 sliding_window, softcap)
+    q_lens = meta.query_lens_cpu
+    one_token = [s for s, n in enumerate(q_lens) if n == 1]
+    multi = [s for s, n in enumerate(q_lens) if n > 1]
+    if multi:
+        dense = _dense_cache(q, kv_cache, meta, multi, sliding_window, fmt)
+        if dense is None:
+            return None
+        cache, tables = dense
+        out = flash_prefill(q, cache, tables, meta.query_start_loc, meta.seq_lens, max(q_lens), scale, sliding_window,
+                            softcap, skip_single_token=bool(one_token))
+        sdpa_prefill.ROUTES["native"] += 1
+    else:
+        out = torch.empty_like(q)
+    if one_token:
+        turbo_decode_rows(q, out, kv_cache, meta, one_token, scale, sliding_window, softcap, fmt)
+    return out
+
+
+def _dense_cache(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    seqs: list[int],
+    sliding_window: int | None,
+    fmt: TurboFormat,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Sequences ``seqs``' context blocks decoded to a dense cache [2, n, block_size, Hk, D] of q's dtype, and block
+    tables [S, width] int32 into it; None when the flash prefill kernel does not take q. Only blocks a query can
+    reach are decoded (under a sliding window, from the first query's window start rounded down to a whole key
+    tile); the others, and other sequences' rows, point at block 0, which the kernel never reads for them. The
+    index lists are host arithmetic, built once per step; the block ids are gathered on the device."""
+    assert meta.block_tables is not None and meta.seq_lens_cpu is not None
+    bs = kv_cache.shape[2]
+    lens, q_lens = meta.seq_lens_cpu, meta.query_lens_cpu
+    span: dict[int, range] = {}
+    for s in seqs:
+        start = max(0, lens[s] - q_lens[s] - sliding_window + 1) if sliding_window else 0
+        span[s] = range(start // FLASH_KEY_TILE * FLASH_KEY_TILE // bs, (lens[s] + bs - 1) // bs)
+    width = max(r.stop for r in span.values())
+    key = f"turbo_dense{seqs}"
+    rows = meta.device_ints(key + "rows", lambda: [s for s in seqs for _ in span[s]])
+    cols = meta.device_ints(key + "cols", lambda: [c for s in seqs for c in span[s]])
+
+    def tables() -> list[int]:
+        flat, first = [], 0
+        for s in range(meta.num_seqs):
+            r = span.get(s, range(0))
+            flat += [0] * r.start + list(range(first, first + len(r))) + [0] * (width - r.stop)
+            first += len(r)
+        return flat
+
+    d = fmt.head_dim
+    cache = torch.empty(2, len(cols), bs, kv_cache.shape[3], d, dtype=q.dtype, device=q.device)
+    if not flash_prefill_supported(q, cache):
+        return None
+    cuda_turbo.blocks_to_dense(kv_cache, meta.block_tables[rows, cols].long(), fmt, cache)
+    return cache, meta.device_ints(key + "tables", tables, torch.int32).view(meta.num_seqs, width)
+
+
+def turbo_decode_rows(
+    q: torch.Tensor,
+    out: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    rows: list[int],
+    scale: float,
+    sliding_window: int | None,
+    softcap: float | None,
+    fmt: TurboFormat,
+) -> None:
+    """The one-token sequences ``rows`` of a step with prefill rows, through the TurboQuant decode kernel
+    (unrotated q) into ``out``."""
+    assert meta.block_tables is not None and meta.seq_lens_cpu is not None and meta.query_start_loc_cpu is not None
+    qsl = meta.query_start_loc_cpu
+    tok = meta.device_ints(f"turbo_tok{rows}", lambda: [qsl[s] for s in rows])
+    idx = meta.device_ints(f"turbo_seq{rows}", lambda: rows)
+    out[tok] = cuda_turbo.turbo_decode_attention(
+        q[tok], kv_cache, meta.block_tables.index_select(0, idx).contiguous(), meta.seq_lens.index_select(0, idx),
+        scale, max(meta.seq_lens_cpu[s] for s in rows), fmt, sliding_window, softcap,
+    )
