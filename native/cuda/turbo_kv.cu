@@ -8,53 +8,20 @@
 
 #include "cuda/common.cuh"
 #include "cuda/fp8_kv.cuh"
+#include "cuda/turbo_decode_tc.h"
 #include "cuda/turbo_kv.h"
+#include "cuda/turbo_rows.cuh"
 
 namespace candle_vllm::cuda {
 namespace {
 
-constexpr int kDecodeWarps = 4;
-
-struct RowLayout {
-  int k_code_bytes, k_bytes, row_bytes;
-  __host__ __device__ RowLayout(int D, int k_bits)
-      : k_code_bytes(D * k_bits / 8), k_bytes(D * k_bits / 8 + (k_bits == 8 ? 0 : 4)),
-        row_bytes(D * k_bits / 8 + (k_bits == 8 ? 0 : 4) + D / 2 + 4) {}
-};
-
-// x (E channels a lane) <- H x, H in Sylvester order: stage h pairs channels c and c + h.
-template <int E>
-__device__ __forceinline__ void hadamard(float (&x)[E]) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int h = 1; h < E; h *= 2)
-#pragma unroll
-    for (int i = 0; i < E; i += 2 * h)
-#pragma unroll
-      for (int j = i; j < i + h; ++j) {
-        const float u = x[j], w = x[j + h];
-        x[j] = __fadd_rn(u, w);
-        x[j + h] = __fsub_rn(u, w);
-      }
-#pragma unroll
-  for (int m = 1; m < 32; m *= 2)
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      const float p = __shfl_xor_sync(0xffffffffu, x[e], m);
-      x[e] = (lane & m) ? __fsub_rn(p, x[e]) : __fadd_rn(x[e], p);
-    }
-}
-
-// x <- H (signs * x) / sqrt_d: the keys' rotation.
-template <int E>
-__device__ __forceinline__ void rotate(float (&x)[E], const float* signs, float sqrt_d) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int e = 0; e < E; ++e) x[e] *= signs[lane * E + e];
-  hadamard(x);
-#pragma unroll
-  for (int e = 0; e < E; ++e) x[e] = __fdiv_rn(x[e], sqrt_d);
-}
+using turbo::hadamard;
+using turbo::kDecodeWarps;
+using turbo::load_f32;
+using turbo::load_lane;
+using turbo::rotate;
+using turbo::RowLayout;
+using turbo::store_f32;
 
 // Absmax codes of the warp's vector: code = rint(clamp(x / a * half + half, 0, 2 half)); returns a.
 template <int E>
@@ -97,16 +64,6 @@ __device__ __forceinline__ void store_triples(uint8_t* dst, const int (&code)[E]
     p[1] = (bits >> 8) & 0xff;
     p[2] = (bits >> 16) & 0xff;
   }
-}
-
-__device__ __forceinline__ void store_f32(uint8_t* dst, float v) { *reinterpret_cast<float*>(dst) = v; }
-__device__ __forceinline__ float load_f32(const uint8_t* src) { return *reinterpret_cast<const float*>(src); }
-
-template <typename T, int E>
-__device__ __forceinline__ void load_lane(float (&x)[E], const T* row) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int e = 0; e < E; ++e) x[e] = to_f32(row[lane * E + e]);
 }
 
 // One warp per (token, kv head).
@@ -277,38 +234,14 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
   __shared__ float sm_p[kDecodeWarps][G][32];
   __shared__ float sm_m[kDecodeWarps][G], sm_l[kDecodeWarps][G];
   __shared__ float sm_acc[kDecodeWarps][G][D];
-  const int group = q_heads / kv_heads, chunks = (group + G - 1) / G;
-  const int part = blockIdx.x, kvh = blockIdx.y / chunks, seq = blockIdx.z, parts = gridDim.x;
-  const int chunk_head = blockIdx.y % chunks * G, heads = min(G, group - chunk_head);  // this CTA's live q heads
-  const int64_t head0 = static_cast<int64_t>(seq) * q_heads + static_cast<int64_t>(kvh) * group + chunk_head;
+  const turbo::DecodeCta<G> cta(q_heads, kv_heads, seq_lens, part_size, sliding_window);
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const RowLayout L(D, k_bits);
-  for (int g = warp; g < G; g += kDecodeWarps) {
-    float x[E];
-    if (g < heads) {
-      load_lane(x, q + (head0 + g) * D);
-#pragma unroll
-      for (int e = 0; e < E; ++e) x[e] *= scale;
-      if (k_bits != 8) rotate(x, signs, sqrt_d);
-    } else {
-#pragma unroll
-      for (int e = 0; e < E; ++e) x[e] = 0.f;
-    }
-    float sum = 0.f;
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      sm_q[g][lane * E + e] = x[e];
-      sum += x[e];
-    }
-    sum = warp_sum(sum);
-    if (lane == 0) sm_qsum[g] = sum;
-  }
+  turbo::load_queries<T, E, G, false>(sm_q, sm_qsum, q + cta.head0 * D, cta.heads, scale,
+                                      k_bits != 8 ? signs : nullptr, sqrt_d);
   __syncthreads();
-  const int len = seq_lens[seq];
-  const int first = sliding_window > 0 ? max(0, len - sliding_window) : 0;
-  const int lo = max(part * part_size, first), hi = min(part * part_size + part_size, len);
   const float k_half = k_bits == 4 ? 7.5f : 3.f;
-  const int32_t* table = block_tables + static_cast<int64_t>(seq) * max_blocks;
+  const int32_t* table = block_tables + static_cast<int64_t>(cta.seq) * max_blocks;
   float m[G], l[G], acc[G][E];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
@@ -316,12 +249,12 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[g][e] = 0.f;
   }
-  for (int base = lo + warp * 32; base < hi; base += kDecodeWarps * 32) {
+  for (int base = cta.lo + warp * 32; base < cta.hi; base += kDecodeWarps * 32) {
     const int j = base + lane;
-    const bool live = j < hi;
-    const int jj = live ? j : hi - 1;
+    const bool live = j < cta.hi;
+    const int jj = live ? j : cta.hi - 1;
     const int64_t slot = static_cast<int64_t>(table[jj / block_size]) * block_size + jj % block_size;
-    const uint8_t* row = cache + (slot * kv_heads + kvh) * L.row_bytes;
+    const uint8_t* row = cache + (slot * kv_heads + cta.kvh) * L.row_bytes;
     const uint8_t* my_v = row + L.k_bytes;
     const float my_v_step = load_f32(my_v + D / 2) / 7.5f;
     float s[G];
@@ -343,7 +276,7 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
       for (int e = 0; e < E; ++e) acc[g][e] *= corr[g];
     }
     __syncwarp();
-    const int n = min(32, hi - base);
+    const int n = min(32, cta.hi - base);
 #pragma unroll 4
     for (int t = 0; t < n; ++t) {
       const auto* vrow = reinterpret_cast<const uint8_t*>(
@@ -371,33 +304,7 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
     for (int e = 0; e < E; ++e) sm_acc[warp][g][lane * E + e] = acc[g][e];
   }
   __syncthreads();
-  for (int g = warp; g < heads; g += kDecodeWarps) {
-    float big = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) big = fmaxf(big, sm_m[w][g]);
-    float sum = 0.f, o[E];
-#pragma unroll
-    for (int e = 0; e < E; ++e) o[e] = 0.f;
-    if (big != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w) {
-        const float f = __expf(sm_m[w][g] - big);
-        sum += sm_l[w][g] * f;
-#pragma unroll
-        for (int e = 0; e < E; ++e) o[e] += sm_acc[w][g][lane * E + e] * f;
-      }
-    }
-    const int64_t qh = head0 + g;
-    if (parts == 1) {
-#pragma unroll
-      for (int e = 0; e < E; ++e) out[qh * D + lane * E + e] = from_f32<T>(sum > 0.f ? o[e] / sum : 0.f);
-      continue;
-    }
-    float* p = partials + (qh * parts + part) * (D + 2);
-    if (lane == 0) p[0] = big, p[1] = sum;
-#pragma unroll
-    for (int e = 0; e < E; ++e) p[2 + lane * E + e] = o[e];
-  }
+  turbo::merge_warps<T, E, G>(out, partials, sm_m, sm_l, sm_acc, cta);
 }
 
 // One warp per (q head, sequence): the pieces' partial softmaxes combined.
@@ -465,34 +372,44 @@ void turbo_decode_attention(void* out, const void* q, const void* cache, const i
                             const int32_t* seq_lens, const float* signs, float* partials, int64_t num_seqs,
                             int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t block_size,
                             int64_t max_blocks, int64_t parts, int64_t part_size, float scale,
-                            int64_t sliding_window, float softcap, int k_bits, DType dtype, std::uintptr_t stream) {
+                            int64_t sliding_window, float softcap, int k_bits, bool tensor_cores, DType dtype,
+                            std::uintptr_t stream) {
   const char* what = "turbo_decode_attention";
   check_bits(k_bits, what);
   if (num_seqs == 0) return;
   if (parts < 1 || parts > 65535 || num_seqs > 65535 || kv_heads < 1 || q_heads % kv_heads != 0)
     throw std::invalid_argument(std::string(what) + ": 1-65535 pieces and sequences, q heads a multiple of kv heads");
+  const TurboDecodeArgs args{out, q, cache, block_tables, seq_lens, signs, partials, static_cast<int>(q_heads),
+                             static_cast<int>(kv_heads), static_cast<int>(block_size), static_cast<int>(max_blocks),
+                             static_cast<int>(part_size), scale, static_cast<int>(sliding_window), softcap,
+                             sqrt_of(head_dim)};
+  const bool on_tensor_cores =
+      tensor_cores && turbo_decode_tc(args, num_seqs, parts, static_cast<int>(head_dim), k_bits, dtype, stream);
   dispatch_float<false>(dtype, what, [&](auto tag) {
     using T = decltype(tag);
     dispatch_lanes(head_dim, what, [&](auto e) {
+      constexpr int E = decltype(e)::value;
       const int64_t group = q_heads / kv_heads;
-      auto go = [&](auto g) {
-        const int64_t chunks = (group + decltype(g)::value - 1) / decltype(g)::value;
-        const dim3 grid(static_cast<unsigned>(parts), static_cast<unsigned>(kv_heads * chunks),
+      auto on_cuda_cores = [&](auto g) {
+        constexpr int G = decltype(g)::value;
+        const dim3 grid(static_cast<unsigned>(parts), static_cast<unsigned>(kv_heads * ((group + G - 1) / G)),
                         static_cast<unsigned>(num_seqs));
-        turbo_decode_kernel<T, decltype(e)::value, decltype(g)::value><<<grid, 32 * kDecodeWarps, 0, as_stream(stream)>>>(
+        turbo_decode_kernel<T, E, G><<<grid, 32 * kDecodeWarps, 0, as_stream(stream)>>>(
             static_cast<T*>(out), static_cast<const T*>(q), static_cast<const uint8_t*>(cache), block_tables,
             seq_lens, signs, partials, static_cast<int>(q_heads), static_cast<int>(kv_heads),
             static_cast<int>(block_size), static_cast<int>(max_blocks), static_cast<int>(part_size), scale,
             static_cast<int>(sliding_window), softcap, k_bits, sqrt_of(head_dim));
       };
-      if (group == 1) go(std::integral_constant<int, 1>{});
-      else if (group == 2) go(std::integral_constant<int, 2>{});
-      else if (group <= 4) go(std::integral_constant<int, 4>{});
-      else go(std::integral_constant<int, 8>{});
+      if (!on_tensor_cores) {
+        if (group == 1) on_cuda_cores(std::integral_constant<int, 1>{});
+        else if (group == 2) on_cuda_cores(std::integral_constant<int, 2>{});
+        else if (group <= 4) on_cuda_cores(std::integral_constant<int, 4>{});
+        else on_cuda_cores(std::integral_constant<int, 8>{});
+      }
       check_launch(what);
       if (parts > 1) {
-        turbo_reduce_kernel<T, decltype(e)::value><<<dim3(static_cast<unsigned>(q_heads), static_cast<unsigned>(num_seqs)), 32, 0,
-                                      as_stream(stream)>>>(static_cast<T*>(out), partials, static_cast<int>(parts));
+        turbo_reduce_kernel<T, E><<<dim3(static_cast<unsigned>(q_heads), static_cast<unsigned>(num_seqs)), 32, 0,
+                                    as_stream(stream)>>>(static_cast<T*>(out), partials, static_cast<int>(parts));
         check_launch(what);
       }
     });

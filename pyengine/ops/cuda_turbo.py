@@ -6,6 +6,7 @@ checked here, launches on the caller's stream, scratch through torch (so they ru
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -17,6 +18,9 @@ from candle_vllm.pyengine.ops.cuda import HALF_DTYPES, _heads_view_ok, available
 # Tokens of one decode piece (a CTA of 4 warps): batch 1 at 4k makes 16 pieces per kv head.
 PART_SIZE = 256
 HEAD_DIMS = (64, 128, 256)
+# The decode's tensor-core kernel where it takes the geometry (head_dim 64 / 128, block_size a multiple of 16);
+# CANDLE_VLLM_TURBO_TENSOR_CORES=0 keeps every call on the CUDA-core kernel (an A/B switch for benches/).
+TENSOR_CORES = os.environ.get("CANDLE_VLLM_TURBO_TENSOR_CORES", "1") != "0"
 
 
 def turbo_supported(x: torch.Tensor, kv_cache: torch.Tensor, fmt: TurboFormat | None) -> bool:
@@ -70,10 +74,12 @@ def turbo_decode_attention(
     fmt: TurboFormat,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    tensor_cores: bool = TENSOR_CORES,
 ) -> torch.Tensor:
     """One query token per sequence over its rows: q [B, Hq, D] -> out [B, Hq, D]. ``max_seq_len`` (host int, >=
     every seq_lens entry) fixes the grid's pieces, so a CUDA graph captured at the longest context serves all
-    shorter ones. block_tables int32 [B, max_blocks], seq_lens int32 [B]."""
+    shorter ones. block_tables int32 [B, max_blocks], seq_lens int32 [B]. ``tensor_cores=False`` forces the
+    CUDA-core kernel."""
     b, hq, d = q.shape
     hk = kv_cache.shape[3]
     ok = (
@@ -94,7 +100,7 @@ def turbo_decode_attention(
     native.loaded().cuda_turbo_decode_attention(
         out.data_ptr(), q.data_ptr(), kv_cache.data_ptr(), block_tables.data_ptr(), seq_lens.data_ptr(),
         turbo.channel_signs(d, q.device).data_ptr(), partials.data_ptr(), b, hq, hk, d, kv_cache.shape[2],
-        block_tables.shape[1], parts, PART_SIZE, scale, sliding_window or 0, softcap or 0.0, fmt.k_bits,
+        block_tables.shape[1], parts, PART_SIZE, scale, sliding_window or 0, softcap or 0.0, fmt.k_bits, tensor_cores,
         native.dtype_code(q), native.stream(q.device),
     )
     return out

@@ -130,6 +130,7 @@ def reference(q: torch.Tensor, cache: torch.Tensor, tables: torch.Tensor, lens: 
     ])
 
 
+@pytest.mark.parametrize("tensor_cores", [True, False])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(("d", "hq", "hk", "bs", "lens"), [
     (128, 32, 8, 16, [1, 77, 256, 257, 1000]),
@@ -142,25 +143,30 @@ def reference(q: torch.Tensor, cache: torch.Tensor, tables: torch.Tensor, lens: 
     (64, 32, 2, 16, [700]),  # 16 a kv head: two chunks of 8
 ])
 def test_decode_matches_float64_attention_over_the_rows(
-    mode: str, d: int, hq: int, hk: int, bs: int, lens: list[int]
+    mode: str, d: int, hq: int, hk: int, bs: int, lens: list[int], tensor_cores: bool
 ) -> None:
+    """Both kernels (the tensor-core one takes D 64 / 128 at block sizes of 16s, except 3-bit keys at D 64; the
+    CUDA-core one the rest)."""
     poison_allocator(DEV, 1 << 22)
     fmt, cache, q, tables, seq_lens = decode_case(mode, d, hq, hk, bs, lens, torch.bfloat16, d + hq)
-    got = cuda_turbo.turbo_decode_attention(q, cache, tables, seq_lens, d**-0.5, max(lens), fmt)
+    got = cuda_turbo.turbo_decode_attention(q, cache, tables, seq_lens, d**-0.5, max(lens), fmt,
+                                            tensor_cores=tensor_cores)
     want = reference(q, cache, tables, lens, fmt, d**-0.5, None, None)
     assert rel_error(got, want) < 1e-2
 
 
+@pytest.mark.parametrize("tensor_cores", [True, False])
 @pytest.mark.parametrize("mode", ["turbo4", "turbo3"])
 @pytest.mark.parametrize(("window", "softcap", "grid_len"), [(100, None, 2048), (None, 30.0, 600), (40, 20.0, 4096)])
 def test_decode_window_softcap_and_a_graph_sized_grid(
-    mode: str, window: int | None, softcap: float | None, grid_len: int
+    mode: str, window: int | None, softcap: float | None, grid_len: int, tensor_cores: bool
 ) -> None:
     """A sliding window, a soft-cap, and pieces sized for a longer context than any sequence (a CUDA graph's
     grid): the empty pieces drop out of the reduction. f16 activations."""
     lens = [1, 130, 555]
     fmt, cache, q, tables, seq_lens = decode_case(mode, 128, 16, 4, 16, lens, torch.float16, 7)
-    got = cuda_turbo.turbo_decode_attention(q, cache, tables, seq_lens, 0.1, grid_len, fmt, window, softcap)
+    got = cuda_turbo.turbo_decode_attention(q, cache, tables, seq_lens, 0.1, grid_len, fmt, window, softcap,
+                                            tensor_cores)
     want = reference(q, cache, tables, lens, fmt, 0.1, window, softcap)
     assert rel_error(got, want) < 5e-3
 
