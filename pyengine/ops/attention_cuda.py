@@ -4,6 +4,7 @@ for fresh prompts (``ops/sdpa_prefill.py``), with the step's one-token rows on t
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import torch
 
@@ -37,6 +38,23 @@ def cuda_prefill_step(
     return out
 
 
+def decode_rows_into(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    meta: AttentionMetadata,
+    rows: list[int],
+    decode: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor],
+) -> None:
+    """The one-token sequences ``rows`` of a step with prefill rows through a paged decode kernel,
+    ``decode(q_rows, block_tables, seq_lens, longest_context)``, into ``out``."""
+    assert meta.block_tables is not None and meta.query_start_loc_cpu is not None and meta.seq_lens_cpu is not None
+    qsl = meta.query_start_loc_cpu
+    tok = meta.device_ints(f"decode_tok{rows}", lambda: [qsl[s] for s in rows])
+    idx = meta.device_ints(f"decode_seq{rows}", lambda: rows)
+    out[tok] = decode(q[tok], meta.block_tables.index_select(0, idx).contiguous(), meta.seq_lens.index_select(0, idx),
+                      max(meta.seq_lens_cpu[s] for s in rows))
+
+
 def _decode_rows_cuda(
     q: torch.Tensor,
     out: torch.Tensor,
@@ -48,14 +66,8 @@ def _decode_rows_cuda(
     softcap: float | None,
 ) -> None:
     """The one-token sequences ``rows`` of a prefill step through the paged decode kernel, into ``out``."""
-    assert meta.block_tables is not None and meta.query_start_loc_cpu is not None and meta.seq_lens_cpu is not None
-    qsl = meta.query_start_loc_cpu
-    tok = meta.device_ints(f"decode_tok{rows}", lambda: [qsl[s] for s in rows])
-    idx = meta.device_ints(f"decode_seq{rows}", lambda: rows)
-    out[tok] = cuda_paged.paged_decode_attention(
-        q[tok], kv_cache, meta.block_tables[idx], meta.seq_lens[idx], scale, max(meta.seq_lens_cpu[s] for s in rows),
-        sliding_window, softcap,
-    )
+    decode_rows_into(out, q, meta, rows, lambda qr, tables, lens, longest: cuda_paged.paged_decode_attention(
+        qr, kv_cache, tables, lens, scale, longest, sliding_window, softcap))
 
 
 def sdpa_prefill_step(

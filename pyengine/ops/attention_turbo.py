@@ -9,6 +9,7 @@ import torch
 
 from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
 from candle_vllm.pyengine.ops import cuda_turbo, sdpa_prefill
+from candle_vllm.pyengine.ops.attention_cuda import decode_rows_into
 from candle_vllm.pyengine.ops.attention_metadata import AttentionMetadata
 from candle_vllm.pyengine.ops.cuda_prefill import KERNEL_CONFIGS, flash_prefill, flash_prefill_supported
 
@@ -107,11 +108,5 @@ def turbo_decode_rows(
 ) -> None:
     """The one-token sequences ``rows`` of a step with prefill rows, through the TurboQuant decode kernel
     (unrotated q) into ``out``."""
-    assert meta.block_tables is not None and meta.seq_lens_cpu is not None and meta.query_start_loc_cpu is not None
-    qsl = meta.query_start_loc_cpu
-    tok = meta.device_ints(f"turbo_tok{rows}", lambda: [qsl[s] for s in rows])
-    idx = meta.device_ints(f"turbo_seq{rows}", lambda: rows)
-    out[tok] = cuda_turbo.turbo_decode_attention(
-        q[tok], kv_cache, meta.block_tables.index_select(0, idx).contiguous(), meta.seq_lens.index_select(0, idx),
-        scale, max(meta.seq_lens_cpu[s] for s in rows), fmt, sliding_window, softcap,
-    )
+    decode_rows_into(out, q, meta, rows, lambda qr, tables, lens, longest: cuda_turbo.turbo_decode_attention(
+        qr, kv_cache, tables, lens, scale, longest, fmt, sliding_window, softcap))
