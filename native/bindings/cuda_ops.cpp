@@ -11,6 +11,7 @@
 #include "cuda/rotary.h"
 #include "cuda/skinny_gemm.h"
 #include "cuda/skinny_gemm_kn.h"
+#include "cuda/turbo_decode_tc.h"
 #include "cuda/turbo_kv.h"
 #include "cuda/wide_gemm.h"
 
@@ -220,6 +221,8 @@ static Registrar registrar([](py::module_& m) {
                                      softcap, k_bits, tensor_cores, to_dtype(dtype), stream);
       },
       "paged decode attention over TurboQuant rows, one new query per sequence");
+  m.def("cuda_turbo_tensor_cores_take", &cuda::turbo_decode_tc_takes,
+        "whether the tensor-core TurboQuant decode kernel takes (head_dim, k_bits, block_size)");
   m.def(
       "cuda_turbo_blocks_to_dense",
       [](uintptr_t out, uintptr_t cache, uintptr_t blocks, uintptr_t signs, int64_t num_blocks, int64_t block_size,

@@ -16,6 +16,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 #include "cuda/mma.cuh"
@@ -299,9 +300,21 @@ bool launch_bits(const TurboDecodeArgs& a, int k_bits, DType dtype, dim3 grid, c
 
 }  // namespace
 
+bool turbo_decode_tc_takes(int64_t head_dim, int k_bits, int64_t block_size) {
+  if (block_size % kTile != 0) return false;
+  auto taken = [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    if (k_bits == 8) return TcRows<D, 8>::kTaken;
+    if (k_bits == 4) return TcRows<D, 4>::kTaken;
+    return k_bits == 3 && TcRows<D, 3>::kTaken;
+  };
+  return head_dim == 64 ? taken(std::integral_constant<int, 64>{})
+                        : head_dim == 128 && taken(std::integral_constant<int, 128>{});
+}
+
 bool turbo_decode_tc(const TurboDecodeArgs& a, int64_t num_seqs, int64_t parts, int head_dim, int k_bits, DType dtype,
                      std::uintptr_t stream) {
-  if (a.block_size % kTile != 0) return false;
+  if (!turbo_decode_tc_takes(head_dim, k_bits, a.block_size)) return false;
   const int chunks = (a.q_heads / a.kv_heads + kHeads - 1) / kHeads;
   const dim3 grid(static_cast<unsigned>(parts), static_cast<unsigned>(a.kv_heads * chunks),
                   static_cast<unsigned>(num_seqs));

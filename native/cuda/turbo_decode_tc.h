@@ -21,9 +21,12 @@ struct TurboDecodeArgs {
   float softcap, sqrt_d;
 };
 
+// Whether the kernel takes this geometry: head_dim 64 or 128, block_size a multiple of 16, whole 32-bit words of
+// codes per thread (not 3-bit keys at head_dim 64).
+bool turbo_decode_tc_takes(int64_t head_dim, int k_bits, int64_t block_size);
+
 // Launches the kernel over grid (parts, kv heads x chunks of 8 q heads, sequences) and returns true when it takes
-// the geometry (head_dim 64 or 128, block_size a multiple of 16, whole 32-bit words of codes per thread: not
-// 3-bit keys at head_dim 64); false, launching nothing, otherwise.
+// the geometry (turbo_decode_tc_takes); false, launching nothing, otherwise.
 bool turbo_decode_tc(const TurboDecodeArgs& a, int64_t num_seqs, int64_t parts, int head_dim, int k_bits, DType dtype,
                      std::uintptr_t stream);
 

@@ -32,12 +32,18 @@ def turbo_supported(x: torch.Tensor, kv_cache: torch.Tensor, fmt: TurboFormat | 
         and fmt.head_dim in HEAD_DIMS
         and kv_cache.device == x.device
         and kv_cache.is_contiguous()
+        and kv_cache.data_ptr() % 16 == 0
     )
 
 
 def decode_supported(q: torch.Tensor, kv_cache: torch.Tensor, fmt: TurboFormat | None) -> bool:
     """Whether :func:`turbo_decode_attention` takes q [B, Hq, D] over this cache (Hq a multiple of its kv heads)."""
     return turbo_supported(q, kv_cache, fmt) and q.shape[1] % kv_cache.shape[3] == 0
+
+
+def tensor_cores_take(fmt: TurboFormat, block_size: int) -> bool:
+    """Whether the decode's tensor-core kernel takes this format and block size (else the CUDA-core kernel runs)."""
+    return bool(native.loaded().cuda_turbo_tensor_cores_take(fmt.head_dim, fmt.k_bits, block_size))
 
 
 def turbo_cache_write(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,

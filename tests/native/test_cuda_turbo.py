@@ -74,17 +74,19 @@ def test_write_stores_the_cpu_encoders_bytes(mode: str, d: int, dtype: torch.dty
 
 
 def decode_case(
-    mode: str, d: int, hq: int, hk: int, bs: int, lens: list[int], dtype: torch.dtype, seed: int
+    mode: str, d: int, hq: int, hk: int, bs: int, lens: list[int], dtype: torch.dtype, seed: int, junk: bool = False
 ) -> tuple[TurboFormat, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A cache of shuffled blocks written by the kernel; q [B, Hq, D], block tables and seq_lens on the GPU."""
+    """A cache of shuffled blocks written by the kernel; q [B, Hq, D], block tables and seq_lens on the GPU. With
+    ``junk`` the unwritten rows hold 0xFF bytes (NaN absmax, NaN e4m3) and unused table entries a block id far out
+    of range, so a kernel reading either fails."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     fmt = TurboFormat(mode, d)
     need = [(n + bs - 1) // bs for n in lens]
     num_blocks = sum(need) + 3
-    cache = torch.zeros(1, num_blocks, bs, hk, fmt.row_bytes, dtype=torch.uint8, device=DEV)
+    cache = torch.full((1, num_blocks, bs, hk, fmt.row_bytes), 0xFF if junk else 0, dtype=torch.uint8, device=DEV)
     perm = torch.randperm(num_blocks, generator=g, device=DEV).tolist()
     width = max(need)
-    tables = torch.zeros(len(lens), width, dtype=torch.int32)
+    tables = torch.full((len(lens), width), 1 << 30 if junk else 0, dtype=torch.int32)
     for s, n in enumerate(need):
         tables[s, :n] = torch.tensor([perm.pop() for _ in range(n)])
         pos = torch.arange(lens[s])
@@ -148,7 +150,8 @@ def test_decode_matches_float64_attention_over_the_rows(
     """Both kernels (the tensor-core one takes D 64 / 128 at block sizes of 16s, except 3-bit keys at D 64; the
     CUDA-core one the rest)."""
     poison_allocator(DEV, 1 << 22)
-    fmt, cache, q, tables, seq_lens = decode_case(mode, d, hq, hk, bs, lens, torch.bfloat16, d + hq)
+    fmt, cache, q, tables, seq_lens = decode_case(mode, d, hq, hk, bs, lens, torch.bfloat16, d + hq, junk=True)
+    assert cuda_turbo.tensor_cores_take(fmt, bs) == (d in (64, 128) and bs % 16 == 0 and (mode, d) != ("turbo3", 64))
     got = cuda_turbo.turbo_decode_attention(q, cache, tables, seq_lens, d**-0.5, max(lens), fmt,
                                             tensor_cores=tensor_cores)
     want = reference(q, cache, tables, lens, fmt, d**-0.5, None, None)
@@ -156,15 +159,16 @@ def test_decode_matches_float64_attention_over_the_rows(
 
 
 @pytest.mark.parametrize("tensor_cores", [True, False])
-@pytest.mark.parametrize("mode", ["turbo4", "turbo3"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("d", "hq", "hk"), [(128, 16, 4), (64, 2, 2)])
 @pytest.mark.parametrize(("window", "softcap", "grid_len"), [(100, None, 2048), (None, 30.0, 600), (40, 20.0, 4096)])
 def test_decode_window_softcap_and_a_graph_sized_grid(
-    mode: str, window: int | None, softcap: float | None, grid_len: int, tensor_cores: bool
+    mode: str, d: int, hq: int, hk: int, window: int | None, softcap: float | None, grid_len: int, tensor_cores: bool
 ) -> None:
-    """A sliding window, a soft-cap, and pieces sized for a longer context than any sequence (a CUDA graph's
-    grid): the empty pieces drop out of the reduction. f16 activations."""
+    """A sliding window (its start off a 16-token tile), a soft-cap, and pieces sized for a longer context than any
+    sequence (a CUDA graph's grid): the empty pieces drop out of the reduction. f16 activations."""
     lens = [1, 130, 555]
-    fmt, cache, q, tables, seq_lens = decode_case(mode, 128, 16, 4, 16, lens, torch.float16, 7)
+    fmt, cache, q, tables, seq_lens = decode_case(mode, d, hq, hk, 16, lens, torch.float16, 7, junk=True)
     got = cuda_turbo.turbo_decode_attention(q, cache, tables, seq_lens, 0.1, grid_len, fmt, window, softcap,
                                             tensor_cores)
     want = reference(q, cache, tables, lens, fmt, 0.1, window, softcap)
