@@ -7,8 +7,8 @@
 //   or 3-bit field OR-ed into the mantissa of f16 1024, minus 1024), each token's absmax and the heads' sums fold
 //   the (code - half) * absmax / half decoding into the scores afterwards;
 // - after the online softmax (per head, in registers), P^T is transposed in registers (movmatrix) into the B
-//   operand of out^T [D x 8 heads] += V codes^T [D x 16 tokens] . P'^T, with P' = p * absmax_v / 7.5, and the
-//   code offset 7.5 * sum(P') taken off at the end.
+//   operand of out^T [D x 8 heads] += V codes^T [D x 16 tokens] . P'^T, with P' = p * absmax_v / 7.5 in the
+//   activations' type (bf16's range holds any absmax), and the code offset 7.5 * sum(P') taken off at the end.
 // The channels are permuted inside each mma k-block (Q and K alike) and across the output's m-tiles so that a
 // thread's operands come from whole words of its rows: a quarter of each key row, an eighth of each value row.
 // Each warp loads its next tile's words into registers before it multiplies the current one.
@@ -48,8 +48,13 @@ struct TcRows {
   static constexpr int kKWords = kKThread / 4, kVWords = kVThread / 4;
   static constexpr int kKAlign = std::min({low_bit(kRowBytes), low_bit(kKThread), 16});
   static constexpr int kVAlign = std::min({low_bit(kRowBytes), low_bit(kKBytes), low_bit(kVThread), 16});
-  static constexpr bool kTaken = (D == 64 || D == 128) && kKThread % 4 == 0 && kVThread % 4 == 0;
 };
+
+// Head sizes whose key and value codes split into whole 32-bit words per thread (not 3-bit keys at D = 64).
+template <int D, int KBITS>
+constexpr bool tc_takes() {
+  return (D == 64 || D == 128) && D * KBITS / 32 % 4 == 0 && D / 16 % 4 == 0;
+}
 
 template <int W, int ALIGN>
 __device__ __forceinline__ void load_words(uint32_t (&w)[W], const uint8_t* p) {
@@ -71,14 +76,32 @@ __device__ __forceinline__ void load_words(uint32_t (&w)[W], const uint8_t* p) {
   }
 }
 
-// Two integer fields (< 1024) at bits 0 and 16 as an f16 pair of their values.
-__device__ __forceinline__ uint32_t codes_f16x2(uint32_t fields) {
-  uint32_t x = fields | 0x64006400u;  // f16 1024 + field in each half
-  __half2 h;
+// Two integer fields at bits 0 and 16 as a T pair of their values: each OR-ed into the mantissa of a power of two
+// whose unit in the last place is 1 (f16 1024, fields < 1024; bf16 128, fields < 128), that power taken off.
+template <typename T>
+__device__ __forceinline__ uint32_t codes_x2(uint32_t fields) {
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  constexpr bool kF16 = std::is_same_v<T, __half>;
+  uint32_t x = fields | (kF16 ? 0x64006400u : 0x43004300u);
+  T2 h;
   memcpy(&h, &x, sizeof(x));
-  h = __hsub2(h, __float2half2_rn(1024.f));
+  if constexpr (kF16) h = __hsub2(h, __float2half2_rn(1024.f));
+  else h = __hsub2(h, __float2bfloat162_rn(128.f));
   memcpy(&x, &h, sizeof(x));
   return x;
+}
+
+template <typename T>
+__device__ __forceinline__ float2 unpack_x2(uint32_t w) {
+  if constexpr (std::is_same_v<T, __half>) {
+    __half2 h;
+    memcpy(&h, &w, sizeof(w));
+    return __half22float2(h);
+  } else {
+    __nv_bfloat162 h;
+    memcpy(&h, &w, sizeof(w));
+    return __bfloat1622float2(h);
+  }
 }
 
 __device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t two) {
@@ -105,11 +128,11 @@ template <int KBITS, int W>
 __device__ __forceinline__ uint32_t key_pair(const uint32_t (&w)[W], int kb, int h) {
   if constexpr (KBITS == 8) return e4m3x2_f16x2(h == 0 ? w[kb] : w[kb] >> 16);
   const int e = 2 * (kb % 2) + h;  // field e and e + 4 of the 8-channel group kb / 2
-  if constexpr (KBITS == 4) return codes_f16x2((w[kb / 2] >> (4 * e)) & kLowNibbles);
+  if constexpr (KBITS == 4) return codes_x2<__half>((w[kb / 2] >> (4 * e)) & kLowNibbles);
   const int bit = 24 * (kb / 2), word = bit / 32;  // 3-bit codes: eight in 24 bits, groups straddle words
   const uint32_t next = word + 1 < W ? w[word + 1] : 0u;
   const uint32_t g = __funnelshift_r(w[word], next, bit % 32) >> (3 * e);
-  return codes_f16x2((g & 7u) | ((g << 4) & 0x70000u));
+  return codes_x2<__half>((g & 7u) | ((g << 4) & 0x70000u));
 }
 
 // Byte b of two tokens' value words, side by side at bytes 0 and 2: nibbles 0 / 1 of it are channel 2 b / 2 b + 1.
@@ -152,7 +175,9 @@ struct Softmax {
   float acc[D / 16][4] = {};  // out^T m-tiles: rows gid / gid + 8 (channels), columns heads 2 tig, 2 tig + 1
 };
 
-template <int D, int KBITS>
+// One tile of the warp's: scores on f16 operands, the value product on T's (bf16 activations keep P' = p * absmax
+// / 7.5 in range for any absmax; f16 ones hold values of f16 range).
+template <typename T, int D, int KBITS>
 __device__ __forceinline__ void attend_tile(Softmax<D>& st, const Tile<D, KBITS>& t, const uint32_t (&qb)[D / 16][2],
                                             const float (&qsum)[2], bool live0, bool live1, float softcap) {
   constexpr int KB = D / 16;
@@ -194,18 +219,17 @@ __device__ __forceinline__ void attend_tile(Softmax<D>& st, const Tile<D, KBITS>
   for (int r = 0; r < 2; ++r) {  // P' of token gid + 8 r for both heads, rounded as the product sees it
     const float step = t.va[r] / 7.5f;
     const bool live = r == 0 ? live0 : live1;
-    const __half2 w = __floats2half2_rn(live ? p[2 * r] * step : 0.f, live ? p[2 * r + 1] * step : 0.f);
-    const float2 back = __half22float2(w);
+    packed[r] = pack2<T>(live ? p[2 * r] * step : 0.f, live ? p[2 * r + 1] * step : 0.f);
+    const float2 back = unpack_x2<T>(packed[r]);
     st.psum[0] += back.x, st.psum[1] += back.y;
-    memcpy(&packed[r], &w, sizeof(w));
   }
   const uint32_t b0 = transpose8x8(packed[0]), b1 = transpose8x8(packed[1]);  // P'^T: tokens 2 tig.. of head gid
 #pragma unroll
   for (int mt = 0; mt < KB; ++mt) {
     const uint32_t lo = value_bytes(t.v[0], t.v[1], mt), hi = value_bytes(t.v[2], t.v[3], mt);
-    const uint32_t a[4] = {codes_f16x2(lo & kLowNibbles), codes_f16x2((lo >> 4) & kLowNibbles),
-                           codes_f16x2(hi & kLowNibbles), codes_f16x2((hi >> 4) & kLowNibbles)};
-    mma_16816<__half>(st.acc[mt], a, b0, b1);
+    const uint32_t a[4] = {codes_x2<T>(lo & kLowNibbles), codes_x2<T>((lo >> 4) & kLowNibbles),
+                           codes_x2<T>(hi & kLowNibbles), codes_x2<T>((hi >> 4) & kLowNibbles)};
+    mma_16816<T>(st.acc[mt], a, b0, b1);
   }
 }
 
@@ -247,7 +271,7 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
   for (int t0 = begin; t0 < cta.hi; t0 += stride) {
     if (t0 + stride < cta.hi) load_tile(next, first_row(t0 + stride), row_stride);
     const int j0 = t0 + gid, j1 = j0 + 8;
-    attend_tile(st, cur, qb, qsum, j0 >= cta.lo && j0 < cta.hi, j1 >= cta.lo && j1 < cta.hi, softcap);
+    attend_tile<T>(st, cur, qb, qsum, j0 >= cta.lo && j0 < cta.hi, j1 >= cta.lo && j1 < cta.hi, softcap);
     cur = next;
   }
 #pragma unroll
@@ -274,7 +298,7 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
 
 template <int D, int KBITS>
 bool launch(const TurboDecodeArgs& a, DType dtype, dim3 grid, cudaStream_t stream) {
-  if constexpr (!TcRows<D, KBITS>::kTaken) {
+  if constexpr (!tc_takes<D, KBITS>()) {
     return false;
   } else {
     dispatch_float<false>(dtype, "turbo_decode_attention", [&](auto tag) {
@@ -304,9 +328,9 @@ bool turbo_decode_tc_takes(int64_t head_dim, int k_bits, int64_t block_size) {
   if (block_size % kTile != 0) return false;
   auto taken = [&](auto d) {
     constexpr int D = decltype(d)::value;
-    if (k_bits == 8) return TcRows<D, 8>::kTaken;
-    if (k_bits == 4) return TcRows<D, 4>::kTaken;
-    return k_bits == 3 && TcRows<D, 3>::kTaken;
+    if (k_bits == 8) return tc_takes<D, 8>();
+    if (k_bits == 4) return tc_takes<D, 4>();
+    return k_bits == 3 && tc_takes<D, 3>();
   };
   return head_dim == 64 ? taken(std::integral_constant<int, 64>{})
                         : head_dim == 128 && taken(std::integral_constant<int, 128>{});
