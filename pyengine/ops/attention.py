@@ -24,7 +24,7 @@ from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
 from candle_vllm.pyengine.ops import cuda, cuda_paged, cuda_turbo, native, sdpa_prefill
 from candle_vllm.pyengine.ops.attention_cuda import cuda_prefill_step, sdpa_prefill_step
 from candle_vllm.pyengine.ops.attention_metadata import AttentionMetadata
-from candle_vllm.pyengine.ops.attention_turbo import turbo_decode_rows, turbo_step
+from candle_vllm.pyengine.ops.attention_turbo import turbo_step
 from candle_vllm.pyengine.ops.cuda_prefill import flash_prefill_supported
 
 __all__ = ["AttentionMetadata", "attention", "write_kv"]
@@ -139,7 +139,6 @@ def attention(
     if k.shape[1] != num_kv_heads:
         raise ValueError(f"k has {k.shape[1]} heads, expected num_kv_heads={num_kv_heads}")
     q = q.view(t, -1, d)
-    q_unrotated = q  # a TurboQuant cache's CUDA kernel rotates its queries itself
     paged = kv_cache is not None and meta.slot_mapping is not None
     on_cuda = q.device.type == "cuda" and cuda.available(q.device)
     if paged:
@@ -207,11 +206,7 @@ def attention(
         )[0]
     if decode_rows:
         assert kv_cache is not None
-        fmt = TurboFormat.of_cache(kv_cache, d)
-        if on_cuda and fmt is not None and cuda_turbo.decode_supported(q, kv_cache, fmt):
-            turbo_decode_rows(q_unrotated, out, kv_cache, meta, decode_rows, scale, sliding_window, softcap, fmt)
-        else:
-            _decode_batch(q, out, kv_cache, meta, decode_rows, scale, sliding_window, softcap)
+        _decode_batch(q, out, kv_cache, meta, decode_rows, scale, sliding_window, softcap)
     return out
 
 

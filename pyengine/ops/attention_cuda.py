@@ -51,7 +51,7 @@ def decode_rows_into(
     qsl = meta.query_start_loc_cpu
     tok = meta.device_ints(f"decode_tok{rows}", lambda: [qsl[s] for s in rows])
     idx = meta.device_ints(f"decode_seq{rows}", lambda: rows)
-    out[tok] = decode(q[tok], meta.block_tables.index_select(0, idx).contiguous(), meta.seq_lens.index_select(0, idx),
+    out[tok] = decode(q[tok], meta.block_tables.index_select(0, idx), meta.seq_lens.index_select(0, idx),
                       max(meta.seq_lens_cpu[s] for s in rows))
 
 

@@ -28,7 +28,7 @@ def turbo_step(
     fmt: TurboFormat,
 ) -> torch.Tensor | None:
     """Attention of a step whose K/V are already in the TurboQuant cache: q [T, Hq, D] (unrotated) -> [T, Hq, D];
-    None where the kernels do not take the step (the caller falls back to the torch reference)."""
+    None where the decode kernel does not take the cache (the caller falls back to the torch reference)."""
     assert meta.block_tables is not None
     if not cuda_turbo.decode_supported(q, kv_cache, fmt):
         return None
@@ -40,10 +40,9 @@ def turbo_step(
     one_token = [s for s, n in enumerate(q_lens) if n == 1]
     multi = [s for s, n in enumerate(q_lens) if n > 1]
     if multi:
-        dense = _dense_cache(q, kv_cache, meta, multi, sliding_window, fmt)
-        if dense is None:
-            return None
-        cache, tables = dense
+        cache, tables = _dense_cache(q.dtype, kv_cache, meta, multi, sliding_window, fmt)
+        if not flash_prefill_supported(q, cache):  # q's strides or alignment: a fresh packed copy always qualifies
+            q = q.clone(memory_format=torch.contiguous_format)
         out = flash_prefill(q, cache, tables, meta.query_start_loc, meta.seq_lens, max(q_lens), scale, sliding_window,
                             softcap, skip_single_token=bool(one_token))
         sdpa_prefill.ROUTES["native"] += 1
@@ -55,15 +54,15 @@ def turbo_step(
 
 
 def _dense_cache(
-    q: torch.Tensor,
+    dtype: torch.dtype,
     kv_cache: torch.Tensor,
     meta: AttentionMetadata,
     seqs: list[int],
     sliding_window: int | None,
     fmt: TurboFormat,
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Sequences ``seqs``' context blocks decoded to a dense cache [2, n, block_size, Hk, D] of q's dtype, and block
-    tables [S, width] int32 into it; None when the flash prefill kernel does not take q. Only blocks a query can
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequences ``seqs``' context blocks decoded to a dense cache [2, n, block_size, Hk, D] of ``dtype``, and block
+    tables [S, width] int32 into it. Only blocks a query can
     reach are decoded (under a sliding window, from the first query's window start rounded down to a whole key
     tile); the others, and other sequences' rows, point at block 0, which the kernel never reads for them. The
     index lists are host arithmetic, built once per step; the block ids are gathered on the device."""
@@ -87,10 +86,7 @@ def _dense_cache(
             first += len(r)
         return flat
 
-    d = fmt.head_dim
-    cache = torch.empty(2, len(cols), bs, kv_cache.shape[3], d, dtype=q.dtype, device=q.device)
-    if not flash_prefill_supported(q, cache):
-        return None
+    cache = torch.empty(2, len(cols), bs, kv_cache.shape[3], fmt.head_dim, dtype=dtype, device=kv_cache.device)
     cuda_turbo.blocks_to_dense(kv_cache, meta.block_tables[rows, cols].long(), fmt, cache)
     return cache, meta.device_ints(key + "tables", tables, torch.int32).view(meta.num_seqs, width)
 
