@@ -244,8 +244,9 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
   __shared__ __align__(16) float sm_q[kHeads][D];
   __shared__ float sm_qsum[kHeads];
   __shared__ float sm_m[kDecodeWarps][kHeads], sm_l[kDecodeWarps][kHeads];
-  __shared__ float sm_acc[kDecodeWarps][kHeads][D];
+  __shared__ __align__(16) float sm_acc[kDecodeWarps][kHeads][D + 4];  // padded: see the epilogue's stores
   const turbo::DecodeCta<kHeads> cta(q_heads, kv_heads, seq_lens, part_size, sliding_window);
+  if (cta.idle()) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
   turbo::load_queries<T, E, kHeads, true>(sm_q, sm_qsum, q + cta.head0 * D, cta.heads, scale,
                                           KBITS != 8 ? signs : nullptr, sqrt_d);
@@ -287,11 +288,17 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
       sm_m[warp][2 * tig + h] = st.m[h] == -INFINITY ? -INFINITY : st.m[h] * kLn2;
       sm_l[warp][2 * tig + h] = st.l[h];
     }
+  // Thread gid holds channels gid * D / 8 + 2 mt + (c >> 1) of heads 2 tig + (c & 1): 16-byte runs of its rows.
+  // With rows of D + 4 floats a quarter warp's stores meet at most two to a bank.
 #pragma unroll
-  for (int mt = 0; mt < KB; ++mt)
+  for (int h = 0; h < 2; ++h)
 #pragma unroll
-    for (int c = 0; c < 4; ++c)
-      sm_acc[warp][2 * tig + (c & 1)][gid * (D / 8) + 2 * mt + (c >> 1)] = st.acc[mt][c] - 7.5f * st.psum[c & 1];
+    for (int j = 0; j < KB / 2; ++j) {
+      const float off = 7.5f * st.psum[h];
+      *reinterpret_cast<float4*>(&sm_acc[warp][2 * tig + h][gid * (D / 8) + 4 * j]) =
+          make_float4(st.acc[2 * j][h] - off, st.acc[2 * j][2 + h] - off, st.acc[2 * j + 1][h] - off,
+                      st.acc[2 * j + 1][2 + h] - off);
+    }
   __syncthreads();
   turbo::merge_warps<T, E, kHeads>(out, partials, sm_m, sm_l, sm_acc, cta);
 }

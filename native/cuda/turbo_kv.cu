@@ -235,6 +235,7 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
   __shared__ float sm_m[kDecodeWarps][G], sm_l[kDecodeWarps][G];
   __shared__ float sm_acc[kDecodeWarps][G][D];
   const turbo::DecodeCta<G> cta(q_heads, kv_heads, seq_lens, part_size, sliding_window);
+  if (cta.idle()) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const RowLayout L(D, k_bits);
   turbo::load_queries<T, E, G, false>(sm_q, sm_qsum, q + cta.head0 * D, cta.heads, scale,
@@ -307,19 +308,21 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
   turbo::merge_warps<T, E, G>(out, partials, sm_m, sm_l, sm_acc, cta);
 }
 
-// One warp per (q head, sequence): the pieces' partial softmaxes combined.
+// One warp per (q head, sequence): the live pieces' partial softmaxes combined (idle pieces write none).
 template <typename T, int E>
-__global__ void turbo_reduce_kernel(T* out, const float* partials, int parts) {
+__global__ void turbo_reduce_kernel(T* out, const float* partials, const int32_t* seq_lens, int parts, int part_size,
+                                    int sliding_window) {
   constexpr int D = 32 * E;
   const int lane = threadIdx.x;
   const int64_t qh = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
   const float* p = partials + qh * parts * (D + 2);
+  const int2 live = turbo::live_pieces(seq_lens[blockIdx.y], part_size, parts, sliding_window);
   float big = -INFINITY;
-  for (int i = 0; i < parts; ++i) big = fmaxf(big, p[i * (D + 2)]);
+  for (int i = live.x; i < live.y; ++i) big = fmaxf(big, p[i * (D + 2)]);
   float sum = 0.f, o[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) o[e] = 0.f;
-  for (int i = 0; i < parts; ++i) {
+  for (int i = live.x; i < live.y; ++i) {
     const float* pi = p + i * (D + 2);
     if (pi[1] == 0.f) continue;
     const float f = __expf(pi[0] - big);
@@ -409,7 +412,9 @@ void turbo_decode_attention(void* out, const void* q, const void* cache, const i
       check_launch(what);
       if (parts > 1) {
         turbo_reduce_kernel<T, E><<<dim3(static_cast<unsigned>(q_heads), static_cast<unsigned>(num_seqs)), 32, 0,
-                                    as_stream(stream)>>>(static_cast<T*>(out), partials, static_cast<int>(parts));
+                                    as_stream(stream)>>>(static_cast<T*>(out), partials, seq_lens, static_cast<int>(parts),
+                                                         static_cast<int>(part_size),
+                                                         static_cast<int>(sliding_window));
         check_launch(what);
       }
     });

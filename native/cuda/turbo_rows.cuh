@@ -79,7 +79,17 @@ struct DecodeCta {
     lo = max(part * part_size, sliding_window > 0 ? max(0, len - sliding_window) : 0);
     hi = min(part * part_size + part_size, len);
   }
+  // A piece outside the attended span, where another piece writes the output: it has nothing to do, and the
+  // reduce reads only the live pieces (live_pieces). The grid is sized for the longest context a CUDA graph
+  // serves, so at short contexts most pieces are idle.
+  __device__ __forceinline__ bool idle() const { return parts > 1 && lo >= hi; }
 };
+
+// The pieces [first, last) of a sequence of `len` tokens that hold attended tokens: those a reduce combines.
+__device__ __forceinline__ int2 live_pieces(int len, int part_size, int parts, int sliding_window) {
+  const int start = sliding_window > 0 ? max(0, len - sliding_window) : 0;
+  return make_int2(start / part_size, min(parts, (len + part_size - 1) / part_size));
+}
 
 // The CTA's G query heads (from q_heads, `heads` of them live; the rest zero) scaled and, with signs, rotated as
 // the keys were, into sm_q; sm_qsum their sums. ROUND16: the values rounded to f16 first (the tensor-core kernel's
@@ -111,13 +121,13 @@ __device__ __forceinline__ void load_queries(float (&sm_q)[G][32 * E], float (&s
   }
 }
 
-// The warps' online softmaxes (sm_m: max, natural log domain; sm_l: sum; sm_acc: unnormalised output) merged per
-// live head, a warp per head: with one piece the normalised output, else the piece's (max, sum, output) for
-// turbo_reduce_kernel. Follows a __syncthreads.
-template <typename T, int E, int G>
+// The warps' online softmaxes (sm_m: max, natural log domain; sm_l: sum; sm_acc: unnormalised output, rows of S >=
+// D floats so a kernel may pad them against bank conflicts) merged per live head, a warp per head: with one piece
+// the normalised output, else the piece's (max, sum, output) for turbo_reduce_kernel. Follows a __syncthreads.
+template <typename T, int E, int G, int S>
 __device__ __forceinline__ void merge_warps(T* out, float* partials, const float (&sm_m)[kDecodeWarps][G],
                                             const float (&sm_l)[kDecodeWarps][G],
-                                            const float (&sm_acc)[kDecodeWarps][G][32 * E], const DecodeCta<G>& cta) {
+                                            const float (&sm_acc)[kDecodeWarps][G][S], const DecodeCta<G>& cta) {
   constexpr int D = 32 * E;
   const int heads = cta.heads, part = cta.part, parts = cta.parts;
   const int64_t head0 = cta.head0;
