@@ -237,7 +237,7 @@ template <typename T, int D, int KBITS>
 __global__ void __launch_bounds__(32 * kDecodeWarps)
     turbo_decode_tc_kernel(T* out, const T* q, const uint8_t* cache, const int32_t* block_tables,
                            const int32_t* seq_lens, const float* signs, float* partials, int q_heads, int kv_heads,
-                           int block_size, int max_blocks, int part_size, float scale, int sliding_window,
+                           int block_size, int max_blocks, int piece_unit, float scale, int sliding_window,
                            float softcap, float sqrt_d) {
   using R = TcRows<D, KBITS>;
   constexpr int E = D / 32, KB = D / 16;
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
   __shared__ float sm_qsum[kHeads];
   __shared__ float sm_m[kDecodeWarps][kHeads], sm_l[kDecodeWarps][kHeads];
   __shared__ __align__(16) float sm_acc[kDecodeWarps][kHeads][D + 4];  // padded: see the epilogue's stores
-  const turbo::DecodeCta<kHeads> cta(q_heads, kv_heads, seq_lens, part_size, sliding_window);
+  const turbo::DecodeCta<kHeads> cta(q_heads, kv_heads, seq_lens, piece_unit, sliding_window);
   if (cta.idle()) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
   turbo::load_queries<T, E, kHeads, true>(sm_q, sm_qsum, q + cta.head0 * D, cta.heads, scale,
@@ -312,7 +312,7 @@ bool launch(const TurboDecodeArgs& a, DType dtype, dim3 grid, cudaStream_t strea
       using T = decltype(tag);
       turbo_decode_tc_kernel<T, D, KBITS><<<grid, 32 * kDecodeWarps, 0, stream>>>(
           static_cast<T*>(a.out), static_cast<const T*>(a.q), static_cast<const uint8_t*>(a.cache), a.block_tables,
-          a.seq_lens, a.signs, a.partials, a.q_heads, a.kv_heads, a.block_size, a.max_blocks, a.part_size, a.scale,
+          a.seq_lens, a.signs, a.partials, a.q_heads, a.kv_heads, a.block_size, a.max_blocks, a.piece_unit, a.scale,
           a.sliding_window, a.softcap, a.sqrt_d);
     });
     return true;

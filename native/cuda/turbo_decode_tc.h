@@ -15,7 +15,7 @@ struct TurboDecodeArgs {
   const int32_t* seq_lens;
   const float* signs;
   float* partials;
-  int q_heads, kv_heads, block_size, max_blocks, part_size;
+  int q_heads, kv_heads, block_size, max_blocks, piece_unit;
   float scale;
   int sliding_window;
   float softcap, sqrt_d;

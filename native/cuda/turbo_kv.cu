@@ -226,7 +226,7 @@ template <typename T, int E, int G>
 __global__ void __launch_bounds__(32 * kDecodeWarps)
     turbo_decode_kernel(T* out, const T* q, const uint8_t* cache, const int32_t* block_tables, const int32_t* seq_lens,
                         const float* signs, float* partials, int q_heads, int kv_heads, int block_size,
-                        int max_blocks, int part_size, float scale, int sliding_window, float softcap, int k_bits,
+                        int max_blocks, int piece_unit, float scale, int sliding_window, float softcap, int k_bits,
                         float sqrt_d) {
   constexpr int D = 32 * E;
   __shared__ __align__(16) float sm_q[G][D];
@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
   __shared__ float sm_p[kDecodeWarps][G][32];
   __shared__ float sm_m[kDecodeWarps][G], sm_l[kDecodeWarps][G];
   __shared__ float sm_acc[kDecodeWarps][G][D];
-  const turbo::DecodeCta<G> cta(q_heads, kv_heads, seq_lens, part_size, sliding_window);
+  const turbo::DecodeCta<G> cta(q_heads, kv_heads, seq_lens, piece_unit, sliding_window);
   if (cta.idle()) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const RowLayout L(D, k_bits);
@@ -310,19 +310,19 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
 
 // One warp per (q head, sequence): the live pieces' partial softmaxes combined (idle pieces write none).
 template <typename T, int E>
-__global__ void turbo_reduce_kernel(T* out, const float* partials, const int32_t* seq_lens, int parts, int part_size,
-                                    int sliding_window) {
+__global__ void turbo_reduce_kernel(T* out, const float* partials, const int32_t* seq_lens, int parts,
+                                    int piece_unit, int sliding_window) {
   constexpr int D = 32 * E;
   const int lane = threadIdx.x;
   const int64_t qh = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
   const float* p = partials + qh * parts * (D + 2);
-  const int2 live = turbo::live_pieces(seq_lens[blockIdx.y], part_size, parts, sliding_window);
+  const int live = turbo::live_pieces(seq_lens[blockIdx.y], piece_unit, parts, sliding_window);
   float big = -INFINITY;
-  for (int i = live.x; i < live.y; ++i) big = fmaxf(big, p[i * (D + 2)]);
+  for (int i = 0; i < live; ++i) big = fmaxf(big, p[i * (D + 2)]);
   float sum = 0.f, o[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) o[e] = 0.f;
-  for (int i = live.x; i < live.y; ++i) {
+  for (int i = 0; i < live; ++i) {
     const float* pi = p + i * (D + 2);
     if (pi[1] == 0.f) continue;
     const float f = __expf(pi[0] - big);
@@ -374,17 +374,18 @@ void turbo_cache_write(const void* k, const void* v, void* cache, const int64_t*
 void turbo_decode_attention(void* out, const void* q, const void* cache, const int32_t* block_tables,
                             const int32_t* seq_lens, const float* signs, float* partials, int64_t num_seqs,
                             int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t block_size,
-                            int64_t max_blocks, int64_t parts, int64_t part_size, float scale,
+                            int64_t max_blocks, int64_t parts, int64_t piece_unit, float scale,
                             int64_t sliding_window, float softcap, int k_bits, bool tensor_cores, DType dtype,
                             std::uintptr_t stream) {
   const char* what = "turbo_decode_attention";
   check_bits(k_bits, what);
   if (num_seqs == 0) return;
-  if (parts < 1 || parts > 65535 || num_seqs > 65535 || kv_heads < 1 || q_heads % kv_heads != 0)
-    throw std::invalid_argument(std::string(what) + ": 1-65535 pieces and sequences, q heads a multiple of kv heads");
+  if (parts < 1 || parts > 65535 || num_seqs > 65535 || piece_unit < 1 || kv_heads < 1 || q_heads % kv_heads != 0)
+    throw std::invalid_argument(std::string(what) + ": 1-65535 pieces and sequences, a piece unit >= 1, q heads a "
+                                "multiple of kv heads");
   const TurboDecodeArgs args{out, q, cache, block_tables, seq_lens, signs, partials, static_cast<int>(q_heads),
                              static_cast<int>(kv_heads), static_cast<int>(block_size), static_cast<int>(max_blocks),
-                             static_cast<int>(part_size), scale, static_cast<int>(sliding_window), softcap,
+                             static_cast<int>(piece_unit), scale, static_cast<int>(sliding_window), softcap,
                              sqrt_of(head_dim)};
   const bool on_tensor_cores =
       tensor_cores && turbo_decode_tc(args, num_seqs, parts, static_cast<int>(head_dim), k_bits, dtype, stream);
@@ -400,7 +401,7 @@ void turbo_decode_attention(void* out, const void* q, const void* cache, const i
         turbo_decode_kernel<T, E, G><<<grid, 32 * kDecodeWarps, 0, as_stream(stream)>>>(
             static_cast<T*>(out), static_cast<const T*>(q), static_cast<const uint8_t*>(cache), block_tables,
             seq_lens, signs, partials, static_cast<int>(q_heads), static_cast<int>(kv_heads),
-            static_cast<int>(block_size), static_cast<int>(max_blocks), static_cast<int>(part_size), scale,
+            static_cast<int>(block_size), static_cast<int>(max_blocks), static_cast<int>(piece_unit), scale,
             static_cast<int>(sliding_window), softcap, k_bits, sqrt_of(head_dim));
       };
       if (!on_tensor_cores) {
@@ -413,7 +414,7 @@ void turbo_decode_attention(void* out, const void* q, const void* cache, const i
       if (parts > 1) {
         turbo_reduce_kernel<T, E><<<dim3(static_cast<unsigned>(q_heads), static_cast<unsigned>(num_seqs)), 32, 0,
                                     as_stream(stream)>>>(static_cast<T*>(out), partials, seq_lens, static_cast<int>(parts),
-                                                         static_cast<int>(part_size),
+                                                         static_cast<int>(piece_unit),
                                                          static_cast<int>(sliding_window));
         check_launch(what);
       }

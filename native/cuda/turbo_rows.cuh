@@ -62,33 +62,40 @@ __device__ __forceinline__ void load_lane(float (&x)[E], const T* row) {
   for (int e = 0; e < E; ++e) x[e] = to_f32(row[lane * E + e]);
 }
 
+// Tokens in each of `parts` pieces of an attended span of `span` tokens: equal shares rounded up to `unit`.
+__device__ __forceinline__ int piece_tokens(int span, int parts, int unit) {
+  return max(unit, ((span + parts - 1) / parts + unit - 1) / unit * unit);
+}
+
 // What a decode CTA serves, from grid (pieces, kv heads x chunks of G of their q heads, sequences): its piece, kv
-// head and sequence, its `heads` live q heads from row head0 of q [S * Hq, D], and the tokens [lo, hi) of the
-// sequence's attended span in its piece.
+// head and sequence, its `heads` live q heads from row head0 of q [S * Hq, D], and the tokens [lo, hi) of its piece
+// of the sequence's attended span (the span cut into gridDim.x pieces of piece_tokens).
 template <int G>
 struct DecodeCta {
   int part, parts, kvh, seq, heads, lo, hi;
   int64_t head0;
-  __device__ __forceinline__ DecodeCta(int q_heads, int kv_heads, const int32_t* seq_lens, int part_size,
+  __device__ __forceinline__ DecodeCta(int q_heads, int kv_heads, const int32_t* seq_lens, int piece_unit,
                                        int sliding_window) {
     const int group = q_heads / kv_heads, chunks = (group + G - 1) / G, chunk_head = blockIdx.y % chunks * G;
     part = blockIdx.x, parts = gridDim.x, kvh = blockIdx.y / chunks, seq = blockIdx.z;
     heads = min(G, group - chunk_head);
     head0 = static_cast<int64_t>(seq) * q_heads + static_cast<int64_t>(kvh) * group + chunk_head;
     const int len = seq_lens[seq];
-    lo = max(part * part_size, sliding_window > 0 ? max(0, len - sliding_window) : 0);
-    hi = min(part * part_size + part_size, len);
+    const int first = sliding_window > 0 ? max(0, len - sliding_window) : 0;
+    const int n = piece_tokens(len - first, parts, piece_unit);
+    lo = first + part * n;
+    hi = min(lo + n, len);
   }
-  // A piece outside the attended span, where another piece writes the output: it has nothing to do, and the
-  // reduce reads only the live pieces (live_pieces). The grid is sized for the longest context a CUDA graph
-  // serves, so at short contexts most pieces are idle.
+  // A piece past the attended span, where another piece writes the output: it has nothing to do, and the reduce
+  // reads only the live pieces (live_pieces).
   __device__ __forceinline__ bool idle() const { return parts > 1 && lo >= hi; }
 };
 
-// The pieces [first, last) of a sequence of `len` tokens that hold attended tokens: those a reduce combines.
-__device__ __forceinline__ int2 live_pieces(int len, int part_size, int parts, int sliding_window) {
-  const int start = sliding_window > 0 ? max(0, len - sliding_window) : 0;
-  return make_int2(start / part_size, min(parts, (len + part_size - 1) / part_size));
+// How many of a sequence's pieces (the first ones) hold attended tokens: those a reduce combines.
+__device__ __forceinline__ int live_pieces(int len, int piece_unit, int parts, int sliding_window) {
+  const int span = len - (sliding_window > 0 ? max(0, len - sliding_window) : 0);
+  const int n = piece_tokens(span, parts, piece_unit);
+  return min(parts, (span + n - 1) / n);
 }
 
 // The CTA's G query heads (from q_heads, `heads` of them live; the rest zero) scaled and, with signs, rotated as

@@ -5,6 +5,7 @@ checked here, launches on the caller's stream, scratch through torch (so they ru
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -15,8 +16,12 @@ from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
 from candle_vllm.pyengine.ops import native
 from candle_vllm.pyengine.ops.cuda import HALF_DTYPES, _heads_view_ok, available
 
-# Tokens of one decode piece (a CTA of 4 warps): batch 1 at 4k makes 16 pieces per kv head.
-PART_SIZE = 256
+# A decode CTA (4 warps) takes a piece of a sequence's span, its length a multiple of this: a round of the CUDA-core
+# kernel's warps (32 tokens each), two of the tensor-core kernel's (16 each).
+PIECE_UNIT = 128
+# Pieces per sequence: as many as give about this many CTAs per SM (the tensor-core kernel keeps 4 resident, the
+# CUDA-core one 5), so batch 1 spreads over the whole GPU and batch 64 pays for few partial results.
+CTAS_PER_SM = 4
 HEAD_DIMS = (64, 128, 256)
 # The decode's tensor-core kernel where it takes the geometry (head_dim 64 / 128, block_size a multiple of 16);
 # CANDLE_VLLM_TURBO_TENSOR_CORES=0 keeps every call on the CUDA-core kernel (an A/B switch for benches/).
@@ -39,6 +44,19 @@ def turbo_supported(x: torch.Tensor, kv_cache: torch.Tensor, fmt: TurboFormat | 
 def decode_supported(q: torch.Tensor, kv_cache: torch.Tensor, fmt: TurboFormat | None) -> bool:
     """Whether :func:`turbo_decode_attention` takes q [B, Hq, D] over this cache (Hq a multiple of its kv heads)."""
     return turbo_supported(q, kv_cache, fmt) and q.shape[1] % kv_cache.shape[3] == 0
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def decode_pieces(num_seqs: int, q_heads: int, kv_heads: int, max_seq_len: int, device: torch.device) -> int:
+    """How many pieces the decode cuts each sequence's span into: enough for CTAS_PER_SM CTAs per SM, at most one
+    per PIECE_UNIT tokens of the longest context. Host-side, so a CUDA graph keeps the grid of its batch size."""
+    ctas = num_seqs * kv_heads * math.ceil(q_heads // kv_heads / 8)
+    want = math.ceil(CTAS_PER_SM * _sm_count(device) / max(1, ctas))
+    return max(1, min(want, math.ceil(max_seq_len / PIECE_UNIT), 65535))
 
 
 def tensor_cores_take(fmt: TurboFormat, block_size: int) -> bool:
@@ -81,11 +99,12 @@ def turbo_decode_attention(
     sliding_window: int | None = None,
     softcap: float | None = None,
     tensor_cores: bool = TENSOR_CORES,
+    pieces: int | None = None,
 ) -> torch.Tensor:
     """One query token per sequence over its rows: q [B, Hq, D] -> out [B, Hq, D]. ``max_seq_len`` (host int, >=
     every seq_lens entry) fixes the grid's pieces, so a CUDA graph captured at the longest context serves all
     shorter ones. block_tables int32 [B, max_blocks], seq_lens int32 [B]. ``tensor_cores=False`` forces the
-    CUDA-core kernel."""
+    CUDA-core kernel; ``pieces`` overrides :func:`decode_pieces` (benches/bench_turbo_decode.py sweeps it)."""
     b, hq, d = q.shape
     hk = kv_cache.shape[3]
     ok = (
@@ -101,12 +120,12 @@ def turbo_decode_attention(
                          "cache's kv heads, int32 block_tables [B, max_blocks] and seq_lens [B]")
     q = q.contiguous()
     out = torch.empty_like(q)
-    parts = max(1, math.ceil(max_seq_len / PART_SIZE))
+    parts = pieces or decode_pieces(b, hq, hk, max_seq_len, q.device)
     partials = torch.empty(b * hq * parts * (d + 2) if parts > 1 else 1, dtype=torch.float32, device=q.device)
     native.loaded().cuda_turbo_decode_attention(
         out.data_ptr(), q.data_ptr(), kv_cache.data_ptr(), block_tables.data_ptr(), seq_lens.data_ptr(),
         turbo.channel_signs(d, q.device).data_ptr(), partials.data_ptr(), b, hq, hk, d, kv_cache.shape[2],
-        block_tables.shape[1], parts, PART_SIZE, scale, sliding_window or 0, softcap or 0.0, fmt.k_bits, tensor_cores,
+        block_tables.shape[1], parts, PIECE_UNIT, scale, sliding_window or 0, softcap or 0.0, fmt.k_bits, tensor_cores,
         native.dtype_code(q), native.stream(q.device),
     )
     return out

@@ -162,17 +162,19 @@ def test_decode_matches_float64_attention_over_the_rows(
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(("d", "hq", "hk"), [(128, 16, 4), (64, 2, 2)])
 @pytest.mark.parametrize(("window", "softcap", "grid_len"), [(100, None, 2048), (None, 30.0, 600), (40, 20.0, 4096)])
+@pytest.mark.parametrize("pieces", [None, 1, 3])
 def test_decode_window_softcap_and_a_graph_sized_grid(
-    mode: str, d: int, hq: int, hk: int, window: int | None, softcap: float | None, grid_len: int, tensor_cores: bool
+    mode: str, d: int, hq: int, hk: int, window: int | None, softcap: float | None, grid_len: int, tensor_cores: bool,
+    pieces: int | None,
 ) -> None:
-    """A sliding window (its start off a 16-token tile), a soft-cap, and pieces sized for a longer context than any
+    """A sliding window (its start off a 16-token tile), a soft-cap, and pieces for a longer context than any
     sequence (a CUDA graph's grid): the idle pieces write no partials (they start as NaN here) and the reduction
-    reads none. f16 activations."""
+    reads none. Also one piece per sequence and three (spans cut at 128-token multiples). f16 activations."""
     lens = [1, 130, 555]
     fmt, cache, q, tables, seq_lens = decode_case(mode, d, hq, hk, 16, lens, torch.float16, 7, junk=True)
     poison_allocator(DEV, 1 << 18)  # a small-pool segment: where the output and partials are allocated next
     got = cuda_turbo.turbo_decode_attention(q, cache, tables, seq_lens, 0.1, grid_len, fmt, window, softcap,
-                                            tensor_cores)
+                                            tensor_cores, pieces)
     want = reference(q, cache, tables, lens, fmt, 0.1, window, softcap)
     assert rel_error(got, want) < 5e-3
 
