@@ -22,6 +22,7 @@ from candle_vllm.pyengine.models.base import CausalLM
 from candle_vllm.pyengine.ops import native
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 from candle_vllm.pyengine.ops.cpu_decoder import CpuDecoderStack
+from candle_vllm.pyengine.ops.cuda import cache_holds
 from candle_vllm.pyengine.ops.cuda_rotary import rope_paired_head_dim_ok
 from candle_vllm.pyengine.ops.norm import DeferredRMSNorm
 from candle_vllm.pyengine.ops.q8_activation import Q8Activation, dense
@@ -257,7 +258,7 @@ class LlamaForCausalLM(CausalLM):
         if stack is not None and stack.step_supported(x, positions, self.kv_caches, attn):
             x, residual = stack.run(x, positions, self.kv_caches, attn, output_rows)
         else:
-            folded = self.norms_folded and x.shape[0] in DEFERRED_NORM_TOKENS
+            folded = self.norms_folded and x.shape[0] in DEFERRED_NORM_TOKENS and self._rope_kernel_writes_caches(x)
             last = len(self.model.layers) - 1
             for i, layer in enumerate(self.model.layers):
                 kv_cache = self.kv_caches[i] if self.kv_caches else None
@@ -270,6 +271,13 @@ class LlamaForCausalLM(CausalLM):
                 return self.model.norm(x)
         x, _ = self.model.norm(x, residual)
         return x
+
+    def _rope_kernel_writes_caches(self, x: torch.Tensor) -> bool:
+        """Whether the RoPE + cache kernel, which applies the attention's deferred norm, writes this model's KV
+        caches. A TurboQuant cache (uint8 rows) has its own write kernel, and the deferred scale would fall to the
+        torch reference three times a layer (+2.6 ms a batch-64 step, RESULTS.md session 42): its steps run the
+        norms instead."""
+        return not self.kv_caches or cache_holds(self.kv_caches[0], x.dtype)
 
     def fold_norms(self) -> bool:
         """Move each layer's two RMSNorm weights into the columns of the linear after them (qkv_proj, gate_up_proj)

@@ -16,11 +16,12 @@ from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
 from candle_vllm.pyengine.ops import native
 from candle_vllm.pyengine.ops.cuda import HALF_DTYPES, _heads_view_ok, available
 
-# A decode CTA (4 warps) takes a piece of a sequence's span, its length a multiple of this: a round of the CUDA-core
-# kernel's warps (32 tokens each), two of the tensor-core kernel's (16 each).
-PIECE_UNIT = 128
-# Pieces per sequence: as many as give about this many CTAs per SM (the tensor-core kernel keeps 4 resident, the
-# CUDA-core one 5), so batch 1 spreads over the whole GPU and batch 64 pays for few partial results.
+# A decode CTA (4 warps) takes a piece of a sequence's span, its length a multiple of this: two rounds of the
+# CUDA-core kernel's warps (32 tokens each), four of the tensor-core kernel's (16 each). Shorter pieces measured
+# slower at batch 1 (their queries' prologue and partials cost more than the parallelism gains).
+PIECE_UNIT = 256
+# Pieces per sequence: as many as fit one wave of this many CTAs per SM (the tensor-core kernel keeps 4 resident at
+# D = 128), never more: a second, partial wave cost more than longer pieces (benches/RESULTS.md, session 42).
 CTAS_PER_SM = 4
 HEAD_DIMS = (64, 128, 256)
 # The decode's tensor-core kernel where it takes the geometry (head_dim 64 / 128, block_size a multiple of 16);
@@ -52,11 +53,12 @@ def _sm_count(device: torch.device) -> int:
 
 
 def decode_pieces(num_seqs: int, q_heads: int, kv_heads: int, max_seq_len: int, device: torch.device) -> int:
-    """How many pieces the decode cuts each sequence's span into: enough for CTAS_PER_SM CTAs per SM, at most one
-    per PIECE_UNIT tokens of the longest context. Host-side, so a CUDA graph keeps the grid of its batch size."""
+    """How many pieces the decode cuts each sequence's span into: as many as one wave of CTAS_PER_SM CTAs per SM
+    holds, at most one per PIECE_UNIT tokens of the longest context. Host-side, so a CUDA graph keeps the grid of
+    its batch size."""
     ctas = num_seqs * kv_heads * math.ceil(q_heads // kv_heads / 8)
-    want = math.ceil(CTAS_PER_SM * _sm_count(device) / max(1, ctas))
-    return max(1, min(want, math.ceil(max_seq_len / PIECE_UNIT), 65535))
+    fit = CTAS_PER_SM * _sm_count(device) // max(1, ctas)
+    return max(1, min(fit, math.ceil(max_seq_len / PIECE_UNIT), 65535))
 
 
 def tensor_cores_take(fmt: TurboFormat, block_size: int) -> bool:

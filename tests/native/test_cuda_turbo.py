@@ -169,7 +169,7 @@ def test_decode_window_softcap_and_a_graph_sized_grid(
 ) -> None:
     """A sliding window (its start off a 16-token tile), a soft-cap, and pieces for a longer context than any
     sequence (a CUDA graph's grid): the idle pieces write no partials (they start as NaN here) and the reduction
-    reads none. Also one piece per sequence and three (spans cut at 128-token multiples). f16 activations."""
+    reads none. Also one piece per sequence and three (spans cut at 256-token multiples). f16 activations."""
     lens = [1, 130, 555]
     fmt, cache, q, tables, seq_lens = decode_case(mode, d, hq, hk, 16, lens, torch.float16, 7, junk=True)
     poison_allocator(DEV, 1 << 18)  # a small-pool segment: where the output and partials are allocated next

@@ -12,6 +12,7 @@ import pytest
 import torch
 from tiny_models import hf_logits, make_hf_model, save_hf_model
 
+from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
 from candle_vllm.pyengine.loader import load_model, resolve_model_source
 from candle_vllm.pyengine.models import llama
 from candle_vllm.pyengine.models.llama import LlamaForCausalLM
@@ -126,6 +127,28 @@ def test_output_rows_with_folded_norms(tmp_path: Path) -> None:
         meta = AttentionMetadata.build([1], [22], "cpu", tables, BLOCK_SIZE)
         got = model.compute_logits(model(seq[21:], torch.tensor([21]), meta))
     assert (got - want[21:]).abs().max().item() <= TOL
+
+
+def test_turbo_caches_keep_the_norms(tmp_path: Path) -> None:
+    """The RoPE + cache kernel that applies the attention's deferred norm does not write TurboQuant caches, so with
+    one the deferred steps run the (unit-weight) norms: the same logits as the model left unfolded, norms counted."""
+    hf = make_hf_model("llama3_rope", seed=5)
+    path = save_hf_model(hf, tmp_path)
+    folded, plain = (_load(path, torch.float32, torch.device("cpu")) for _ in range(2))
+    assert folded.fold_norms()
+    cfg = folded.config
+    fmt = TurboFormat("turbo8", cfg.head_dim)
+    seq = torch.randint(0, 256, (20,), generator=torch.Generator().manual_seed(6))
+    meta = AttentionMetadata.build([20], [20], "cpu", [list(range(5))], BLOCK_SIZE)
+    got = []
+    for model in (folded, plain):
+        model.kv_caches = [torch.zeros(1, NUM_BLOCKS, BLOCK_SIZE, cfg.num_kv_heads, fmt.row_bytes, dtype=torch.uint8)
+                           for _ in range(cfg.num_layers)]
+        calls = _norm_calls(model)
+        with torch.inference_mode():
+            got.append(model.compute_logits(model(seq, torch.arange(20), meta)))
+        assert calls == [20] * (2 * cfg.num_layers)
+    assert (got[0] - got[1]).abs().max().item() <= TOL
 
 
 @pytest.mark.cuda
