@@ -380,9 +380,10 @@ void turbo_decode_attention(void* out, const void* q, const void* cache, const i
   const char* what = "turbo_decode_attention";
   check_bits(k_bits, what);
   if (num_seqs == 0) return;
-  if (parts < 1 || parts > 65535 || num_seqs > 65535 || piece_unit < 1 || kv_heads < 1 || q_heads % kv_heads != 0)
-    throw std::invalid_argument(std::string(what) + ": 1-65535 pieces and sequences, a piece unit >= 1, q heads a "
-                                "multiple of kv heads");
+  if (parts < 1 || parts > 65535 || num_seqs > 65535 || piece_unit < 1 || piece_unit > (1 << 20) || kv_heads < 1 ||
+      q_heads % kv_heads != 0)
+    throw std::invalid_argument(std::string(what) + ": 1-65535 pieces and sequences, a piece unit of 1-2^20 tokens, "
+                                "q heads a multiple of kv heads");
   const TurboDecodeArgs args{out, q, cache, block_tables, seq_lens, signs, partials, static_cast<int>(q_heads),
                              static_cast<int>(kv_heads), static_cast<int>(block_size), static_cast<int>(max_blocks),
                              static_cast<int>(piece_unit), scale, static_cast<int>(sliding_window), softcap,
@@ -413,8 +414,8 @@ void turbo_decode_attention(void* out, const void* q, const void* cache, const i
       check_launch(what);
       if (parts > 1) {
         turbo_reduce_kernel<T, E><<<dim3(static_cast<unsigned>(q_heads), static_cast<unsigned>(num_seqs)), 32, 0,
-                                    as_stream(stream)>>>(static_cast<T*>(out), partials, seq_lens, static_cast<int>(parts),
-                                                         static_cast<int>(piece_unit),
+                                    as_stream(stream)>>>(static_cast<T*>(out), partials, seq_lens,
+                                                         static_cast<int>(parts), static_cast<int>(piece_unit),
                                                          static_cast<int>(sliding_window));
         check_launch(what);
       }

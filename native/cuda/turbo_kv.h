@@ -20,8 +20,9 @@ void turbo_cache_write(const void* k, const void* v, void* cache, const int64_t*
 // rows (seq_lens [S] int32 on the device, block_tables [S, max_blocks] int32). Each sequence's attended span is cut
 // into `parts` pieces of equal length rounded up to `piece_unit` tokens, so the grid does not depend on the contexts
 // (a CUDA graph keeps it) and pieces past a short span do nothing; with parts > 1 `partials` (f32, S * Hq * parts *
-// (D + 2)) holds each live piece's max, sum and unnormalised output for a second kernel to combine. sliding_window 0: none; softcap 0: none. tensor_cores: the
-// tensor-core kernel (turbo_decode_tc.cu) where it takes the geometry, else (and when false) the CUDA-core one.
+// (D + 2)) holds each live piece's max, sum and unnormalised output for a second kernel to combine. sliding_window
+// 0: none; softcap 0: none. tensor_cores: the tensor-core kernel (turbo_decode_tc.cu) where it takes the geometry,
+// else (and when false) the CUDA-core one.
 void turbo_decode_attention(void* out, const void* q, const void* cache, const int32_t* block_tables,
                             const int32_t* seq_lens, const float* signs, float* partials, int64_t num_seqs,
                             int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t block_size,

@@ -122,7 +122,9 @@ def turbo_decode_attention(
                          "cache's kv heads, int32 block_tables [B, max_blocks] and seq_lens [B]")
     q = q.contiguous()
     out = torch.empty_like(q)
-    parts = pieces or decode_pieces(b, hq, hk, max_seq_len, q.device)
+    if pieces is not None and not 1 <= pieces <= 65535:
+        raise ValueError(f"turbo_decode_attention: pieces must be 1-65535, not {pieces}")
+    parts = decode_pieces(b, hq, hk, max_seq_len, q.device) if pieces is None else pieces
     partials = torch.empty(b * hq * parts * (d + 2) if parts > 1 else 1, dtype=torch.float32, device=q.device)
     native.loaded().cuda_turbo_decode_attention(
         out.data_ptr(), q.data_ptr(), kv_cache.data_ptr(), block_tables.data_ptr(), seq_lens.data_ptr(),
