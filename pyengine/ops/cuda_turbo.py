@@ -5,7 +5,6 @@ checked here, launches on the caller's stream, scratch through torch (so they ru
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 
@@ -14,7 +13,7 @@ import torch
 from candle_vllm.pyengine.kv_cache import turbo
 from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
 from candle_vllm.pyengine.ops import native
-from candle_vllm.pyengine.ops.cuda import HALF_DTYPES, _heads_view_ok, available
+from candle_vllm.pyengine.ops.cuda import HALF_DTYPES, _device_index, _heads_view_ok, available, sm_count
 
 # A decode CTA (4 warps) takes a piece of a sequence's span, its length a multiple of this: two rounds of the
 # CUDA-core kernel's warps (32 tokens each), four of the tensor-core kernel's (16 each). Shorter pieces measured
@@ -47,17 +46,12 @@ def decode_supported(q: torch.Tensor, kv_cache: torch.Tensor, fmt: TurboFormat |
     return turbo_supported(q, kv_cache, fmt) and q.shape[1] % kv_cache.shape[3] == 0
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def decode_pieces(num_seqs: int, q_heads: int, kv_heads: int, max_seq_len: int, device: torch.device) -> int:
     """How many pieces the decode cuts each sequence's span into: as many as one wave of CTAS_PER_SM CTAs per SM
     holds, at most one per PIECE_UNIT tokens of the longest context. Host-side, so a CUDA graph keeps the grid of
     its batch size."""
     ctas = num_seqs * kv_heads * math.ceil(q_heads // kv_heads / 8)
-    fit = CTAS_PER_SM * _sm_count(device) // max(1, ctas)
+    fit = CTAS_PER_SM * sm_count(_device_index(device)) // max(1, ctas)
     return max(1, min(fit, math.ceil(max_seq_len / PIECE_UNIT), 65535))
 
 
@@ -104,8 +98,8 @@ def turbo_decode_attention(
     pieces: int | None = None,
 ) -> torch.Tensor:
     """One query token per sequence over its rows: q [B, Hq, D] -> out [B, Hq, D]. ``max_seq_len`` (host int, >=
-    every seq_lens entry) fixes the grid's pieces, so a CUDA graph captured at the longest context serves all
-    shorter ones. block_tables int32 [B, max_blocks], seq_lens int32 [B]. ``tensor_cores=False`` forces the
+    every seq_lens entry) caps the pieces; the grid follows only it and the batch, so a CUDA graph captured at the
+    longest context serves all shorter ones. block_tables int32 [B, max_blocks], seq_lens int32 [B]. ``tensor_cores=False`` forces the
     CUDA-core kernel; ``pieces`` overrides :func:`decode_pieces` (benches/bench_turbo_decode.py sweeps it)."""
     b, hq, d = q.shape
     hk = kv_cache.shape[3]
