@@ -201,13 +201,14 @@ static Registrar registrar([](py::module_& m) {
   m.def(
       "cuda_turbo_cache_write",
       [](uintptr_t k, uintptr_t v, uintptr_t cache, uintptr_t slots, uintptr_t signs, int64_t tokens,
-         int64_t kv_heads, int64_t head_dim, int64_t k_stride, int64_t v_stride, int k_bits, int dtype,
-         uintptr_t stream) {
+         int64_t kv_heads, int64_t head_dim, int64_t k_stride, int64_t v_stride, int k_bits, bool round_trip,
+         int dtype, uintptr_t stream) {
         cuda::turbo_cache_write(as_ptr<const void>(k), as_ptr<const void>(v), as_ptr<void>(cache),
                                 as_ptr<const int64_t>(slots), as_ptr<const float>(signs), tokens, kv_heads, head_dim,
-                                k_stride, v_stride, k_bits, to_dtype(dtype), stream);
+                                k_stride, v_stride, k_bits, round_trip, to_dtype(dtype), stream);
       },
-      "write new K/V as TurboQuant rows at their flat slots (negative slots skipped)");
+      "write new K/V as TurboQuant rows at their flat slots (negative slots skipped); round_trip: then overwrite "
+      "k/v with the values the rows decode to");
   m.def(
       "cuda_turbo_decode_attention",
       [](uintptr_t out, uintptr_t q, uintptr_t cache, uintptr_t block_tables, uintptr_t seq_lens, uintptr_t signs,

@@ -66,40 +66,6 @@ __device__ __forceinline__ void store_triples(uint8_t* dst, const int (&code)[E]
   }
 }
 
-// One warp per (token, kv head).
-template <typename T, int E>
-__global__ void turbo_write_kernel(const T* k, const T* v, uint8_t* cache, const int64_t* slots, const float* signs,
-                                   int64_t tokens, int kv_heads, int64_t k_stride, int64_t v_stride, int k_bits,
-                                   float sqrt_d) {
-  constexpr int D = 32 * E;
-  const int64_t work = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (work >= tokens * kv_heads) return;
-  const int64_t t = work / kv_heads;
-  const int h = static_cast<int>(work % kv_heads);
-  const int64_t slot = slots[t];
-  if (slot < 0) return;
-  const int lane = threadIdx.x & 31;
-  const RowLayout L(D, k_bits);
-  uint8_t* row = cache + (slot * kv_heads + h) * L.row_bytes;
-  float x[E];
-  int code[E];
-  load_lane(x, k + t * k_stride + static_cast<int64_t>(h) * D);
-  if (k_bits == 8) {
-#pragma unroll
-    for (int e = 0; e < E; ++e) reinterpret_cast<Fp8*>(row)[lane * E + e] = to_e4m3(x[e]);
-  } else {
-    rotate(x, signs, sqrt_d);
-    const float a = absmax_codes(x, k_bits == 4 ? 7.5f : 3.f, code);
-    if (k_bits == 4) store_nibbles(row, code);
-    else store_triples(row, code);
-    if (lane == 0) store_f32(row + L.k_code_bytes, a);
-  }
-  load_lane(x, v + t * v_stride + static_cast<int64_t>(h) * D);
-  const float a = absmax_codes(x, 7.5f, code);
-  store_nibbles(row + L.k_bytes, code);
-  if (lane == 0) store_f32(row + L.k_bytes + D / 2, a);
-}
-
 // The calling lane's E codes of `bits` bits (channels lane * E ...), as packed by store_nibbles / store_triples.
 template <int E>
 __device__ __forceinline__ void load_codes(int (&code)[E], const uint8_t* packed, int bits) {
@@ -134,6 +100,68 @@ __device__ __forceinline__ void store_lane(T* dst, const float (&x)[E]) {
   for (int e = 0; e < E; ++e) dst[lane * E + e] = from_f32<T>(x[e]);
 }
 
+// K codes back to the unrotated key: dequantized, then signs * H k' / sqrt_d (H is its own inverse up to D).
+template <int E>
+__device__ __forceinline__ void unrotated_k(float (&x)[E], const int (&code)[E], float a, float half,
+                                            const float* signs, float sqrt_d) {
+  const int lane = threadIdx.x & 31;
+  dequant(x, code, a, half);
+  hadamard(x);
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] = __fdiv_rn(x[e], sqrt_d) * signs[lane * E + e];
+}
+
+// One warp per (token, kv head). With k_back / v_back (same strides as k / v; they may alias them) the warp also
+// stores the values its row decodes to (K turned back, as turbo_blocks_kernel gives them), so attention over the
+// step's own K/V sees what later steps read from the cache.
+template <typename T, int E>
+__global__ void turbo_write_kernel(const T* k, const T* v, T* k_back, T* v_back, uint8_t* cache, const int64_t* slots,
+                                   const float* signs, int64_t tokens, int kv_heads, int64_t k_stride,
+                                   int64_t v_stride, int k_bits, float sqrt_d) {
+  constexpr int D = 32 * E;
+  const int64_t work = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (work >= tokens * kv_heads) return;
+  const int64_t t = work / kv_heads;
+  const int h = static_cast<int>(work % kv_heads);
+  const int64_t slot = slots[t];
+  if (slot < 0) return;
+  const int lane = threadIdx.x & 31;
+  const RowLayout L(D, k_bits);
+  uint8_t* row = cache + (slot * kv_heads + h) * L.row_bytes;
+  const int64_t k_at = t * k_stride + static_cast<int64_t>(h) * D, v_at = t * v_stride + static_cast<int64_t>(h) * D;
+  float x[E];
+  int code[E];
+  load_lane(x, k + k_at);
+  if (k_bits == 8) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const Fp8 f = to_e4m3(x[e]);
+      reinterpret_cast<Fp8*>(row)[lane * E + e] = f;
+      x[e] = static_cast<float>(f);
+    }
+    if (k_back != nullptr) store_lane(k_back + k_at, x);
+  } else {
+    rotate(x, signs, sqrt_d);
+    const float half = k_bits == 4 ? 7.5f : 3.f;
+    const float a = absmax_codes(x, half, code);
+    if (k_bits == 4) store_nibbles(row, code);
+    else store_triples(row, code);
+    if (lane == 0) store_f32(row + L.k_code_bytes, a);
+    if (k_back != nullptr) {
+      unrotated_k(x, code, a, half, signs, sqrt_d);
+      store_lane(k_back + k_at, x);
+    }
+  }
+  load_lane(x, v + v_at);
+  const float a = absmax_codes(x, 7.5f, code);
+  store_nibbles(row + L.k_bytes, code);
+  if (lane == 0) store_f32(row + L.k_bytes + D / 2, a);
+  if (v_back != nullptr) {
+    dequant(x, code, a, 7.5f);
+    store_lane(v_back + v_at, x);
+  }
+}
+
 // One warp per row of the listed blocks: K decoded and turned back (signs * H k' / sqrt_d), V decoded, both stored
 // as dense [2, n, block_size, Hk, D] blocks.
 template <typename T, int E>
@@ -157,10 +185,7 @@ __global__ void turbo_blocks_kernel(T* out, const uint8_t* cache, const int64_t*
   } else {
     const float half = k_bits == 4 ? 7.5f : 3.f;
     load_codes(code, row, k_bits);
-    dequant(x, code, load_f32(row + L.k_code_bytes), half);
-    hadamard(x);
-#pragma unroll
-    for (int e = 0; e < E; ++e) x[e] = __fdiv_rn(x[e], sqrt_d) * signs[lane * E + e];
+    unrotated_k(x, code, load_f32(row + L.k_code_bytes), half, signs, sqrt_d);
   }
   store_lane(out + r * D, x);
   load_codes(code, row + L.k_bytes, 4);
@@ -354,7 +379,7 @@ float sqrt_of(int64_t d) { return static_cast<float>(std::sqrt(static_cast<doubl
 
 void turbo_cache_write(const void* k, const void* v, void* cache, const int64_t* slots, const float* signs,
                        int64_t tokens, int64_t kv_heads, int64_t head_dim, int64_t k_stride, int64_t v_stride,
-                       int k_bits, DType dtype, std::uintptr_t stream) {
+                       int k_bits, bool round_trip, DType dtype, std::uintptr_t stream) {
   const char* what = "turbo_cache_write";
   check_bits(k_bits, what);
   if (tokens == 0) return;
@@ -364,7 +389,9 @@ void turbo_cache_write(const void* k, const void* v, void* cache, const int64_t*
       constexpr int kWarps = 8;
       const int64_t blocks = (tokens * kv_heads + kWarps - 1) / kWarps;
       turbo_write_kernel<T, decltype(e)::value><<<static_cast<unsigned>(blocks), 32 * kWarps, 0, as_stream(stream)>>>(
-          static_cast<const T*>(k), static_cast<const T*>(v), static_cast<uint8_t*>(cache), slots, signs, tokens,
+          static_cast<const T*>(k), static_cast<const T*>(v),
+          round_trip ? static_cast<T*>(const_cast<void*>(k)) : nullptr,
+          round_trip ? static_cast<T*>(const_cast<void*>(v)) : nullptr, static_cast<uint8_t*>(cache), slots, signs, tokens,
           static_cast<int>(kv_heads), k_stride, v_stride, k_bits, sqrt_of(head_dim));
       check_launch(what);
     });

@@ -11,10 +11,12 @@ namespace candle_vllm::cuda {
 
 // k, v [T, Hk, D] (f16/bf16; token strides k_stride / v_stride elements, heads packed) into rows of `cache`
 // [blocks * block_size, Hk, R] at flat slots [T] (int64; < 0 skipped). k_bits 8 (e4m3 K), 4 or 3 (K rotated by
-// signs [D] f32 and the Walsh-Hadamard transform first); D 64, 128 or 256.
+// signs [D] f32 and the Walsh-Hadamard transform first); D 64, 128 or 256. round_trip: k and v are then overwritten
+// with the values their rows decode to (K turned back), so a dense attention over the step's own K/V (torch's
+// cuDNN / flash kernels for fresh prompts) sees what later steps read from the cache.
 void turbo_cache_write(const void* k, const void* v, void* cache, const int64_t* slots, const float* signs,
                        int64_t tokens, int64_t kv_heads, int64_t head_dim, int64_t k_stride, int64_t v_stride,
-                       int k_bits, DType dtype, std::uintptr_t stream);
+                       int k_bits, bool round_trip, DType dtype, std::uintptr_t stream);
 
 // out [S, Hq, D] = attention of each sequence's one new query q [S, Hq, D] (f16/bf16, contiguous) over its cached
 // rows (seq_lens [S] int32 on the device, block_tables [S, max_blocks] int32). Each sequence's attended span is cut

@@ -145,10 +145,15 @@ def attention(
         assert kv_cache is not None and meta.slot_mapping is not None and meta.block_tables is not None
         fmt = TurboFormat.of_cache(kv_cache, d)
         if on_cuda and fmt is not None and cuda_turbo.turbo_supported(q, kv_cache, fmt):
+            fresh = None
             if not kv_cached:
-                cuda_turbo.turbo_cache_write(k, v, kv_cache, meta.slot_mapping, fmt)
+                backend = sdpa_prefill.prefill_backend()
+                if (meta.max_decode_seq_len is None and cuda_turbo.decode_supported(q, kv_cache, fmt)
+                        and sdpa_prefill.sdpa_eligible(backend, q, k, v, sliding_window, softcap) and meta.fresh_runs):
+                    fresh = (backend, k, v)
+                cuda_turbo.turbo_cache_write(k, v, kv_cache, meta.slot_mapping, fmt, round_trip=fresh is not None)
                 kv_cached = True
-            out = turbo_step(q, kv_cache, meta, scale, sliding_window, softcap, fmt)
+            out = turbo_step(q, kv_cache, meta, scale, sliding_window, softcap, fmt, fresh)
             if out is not None:
                 return out
         if on_cuda and k.dtype == v.dtype and cuda.cache_holds(kv_cache, k.dtype) and not kv_cached:

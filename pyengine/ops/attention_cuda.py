@@ -84,44 +84,58 @@ def sdpa_prefill_step(
     cache for later steps); the other multi-token sequences (cached prefix) run our flash kernel on their gathered
     rows, one-token sequences the decode kernel (or our flash kernel when the decode kernel lacks the geometry).
     No sliding window or soft-cap reaches here (``sdpa_eligible``)."""
-    assert meta.block_tables is not None and meta.query_start_loc_cpu is not None
-    runs = meta.fresh_runs
-    if backend == "sdpa-cudnn" and not all(sdpa_prefill.cudnn_supported(q, k, v, r) for r in runs):
+    fresh = attend_fresh_runs(backend, q, k, v, meta, scale)
+    if fresh is None:
         return cuda_prefill_step(q, kv_cache, meta, scale, None, None, cuda_decode)
-    t = q.shape[0]
-    if len(runs) == 1 and runs[0].start == 0 and runs[0].end == t:  # only fresh prompts (the TTFT step)
-        chosen = sdpa_prefill.run_backend(backend, q, k, v, runs[0])
-        sdpa_prefill.ROUTES[chosen] += 1
-        return sdpa_prefill.attend_fresh(chosen, q, k, v, runs[0], scale).contiguous()
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    for run in runs:
-        chosen = sdpa_prefill.run_backend(backend, q, k, v, run)
-        out[run.start : run.end] = sdpa_prefill.attend_fresh(chosen, q, k, v, run, scale)
-        sdpa_prefill.ROUTES[chosen] += 1
-    fresh = {s for r in runs for s in range(r.first, r.last)}
+    out, done = fresh
     q_lens = meta.query_lens_cpu
-    decode_rows = [s for s, n in enumerate(q_lens) if n == 1 and s not in fresh] if cuda_decode else []
-    rest = [s for s, n in enumerate(q_lens) if n > 0 and s not in fresh and s not in decode_rows]
+    decode_rows = [s for s, n in enumerate(q_lens) if n == 1 and s not in done] if cuda_decode else []
+    rest = [s for s, n in enumerate(q_lens) if n > 0 and s not in done and s not in decode_rows]
     if rest:
-        _native_rows(q, out, kv_cache, meta, rest, scale)
+        native_rows(q, out, kv_cache, meta, rest, scale)
     if decode_rows:
         _decode_rows_cuda(q, out, kv_cache, meta, decode_rows, scale, None, None)
     return out
 
 
-def _native_rows(
+def attend_fresh_runs(
+    backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, scale: float,
+) -> tuple[torch.Tensor, set[int]] | None:
+    """The step's fresh prompts (``meta.fresh_runs``) through torch's ``backend`` over the step's own k/v: out
+    [T, Hq, D] with their rows filled, and the set of those sequences; None when ``backend`` is cuDNN and it cannot
+    take one of them."""
+    assert meta.query_start_loc_cpu is not None
+    runs = meta.fresh_runs
+    if backend == "sdpa-cudnn" and not all(sdpa_prefill.cudnn_supported(q, k, v, r) for r in runs):
+        return None
+    done = {s for r in runs for s in range(r.first, r.last)}
+    if len(runs) == 1 and runs[0].start == 0 and runs[0].end == q.shape[0]:  # only fresh prompts (the TTFT step)
+        chosen = sdpa_prefill.run_backend(backend, q, k, v, runs[0])
+        sdpa_prefill.ROUTES[chosen] += 1
+        return sdpa_prefill.attend_fresh(chosen, q, k, v, runs[0], scale).contiguous(), done
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    for run in runs:
+        chosen = sdpa_prefill.run_backend(backend, q, k, v, run)
+        out[run.start : run.end] = sdpa_prefill.attend_fresh(chosen, q, k, v, run, scale)
+        sdpa_prefill.ROUTES[chosen] += 1
+    return out, done
+
+
+def native_rows(
     q: torch.Tensor, out: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, seqs: list[int],
-    scale: float,
+    scale: float, block_tables: torch.Tensor | None = None,
 ) -> None:
-    """Sequences ``seqs`` of the step through our flash prefill kernel, their query rows gathered into one batch."""
+    """Sequences ``seqs`` of the step through our flash prefill kernel, their query rows gathered into one batch,
+    reading ``kv_cache`` through ``block_tables`` [S, width] (default: the step's own)."""
     assert meta.block_tables is not None and meta.query_start_loc_cpu is not None
     qsl = meta.query_start_loc_cpu
     rows = meta.device_ints(f"native_rows{seqs}", lambda: [r for s in seqs for r in range(qsl[s], qsl[s + 1])])
     lens = [qsl[s + 1] - qsl[s] for s in seqs]
     idx = meta.device_ints(f"native_seqs{seqs}", lambda: seqs)
     sub_qsl = meta.device_ints(f"native_qsl{seqs}", lambda: list(itertools.accumulate(lens, initial=0)), torch.int32)
+    tables = meta.block_tables if block_tables is None else block_tables
     got = flash_prefill(
-        q.index_select(0, rows), kv_cache, meta.block_tables.index_select(0, idx), sub_qsl,
+        q.index_select(0, rows), kv_cache, tables.index_select(0, idx), sub_qsl,
         meta.seq_lens.index_select(0, idx), max(lens), scale,
     )
     sdpa_prefill.ROUTES["native"] += 1

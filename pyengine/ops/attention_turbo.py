@@ -1,7 +1,9 @@
 """CUDA steps over a TurboQuant cache (``kv_cache/turbo.py``): pure decode steps (CUDA graphs too) and the one-token
-rows of other steps on the rows' own decode kernel; the multi-token sequences of a step on the flash prefill kernel
-over their blocks decoded to dense f16/bf16 once per layer (``cuda_turbo.blocks_to_dense``). The queries stay
-unrotated: the decode kernel rotates them itself, and the dense blocks hold K turned back."""
+rows of other steps on the rows' own decode kernel; fresh prompts on torch's cuDNN / flash attention over the
+step's own K/V, rounded to what the cache holds of them (``cuda_turbo.turbo_cache_write(round_trip=True)``); the
+other multi-token sequences on the flash prefill kernel over their blocks decoded to dense f16/bf16 once per layer
+(``cuda_turbo.blocks_to_dense``). The queries stay unrotated: the decode kernel rotates them itself, and the dense
+blocks hold K turned back."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import torch
 
 from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
 from candle_vllm.pyengine.ops import cuda_turbo, sdpa_prefill
-from candle_vllm.pyengine.ops.attention_cuda import decode_rows_into
+from candle_vllm.pyengine.ops.attention_cuda import attend_fresh_runs, decode_rows_into, native_rows
 from candle_vllm.pyengine.ops.attention_metadata import AttentionMetadata
 from candle_vllm.pyengine.ops.cuda_prefill import KERNEL_CONFIGS, flash_prefill, flash_prefill_supported
 
@@ -26,9 +28,11 @@ def turbo_step(
     sliding_window: int | None,
     softcap: float | None,
     fmt: TurboFormat,
+    fresh: tuple[str, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor | None:
     """Attention of a step whose K/V are already in the TurboQuant cache: q [T, Hq, D] (unrotated) -> [T, Hq, D];
-    None where the decode kernel does not take the cache (the caller falls back to the torch reference)."""
+    None where the decode kernel does not take the cache (the caller falls back to the torch reference).
+    ``fresh`` = (torch backend, k, v): the step's own K/V as the cache holds them, for its fresh prompts."""
     assert meta.block_tables is not None
     if not cuda_turbo.decode_supported(q, kv_cache, fmt):
         return None
@@ -36,17 +40,22 @@ def turbo_step(
         longest = meta.max_decode_seq_len or max(meta.seq_lens_cpu or [1])
         return cuda_turbo.turbo_decode_attention(q, kv_cache, meta.block_tables, meta.seq_lens, scale, longest, fmt,
                                                  sliding_window, softcap)
+    got = attend_fresh_runs(fresh[0], q, fresh[1], fresh[2], meta, scale) if fresh is not None else None
+    out, done = got if got is not None else (None, set())
     q_lens = meta.query_lens_cpu
-    one_token = [s for s, n in enumerate(q_lens) if n == 1]
-    multi = [s for s, n in enumerate(q_lens) if n > 1]
+    one_token = [s for s, n in enumerate(q_lens) if n == 1 and s not in done]
+    multi = [s for s, n in enumerate(q_lens) if n > 1 and s not in done]
     if multi:
         cache, tables = _dense_cache(q.dtype, kv_cache, meta, multi, sliding_window, fmt)
-        if not flash_prefill_supported(q, cache):  # q's strides or alignment: a fresh packed copy always qualifies
-            q = q.clone(memory_format=torch.contiguous_format)
-        out = flash_prefill(q, cache, tables, meta.query_start_loc, meta.seq_lens, max(q_lens), scale, sliding_window,
-                            softcap, skip_single_token=bool(one_token))
-        sdpa_prefill.ROUTES["native"] += 1
-    else:
+        if out is not None:
+            native_rows(q, out, cache, meta, multi, scale, tables)
+        else:
+            if not flash_prefill_supported(q, cache):  # q's strides or alignment: a fresh packed copy qualifies
+                q = q.clone(memory_format=torch.contiguous_format)
+            out = flash_prefill(q, cache, tables, meta.query_start_loc, meta.seq_lens, max(q_lens), scale,
+                                sliding_window, softcap, skip_single_token=bool(one_token))
+            sdpa_prefill.ROUTES["native"] += 1
+    elif out is None:
         out = torch.empty_like(q)
     if one_token:
         turbo_decode_rows(q, out, kv_cache, meta, one_token, scale, sliding_window, softcap, fmt)

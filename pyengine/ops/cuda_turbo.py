@@ -61,8 +61,10 @@ def tensor_cores_take(fmt: TurboFormat, block_size: int) -> bool:
 
 
 def turbo_cache_write(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                      fmt: TurboFormat) -> None:
-    """Store k, v [T, Hk, D] as rows of ``kv_cache`` at flat slots [T] (int64; < 0 skipped)."""
+                      fmt: TurboFormat, round_trip: bool = False) -> None:
+    """Store k, v [T, Hk, D] as rows of ``kv_cache`` at flat slots [T] (int64; < 0 skipped). ``round_trip`` then
+    overwrites k and v with what their rows decode to (K turned back, as :func:`blocks_to_dense` gives it), so a
+    dense attention over the step's own K/V sees the values later steps read from the cache."""
     ok = (
         turbo_supported(k, kv_cache, fmt)
         and k.dtype == v.dtype
@@ -80,7 +82,7 @@ def turbo_cache_write(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, 
     native.loaded().cuda_turbo_cache_write(
         k.data_ptr(), v.data_ptr(), kv_cache.data_ptr(), slot_mapping.data_ptr(),
         turbo.channel_signs(fmt.head_dim, k.device).data_ptr(), k.shape[0], k.shape[1], fmt.head_dim,
-        k.stride(0), v.stride(0), fmt.k_bits, native.dtype_code(k), native.stream(k.device),
+        k.stride(0), v.stride(0), fmt.k_bits, round_trip, native.dtype_code(k), native.stream(k.device),
     )
 
 

@@ -2,7 +2,7 @@
 attention against float64 attention over the rows' decoded vectors (keys turned back by a float64 Hadamard
 matrix), over head sizes, GQA ratios, block sizes, contexts of one and many pieces, a window and a soft-cap; the
 blocks decoded to dense against the CPU decoder, and steps with prefill rows through ``attention`` against float64
-attention."""
+attention (fresh prompts on torch's attention over K/V rounded to the rows' values)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from _cuda_helpers import poison_allocator, rel_error
 
 from candle_vllm.pyengine.kv_cache import turbo
 from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
-from candle_vllm.pyengine.ops import cuda, cuda_turbo
+from candle_vllm.pyengine.ops import cuda, cuda_turbo, sdpa_prefill
 from candle_vllm.pyengine.ops.attention import AttentionMetadata, attention
 
 DEV = torch.device("cuda")
@@ -71,6 +71,36 @@ def test_write_stores_the_cpu_encoders_bytes(mode: str, d: int, dtype: torch.dty
     untouched = torch.ones(12 * 16, dtype=torch.bool)
     untouched[slots.cpu()[keep]] = False
     assert torch.all(rows[untouched] == 0xA5)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_round_trip_gives_what_the_rows_decode_to(mode: str, d: int, dtype: torch.dtype) -> None:
+    """``round_trip`` writes the same rows and leaves k/v (views into a fused buffer) equal, bit for bit, to what
+    ``blocks_to_dense`` decodes from those rows; a token with a negative slot keeps its values."""
+    g = torch.Generator(device="cuda").manual_seed(d + 1)
+    t, hk, bs = 45, 2, 16
+    fmt = TurboFormat(mode, d)
+    qkv = torch.randn(t, 4 * hk * d, generator=g, device=DEV).to(dtype) * 2
+    k, v = qkv[:, hk * d : 2 * hk * d].view(t, hk, d), qkv[:, 3 * hk * d :].view(t, hk, d)
+    slots = torch.randperm(4 * bs, generator=g, device=DEV)[:t]
+    slots[9] = -1
+    plain = torch.zeros(1, 4, bs, hk, fmt.row_bytes, dtype=torch.uint8, device=DEV)
+    cuda_turbo.turbo_cache_write(k, v, plain, slots, fmt)
+    before = qkv.clone()
+    cache = torch.zeros_like(plain)
+    cuda_turbo.turbo_cache_write(k, v, cache, slots, fmt, round_trip=True)
+    assert torch.equal(cache, plain), "the rows do not depend on round_trip"
+    dense = torch.empty(2, 4, bs, hk, d, dtype=dtype, device=DEV)
+    cuda_turbo.blocks_to_dense(cache, torch.arange(4, device=DEV), fmt, dense)
+    dense = dense.view(2, 4 * bs, hk, d)
+    live = slots >= 0
+    assert torch.equal(k[live], dense[0, slots[live]]) and torch.equal(v[live], dense[1, slots[live]])
+    assert not torch.equal(k[live], before[:, hk * d : 2 * hk * d].view(t, hk, d)[live]), "k was rounded"
+    assert torch.equal(qkv[9], before[9]), "the skipped token"
+    assert torch.equal(qkv[:, : hk * d], before[:, : hk * d]) and torch.equal(
+        qkv[:, 2 * hk * d : 3 * hk * d], before[:, 2 * hk * d : 3 * hk * d]), "only k and v change"
 
 
 def decode_case(
@@ -235,5 +265,53 @@ def test_steps_with_prefill_rows_match_float64_attention(
             continue
         want = attend64(q[start : start + n], *decoded_context(cache, tables[s], lens[s], fmt), d**-0.5, window,
                         softcap)
+        assert rel_error(got[start : start + n], want) < 1e-2, f"sequence {s}"
+        start += n
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("backend", ["auto", "sdpa-flash", "sdpa-cudnn"])
+@pytest.mark.parametrize("cached_new", [
+    [(0, 300), (0, 17), (130, 1), (517, 64), (0, 40), (40, 1), (33, 0)],
+    [(0, 1000)],  # only a fresh prompt: the TTFT step
+], ids=["mixed", "fresh"])
+def test_fresh_prompts_attend_to_what_the_cache_holds(
+    mode: str, backend: str, cached_new: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A step that writes its K/V: fresh prompts take torch's attention over the step's own K/V rounded to the
+    cache's values, a chunk over a cached prefix our flash kernel, one-token rows the decode kernel; each against
+    float64 attention over the CPU decoder's vectors of the rows as written."""
+    monkeypatch.setattr(turbo, "read_blocks", lambda *a: pytest.fail("the torch reference read the rows"))
+    monkeypatch.setenv(sdpa_prefill.ENV, backend)
+    d, hq, hk, bs, dtype = 128, 16, 4, 16, torch.bfloat16
+    lens = [c + n for c, n in cached_new]
+    fmt, cache, _, tables, _ = decode_case(mode, d, hq, hk, bs, [c or 1 for c, _ in cached_new], dtype, 7)
+    width = max((n + bs - 1) // bs for n in lens)
+    free = iter(range(cache.shape[1], cache.shape[1] + 1000))
+    grown = torch.zeros(len(lens), width, dtype=torch.int32)
+    for s, (c, _) in enumerate(cached_new):  # prefix blocks as written, then fresh blocks for the new tokens
+        have = (c + bs - 1) // bs
+        grown[s, :have] = tables[s, :have].cpu()
+        need = (lens[s] + bs - 1) // bs
+        grown[s, have:need] = torch.tensor([next(free) for _ in range(have, need)], dtype=torch.int32)
+    extra = int(grown.max()) + 1 - cache.shape[1]
+    cache = torch.cat([cache, torch.zeros(1, extra, *cache.shape[2:], dtype=cache.dtype, device=DEV)], 1)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    t = sum(n for _, n in cached_new)
+    q = torch.randn(t, hq, d, generator=g, device=DEV).to(dtype)
+    kv = (torch.randn(t, 2, hk, d, generator=g, device=DEV) * 2).to(dtype)
+    k, v = kv[:, 0], kv[:, 1]
+    meta = AttentionMetadata.build([n for _, n in cached_new], lens, DEV, grown.tolist(), bs)
+    sdpa_prefill.ROUTES.clear()
+    got = attention(q, k, v, cache, meta, d**-0.5, hk, None, None)
+    torch_route = "sdpa-flash" if backend == "auto" else backend  # auto: every prompt here is under CUDNN_MIN_TOKENS
+    runs = len(meta.fresh_runs)
+    assert dict(sdpa_prefill.ROUTES) == ({torch_route: runs, "native": 1} if len(lens) > 1 else {torch_route: 1})
+    start = 0
+    for s, (_, n) in enumerate(cached_new):
+        if n == 0:
+            continue
+        want = attend64(q[start : start + n], *decoded_context(cache, grown[s].to(DEV), lens[s], fmt), d**-0.5,
+                        None, None)
         assert rel_error(got[start : start + n], want) < 1e-2, f"sequence {s}"
         start += n
