@@ -2,6 +2,8 @@
 // Every function takes device pointers as integers and the caller's stream handle, and only enqueues work,
 // so the calls are cheap and CUDA-graph capturable.
 #ifdef CANDLE_VLLM_WITH_CUDA
+#include <cmath>
+
 #include "bindings/registry.h"
 #include "bindings/tensor_arg.h"
 #include "cuda/activation.h"
@@ -222,6 +224,24 @@ static Registrar registrar([](py::module_& m) {
                                      softcap, k_bits, tensor_cores, to_dtype(dtype), stream);
       },
       "paged decode attention over TurboQuant rows, one new query per sequence");
+  m.def(
+      "cuda_turbo_rope_cache_write",
+      [](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t positions, uintptr_t cos_sin, uintptr_t cache,
+         uintptr_t slots, uintptr_t signs, int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+         int64_t q_stride, int64_t k_stride, int64_t v_stride, int style, int pair_group, int k_bits, int dtype,
+         uintptr_t stream, uintptr_t norm_rows, int64_t norm_stride, int64_t hidden, float eps) {
+        const cuda::TurboRopeArgs args{as_ptr<void>(q), as_ptr<void>(k), as_ptr<void>(v),
+                                       as_ptr<const int64_t>(positions), as_ptr<const float>(cos_sin),
+                                       as_ptr<uint8_t>(cache), as_ptr<const int64_t>(slots),
+                                       as_ptr<const float>(signs), tokens, q_stride, k_stride, v_stride,
+                                       static_cast<int>(q_heads), static_cast<int>(kv_heads), k_bits, style,
+                                       pair_group, static_cast<float>(std::sqrt(static_cast<double>(head_dim))),
+                                       {as_ptr<const void>(norm_rows), norm_stride, hidden, eps}};
+        cuda::turbo_rope_cache_write(args, head_dim, to_dtype(dtype), stream);
+      },
+      "RoPE on q and k (whole heads) and the TurboQuant rows of k and v at their slots in one launch; q comes out "
+      "rotated, k and v as their rows decode to (k turned back); norm_rows (0: none): q, k and v are first scaled "
+      "by each token's 1/rms of its row");
   m.def("cuda_turbo_tensor_cores_take", &cuda::turbo_decode_tc_takes,
         "whether the tensor-core TurboQuant decode kernel takes (head_dim, k_bits, block_size)");
   m.def(

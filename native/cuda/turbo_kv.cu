@@ -9,62 +9,22 @@
 #include "cuda/common.cuh"
 #include "cuda/fp8_kv.cuh"
 #include "cuda/turbo_decode_tc.h"
+#include "cuda/turbo_encode.cuh"
 #include "cuda/turbo_kv.h"
 #include "cuda/turbo_rows.cuh"
 
 namespace candle_vllm::cuda {
 namespace {
 
-using turbo::hadamard;
+using turbo::dequant;
+using turbo::encode_k;
+using turbo::encode_v;
 using turbo::kDecodeWarps;
 using turbo::load_f32;
 using turbo::load_lane;
-using turbo::rotate;
 using turbo::RowLayout;
-using turbo::store_f32;
-
-// Absmax codes of the warp's vector: code = rint(clamp(x / a * half + half, 0, 2 half)); returns a.
-template <int E>
-__device__ __forceinline__ float absmax_codes(const float (&x)[E], float half, int (&code)[E]) {
-  float a = 0.f;
-#pragma unroll
-  for (int e = 0; e < E; ++e) a = fmaxf(a, fabsf(x[e]));
-  a = warp_max(a);
-  const float safe = a > 0.f ? a : 1.f;
-#pragma unroll
-  for (int e = 0; e < E; ++e) {
-    const float pre = __fadd_rn(__fmul_rn(__fdiv_rn(x[e], safe), half), half);
-    code[e] = __float2int_rn(fminf(fmaxf(pre, 0.f), 2.f * half));
-  }
-  return a;
-}
-
-template <int E>
-__device__ __forceinline__ void store_nibbles(uint8_t* dst, const int (&code)[E]) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int b = 0; b < E / 2; ++b) dst[lane * (E / 2) + b] = static_cast<uint8_t>(code[2 * b] | (code[2 * b + 1] << 4));
-}
-
-// Eight 3-bit codes in three bytes, channel i of the eight at bits 3i..3i+2: the 8 / E lanes of a group OR their
-// shifted bits together, and the group's first lane stores them.
-template <int E>
-__device__ __forceinline__ void store_triples(uint8_t* dst, const int (&code)[E]) {
-  constexpr int kLanes = 8 / E;
-  const int lane = threadIdx.x & 31;
-  uint32_t bits = 0;
-#pragma unroll
-  for (int e = 0; e < E; ++e) bits |= static_cast<uint32_t>(code[e]) << (3 * e);
-  bits <<= 3 * E * (lane % kLanes);
-#pragma unroll
-  for (int m = 1; m < kLanes; m *= 2) bits |= __shfl_xor_sync(0xffffffffu, bits, m);
-  if (lane % kLanes == 0) {
-    uint8_t* p = dst + 3 * (lane / kLanes);
-    p[0] = bits & 0xff;
-    p[1] = (bits >> 8) & 0xff;
-    p[2] = (bits >> 16) & 0xff;
-  }
-}
+using turbo::store_lane;
+using turbo::unrotated_k;
 
 // The calling lane's E codes of `bits` bits (channels lane * E ...), as packed by store_nibbles / store_triples.
 template <int E>
@@ -85,32 +45,6 @@ __device__ __forceinline__ void load_codes(int (&code)[E], const uint8_t* packed
   for (int e = 0; e < E; ++e) code[e] = (word >> (3 * e)) & 7;
 }
 
-// (code - half) * (a / half), the reference's dequantization.
-template <int E>
-__device__ __forceinline__ void dequant(float (&x)[E], const int (&code)[E], float a, float half) {
-  const float step = __fdiv_rn(a, half);
-#pragma unroll
-  for (int e = 0; e < E; ++e) x[e] = __fmul_rn(__fsub_rn(static_cast<float>(code[e]), half), step);
-}
-
-template <typename T, int E>
-__device__ __forceinline__ void store_lane(T* dst, const float (&x)[E]) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int e = 0; e < E; ++e) dst[lane * E + e] = from_f32<T>(x[e]);
-}
-
-// K codes back to the unrotated key: dequantized, then signs * H k' / sqrt_d (H is its own inverse up to D).
-template <int E>
-__device__ __forceinline__ void unrotated_k(float (&x)[E], const int (&code)[E], float a, float half,
-                                            const float* signs, float sqrt_d) {
-  const int lane = threadIdx.x & 31;
-  dequant(x, code, a, half);
-  hadamard(x);
-#pragma unroll
-  for (int e = 0; e < E; ++e) x[e] = __fdiv_rn(x[e], sqrt_d) * signs[lane * E + e];
-}
-
 // One warp per (token, kv head). With k_back / v_back (same strides as k / v; they may alias them) the warp also
 // stores the values its row decodes to (K turned back, as turbo_blocks_kernel gives them), so attention over the
 // step's own K/V sees what later steps read from the cache.
@@ -125,41 +59,16 @@ __global__ void turbo_write_kernel(const T* k, const T* v, T* k_back, T* v_back,
   const int h = static_cast<int>(work % kv_heads);
   const int64_t slot = slots[t];
   if (slot < 0) return;
-  const int lane = threadIdx.x & 31;
   const RowLayout L(D, k_bits);
   uint8_t* row = cache + (slot * kv_heads + h) * L.row_bytes;
   const int64_t k_at = t * k_stride + static_cast<int64_t>(h) * D, v_at = t * v_stride + static_cast<int64_t>(h) * D;
   float x[E];
-  int code[E];
   load_lane(x, k + k_at);
-  if (k_bits == 8) {
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      const Fp8 f = to_e4m3(x[e]);
-      reinterpret_cast<Fp8*>(row)[lane * E + e] = f;
-      x[e] = static_cast<float>(f);
-    }
-    if (k_back != nullptr) store_lane(k_back + k_at, x);
-  } else {
-    rotate(x, signs, sqrt_d);
-    const float half = k_bits == 4 ? 7.5f : 3.f;
-    const float a = absmax_codes(x, half, code);
-    if (k_bits == 4) store_nibbles(row, code);
-    else store_triples(row, code);
-    if (lane == 0) store_f32(row + L.k_code_bytes, a);
-    if (k_back != nullptr) {
-      unrotated_k(x, code, a, half, signs, sqrt_d);
-      store_lane(k_back + k_at, x);
-    }
-  }
+  encode_k(x, row, L, k_bits, signs, sqrt_d, k_back != nullptr);
+  if (k_back != nullptr) store_lane(k_back + k_at, x);
   load_lane(x, v + v_at);
-  const float a = absmax_codes(x, 7.5f, code);
-  store_nibbles(row + L.k_bytes, code);
-  if (lane == 0) store_f32(row + L.k_bytes + D / 2, a);
-  if (v_back != nullptr) {
-    dequant(x, code, a, 7.5f);
-    store_lane(v_back + v_at, x);
-  }
+  encode_v(x, row, L, v_back != nullptr);
+  if (v_back != nullptr) store_lane(v_back + v_at, x);
 }
 
 // One warp per row of the listed blocks: K decoded and turned back (signs * H k' / sqrt_d), V decoded, both stored

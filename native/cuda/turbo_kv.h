@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "bindings/tensor_arg.h"
+#include "cuda/deferred_norm.h"
 
 namespace candle_vllm::cuda {
 
@@ -38,5 +39,26 @@ void turbo_decode_attention(void* out, const void* q, const void* cache, const i
 void turbo_blocks_to_dense(void* out, const void* cache, const int64_t* blocks, const float* signs, int64_t num_blocks,
                            int64_t block_size, int64_t kv_heads, int64_t head_dim, int k_bits, DType dtype,
                            std::uintptr_t stream);
+
+// RoPE on q and k (whole heads; style 0 gptj, 1 neox; pair_group 1 or 8: neox q/k heads stored with their halves
+// interleaved, see rotary.h) and the rows of k and v written at their slots, in one launch (turbo_rope.cu). q, k
+// and v [T, H, D] (f16/bf16, heads packed, token strides *_stride) come out rotated (q) and as their rows decode to
+// (k turned back, v); a token with a negative slot writes no row and keeps its rotated k and its v. cos_sin [*, D]
+// f32, positions / slots [T] int64. norm: q, k and v are first scaled by each token's 1/rms.
+struct TurboRopeArgs {
+  void* q;
+  void* k;
+  void* v;
+  const int64_t* positions;
+  const float* cos_sin;
+  uint8_t* cache;
+  const int64_t* slots;
+  const float* signs;
+  int64_t tokens, q_stride, k_stride, v_stride;
+  int q_heads, k_heads, k_bits, style, pair_group;
+  float sqrt_d;
+  DeferredNorm norm;
+};
+void turbo_rope_cache_write(const TurboRopeArgs& args, int64_t head_dim, DType dtype, std::uintptr_t stream);
 
 }  // namespace candle_vllm::cuda

@@ -16,10 +16,11 @@ import torch
 from torch import nn
 
 from candle_vllm.pyengine.config import ModelConfig
+from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
 from candle_vllm.pyengine.layers import Attention, Linear, RMSNorm, RotaryEmbedding, VocabEmbedding
 from candle_vllm.pyengine.layers.module_list import module_list
 from candle_vllm.pyengine.models.base import CausalLM
-from candle_vllm.pyengine.ops import native
+from candle_vllm.pyengine.ops import cuda_turbo, native
 from candle_vllm.pyengine.ops.attention import AttentionMetadata
 from candle_vllm.pyengine.ops.cpu_decoder import CpuDecoderStack
 from candle_vllm.pyengine.ops.cuda import cache_holds
@@ -273,11 +274,14 @@ class LlamaForCausalLM(CausalLM):
         return x
 
     def _rope_kernel_writes_caches(self, x: torch.Tensor) -> bool:
-        """Whether the RoPE + cache kernel, which applies the attention's deferred norm, writes this model's KV
-        caches. A TurboQuant cache (uint8 rows) has its own write kernel, and the deferred scale would fall to the
-        torch reference three times a layer (+2.6 ms a batch-64 step, RESULTS.md session 42): its steps run the
-        norms instead."""
-        return not self.kv_caches or cache_holds(self.kv_caches[0], x.dtype)
+        """Whether a RoPE + cache kernel, which applies the attention's deferred norm, writes this model's KV
+        caches: dense ones of x's dtype, or TurboQuant rows on CUDA. Elsewhere the deferred scale would fall to
+        the torch reference three times a layer (+2.6 ms a batch-64 step, RESULTS.md session 42): such steps run
+        the norms instead."""
+        if not self.kv_caches or cache_holds(self.kv_caches[0], x.dtype):
+            return True
+        fmt = TurboFormat.of_cache(self.kv_caches[0], self.config.head_dim)
+        return x.device.type == "cuda" and cuda_turbo.turbo_supported(x, self.kv_caches[0], fmt)
 
     def fold_norms(self) -> bool:
         """Move each layer's two RMSNorm weights into the columns of the linear after them (qkv_proj, gate_up_proj)

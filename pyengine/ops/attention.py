@@ -132,7 +132,8 @@ def attention(
     """Causal attention for a flat batch: q [T, Hq*D or Hq, D], k/v [T, Hk, D] -> [T, Hq, D].
 
     With ``kv_cache`` and ``meta.slot_mapping`` the new K/V are written to the cache first (unless ``kv_cached``
-    says a fused kernel already stored them) and queries read their whole context through
+    says a fused kernel already stored them; into a TurboQuant cache that kernel also leaves k/v as the rows
+    decode to, as ``cuda_turbo.rope_cache_write_`` does) and queries read their whole context through
     ``meta.block_tables``; otherwise each sequence attends within its new tokens.
     """
     t, d = k.shape[0], k.shape[-1]
@@ -146,11 +147,11 @@ def attention(
         fmt = TurboFormat.of_cache(kv_cache, d)
         if on_cuda and fmt is not None and cuda_turbo.turbo_supported(q, kv_cache, fmt):
             fresh = None
+            backend = sdpa_prefill.prefill_backend()
+            if (meta.max_decode_seq_len is None and cuda_turbo.decode_supported(q, kv_cache, fmt)
+                    and sdpa_prefill.sdpa_eligible(backend, q, k, v, sliding_window, softcap) and meta.fresh_runs):
+                fresh = (backend, k, v)  # k/v as the rows decode to: written so below, or by the RoPE kernel
             if not kv_cached:
-                backend = sdpa_prefill.prefill_backend()
-                if (meta.max_decode_seq_len is None and cuda_turbo.decode_supported(q, kv_cache, fmt)
-                        and sdpa_prefill.sdpa_eligible(backend, q, k, v, sliding_window, softcap) and meta.fresh_runs):
-                    fresh = (backend, k, v)
                 cuda_turbo.turbo_cache_write(k, v, kv_cache, meta.slot_mapping, fmt, round_trip=fresh is not None)
                 kv_cached = True
             out = turbo_step(q, kv_cache, meta, scale, sliding_window, softcap, fmt, fresh)

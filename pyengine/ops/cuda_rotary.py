@@ -35,7 +35,7 @@ def _paired_ok(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor) ->
             and q.stride(0) % 8 == 0 and k.stride(0) % 8 == 0 and _aligned(q, k, cos_sin_cache))
 
 
-def _rope_style(is_neox: bool, pair_group: int) -> int:
+def rope_style(is_neox: bool, pair_group: int) -> int:
     """The kernels' RopeStyle code (native/cuda/rotary.h); a paired layout is neox by construction."""
     if pair_group and not is_neox:
         raise ValueError("RoPE: interleaved halves (pair_group) are a neox layout; gptj heads have none")
@@ -80,7 +80,7 @@ def rotary_embedding_(
         raise ValueError("rotary_embedding_: unsupported tensors (see rotary_supported)")
     native.loaded().cuda_rotary_embedding(
         q.data_ptr(), k.data_ptr(), positions.data_ptr(), cos_sin_cache.data_ptr(), q.shape[0], q.shape[1],
-        k.shape[1], q.shape[2], cos_sin_cache.shape[-1], q.stride(0), k.stride(0), _rope_style(is_neox, pair_group),
+        k.shape[1], q.shape[2], cos_sin_cache.shape[-1], q.stride(0), k.stride(0), rope_style(is_neox, pair_group),
         pair_group, native.dtype_code(q), native.stream(q.device),
     )
 
@@ -145,7 +145,7 @@ def rotary_embedding_cache_(
     native.loaded().cuda_rotary_embedding_cache(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), positions.data_ptr(), cos_sin_cache.data_ptr(), kp, vp,
         slot_mapping.data_ptr(), q.shape[0], q.shape[1], k.shape[1], q.shape[2], q.stride(0), k.stride(0),
-        v.stride(0), _rope_style(is_neox, pair_group), pair_group, native.dtype_code(q), native.dtype_code(kv_cache),
+        v.stride(0), rope_style(is_neox, pair_group), pair_group, native.dtype_code(q), native.dtype_code(kv_cache),
         native.stream(q.device), *deferred_norm_args(norm),
     )
 

@@ -1,5 +1,5 @@
-"""Checked wrappers around the TurboQuant cache kernels (``native/cuda/turbo_kv.cu``): the cache write and the paged
-decode attention over the rows of ``kv_cache/turbo.py``, and the rows of listed blocks decoded into dense blocks
+"""Checked wrappers around the TurboQuant cache kernels (``native/cuda/turbo_kv.cu``, ``turbo_rope.cu``): the cache
+write (alone, or with the RoPE before it) and the paged decode attention over the rows of ``kv_cache/turbo.py``, and the rows of listed blocks decoded into dense blocks
 for prefill steps (``ops/attention_turbo.py`` dispatches to them). Same contract as ``ops/cuda.py``: preconditions
 checked here, launches on the caller's stream, scratch through torch (so they run inside CUDA graphs)."""
 
@@ -13,7 +13,18 @@ import torch
 from candle_vllm.pyengine.kv_cache import turbo
 from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
 from candle_vllm.pyengine.ops import native
-from candle_vllm.pyengine.ops.cuda import HALF_DTYPES, _device_index, _heads_view_ok, available, sm_count
+from candle_vllm.pyengine.ops.cuda import (
+    HALF_DTYPES,
+    _device_index,
+    _heads_view_ok,
+    available,
+    deferred_norm_args,
+    deferred_norm_ok,
+    sm_count,
+)
+from candle_vllm.pyengine.ops.cuda_rotary import rope_style
+from candle_vllm.pyengine.ops.norm import DeferredRMSNorm
+from candle_vllm.pyengine.ops.row_pairs import PAIR_GROUPS
 
 # A decode CTA (4 warps) takes a piece of a sequence's span, its length a multiple of this: two rounds of the
 # CUDA-core kernel's warps (32 tokens each), four of the tensor-core kernel's (16 each). Shorter pieces measured
@@ -83,6 +94,49 @@ def turbo_cache_write(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, 
         k.data_ptr(), v.data_ptr(), kv_cache.data_ptr(), slot_mapping.data_ptr(),
         turbo.channel_signs(fmt.head_dim, k.device).data_ptr(), k.shape[0], k.shape[1], fmt.head_dim,
         k.stride(0), v.stride(0), fmt.k_bits, round_trip, native.dtype_code(k), native.stream(k.device),
+    )
+
+
+def rope_cache_write_supported(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+    kv_cache: torch.Tensor, slot_mapping: torch.Tensor, fmt: TurboFormat | None, pair_group: int = 0,
+    norm: DeferredRMSNorm | None = None,
+) -> bool:
+    """Whether :func:`rope_cache_write_` takes these tensors: q [T, Hq, D], k/v [T, Hk, D] views with packed heads,
+    whole-head rotary (cos_sin_cache [*, D] f32), the cache's kv heads and head size, int64 positions / slots."""
+    return (
+        turbo_supported(q, kv_cache, fmt)
+        and fmt is not None
+        and 0 < q.shape[0] <= 65535
+        and all(t.dtype == q.dtype and t.device == q.device and _heads_view_ok(t) for t in (q, k, v))
+        and k.shape == v.shape
+        and tuple(k.shape[1:]) == (kv_cache.shape[3], fmt.head_dim) == (kv_cache.shape[3], q.shape[2])
+        and k.shape[0] == q.shape[0]
+        and cos_sin_cache.dtype == torch.float32 and cos_sin_cache.is_contiguous()
+        and cos_sin_cache.shape[-1] == fmt.head_dim and cos_sin_cache.device == q.device
+        and all(t.dtype == torch.int64 and t.is_contiguous() and t.numel() == q.shape[0] and t.device == q.device
+                for t in (positions, slot_mapping))
+        and pair_group in (0, *PAIR_GROUPS)
+        and deferred_norm_ok(norm, q, q.shape[0])
+    )
+
+
+def rope_cache_write_(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+    is_neox: bool, kv_cache: torch.Tensor, slot_mapping: torch.Tensor, fmt: TurboFormat, pair_group: int = 0,
+    norm: DeferredRMSNorm | None = None,
+) -> None:
+    """RoPE on q and k and the rows of k and v at ``slot_mapping`` in one launch (what ``rotary_embedding_cache_``
+    is for dense caches): q comes out rotated, k and v as their rows decode to (k turned back), so the caller's
+    attention can read the step's own K/V as the cache holds them. ``pair_group`` / ``norm`` as there."""
+    if not rope_cache_write_supported(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping, fmt, pair_group,
+                                      norm):
+        raise ValueError("rope_cache_write_: unsupported tensors (see rope_cache_write_supported)")
+    native.loaded().cuda_turbo_rope_cache_write(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), positions.data_ptr(), cos_sin_cache.data_ptr(), kv_cache.data_ptr(),
+        slot_mapping.data_ptr(), turbo.channel_signs(fmt.head_dim, q.device).data_ptr(), q.shape[0], q.shape[1],
+        k.shape[1], fmt.head_dim, q.stride(0), k.stride(0), v.stride(0), rope_style(is_neox, pair_group), pair_group,
+        fmt.k_bits, native.dtype_code(q), native.stream(q.device), *deferred_norm_args(norm),
     )
 
 

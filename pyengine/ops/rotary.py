@@ -14,7 +14,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from candle_vllm.pyengine.ops import cuda_rotary
+from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
+from candle_vllm.pyengine.ops import cuda_rotary, cuda_turbo
 from candle_vllm.pyengine.ops.norm import DeferredRMSNorm
 from candle_vllm.pyengine.ops.row_pairs import deinterleave_halves
 
@@ -176,13 +177,23 @@ def apply_rotary_and_cache(
 ) -> bool:
     """Rotate q and k in place and store the rotated k and v into the paged ``kv_cache`` at ``slot_mapping`` in
     one CUDA launch, saving the attention's separate cache write (the caller then tells it the cache is written).
+    A TurboQuant cache takes its rows from ``cuda_turbo.rope_cache_write_``, which leaves k and v as they decode.
     Returns False, having done nothing, where that kernel does not apply (CPU, partial rotary, unaligned views,
     more than ``FUSED_CACHE_MAX_TOKENS`` tokens); the caller then runs :func:`apply_rotary` and the attention's
     own cache write. ``pair_group`` as in :func:`apply_rotary`. ``norm``: q, k and v are first scaled per token by
     it, v in place too (:class:`DeferredRMSNorm`); on False nothing is scaled either."""
-    if q.shape[0] > FUSED_CACHE_MAX_TOKENS or q.device.type != "cuda" or not cuda_rotary.rotary_cache_supported(
-        q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping, pair_group, norm
-    ):
+    if q.shape[0] > FUSED_CACHE_MAX_TOKENS or q.device.type != "cuda":
+        return False
+    fmt = TurboFormat.of_cache(kv_cache, q.shape[-1])
+    if fmt is not None:
+        if not cuda_turbo.rope_cache_write_supported(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping, fmt,
+                                                     pair_group, norm):
+            return False
+        cuda_turbo.rope_cache_write_(q, k, v, positions, cos_sin_cache, is_neox, kv_cache, slot_mapping, fmt,
+                                     pair_group, norm)
+        return True
+    if not cuda_rotary.rotary_cache_supported(q, k, v, positions, cos_sin_cache, kv_cache, slot_mapping, pair_group,
+                                              norm):
         return False
     cuda_rotary.rotary_embedding_cache_(
         q, k, v, positions, cos_sin_cache, is_neox, kv_cache, slot_mapping, pair_group, norm

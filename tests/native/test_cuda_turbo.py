@@ -14,8 +14,9 @@ from _cuda_helpers import poison_allocator, rel_error
 
 from candle_vllm.pyengine.kv_cache import turbo
 from candle_vllm.pyengine.kv_cache.turbo import TurboFormat
-from candle_vllm.pyengine.ops import cuda, cuda_turbo, sdpa_prefill
+from candle_vllm.pyengine.ops import cuda, cuda_rotary, cuda_turbo, sdpa_prefill
 from candle_vllm.pyengine.ops.attention import AttentionMetadata, attention
+from candle_vllm.pyengine.ops.norm import DeferredRMSNorm
 
 DEV = torch.device("cuda")
 pytestmark = pytest.mark.cuda
@@ -101,6 +102,48 @@ def test_round_trip_gives_what_the_rows_decode_to(mode: str, d: int, dtype: torc
     assert torch.equal(qkv[9], before[9]), "the skipped token"
     assert torch.equal(qkv[:, : hk * d], before[:, : hk * d]) and torch.equal(
         qkv[:, 2 * hk * d : 3 * hk * d], before[:, 2 * hk * d : 3 * hk * d]), "only k and v change"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("d", "style", "pair_group"), [
+    (128, "neox", 0), (128, "gptj", 0), (128, "neox", 8), (64, "neox", 1), (256, "neox", 8), (64, "gptj", 0),
+])
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_rope_write_equals_the_rope_kernel_then_the_write(
+    mode: str, d: int, style: str, pair_group: int, with_norm: bool,
+) -> None:
+    """``rope_cache_write_`` against the dense RoPE + cache kernel (the same rotation and deferred norm) followed by
+    the rows' write with ``round_trip``: the same rows, q, k and v bit for bit, on views into one fused buffer, q/k
+    heads in the paired layout where asked, a token with a negative slot."""
+    g = torch.Generator(device="cuda").manual_seed(d + pair_group + with_norm)
+    t, hq, hk, bs, hidden, positions_max = 37, 6, 2, 16, 256, 300
+    fmt = TurboFormat(mode, d)
+    qkv = (torch.randn(t, (hq + 2 * hk) * d, generator=g, device=DEV) * 2).to(torch.bfloat16)
+    angles = torch.rand(positions_max, d // 2, generator=g, device=DEV) * 6.3
+    cos_sin = torch.cat([angles.cos(), angles.sin()], -1).contiguous()
+    positions = torch.randint(0, positions_max, (t,), generator=g, device=DEV)
+    slots = torch.randperm(5 * bs, generator=g, device=DEV)[:t]
+    slots[4] = -1
+    norm = DeferredRMSNorm(torch.randn(t, hidden, generator=g, device=DEV).to(torch.bfloat16), 1e-5) if with_norm \
+        else None
+    neox = style == "neox"
+
+    def views(buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = buf.split([hq * d, hk * d, hk * d], -1)
+        return q.view(t, hq, d), k.view(t, hk, d), v.view(t, hk, d)
+
+    ref = qkv.clone()
+    dense = torch.zeros(2, 5, bs, hk, d, dtype=torch.bfloat16, device=DEV)
+    want = torch.zeros(1, 5, bs, hk, fmt.row_bytes, dtype=torch.uint8, device=DEV)
+    q, k, v = views(ref)
+    cuda_rotary.rotary_embedding_cache_(q, k, v, positions, cos_sin, neox, dense, slots, pair_group, norm)
+    cuda_turbo.turbo_cache_write(k, v, want, slots, fmt, round_trip=True)
+    got = torch.zeros_like(want)
+    out = qkv.clone()
+    cuda_turbo.rope_cache_write_(*views(out), positions, cos_sin, neox, got, slots, fmt, pair_group, norm)
+    assert torch.equal(got, want), "rows"
+    assert torch.equal(out, ref), "q, k and v"
+    assert not torch.equal(out, qkv)
 
 
 def decode_case(
@@ -249,6 +292,7 @@ def test_steps_with_prefill_rows_match_float64_attention(
     through ``attention`` on a turbo cache: the flash kernel over the decoded blocks and the decode kernel, never
     the torch reference, against float64 attention over the CPU decoder's vectors."""
     monkeypatch.setattr(turbo, "read_blocks", lambda *a: pytest.fail("the torch reference read the rows"))
+    monkeypatch.setenv(sdpa_prefill.ENV, "native")  # kv_new are no rows' values: fresh prompts on the flash kernel
     poison_allocator(DEV, 1 << 24)
     cached_new = [(0, 300), (130, 1), (517, 64), (40, 1), (33, 0), (0, 17), (15, 2)]
     lens = [c + n for c, n in cached_new]

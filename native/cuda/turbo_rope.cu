@@ -1,0 +1,134 @@
+// RoPE on q and k and the TurboQuant cache write of k and v in one launch: what rotary.cu's RoPE + cache kernel is
+// for dense caches. A warp takes one head of one token (E = D / 32 consecutive channels a lane, the rows' layout),
+// so a neox partner sits 16 lanes away and a gptj partner in the same lane. Each value is rotated in f32 and
+// rounded to T as rotary.cu stores it, so the rows equal those of the rotary kernel followed by turbo_kv.cu's
+// write. q comes out rotated, k and v as their rows decode to (K turned back): what a dense attention over the
+// step's own K/V must see. With a deferred norm (deferred_norm.h) each CTA first computes its token's 1/rms and
+// scales q, k and v by it (v in place too).
+#include <cmath>
+
+#include "cuda/common.cuh"
+#include "cuda/deferred_norm.cuh"
+#include "cuda/rotary.h"
+#include "cuda/turbo_encode.cuh"
+#include "cuda/turbo_kv.h"
+
+namespace candle_vllm::cuda {
+namespace {
+
+using turbo::encode_k;
+using turbo::encode_v;
+using turbo::RowLayout;
+using turbo::store_lane;
+
+constexpr int kRopeWarps = 8;
+
+// Where standard channel c of a head sits when its halves are stored interleaved in groups of g channels (g 0: the
+// standard layout): first-half channels g*j.. then their partners half+g*j.., pair group after pair group.
+__device__ __forceinline__ int stored_at(int c, int half, int g) {
+  if (g == 0) return c;
+  const int i = c < half ? c : c - half;
+  return i / g * 2 * g + (c < half ? 0 : g) + i % g;
+}
+
+// Grid (ceil((Hq + Hk) / kRopeWarps), tokens); warp w of CTA x takes head x * kRopeWarps + w: a q head, or a kv head
+// (its k and v).
+template <typename T, int E>
+__global__ void __launch_bounds__(32 * kRopeWarps) turbo_rope_kernel(const TurboRopeArgs a) {
+  constexpr int D = 32 * E, kHalf = D / 2;
+  pdl_launch_dependents();
+  const int64_t t = blockIdx.y;
+  const int lane = threadIdx.x & 31;
+  const int h = static_cast<int>(blockIdx.x) * kRopeWarps + static_cast<int>(threadIdx.x / 32);
+  const bool neox = a.style != kRopeGptj;
+  // Positions, slots and the cos/sin table are inputs of the step, not outputs of the kernel before.
+  float c[E], s[E];
+  const float* cs = a.cos_sin + a.positions[t] * D;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int ch = lane * E + e, i = neox ? ch % kHalf : ch / 2;
+    c[e] = round_to<T>(cs[i]);
+    s[e] = round_to<T>(cs[kHalf + i]);
+  }
+  const int64_t slot = a.slots[t];
+  pdl_wait();
+  // The deferred norm's 1/rms by warp 0 alone, as rotary.cu's warps compute it (the same sums, so the same bits).
+  __shared__ float inv_rms;
+  if (a.norm.rows != nullptr) {
+    if (threadIdx.x < 32) {
+      const float r = warp_inv_rms<T>(a.norm, t);
+      if (threadIdx.x == 0) inv_rms = r;
+    }
+    __syncthreads();
+  }
+  const float scale = a.norm.rows != nullptr ? inv_rms : 1.f;
+  if (h >= a.q_heads + a.k_heads) return;
+  const bool is_q = h < a.q_heads;
+  const int hk = h - a.q_heads;
+  T* head = is_q ? static_cast<T*>(a.q) + t * a.q_stride + static_cast<int64_t>(h) * D
+                 : static_cast<T*>(a.k) + t * a.k_stride + static_cast<int64_t>(hk) * D;
+  float x[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] = to_f32(head[stored_at(lane * E + e, kHalf, a.pair_group)]) * scale;
+  if (neox) {
+    float partner[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) partner[e] = __shfl_xor_sync(0xffffffffu, x[e], 16);
+#pragma unroll
+    for (int e = 0; e < E; ++e)
+      x[e] = lane < 16 ? rope_pair(x[e], partner[e], c[e], s[e]).x : rope_pair(partner[e], x[e], c[e], s[e]).y;
+  } else {
+#pragma unroll
+    for (int e = 0; e < E; e += 2) {
+      const float2 r = rope_pair(x[e], x[e + 1], c[e], s[e]);
+      x[e] = r.x;
+      x[e + 1] = r.y;
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] = to_f32(from_f32<T>(x[e]));
+  __syncwarp();  // a paired head: every lane has read it before any lane writes it back in the standard layout
+  if (is_q) {
+    store_lane(head, x);
+    return;
+  }
+  const RowLayout L(D, a.k_bits);
+  uint8_t* row = slot >= 0 ? a.cache + (slot * a.k_heads + hk) * L.row_bytes : nullptr;
+  if (row != nullptr) encode_k(x, row, L, a.k_bits, a.signs, a.sqrt_d, true);
+  store_lane(head, x);
+  T* vh = static_cast<T*>(a.v) + t * a.v_stride + static_cast<int64_t>(hk) * D;
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] = to_f32(from_f32<T>(to_f32(vh[lane * E + e]) * scale));
+  if (row != nullptr) encode_v(x, row, L, true);
+  store_lane(vh, x);
+}
+
+}  // namespace
+
+void turbo_rope_cache_write(const TurboRopeArgs& args, int64_t head_dim, DType dtype, std::uintptr_t stream) {
+  const char* what = "turbo_rope_cache_write";
+  if (args.k_bits != 8 && args.k_bits != 4 && args.k_bits != 3)
+    throw std::invalid_argument(std::string(what) + ": k_bits 8, 4 or 3");
+  if (args.tokens == 0) return;
+  if (args.tokens > 65535 || args.q_heads < 1 || args.k_heads < 1)
+    throw std::invalid_argument(std::string(what) + ": 1-65535 tokens, at least one q and one kv head");
+  if (args.pair_group != 0 && (args.style == kRopeGptj || (args.pair_group != 1 && args.pair_group != 8)))
+    throw std::invalid_argument(std::string(what) + ": pair groups of 1 or 8 channels, neox heads only");
+  check_deferred_norm(what, args.norm, 2);
+  dispatch_float<false>(dtype, what, [&](auto tag) {
+    using T = decltype(tag);
+    auto go = [&](auto kernel) {
+      const dim3 grid(static_cast<unsigned>((args.q_heads + args.k_heads + kRopeWarps - 1) / kRopeWarps),
+                      static_cast<unsigned>(args.tokens));
+      launch_pdl(what, kernel, grid, dim3(32 * kRopeWarps), 0, as_stream(stream), args);
+    };
+    switch (head_dim) {
+      case 64: go(turbo_rope_kernel<T, 2>); return;
+      case 128: go(turbo_rope_kernel<T, 4>); return;
+      case 256: go(turbo_rope_kernel<T, 8>); return;
+      default: throw std::invalid_argument(std::string(what) + ": head_dim must be 64, 128 or 256");
+    }
+  });
+}
+
+}  // namespace candle_vllm::cuda
