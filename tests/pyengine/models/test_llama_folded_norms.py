@@ -163,8 +163,8 @@ def test_folded_norms_on_the_gpu_are_as_close_to_transformers(
 ) -> None:
     """bf16 on CUDA: loading folds the norms; the deferred steps use the RoPE + cache kernel with the norm (for
     TurboQuant caches the one that writes rows), and the logits are as close to transformers' (fp32) as those of
-    the same model with its norms kept."""
-    hf = make_hf_model("llama3_rope", seed=7)
+    the same model with its norms kept (TurboQuant: head_dim 64, the rows' kernels' smallest)."""
+    hf = make_hf_model("llama3_rope_d64" if turbo_mode else "llama3_rope", seed=7)
     path = save_hf_model(hf, tmp_path)
     seqs = _sequences()
     want = [hf_logits(hf, s) for s in seqs]
@@ -204,4 +204,4 @@ def test_folded_norms_on_the_gpu_are_as_close_to_transformers(
         return max(((x - w).norm() / w.norm()).item() for x, w in zip(a, want, strict=True))
 
     assert err(got) <= 1.5 * err(kept) + 1e-3, (err(got), err(kept))
-    assert err(got) < (3e-2 if turbo_mode is None else 0.2), (err(got), err(kept))
+    assert err(got) < (3e-2 if turbo_mode is None else 0.5), (err(got), err(kept))

@@ -19,11 +19,12 @@ BASE: dict[str, Any] = dict(
     hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
     vocab_size=256, max_position_embeddings=128, rms_norm_eps=1e-5,
 )
+LLAMA3_ROPE: dict[str, Any] = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
 CASES: dict[str, tuple[type, dict[str, Any]]] = {
     "llama": (LlamaConfig, {}),
-    "llama3_rope": (LlamaConfig, {"rope_parameters": {
-        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}),
+    "llama3_rope": (LlamaConfig, {"rope_parameters": LLAMA3_ROPE}),
+    "llama3_rope_d64": (LlamaConfig, {"rope_parameters": LLAMA3_ROPE, "hidden_size": 256}),  # head_dim 64
     "linear_rope": (LlamaConfig, {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}}),
     "yarn_rope": (LlamaConfig, {"rope_parameters": {
         "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16}}),
