@@ -213,11 +213,11 @@ static Registrar registrar([](py::module_& m) {
       "k/v with the values the rows decode to");
   m.def(
       "cuda_turbo_decode_attention",
-      [](uintptr_t out, uintptr_t q, uintptr_t cache, uintptr_t block_tables, uintptr_t seq_lens, uintptr_t signs,
-         uintptr_t partials, int64_t num_seqs, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+      [](uintptr_t out, uintptr_t q, int64_t q_stride, uintptr_t cache, uintptr_t block_tables, uintptr_t seq_lens,
+         uintptr_t signs, uintptr_t partials, int64_t num_seqs, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
          int64_t block_size, int64_t max_blocks, int64_t parts, int64_t piece_unit, float scale,
          int64_t sliding_window, float softcap, int k_bits, bool tensor_cores, int dtype, uintptr_t stream) {
-        cuda::turbo_decode_attention(as_ptr<void>(out), as_ptr<const void>(q), as_ptr<const void>(cache),
+        cuda::turbo_decode_attention(as_ptr<void>(out), as_ptr<const void>(q), q_stride, as_ptr<const void>(cache),
                                      as_ptr<const int32_t>(block_tables), as_ptr<const int32_t>(seq_lens),
                                      as_ptr<const float>(signs), as_ptr<float>(partials), num_seqs, q_heads, kv_heads,
                                      head_dim, block_size, max_blocks, parts, piece_unit, scale, sliding_window,

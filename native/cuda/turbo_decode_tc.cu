@@ -235,7 +235,7 @@ __device__ __forceinline__ void attend_tile(Softmax<D>& st, const Tile<D, KBITS>
 
 template <typename T, int D, int KBITS>
 __global__ void __launch_bounds__(32 * kDecodeWarps)
-    turbo_decode_tc_kernel(T* out, const T* q, const uint8_t* cache, const int32_t* block_tables,
+    turbo_decode_tc_kernel(T* out, const T* q, int64_t q_stride, const uint8_t* cache, const int32_t* block_tables,
                            const int32_t* seq_lens, const float* signs, float* partials, int q_heads, int kv_heads,
                            int block_size, int max_blocks, int piece_unit, float scale, int sliding_window,
                            float softcap, float sqrt_d) {
@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
   const turbo::DecodeCta<kHeads> cta(q_heads, kv_heads, seq_lens, piece_unit, sliding_window);
   if (cta.idle()) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
-  turbo::load_queries<T, E, kHeads, true>(sm_q, sm_qsum, q + cta.head0 * D, cta.heads, scale,
+  turbo::load_queries<T, E, kHeads, true>(sm_q, sm_qsum, q + cta.q_at(q_stride, q_heads, D), cta.heads, scale,
                                           KBITS != 8 ? signs : nullptr, sqrt_d);
   __syncthreads();
   uint32_t qb[KB][2];  // Q^T, the scores' B operand: head gid at the thread's slots of each k-block
@@ -311,7 +311,8 @@ bool launch(const TurboDecodeArgs& a, DType dtype, dim3 grid, cudaStream_t strea
     dispatch_float<false>(dtype, "turbo_decode_attention", [&](auto tag) {
       using T = decltype(tag);
       turbo_decode_tc_kernel<T, D, KBITS><<<grid, 32 * kDecodeWarps, 0, stream>>>(
-          static_cast<T*>(a.out), static_cast<const T*>(a.q), static_cast<const uint8_t*>(a.cache), a.block_tables,
+          static_cast<T*>(a.out), static_cast<const T*>(a.q), a.q_stride, static_cast<const uint8_t*>(a.cache),
+          a.block_tables,
           a.seq_lens, a.signs, a.partials, a.q_heads, a.kv_heads, a.block_size, a.max_blocks, a.piece_unit, a.scale,
           a.sliding_window, a.softcap, a.sqrt_d);
     });

@@ -10,6 +10,7 @@ namespace candle_vllm::cuda {
 struct TurboDecodeArgs {
   void* out;
   const void* q;
+  int64_t q_stride;  // elements between two sequences' queries (heads packed)
   const void* cache;
   const int32_t* block_tables;
   const int32_t* seq_lens;

@@ -158,7 +158,7 @@ __device__ __forceinline__ void key_scores(const uint8_t* row, int k_bits, const
 // shared memory at the end.
 template <typename T, int E, int G>
 __global__ void __launch_bounds__(32 * kDecodeWarps)
-    turbo_decode_kernel(T* out, const T* q, const uint8_t* cache, const int32_t* block_tables, const int32_t* seq_lens,
+    turbo_decode_kernel(T* out, const T* q, int64_t q_stride, const uint8_t* cache, const int32_t* block_tables, const int32_t* seq_lens,
                         const float* signs, float* partials, int q_heads, int kv_heads, int block_size,
                         int max_blocks, int piece_unit, float scale, int sliding_window, float softcap, int k_bits,
                         float sqrt_d) {
@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
   if (cta.idle()) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const RowLayout L(D, k_bits);
-  turbo::load_queries<T, E, G, false>(sm_q, sm_qsum, q + cta.head0 * D, cta.heads, scale,
+  turbo::load_queries<T, E, G, false>(sm_q, sm_qsum, q + cta.q_at(q_stride, q_heads, D), cta.heads, scale,
                                       k_bits != 8 ? signs : nullptr, sqrt_d);
   __syncthreads();
   const float k_half = k_bits == 4 ? 7.5f : 3.f;
@@ -307,8 +307,8 @@ void turbo_cache_write(const void* k, const void* v, void* cache, const int64_t*
   });
 }
 
-void turbo_decode_attention(void* out, const void* q, const void* cache, const int32_t* block_tables,
-                            const int32_t* seq_lens, const float* signs, float* partials, int64_t num_seqs,
+void turbo_decode_attention(void* out, const void* q, int64_t q_stride, const void* cache,
+                            const int32_t* block_tables, const int32_t* seq_lens, const float* signs, float* partials, int64_t num_seqs,
                             int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t block_size,
                             int64_t max_blocks, int64_t parts, int64_t piece_unit, float scale,
                             int64_t sliding_window, float softcap, int k_bits, bool tensor_cores, DType dtype,
@@ -320,7 +320,7 @@ void turbo_decode_attention(void* out, const void* q, const void* cache, const i
       q_heads % kv_heads != 0)
     throw std::invalid_argument(std::string(what) + ": 1-65535 pieces and sequences, a piece unit of 1-2^20 tokens, "
                                 "q heads a multiple of kv heads");
-  const TurboDecodeArgs args{out, q, cache, block_tables, seq_lens, signs, partials, static_cast<int>(q_heads),
+  const TurboDecodeArgs args{out, q, q_stride, cache, block_tables, seq_lens, signs, partials, static_cast<int>(q_heads),
                              static_cast<int>(kv_heads), static_cast<int>(block_size), static_cast<int>(max_blocks),
                              static_cast<int>(piece_unit), scale, static_cast<int>(sliding_window), softcap,
                              sqrt_of(head_dim)};
@@ -336,7 +336,7 @@ void turbo_decode_attention(void* out, const void* q, const void* cache, const i
         const dim3 grid(static_cast<unsigned>(parts), static_cast<unsigned>(kv_heads * ((group + G - 1) / G)),
                         static_cast<unsigned>(num_seqs));
         turbo_decode_kernel<T, E, G><<<grid, 32 * kDecodeWarps, 0, as_stream(stream)>>>(
-            static_cast<T*>(out), static_cast<const T*>(q), static_cast<const uint8_t*>(cache), block_tables,
+            static_cast<T*>(out), static_cast<const T*>(q), q_stride, static_cast<const uint8_t*>(cache), block_tables,
             seq_lens, signs, partials, static_cast<int>(q_heads), static_cast<int>(kv_heads),
             static_cast<int>(block_size), static_cast<int>(max_blocks), static_cast<int>(piece_unit), scale,
             static_cast<int>(sliding_window), softcap, k_bits, sqrt_of(head_dim));

@@ -19,15 +19,16 @@ void turbo_cache_write(const void* k, const void* v, void* cache, const int64_t*
                        int64_t tokens, int64_t kv_heads, int64_t head_dim, int64_t k_stride, int64_t v_stride,
                        int k_bits, bool round_trip, DType dtype, std::uintptr_t stream);
 
-// out [S, Hq, D] = attention of each sequence's one new query q [S, Hq, D] (f16/bf16, contiguous) over its cached
+// out [S, Hq, D] = attention of each sequence's one new query q [S, Hq, D] (f16/bf16, heads packed, sequences
+// q_stride elements apart: a view into a fused qkv buffer needs no copy) over its cached
 // rows (seq_lens [S] int32 on the device, block_tables [S, max_blocks] int32). Each sequence's attended span is cut
 // into `parts` pieces of equal length rounded up to `piece_unit` tokens, so the grid does not depend on the contexts
 // (a CUDA graph keeps it) and pieces past a short span do nothing; with parts > 1 `partials` (f32, S * Hq * parts *
 // (D + 2)) holds each live piece's max, sum and unnormalised output for a second kernel to combine. sliding_window
 // 0: none; softcap 0: none. tensor_cores: the tensor-core kernel (turbo_decode_tc.cu) where it takes the geometry,
 // else (and when false) the CUDA-core one.
-void turbo_decode_attention(void* out, const void* q, const void* cache, const int32_t* block_tables,
-                            const int32_t* seq_lens, const float* signs, float* partials, int64_t num_seqs,
+void turbo_decode_attention(void* out, const void* q, int64_t q_stride, const void* cache,
+                            const int32_t* block_tables, const int32_t* seq_lens, const float* signs, float* partials, int64_t num_seqs,
                             int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t block_size,
                             int64_t max_blocks, int64_t parts, int64_t piece_unit, float scale,
                             int64_t sliding_window, float softcap, int k_bits, bool tensor_cores, DType dtype,

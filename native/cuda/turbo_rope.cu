@@ -4,7 +4,8 @@
 // rounded to T as rotary.cu stores it, so the rows equal those of the rotary kernel followed by turbo_kv.cu's
 // write. q comes out rotated, k and v as their rows decode to (K turned back): what a dense attention over the
 // step's own K/V must see. With a deferred norm (deferred_norm.h) each CTA first computes its token's 1/rms and
-// scales q, k and v by it (v in place too).
+// scales q, k and v by it (v in place too); its reduction is the CTA's, not rotary.cu's per-warp one, so the scale
+// may differ from that kernel's in the last bit.
 #include <cmath>
 
 #include "cuda/common.cuh"
@@ -52,24 +53,27 @@ __global__ void __launch_bounds__(32 * kRopeWarps) turbo_rope_kernel(const Turbo
   }
   const int64_t slot = a.slots[t];
   pdl_wait();
-  // The deferred norm's 1/rms by warp 0 alone, as rotary.cu's warps compute it (the same sums, so the same bits).
-  __shared__ float inv_rms;
-  if (a.norm.rows != nullptr) {
-    if (threadIdx.x < 32) {
-      const float r = warp_inv_rms<T>(a.norm, t);
-      if (threadIdx.x == 0) inv_rms = r;
-    }
-    __syncthreads();
-  }
-  const float scale = a.norm.rows != nullptr ? inv_rms : 1.f;
-  if (h >= a.q_heads + a.k_heads) return;
-  const bool is_q = h < a.q_heads;
+  // The head's values (and a kv head's v) are loaded before the deferred norm's reduction, whose own loads then
+  // share their round trip.
+  const bool live = h < a.q_heads + a.k_heads, is_q = h < a.q_heads;
   const int hk = h - a.q_heads;
   T* head = is_q ? static_cast<T*>(a.q) + t * a.q_stride + static_cast<int64_t>(h) * D
                  : static_cast<T*>(a.k) + t * a.k_stride + static_cast<int64_t>(hk) * D;
+  T* vh = static_cast<T*>(a.v) + t * a.v_stride + static_cast<int64_t>(hk) * D;
+  T raw[E], raw_v[E];
+  if (live) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) raw[e] = head[stored_at(lane * E + e, kHalf, a.pair_group)];
+    if (!is_q) {
+#pragma unroll
+      for (int e = 0; e < E; ++e) raw_v[e] = vh[lane * E + e];
+    }
+  }
+  const float scale = a.norm.rows != nullptr ? block_inv_rms<T>(a.norm, t) : 1.f;
+  if (!live) return;
   float x[E];
 #pragma unroll
-  for (int e = 0; e < E; ++e) x[e] = to_f32(head[stored_at(lane * E + e, kHalf, a.pair_group)]) * scale;
+  for (int e = 0; e < E; ++e) x[e] = to_f32(raw[e]) * scale;
   if (neox) {
     float partner[E];
 #pragma unroll
@@ -96,9 +100,8 @@ __global__ void __launch_bounds__(32 * kRopeWarps) turbo_rope_kernel(const Turbo
   uint8_t* row = slot >= 0 ? a.cache + (slot * a.k_heads + hk) * L.row_bytes : nullptr;
   if (row != nullptr) encode_k(x, row, L, a.k_bits, a.signs, a.sqrt_d, true);
   store_lane(head, x);
-  T* vh = static_cast<T*>(a.v) + t * a.v_stride + static_cast<int64_t>(hk) * D;
 #pragma unroll
-  for (int e = 0; e < E; ++e) x[e] = to_f32(from_f32<T>(to_f32(vh[lane * E + e]) * scale));
+  for (int e = 0; e < E; ++e) x[e] = to_f32(from_f32<T>(to_f32(raw_v[e]) * scale));
   if (row != nullptr) encode_v(x, row, L, true);
   store_lane(vh, x);
 }

@@ -86,6 +86,10 @@ struct DecodeCta {
     lo = first + part * n;
     hi = min(lo + n, len);
   }
+  // Where the CTA's first query head starts in q, whose sequences are q_stride elements apart (heads packed).
+  __device__ __forceinline__ int64_t q_at(int64_t q_stride, int q_heads, int head_dim) const {
+    return static_cast<int64_t>(seq) * q_stride + (head0 - static_cast<int64_t>(seq) * q_heads) * head_dim;
+  }
   // A piece past the attended span, where another piece writes the output: it has nothing to do, and the reduce
   // reads only the live pieces (live_pieces).
   __device__ __forceinline__ bool idle() const { return parts > 1 && lo >= hi; }

@@ -159,6 +159,8 @@ def turbo_decode_attention(
     CUDA-core kernel; ``pieces`` overrides :func:`decode_pieces` (benches/bench_turbo_decode.py sweeps it)."""
     b, hq, d = q.shape
     hk = kv_cache.shape[3]
+    if not _heads_view_ok(q):  # a view into a fused qkv buffer is read in place; other layouts are packed first
+        q = q.contiguous()
     ok = (
         decode_supported(q, kv_cache, fmt)
         and d == fmt.head_dim
@@ -170,14 +172,13 @@ def turbo_decode_attention(
     if not ok:
         raise ValueError("turbo_decode_attention: needs f16/bf16 q [B, Hq, D] on the cache's GPU, Hq a multiple of the "
                          "cache's kv heads, int32 block_tables [B, max_blocks] and seq_lens [B]")
-    q = q.contiguous()
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if pieces is not None and not 1 <= pieces <= 65535:
         raise ValueError(f"turbo_decode_attention: pieces must be 1-65535, not {pieces}")
     parts = decode_pieces(b, hq, hk, max_seq_len, q.device) if pieces is None else pieces
     partials = torch.empty(b * hq * parts * (d + 2) if parts > 1 else 1, dtype=torch.float32, device=q.device)
     native.loaded().cuda_turbo_decode_attention(
-        out.data_ptr(), q.data_ptr(), kv_cache.data_ptr(), block_tables.data_ptr(), seq_lens.data_ptr(),
+        out.data_ptr(), q.data_ptr(), q.stride(0), kv_cache.data_ptr(), block_tables.data_ptr(), seq_lens.data_ptr(),
         turbo.channel_signs(d, q.device).data_ptr(), partials.data_ptr(), b, hq, hk, d, kv_cache.shape[2],
         block_tables.shape[1], parts, PIECE_UNIT, scale, sliding_window or 0, softcap or 0.0, fmt.k_bits, tensor_cores,
         native.dtype_code(q), native.stream(q.device),

@@ -113,8 +113,10 @@ def test_rope_write_equals_the_rope_kernel_then_the_write(
     mode: str, d: int, style: str, pair_group: int, with_norm: bool,
 ) -> None:
     """``rope_cache_write_`` against the dense RoPE + cache kernel (the same rotation and deferred norm) followed by
-    the rows' write with ``round_trip``: the same rows, q, k and v bit for bit, on views into one fused buffer, q/k
-    heads in the paired layout where asked, a token with a negative slot."""
+    the rows' write with ``round_trip``, on views into one fused buffer, q/k heads in the paired layout where
+    asked, a token with a negative slot: the same rows, q, k and v bit for bit; with the norm (a CTA's reduction
+    instead of a warp's, so 1/rms may differ in its last bit) q, k and v within a bf16 rounding and all but a
+    few codes equal."""
     g = torch.Generator(device="cuda").manual_seed(d + pair_group + with_norm)
     t, hq, hk, bs, hidden, positions_max = 37, 6, 2, 16, 256, 300
     fmt = TurboFormat(mode, d)
@@ -141,9 +143,14 @@ def test_rope_write_equals_the_rope_kernel_then_the_write(
     got = torch.zeros_like(want)
     out = qkv.clone()
     cuda_turbo.rope_cache_write_(*views(out), positions, cos_sin, neox, got, slots, fmt, pair_group, norm)
-    assert torch.equal(got, want), "rows"
-    assert torch.equal(out, ref), "q, k and v"
     assert not torch.equal(out, qkv)
+    if not with_norm:
+        assert torch.equal(got, want), "rows"
+        assert torch.equal(out, ref), "q, k and v"
+        return
+    assert (got != want).float().mean() < 0.01, "rows"
+    assert rel_error(out, ref) < 1e-2, "q, k and v"
+    assert ((out.float() - ref.float()).abs() <= ref.float().abs() * 2**-7 + 1e-6).float().mean() > 0.97
 
 
 def decode_case(
@@ -225,12 +232,14 @@ def test_decode_matches_float64_attention_over_the_rows(
     mode: str, d: int, hq: int, hk: int, bs: int, lens: list[int], tensor_cores: bool
 ) -> None:
     """Both kernels (the tensor-core one takes D 64 / 128 at block sizes of 16s, except 3-bit keys at D 64; the
-    CUDA-core one the rest)."""
+    CUDA-core one the rest), q read in place from a view into a fused buffer (NaN around it)."""
     poison_allocator(DEV, 1 << 22)
     fmt, cache, q, tables, seq_lens = decode_case(mode, d, hq, hk, bs, lens, torch.bfloat16, d + hq, junk=True)
     assert cuda_turbo.tensor_cores_take(fmt, bs) == (d in (64, 128) and bs % 16 == 0 and (mode, d) != ("turbo3", 64))
-    got = cuda_turbo.turbo_decode_attention(q, cache, tables, seq_lens, d**-0.5, max(lens), fmt,
-                                            tensor_cores=tensor_cores)
+    fused = torch.full((q.shape[0], (hq + 3) * d), float("nan"), dtype=q.dtype, device=DEV)
+    fused[:, d : (hq + 1) * d] = q.flatten(1)
+    got = cuda_turbo.turbo_decode_attention(fused[:, d : (hq + 1) * d].view(-1, hq, d), cache, tables, seq_lens,
+                                            d**-0.5, max(lens), fmt, tensor_cores=tensor_cores)
     want = reference(q, cache, tables, lens, fmt, d**-0.5, None, None)
     assert rel_error(got, want) < 1e-2
 
