@@ -158,7 +158,8 @@ __device__ __forceinline__ void key_scores(const uint8_t* row, int k_bits, const
 // shared memory at the end.
 template <typename T, int E, int G>
 __global__ void __launch_bounds__(32 * kDecodeWarps)
-    turbo_decode_kernel(T* out, const T* q, int64_t q_stride, const uint8_t* cache, const int32_t* block_tables, const int32_t* seq_lens,
+    turbo_decode_kernel(T* out, const T* q, int64_t q_stride, const uint8_t* cache, const int32_t* block_tables,
+                        const int32_t* seq_lens,
                         const float* signs, float* partials, int q_heads, int kv_heads, int block_size,
                         int max_blocks, int piece_unit, float scale, int sliding_window, float softcap, int k_bits,
                         float sqrt_d) {
@@ -300,7 +301,8 @@ void turbo_cache_write(const void* k, const void* v, void* cache, const int64_t*
       turbo_write_kernel<T, decltype(e)::value><<<static_cast<unsigned>(blocks), 32 * kWarps, 0, as_stream(stream)>>>(
           static_cast<const T*>(k), static_cast<const T*>(v),
           round_trip ? static_cast<T*>(const_cast<void*>(k)) : nullptr,
-          round_trip ? static_cast<T*>(const_cast<void*>(v)) : nullptr, static_cast<uint8_t*>(cache), slots, signs, tokens,
+          round_trip ? static_cast<T*>(const_cast<void*>(v)) : nullptr, static_cast<uint8_t*>(cache), slots, signs,
+          tokens,
           static_cast<int>(kv_heads), k_stride, v_stride, k_bits, sqrt_of(head_dim));
       check_launch(what);
     });
@@ -308,7 +310,8 @@ void turbo_cache_write(const void* k, const void* v, void* cache, const int64_t*
 }
 
 void turbo_decode_attention(void* out, const void* q, int64_t q_stride, const void* cache,
-                            const int32_t* block_tables, const int32_t* seq_lens, const float* signs, float* partials, int64_t num_seqs,
+                            const int32_t* block_tables, const int32_t* seq_lens, const float* signs,
+                            float* partials, int64_t num_seqs,
                             int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t block_size,
                             int64_t max_blocks, int64_t parts, int64_t piece_unit, float scale,
                             int64_t sliding_window, float softcap, int k_bits, bool tensor_cores, DType dtype,
@@ -320,7 +323,8 @@ void turbo_decode_attention(void* out, const void* q, int64_t q_stride, const vo
       q_heads % kv_heads != 0)
     throw std::invalid_argument(std::string(what) + ": 1-65535 pieces and sequences, a piece unit of 1-2^20 tokens, "
                                 "q heads a multiple of kv heads");
-  const TurboDecodeArgs args{out, q, q_stride, cache, block_tables, seq_lens, signs, partials, static_cast<int>(q_heads),
+  const TurboDecodeArgs args{out, q, q_stride, cache, block_tables, seq_lens, signs, partials,
+                             static_cast<int>(q_heads),
                              static_cast<int>(kv_heads), static_cast<int>(block_size), static_cast<int>(max_blocks),
                              static_cast<int>(piece_unit), scale, static_cast<int>(sliding_window), softcap,
                              sqrt_of(head_dim)};

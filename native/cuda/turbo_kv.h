@@ -28,7 +28,8 @@ void turbo_cache_write(const void* k, const void* v, void* cache, const int64_t*
 // 0: none; softcap 0: none. tensor_cores: the tensor-core kernel (turbo_decode_tc.cu) where it takes the geometry,
 // else (and when false) the CUDA-core one.
 void turbo_decode_attention(void* out, const void* q, int64_t q_stride, const void* cache,
-                            const int32_t* block_tables, const int32_t* seq_lens, const float* signs, float* partials, int64_t num_seqs,
+                            const int32_t* block_tables, const int32_t* seq_lens, const float* signs,
+                            float* partials, int64_t num_seqs,
                             int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t block_size,
                             int64_t max_blocks, int64_t parts, int64_t piece_unit, float scale,
                             int64_t sliding_window, float softcap, int k_bits, bool tensor_cores, DType dtype,

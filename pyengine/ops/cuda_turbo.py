@@ -1,7 +1,8 @@
 """Checked wrappers around the TurboQuant cache kernels (``native/cuda/turbo_kv.cu``, ``turbo_rope.cu``): the cache
-write (alone, or with the RoPE before it) and the paged decode attention over the rows of ``kv_cache/turbo.py``, and the rows of listed blocks decoded into dense blocks
-for prefill steps (``ops/attention_turbo.py`` dispatches to them). Same contract as ``ops/cuda.py``: preconditions
-checked here, launches on the caller's stream, scratch through torch (so they run inside CUDA graphs)."""
+write (alone, or with the RoPE before it) and the paged decode attention over the rows of ``kv_cache/turbo.py``,
+and the rows of listed blocks decoded into dense blocks for prefill steps (``ops/attention_turbo.py`` dispatches to
+them). Same contract as ``ops/cuda.py``: preconditions checked here, launches on the caller's stream, scratch
+through torch (so they run inside CUDA graphs)."""
 
 from __future__ import annotations
 
@@ -153,10 +154,11 @@ def turbo_decode_attention(
     tensor_cores: bool = TENSOR_CORES,
     pieces: int | None = None,
 ) -> torch.Tensor:
-    """One query token per sequence over its rows: q [B, Hq, D] -> out [B, Hq, D]. ``max_seq_len`` (host int, >=
-    every seq_lens entry) caps the pieces; the grid follows only it and the batch, so a CUDA graph captured at the
-    longest context serves all shorter ones. block_tables int32 [B, max_blocks], seq_lens int32 [B]. ``tensor_cores=False`` forces the
-    CUDA-core kernel; ``pieces`` overrides :func:`decode_pieces` (benches/bench_turbo_decode.py sweeps it)."""
+    """One query token per sequence over its rows: q [B, Hq, D] (a view into a fused qkv buffer is read in place)
+    -> out [B, Hq, D]. ``max_seq_len`` (host int, >= every seq_lens entry) caps the pieces; the grid follows only it
+    and the batch, so a CUDA graph captured at the longest context serves all shorter ones. block_tables int32
+    [B, max_blocks], seq_lens int32 [B]. ``tensor_cores=False`` forces the CUDA-core kernel; ``pieces`` overrides
+    :func:`decode_pieces` (benches/bench_turbo_decode.py sweeps it)."""
     b, hq, d = q.shape
     hk = kv_cache.shape[3]
     if not _heads_view_ok(q):  # a view into a fused qkv buffer is read in place; other layouts are packed first
