@@ -51,8 +51,10 @@ def decode_rows_into(
     qsl = meta.query_start_loc_cpu
     tok = meta.device_ints(f"decode_tok{rows}", lambda: [qsl[s] for s in rows])
     idx = meta.device_ints(f"decode_seq{rows}", lambda: rows)
-    out[tok] = decode(q[tok], meta.block_tables.index_select(0, idx), meta.seq_lens.index_select(0, idx),
-                      max(meta.seq_lens_cpu[s] for s in rows))
+    tables, lens = meta.block_tables.index_select(0, idx), meta.seq_lens.index_select(0, idx)
+    # q's gather goes last: the decode kernels (programmatic dependents, common.cuh) read tables and lengths before
+    # they wait on the kernel just before them, q only after.
+    out[tok] = decode(q[tok], tables, lens, max(meta.seq_lens_cpu[s] for s in rows))
 
 
 def _decode_rows_cuda(
