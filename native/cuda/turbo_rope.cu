@@ -110,8 +110,7 @@ __global__ void __launch_bounds__(32 * kRopeWarps) turbo_rope_kernel(const Turbo
 
 void turbo_rope_cache_write(const TurboRopeArgs& args, int64_t head_dim, DType dtype, std::uintptr_t stream) {
   const char* what = "turbo_rope_cache_write";
-  if (args.k_bits != 8 && args.k_bits != 4 && args.k_bits != 3)
-    throw std::invalid_argument(std::string(what) + ": k_bits 8, 4 or 3");
+  turbo::check_bits(args.k_bits, what);
   if (args.tokens == 0) return;
   if (args.tokens > 65535 || args.q_heads < 1 || args.k_heads < 1)
     throw std::invalid_argument(std::string(what) + ": 1-65535 tokens, at least one q and one kv head");
@@ -120,17 +119,12 @@ void turbo_rope_cache_write(const TurboRopeArgs& args, int64_t head_dim, DType d
   check_deferred_norm(what, args.norm, 2);
   dispatch_float<false>(dtype, what, [&](auto tag) {
     using T = decltype(tag);
-    auto go = [&](auto kernel) {
+    turbo::dispatch_lanes(head_dim, what, [&](auto e) {
       const dim3 grid(static_cast<unsigned>((args.q_heads + args.k_heads + kRopeWarps - 1) / kRopeWarps),
                       static_cast<unsigned>(args.tokens));
-      launch_pdl(what, kernel, grid, dim3(32 * kRopeWarps), 0, as_stream(stream), args);
-    };
-    switch (head_dim) {
-      case 64: go(turbo_rope_kernel<T, 2>); return;
-      case 128: go(turbo_rope_kernel<T, 4>); return;
-      case 256: go(turbo_rope_kernel<T, 8>); return;
-      default: throw std::invalid_argument(std::string(what) + ": head_dim must be 64, 128 or 256");
-    }
+      launch_pdl(what, turbo_rope_kernel<T, decltype(e)::value>, grid, dim3(32 * kRopeWarps), 0, as_stream(stream),
+                 args);
+    });
   });
 }
 

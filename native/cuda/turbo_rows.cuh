@@ -4,6 +4,9 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 
@@ -171,5 +174,23 @@ __device__ __forceinline__ void merge_warps(T* out, float* partials, const float
     for (int e = 0; e < E; ++e) p[2 + lane * E + e] = o[e];
   }
 }
+
+// Host side: the lanes' channel count E = D / 32 of a head size as a compile-time constant for f, the k_bits check,
+// and sqrt(D) for the rotation's scale.
+template <class F>
+void dispatch_lanes(int64_t head_dim, const char* what, F&& f) {
+  switch (head_dim) {
+    case 64: f(std::integral_constant<int, 2>{}); return;
+    case 128: f(std::integral_constant<int, 4>{}); return;
+    case 256: f(std::integral_constant<int, 8>{}); return;
+    default: throw std::invalid_argument(std::string(what) + ": head_dim must be 64, 128 or 256");
+  }
+}
+
+inline void check_bits(int k_bits, const char* what) {
+  if (k_bits != 8 && k_bits != 4 && k_bits != 3) throw std::invalid_argument(std::string(what) + ": k_bits 8, 4 or 3");
+}
+
+inline float sqrt_of(int64_t d) { return static_cast<float>(std::sqrt(static_cast<double>(d))); }
 
 }  // namespace candle_vllm::cuda::turbo
