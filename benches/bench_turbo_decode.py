@@ -2,7 +2,7 @@
 """The TurboQuant decode attention kernels alone, on Llama-3-8B heads (32 q / 8 kv, D = 128, block size 64).
 
 Why: end to end, the turbo caches' decode step hides which kernel is slow and why. This times the tensor-core
-kernel (``turbo_decode_tc.cu``) against the CUDA-core one (``turbo_kv.cu``) at the shapes of bench_decode.py
+kernel (``turbo_decode_tc.cu``) against the CUDA-core one (``turbo_decode.cu``) at the shapes of bench_decode.py
 (batch 1 at 4k, batch 64 at 1k, and batch 16 at 4k between them) as the engine's CUDA graphs capture them (for
 8192 tokens) and batch 64 also for its own context, each as microseconds per layer and GB/s over the row bytes it
 must read, beside the dense bf16 paged decode kernel over the same context. For turbo4 it sweeps the pieces each

@@ -1,5 +1,5 @@
 // Paged decode attention over TurboQuant rows on the tensor cores (f16 mma.m16n8k16, f32 accumulators); the CUDA-core
-// kernel in turbo_kv.cu takes the geometries this one does not.
+// kernel in turbo_decode.cu takes the geometries this one does not.
 //
 // A CTA per (piece, kv head and chunk of up to 8 of its q heads, sequence), 4 warps, each taking 16-token tiles in
 // turn. The heads are the mma's n (8 columns), so no row of either product is padding:

@@ -1,4 +1,4 @@
-// The tensor-core TurboQuant decode kernel (turbo_decode_tc.cu), launched by turbo_decode_attention (turbo_kv.cu)
+// The tensor-core TurboQuant decode kernel (turbo_decode_tc.cu), launched by turbo_decode_attention (turbo_decode.cu)
 // where it takes the geometry; internal to native/cuda.
 #pragma once
 #include <cstdint>

@@ -1,6 +1,7 @@
 // TurboQuant KV cache rows on CUDA (pyengine/kv_cache/turbo.py holds the layout and the torch reference): the cache
-// write (K rotated and coded, V coded, each with its f32 absmax) and the paged decode attention over the rows
-// (declared in plain C++ for the bindings). Why kernels of their own: the torch reference decodes every cached row
+// write (K rotated and coded, V coded, each with its f32 absmax; turbo_kv.cu, with the RoPE turbo_rope.cu), the
+// paged decode attention over the rows (turbo_decode.cu) and the rows decoded to dense blocks (declared in plain C++
+// for the bindings). Why kernels of their own: the torch reference decodes every cached row
 // to f32 each step and writes through a dozen small ops a layer, which CUDA graphs cannot hold either.
 #pragma once
 #include <cstdint>

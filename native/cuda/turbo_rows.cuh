@@ -1,6 +1,7 @@
-// Device pieces shared by the TurboQuant row kernels (turbo_kv.cu: write, blocks to dense, the CUDA-core decode;
-// turbo_decode_tc.cu: the tensor-core decode): the row layout of pyengine/kv_cache/turbo.py, the Walsh-Hadamard
-// rotation of a warp-held head vector, the queries' prologue and the warps' softmax merge of a decode CTA.
+// Pieces shared by the TurboQuant row kernels (turbo_kv.cu: write, blocks to dense; turbo_decode.cu: the CUDA-core
+// decode; turbo_decode_tc.cu: the tensor-core decode; turbo_rope.cu): the row layout of pyengine/kv_cache/turbo.py,
+// the Walsh-Hadamard rotation of a warp-held head vector, the queries' prologue and the warps' softmax merge of a
+// decode CTA, and the launchers' host helpers.
 #pragma once
 #include <cmath>
 #include <cstdint>

@@ -1,8 +1,8 @@
-"""Checked wrappers around the TurboQuant cache kernels (``native/cuda/turbo_kv.cu``, ``turbo_rope.cu``): the cache
-write (alone, or with the RoPE before it) and the paged decode attention over the rows of ``kv_cache/turbo.py``,
-and the rows of listed blocks decoded into dense blocks for prefill steps (``ops/attention_turbo.py`` dispatches to
-them). Same contract as ``ops/cuda.py``: preconditions checked here, launches on the caller's stream, scratch
-through torch (so they run inside CUDA graphs)."""
+"""Checked wrappers around the TurboQuant cache kernels (``native/cuda/turbo_kv.cu``, ``turbo_decode.cu``,
+``turbo_rope.cu``): the cache write (alone, or with the RoPE before it) and the paged decode attention over the rows
+of ``kv_cache/turbo.py``, and the rows of listed blocks decoded into dense blocks for prefill steps
+(``ops/attention_turbo.py`` dispatches to them). Same contract as ``ops/cuda.py``: preconditions checked here,
+launches on the caller's stream, scratch through torch (so they run inside CUDA graphs)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""TurboQuant cache kernels (``native/cuda/turbo_kv.cu``): the write against the CPU encoder's bytes, the decode
+"""TurboQuant cache kernels (``native/cuda/turbo_*.cu``): the write against the CPU encoder's bytes, the decode
 attention against float64 attention over the rows' decoded vectors (keys turned back by a float64 Hadamard
 matrix), over head sizes, GQA ratios, block sizes, contexts of one and many pieces, a window and a soft-cap; the
 blocks decoded to dense against the CPU decoder, and steps with prefill rows through ``attention`` against float64
