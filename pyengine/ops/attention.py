@@ -147,10 +147,10 @@ def attention(
         fmt = TurboFormat.of_cache(kv_cache, d)
         if on_cuda and fmt is not None and cuda_turbo.turbo_supported(q, kv_cache, fmt):
             fresh = None
-            backend = sdpa_prefill.prefill_backend()
-            if (meta.max_decode_seq_len is None and meta.fresh_runs and cuda_turbo.decode_supported(q, kv_cache, fmt)
-                    and sdpa_prefill.sdpa_eligible(backend, q, k, v, sliding_window, softcap)):
-                fresh = (backend, k, v)  # k/v as the rows decode to: written so below, or by the RoPE kernel
+            if meta.max_decode_seq_len is None and meta.fresh_runs and cuda_turbo.decode_supported(q, kv_cache, fmt):
+                backend = sdpa_prefill.prefill_backend()  # read only for steps with fresh prompts, not every decode
+                if sdpa_prefill.sdpa_eligible(backend, q, k, v, sliding_window, softcap):
+                    fresh = (backend, k, v)  # k/v as the rows decode to: written so below, or by the RoPE kernel
             if not kv_cached:
                 cuda_turbo.turbo_cache_write(k, v, kv_cache, meta.slot_mapping, fmt, round_trip=fresh is not None)
                 kv_cached = True
