@@ -87,6 +87,7 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
   __shared__ float sm_p[kDecodeWarps][G][32];
   __shared__ float sm_m[kDecodeWarps][G], sm_l[kDecodeWarps][G];
   __shared__ float sm_acc[kDecodeWarps][G][D];
+  pdl_wait();  // q, the step's new rows (and, in a mixed step, its gathered lengths) come from kernels before
   const turbo::DecodeCta<G> cta(q_heads, kv_heads, seq_lens, piece_unit, sliding_window);
   if (cta.idle()) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -157,6 +158,7 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
 #pragma unroll
     for (int e = 0; e < E; ++e) sm_acc[warp][g][lane * E + e] = acc[g][e];
   }
+  pdl_launch_dependents();  // the reduce or o_proj may start launching; it waits for this grid
   __syncthreads();
   turbo::merge_warps<T, E, G>(out, partials, sm_m, sm_l, sm_acc, cta);
 }
@@ -169,8 +171,10 @@ __global__ void turbo_reduce_kernel(T* out, const float* partials, const int32_t
   constexpr int D = 32 * E;
   const int lane = threadIdx.x;
   const int64_t qh = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  pdl_launch_dependents();
   const float* p = partials + qh * parts * (D + 2);
   const int live = turbo::live_pieces(seq_lens[blockIdx.y], piece_unit, parts, sliding_window);
+  pdl_wait();  // the partials come from the decode kernel
   float big = -INFINITY;
   for (int i = 0; i < live; ++i) big = fmaxf(big, p[i * (D + 2)]);
   float sum = 0.f, o[E];
@@ -220,7 +224,7 @@ void turbo_decode_attention(void* out, const void* q, int64_t q_stride, const vo
         constexpr int G = decltype(g)::value;
         const dim3 grid(static_cast<unsigned>(parts), static_cast<unsigned>(kv_heads * ((group + G - 1) / G)),
                         static_cast<unsigned>(num_seqs));
-        turbo_decode_kernel<T, E, G><<<grid, 32 * kDecodeWarps, 0, as_stream(stream)>>>(
+        launch_pdl(what, turbo_decode_kernel<T, E, G>, grid, dim3(32 * kDecodeWarps), 0, as_stream(stream),
             static_cast<T*>(out), static_cast<const T*>(q), q_stride, static_cast<const uint8_t*>(cache), block_tables,
             seq_lens, signs, partials, static_cast<int>(q_heads), static_cast<int>(kv_heads),
             static_cast<int>(block_size), static_cast<int>(max_blocks), static_cast<int>(piece_unit), scale,
@@ -234,10 +238,10 @@ void turbo_decode_attention(void* out, const void* q, int64_t q_stride, const vo
       }
       check_launch(what);
       if (parts > 1) {
-        turbo_reduce_kernel<T, E><<<dim3(static_cast<unsigned>(q_heads), static_cast<unsigned>(num_seqs)), 32, 0,
-                                    as_stream(stream)>>>(static_cast<T*>(out), partials, seq_lens,
-                                                         static_cast<int>(parts), static_cast<int>(piece_unit),
-                                                         static_cast<int>(sliding_window));
+        const dim3 reduce_grid(static_cast<unsigned>(q_heads), static_cast<unsigned>(num_seqs));
+        launch_pdl(what, turbo_reduce_kernel<T, E>, reduce_grid, dim3(32), 0, as_stream(stream),
+                   static_cast<T*>(out), partials, seq_lens, static_cast<int>(parts), static_cast<int>(piece_unit),
+                   static_cast<int>(sliding_window));
         check_launch(what);
       }
     });

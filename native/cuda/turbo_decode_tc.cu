@@ -245,6 +245,7 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
   __shared__ float sm_qsum[kHeads];
   __shared__ float sm_m[kDecodeWarps][kHeads], sm_l[kDecodeWarps][kHeads];
   __shared__ __align__(16) float sm_acc[kDecodeWarps][kHeads][D + 4];  // padded: see the epilogue's stores
+  pdl_wait();  // q, the step's new rows (and, in a mixed step, its gathered lengths) come from kernels before
   const turbo::DecodeCta<kHeads> cta(q_heads, kv_heads, seq_lens, piece_unit, sliding_window);
   if (cta.idle()) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
@@ -299,6 +300,7 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
           make_float4(st.acc[2 * j][h] - off, st.acc[2 * j][2 + h] - off, st.acc[2 * j + 1][h] - off,
                       st.acc[2 * j + 1][2 + h] - off);
     }
+  pdl_launch_dependents();  // the reduce or o_proj may start launching; it waits for this grid
   __syncthreads();
   turbo::merge_warps<T, E, kHeads>(out, partials, sm_m, sm_l, sm_acc, cta);
 }
@@ -310,8 +312,8 @@ bool launch(const TurboDecodeArgs& a, DType dtype, dim3 grid, cudaStream_t strea
   } else {
     dispatch_float<false>(dtype, "turbo_decode_attention", [&](auto tag) {
       using T = decltype(tag);
-      turbo_decode_tc_kernel<T, D, KBITS><<<grid, 32 * kDecodeWarps, 0, stream>>>(
-          static_cast<T*>(a.out), static_cast<const T*>(a.q), a.q_stride, static_cast<const uint8_t*>(a.cache),
+      launch_pdl("turbo_decode_attention", turbo_decode_tc_kernel<T, D, KBITS>, grid, dim3(32 * kDecodeWarps), 0,
+                 stream, static_cast<T*>(a.out), static_cast<const T*>(a.q), a.q_stride, static_cast<const uint8_t*>(a.cache),
           a.block_tables,
           a.seq_lens, a.signs, a.partials, a.q_heads, a.kv_heads, a.block_size, a.max_blocks, a.piece_unit, a.scale,
           a.sliding_window, a.softcap, a.sqrt_d);
