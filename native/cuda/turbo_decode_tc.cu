@@ -4,11 +4,12 @@
 // A CTA per (piece, kv head and chunk of up to 8 of its q heads, sequence), 4 warps, each taking 16-token tiles in
 // turn. The heads are the mma's n (8 columns), so no row of either product is padding:
 // - scores S^T [16 tokens x 8 heads] = K codes [16 x D] . Q^T: the codes go in as exact small integers (a nibble
-//   or 3-bit field OR-ed into the mantissa of f16 1024, minus 1024), each token's absmax and the heads' sums fold
-//   the (code - half) * absmax / half decoding into the scores afterwards;
+//   or 3-bit field OR-ed into the mantissa of f16 1024, so 1024 + code), each token's absmax and the heads' sums
+//   fold the (code - half) * absmax / half decoding and that bias into the scores afterwards;
 // - after the online softmax (per head, in registers), P^T is transposed in registers (movmatrix) into the B
 //   operand of out^T [D x 8 heads] += V codes^T [D x 16 tokens] . P'^T, with P' = p * absmax_v / 7.5 in the
-//   activations' type (bf16's range holds any absmax), and the code offset 7.5 * sum(P') taken off at the end.
+//   activations' type (bf16's range holds any absmax), and the code offset (7.5 + bias) * sum(P') taken off at
+//   the end.
 // The channels are permuted inside each mma k-block (Q and K alike) and across the output's m-tiles so that a
 // thread's operands come from whole words of its rows: a quarter of each key row, an eighth of each value row.
 // Each warp loads its next tile's words into registers before it multiplies the current one.
@@ -76,19 +77,16 @@ __device__ __forceinline__ void load_words(uint32_t (&w)[W], const uint8_t* p) {
   }
 }
 
-// Two integer fields at bits 0 and 16 as a T pair of their values: each OR-ed into the mantissa of a power of two
-// whose unit in the last place is 1 (f16 1024, fields < 1024; bf16 128, fields < 128), that power taken off.
+// Two integer fields at bits 0 and 16 as a T pair of the values kCodeBias<T> + field: each OR-ed into the mantissa
+// of a power of two whose unit in the last place is 1 (f16 1024, fields < 1024; bf16 128, fields < 128). The bias
+// stays in the operand: the products take it off afterwards through the other operand's sum (one subtraction a
+// head, not one a code pair).
+template <typename T>
+constexpr float kCodeBias = std::is_same_v<T, __half> ? 1024.f : 128.f;
+
 template <typename T>
 __device__ __forceinline__ uint32_t codes_x2(uint32_t fields) {
-  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
-  constexpr bool kF16 = std::is_same_v<T, __half>;
-  uint32_t x = fields | (kF16 ? 0x64006400u : 0x43004300u);
-  T2 h;
-  memcpy(&h, &x, sizeof(x));
-  if constexpr (kF16) h = __hsub2(h, __float2half2_rn(1024.f));
-  else h = __hsub2(h, __float2bfloat162_rn(128.f));
-  memcpy(&x, &h, sizeof(x));
-  return x;
+  return fields | (std::is_same_v<T, __half> ? 0x64006400u : 0x43004300u);
 }
 
 template <typename T>
@@ -121,6 +119,11 @@ template <int KBITS>
 __device__ __forceinline__ int key_channel(int kb, int j) {
   if constexpr (KBITS == 8) return 4 * kb + j;
   return 8 * (kb / 2) + 2 * (kb % 2) + (j == 0 ? 0 : j == 1 ? 4 : j == 2 ? 1 : 5);
+}
+
+template <int KBITS>
+constexpr float key_half() {
+  return KBITS == 4 ? 7.5f : 3.f;
 }
 
 // One operand word of k-block kb from a token's key code words: half h = 0 holds slots 0, 1; h = 1 slots 2, 3.
@@ -179,9 +182,9 @@ struct Softmax {
 // / 7.5 in range for any absmax; f16 ones hold values of f16 range).
 template <typename T, int D, int KBITS>
 __device__ __forceinline__ void attend_tile(Softmax<D>& st, const Tile<D, KBITS>& t, const uint32_t (&qb)[D / 16][2],
-                                            const float (&qsum)[2], bool live0, bool live1, float softcap) {
+                                            const float (&qoff)[2], bool live0, bool live1, float softcap) {
   constexpr int KB = D / 16;
-  constexpr float kHalf = KBITS == 4 ? 7.5f : 3.f;
+  constexpr float kHalf = key_half<KBITS>();
   float s[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
   for (int kb = 0; kb < KB; ++kb) {
@@ -197,7 +200,7 @@ __device__ __forceinline__ void attend_tile(Softmax<D>& st, const Tile<D, KBITS>
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float v = s[2 * r + h];
-      if constexpr (KBITS != 8) v = t.ka[r] / kHalf * (v - kHalf * qsum[h]);
+      if constexpr (KBITS != 8) v = t.ka[r] / kHalf * (v - qoff[h]);
       if (softcap > 0.f) v = softcap * tanhf(v / softcap);
       x[r] = (r == 0 ? live0 : live1) ? v * kLog2e : -INFINITY;
     }
@@ -259,7 +262,8 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
     qb[kb][0] = pack2<__half>(my_q[key_channel<KBITS>(kb, 0)], my_q[key_channel<KBITS>(kb, 1)]);
     qb[kb][1] = pack2<__half>(my_q[key_channel<KBITS>(kb, 2)], my_q[key_channel<KBITS>(kb, 3)]);
   }
-  const float qsum[2] = {sm_qsum[2 * tig], sm_qsum[2 * tig + 1]};
+  constexpr float kKeyOffset = key_half<KBITS>() + kCodeBias<__half>;  // what each key operand holds over code - half
+  const float qoff[2] = {kKeyOffset * sm_qsum[2 * tig], kKeyOffset * sm_qsum[2 * tig + 1]};
   const int32_t* table = block_tables + static_cast<int64_t>(cta.seq) * max_blocks;
   const int64_t row_stride = static_cast<int64_t>(kv_heads) * R::kRowBytes;
   auto first_row = [&](int t0) {  // tiles never cross a block (block_size % 16 == 0)
@@ -273,7 +277,7 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
   for (int t0 = begin; t0 < cta.hi; t0 += stride) {
     if (t0 + stride < cta.hi) load_tile(next, first_row(t0 + stride), row_stride);
     const int j0 = t0 + gid, j1 = j0 + 8;
-    attend_tile<T>(st, cur, qb, qsum, j0 >= cta.lo && j0 < cta.hi, j1 >= cta.lo && j1 < cta.hi, softcap);
+    attend_tile<T>(st, cur, qb, qoff, j0 >= cta.lo && j0 < cta.hi, j1 >= cta.lo && j1 < cta.hi, softcap);
     cur = next;
   }
 #pragma unroll
@@ -295,7 +299,7 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int j = 0; j < KB / 2; ++j) {
-      const float off = 7.5f * st.psum[h];
+      const float off = (7.5f + kCodeBias<T>) * st.psum[h];
       *reinterpret_cast<float4*>(&sm_acc[warp][2 * tig + h][gid * (D / 8) + 4 * j]) =
           make_float4(st.acc[2 * j][h] - off, st.acc[2 * j][2 + h] - off, st.acc[2 * j + 1][h] - off,
                       st.acc[2 * j + 1][2 + h] - off);
