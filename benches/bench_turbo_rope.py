@@ -7,7 +7,7 @@ batch-1 and a batch-64 decode step, with and without the deferred norm (the fold
 Each figure is microseconds per call from replays of a CUDA graph of back-to-back calls (``graph_seconds``): the
 inputs are a few hundred KB and stay in L2, as the projection just wrote them in a real step.
 
-    python3 benches/bench_turbo_rope.py [--modes turbo4 turbo8] [--json out.json]
+    python3 benches/bench_turbo_rope.py [--modes turbo4 turbo8] [--tokens 1 64] [--json out.json]
 """
 
 from __future__ import annotations
@@ -62,10 +62,11 @@ def time_case(mode: str, tokens: int, with_norm: bool) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--modes", nargs="+", default=["turbo4", "turbo8"])
+    parser.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS), help="step sizes (tokens)")
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args()
-    results = [time_case(mode, t, norm) for mode in args.modes for t in TOKENS for norm in (False, True) if t > 1 or
-               not norm]
+    results = [time_case(mode, t, norm) for mode in args.modes for t in args.tokens for norm in (False, True)
+               if t > 1 or not norm]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(gpu=torch.cuda.get_device_name(), rows=results), f, indent=1)

@@ -317,10 +317,9 @@ bool launch(const TurboDecodeArgs& a, DType dtype, dim3 grid, cudaStream_t strea
     dispatch_float<false>(dtype, "turbo_decode_attention", [&](auto tag) {
       using T = decltype(tag);
       launch_pdl("turbo_decode_attention", turbo_decode_tc_kernel<T, D, KBITS>, grid, dim3(32 * kDecodeWarps), 0,
-                 stream, static_cast<T*>(a.out), static_cast<const T*>(a.q), a.q_stride, static_cast<const uint8_t*>(a.cache),
-          a.block_tables,
-          a.seq_lens, a.signs, a.partials, a.q_heads, a.kv_heads, a.block_size, a.max_blocks, a.piece_unit, a.scale,
-          a.sliding_window, a.softcap, a.sqrt_d);
+                 stream, static_cast<T*>(a.out), static_cast<const T*>(a.q), a.q_stride,
+                 static_cast<const uint8_t*>(a.cache), a.block_tables, a.seq_lens, a.signs, a.partials, a.q_heads,
+                 a.kv_heads, a.block_size, a.max_blocks, a.piece_unit, a.scale, a.sliding_window, a.softcap, a.sqrt_d);
     });
     return true;
   }

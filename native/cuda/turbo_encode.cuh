@@ -29,9 +29,10 @@ __device__ __forceinline__ float absmax_codes(const float (&x)[E], float half, i
 
 template <int E>
 __device__ __forceinline__ void store_nibbles(uint8_t* dst, const int (&code)[E]) {
-  const int lane = threadIdx.x & 31;
+  uint8_t bytes[E / 2];
 #pragma unroll
-  for (int b = 0; b < E / 2; ++b) dst[lane * (E / 2) + b] = static_cast<uint8_t>(code[2 * b] | (code[2 * b + 1] << 4));
+  for (int b = 0; b < E / 2; ++b) bytes[b] = static_cast<uint8_t>(code[2 * b] | (code[2 * b + 1] << 4));
+  store_run(dst + (threadIdx.x & 31) * (E / 2), bytes);
 }
 
 // Eight 3-bit codes in three bytes, channel i of the eight at bits 3i..3i+2: the 8 / E lanes of a group OR their
@@ -64,9 +65,10 @@ __device__ __forceinline__ void dequant(float (&x)[E], const int (&code)[E], flo
 
 template <typename T, int E>
 __device__ __forceinline__ void store_lane(T* dst, const float (&x)[E]) {
-  const int lane = threadIdx.x & 31;
+  T out[E];
 #pragma unroll
-  for (int e = 0; e < E; ++e) dst[lane * E + e] = from_f32<T>(x[e]);
+  for (int e = 0; e < E; ++e) out[e] = from_f32<T>(x[e]);
+  store_run(dst + (threadIdx.x & 31) * E, out);
 }
 
 // K codes back to the unrotated key: dequantized, then signs * H k' / sqrt_d (H is its own inverse up to D).

@@ -1,6 +1,6 @@
 // RoPE on q and k and the TurboQuant cache write of k and v in one launch: what rotary.cu's RoPE + cache kernel is
-// for dense caches. A warp takes one head of one token (E = D / 32 consecutive channels a lane, the rows' layout),
-// so a neox partner sits 16 lanes away and a gptj partner in the same lane. Each value is rotated in f32 and
+// for dense caches. A warp takes a head of one token, or two q heads (E = D / 32 consecutive channels a lane, the
+// rows' layout), so a neox partner sits 16 lanes away and a gptj partner in the same lane. Each value is rotated in f32 and
 // rounded to T as rotary.cu stores it, so the rows equal those of the rotary kernel followed by turbo_kv.cu's
 // write. q comes out rotated, k and v as their rows decode to (K turned back): what a dense attention over the
 // step's own K/V must see. With a deferred norm (deferred_norm.h) each CTA first computes its token's 1/rms and
@@ -19,6 +19,7 @@ namespace {
 
 using turbo::encode_k;
 using turbo::encode_v;
+using turbo::load_run;
 using turbo::RowLayout;
 using turbo::store_lane;
 
@@ -32,46 +33,24 @@ __device__ __forceinline__ int stored_at(int c, int half, int g) {
   return i / g * 2 * g + (c < half ? 0 : g) + i % g;
 }
 
-// Grid (ceil((Hq + Hk) / kRopeWarps), tokens); warp w of CTA x takes head x * kRopeWarps + w: a q head, or a kv head
-// (its k and v).
+// A head's values as the lane reads them: its E channels of the standard layout, wherever the pair group put them.
 template <typename T, int E>
-__global__ void __launch_bounds__(32 * kRopeWarps) turbo_rope_kernel(const TurboRopeArgs a) {
-  constexpr int D = 32 * E, kHalf = D / 2;
-  pdl_launch_dependents();
-  const int64_t t = blockIdx.y;
+__device__ __forceinline__ void load_head(T (&raw)[E], const T* head, int pair_group) {
+  constexpr int kHalf = 16 * E;
   const int lane = threadIdx.x & 31;
-  const int h = static_cast<int>(blockIdx.x) * kRopeWarps + static_cast<int>(threadIdx.x / 32);
-  const bool neox = a.style != kRopeGptj;
-  // Positions, slots and the cos/sin table are inputs of the step, not outputs of the kernel before.
-  float c[E], s[E];
-  const float* cs = a.cos_sin + a.positions[t] * D;
+  if (pair_group % E == 0) {  // the lane's channels stored side by side
+    load_run(raw, head + stored_at(lane * E, kHalf, pair_group));
+  } else {
 #pragma unroll
-  for (int e = 0; e < E; ++e) {
-    const int ch = lane * E + e, i = neox ? ch % kHalf : ch / 2;
-    c[e] = round_to<T>(cs[i]);
-    s[e] = round_to<T>(cs[kHalf + i]);
+    for (int e = 0; e < E; ++e) raw[e] = head[stored_at(lane * E + e, kHalf, pair_group)];
   }
-  const int64_t slot = a.slots[t];
-  pdl_wait();
-  // The head's values (and a kv head's v) are loaded before the deferred norm's reduction, whose own loads then
-  // share their round trip.
-  const bool live = h < a.q_heads + a.k_heads, is_q = h < a.q_heads;
-  const int hk = h - a.q_heads;
-  T* head = is_q ? static_cast<T*>(a.q) + t * a.q_stride + static_cast<int64_t>(h) * D
-                 : static_cast<T*>(a.k) + t * a.k_stride + static_cast<int64_t>(hk) * D;
-  T* vh = static_cast<T*>(a.v) + t * a.v_stride + static_cast<int64_t>(hk) * D;
-  T raw[E], raw_v[E];
-  if (live) {
-#pragma unroll
-    for (int e = 0; e < E; ++e) raw[e] = head[stored_at(lane * E + e, kHalf, a.pair_group)];
-    if (!is_q) {
-#pragma unroll
-      for (int e = 0; e < E; ++e) raw_v[e] = vh[lane * E + e];
-    }
-  }
-  const float scale = a.norm.rows != nullptr ? block_inv_rms<T>(a.norm, t) : 1.f;
-  if (!live) return;
-  float x[E];
+}
+
+// raw * scale turned by the lane's cos/sin and rounded to T, as rotary.cu rounds it.
+template <typename T, int E>
+__device__ __forceinline__ void rotated(float (&x)[E], const T (&raw)[E], float scale, const T (&c)[E],
+                                        const T (&s)[E], bool neox) {
+  const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int e = 0; e < E; ++e) x[e] = to_f32(raw[e]) * scale;
   if (neox) {
@@ -80,30 +59,90 @@ __global__ void __launch_bounds__(32 * kRopeWarps) turbo_rope_kernel(const Turbo
     for (int e = 0; e < E; ++e) partner[e] = __shfl_xor_sync(0xffffffffu, x[e], 16);
 #pragma unroll
     for (int e = 0; e < E; ++e)
-      x[e] = lane < 16 ? rope_pair(x[e], partner[e], c[e], s[e]).x : rope_pair(partner[e], x[e], c[e], s[e]).y;
+      x[e] = lane < 16 ? rope_pair(x[e], partner[e], to_f32(c[e]), to_f32(s[e])).x
+                       : rope_pair(partner[e], x[e], to_f32(c[e]), to_f32(s[e])).y;
   } else {
 #pragma unroll
     for (int e = 0; e < E; e += 2) {
-      const float2 r = rope_pair(x[e], x[e + 1], c[e], s[e]);
+      const float2 r = rope_pair(x[e], x[e + 1], to_f32(c[e]), to_f32(s[e]));
       x[e] = r.x;
       x[e + 1] = r.y;
     }
   }
 #pragma unroll
-  for (int e = 0; e < E; ++e) x[e] = to_f32(from_f32<T>(x[e]));
-  __syncwarp();  // a paired head: every lane has read it before any lane writes it back in the standard layout
-  if (is_q) {
+  for (int e = 0; e < E; ++e) x[e] = round_to<T>(x[e]);
+}
+
+// Grid (ceil((ceil(Hq / 2) + 2 Hk) / kRopeWarps), tokens). Warp w of CTA x takes role r = x * kRopeWarps + w: two q
+// heads (r and r + ceil(Hq / 2)), a k head or a v head. A kv head's two codings run side by side, and a q head's
+// rotation, far shorter than a coding, shares its warp: a 64-token step's CTAs fit one wave at this kernel's
+// registers.
+template <typename T, int E>
+__global__ void __launch_bounds__(32 * kRopeWarps) turbo_rope_kernel(const TurboRopeArgs a) {
+  constexpr int D = 32 * E, kHalf = D / 2;
+  pdl_launch_dependents();
+  const int64_t t = blockIdx.y;
+  const int lane = threadIdx.x & 31;
+  const int r = static_cast<int>(blockIdx.x) * kRopeWarps + static_cast<int>(threadIdx.x / 32);
+  const bool neox = a.style != kRopeGptj;
+  // Positions, slots and the cos/sin table are inputs of the step, not outputs of the kernel before. A lane's
+  // cos/sin, rounded to T as rotary.cu rounds them: E consecutive angles (neox: its channels' place in their half),
+  // or E / 2 each twice (gptj).
+  T c[E], s[E];
+  {
+    const float* cs = a.cos_sin + a.positions[t] * D;
+    constexpr int kAngles = E / 2;
+    float cf[E], sf[E];
+    if (neox) {
+      load_run(cf, cs + lane * E % kHalf);
+      load_run(sf, cs + kHalf + lane * E % kHalf);
+    } else {
+      float ch[kAngles], sh[kAngles];
+      load_run(ch, cs + lane * kAngles);
+      load_run(sh, cs + kHalf + lane * kAngles);
+#pragma unroll
+      for (int e = 0; e < E; ++e) cf[e] = ch[e / 2], sf[e] = sh[e / 2];
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) c[e] = from_f32<T>(cf[e]), s[e] = from_f32<T>(sf[e]);
+  }
+  const int64_t slot = a.slots[t];
+  pdl_wait();
+  // The heads' values are loaded before the deferred norm's reduction, whose own loads then share their round trip.
+  const int q_warps = (a.q_heads + 1) / 2;
+  const bool is_q = r < q_warps, is_v = r >= q_warps + a.k_heads, live = r < q_warps + 2 * a.k_heads;
+  const bool second = is_q && r + q_warps < a.q_heads;
+  const int hk = is_v ? r - q_warps - a.k_heads : r - q_warps;
+  T* head = is_q   ? static_cast<T*>(a.q) + t * a.q_stride + static_cast<int64_t>(r) * D
+            : is_v ? static_cast<T*>(a.v) + t * a.v_stride + static_cast<int64_t>(hk) * D
+                   : static_cast<T*>(a.k) + t * a.k_stride + static_cast<int64_t>(hk) * D;
+  T* head2 = head + static_cast<int64_t>(q_warps) * D;
+  T raw[E], raw2[E];
+  if (live) {
+    if (is_v) load_run(raw, head + lane * E);
+    else load_head(raw, head, a.pair_group);
+    if (second) load_head(raw2, head2, a.pair_group);
+  }
+  const float scale = a.norm.rows != nullptr ? block_inv_rms<T>(a.norm, t) : 1.f;
+  if (!live) return;
+  const RowLayout L(D, a.k_bits);
+  uint8_t* row = !is_q && slot >= 0 ? a.cache + (slot * a.k_heads + hk) * L.row_bytes : nullptr;
+  float x[E];
+  if (is_v) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) x[e] = round_to<T>(to_f32(raw[e]) * scale);
+    if (row != nullptr) encode_v(x, row, L, true);
     store_lane(head, x);
     return;
   }
-  const RowLayout L(D, a.k_bits);
-  uint8_t* row = slot >= 0 ? a.cache + (slot * a.k_heads + hk) * L.row_bytes : nullptr;
+  rotated(x, raw, scale, c, s, neox);
+  __syncwarp();  // a paired head: every lane has read it before any lane writes it back in the standard layout
   if (row != nullptr) encode_k(x, row, L, a.k_bits, a.signs, a.sqrt_d, true);
   store_lane(head, x);
-#pragma unroll
-  for (int e = 0; e < E; ++e) x[e] = to_f32(from_f32<T>(to_f32(raw_v[e]) * scale));
-  if (row != nullptr) encode_v(x, row, L, true);
-  store_lane(vh, x);
+  if (second) {
+    rotated(x, raw2, scale, c, s, neox);
+    store_lane(head2, x);
+  }
 }
 
 }  // namespace
@@ -120,8 +159,8 @@ void turbo_rope_cache_write(const TurboRopeArgs& args, int64_t head_dim, DType d
   dispatch_float<false>(dtype, what, [&](auto tag) {
     using T = decltype(tag);
     turbo::dispatch_lanes(head_dim, what, [&](auto e) {
-      const dim3 grid(static_cast<unsigned>((args.q_heads + args.k_heads + kRopeWarps - 1) / kRopeWarps),
-                      static_cast<unsigned>(args.tokens));
+      const int64_t roles = (args.q_heads + 1) / 2 + 2 * args.k_heads;
+      const dim3 grid(static_cast<unsigned>((roles + kRopeWarps - 1) / kRopeWarps), static_cast<unsigned>(args.tokens));
       launch_pdl(what, turbo_rope_kernel<T, decltype(e)::value>, grid, dim3(32 * kRopeWarps), 0, as_stream(stream),
                  args);
     });

@@ -59,11 +59,52 @@ __device__ __forceinline__ void rotate(float (&x)[E], const float* signs, float 
 __device__ __forceinline__ void store_f32(uint8_t* dst, float v) { *reinterpret_cast<float*>(dst) = v; }
 __device__ __forceinline__ float load_f32(const uint8_t* src) { return *reinterpret_cast<const float*>(src); }
 
+// E consecutive values at p (out) or into p (store_run): aligned accesses of up to 16 bytes where p allows, else
+// one value at a time. A warp's lanes reading E values each touch whole sectors this way, not E times as many.
+template <typename T, int E>
+using RunVec = Vec<T, (E * sizeof(T) <= 16 ? E : 16 / sizeof(T))>;
+
+template <typename T, int E>
+__device__ __forceinline__ void load_run(T (&out)[E], const T* p) {
+  using V = RunVec<T, E>;
+  constexpr int N = sizeof(V) / sizeof(T);
+  if (reinterpret_cast<uintptr_t>(p) % sizeof(V) == 0) {
+#pragma unroll
+    for (int i = 0; i < E / N; ++i) {
+      const V v = reinterpret_cast<const V*>(p)[i];
+#pragma unroll
+      for (int j = 0; j < N; ++j) out[i * N + j] = v.v[j];
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < E; ++e) out[e] = p[e];
+  }
+}
+
+template <typename T, int E>
+__device__ __forceinline__ void store_run(T* p, const T (&in)[E]) {
+  using V = RunVec<T, E>;
+  constexpr int N = sizeof(V) / sizeof(T);
+  if (reinterpret_cast<uintptr_t>(p) % sizeof(V) == 0) {
+#pragma unroll
+    for (int i = 0; i < E / N; ++i) {
+      V v;
+#pragma unroll
+      for (int j = 0; j < N; ++j) v.v[j] = in[i * N + j];
+      reinterpret_cast<V*>(p)[i] = v;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < E; ++e) p[e] = in[e];
+  }
+}
+
 template <typename T, int E>
 __device__ __forceinline__ void load_lane(float (&x)[E], const T* row) {
-  const int lane = threadIdx.x & 31;
+  T raw[E];
+  load_run(raw, row + (threadIdx.x & 31) * E);
 #pragma unroll
-  for (int e = 0; e < E; ++e) x[e] = to_f32(row[lane * E + e]);
+  for (int e = 0; e < E; ++e) x[e] = to_f32(raw[e]);
 }
 
 // Tokens in each of `parts` pieces of an attended span of `span` tokens: equal shares rounded up to `unit`.
