@@ -13,6 +13,7 @@ from candle_vllm.api.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingRequest,
     TokenizeRequest,
 )
 
@@ -33,6 +34,8 @@ _POSTS: dict[str, tuple[type[BaseModel], str, str]] = {
     "/v1/chat/completions": (ChatCompletionRequest, "Chat completion (JSON, or SSE when stream is true)",
                              "application/json"),
     "/v1/completions": (CompletionRequest, "Text completion (JSON, or SSE when stream is true)", "application/json"),
+    "/v1/embeddings": (EmbeddingRequest, "Embeddings: the last token's final hidden state, L2-normalised",
+                       "application/json"),
     "/tokenize": (TokenizeRequest, "Token ids of a prompt or of rendered chat messages", "application/json"),
     "/detokenize": (DetokenizeRequest, "Text of token ids", "application/json"),
 }

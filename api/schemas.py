@@ -189,6 +189,15 @@ class ChatCompletionRequest(SamplingFields):
 PromptInput = str | list[str] | list[int] | list[list[int]]
 
 
+def prompt_batch(p: PromptInput) -> list[str | list[int]]:
+    """A prompt input as a list: each item is text or token ids."""
+    if isinstance(p, str):
+        return [p]
+    if all(isinstance(x, int) for x in p):
+        return [list(p)]  # type: ignore[arg-type]
+    return list(p)  # type: ignore[arg-type]
+
+
 class CompletionRequest(SamplingFields):
     """``POST /v1/completions``: the prompt is text, token ids, or a batch of either."""
 
@@ -210,12 +219,7 @@ class CompletionRequest(SamplingFields):
 
     def prompts(self) -> list[str | list[int]]:
         """The batch as a list: each item is text or token ids."""
-        p = self.prompt
-        if isinstance(p, str):
-            return [p]
-        if all(isinstance(x, int) for x in p):
-            return [list(p)]  # type: ignore[arg-type]
-        return list(p)  # type: ignore[arg-type]
+        return prompt_batch(self.prompt)
 
     def scores_prompt_only(self) -> bool:
         """``echo`` with ``max_tokens: 0``: vLLM's prompt scoring (lm-eval's loglikelihood), which answers the
@@ -231,6 +235,26 @@ class CompletionRequest(SamplingFields):
         """The ``max_tokens`` the engine runs with. The engine generates at least one token, so prompt scoring
         (``max_tokens: 0``) runs one, with prompt logprobs, and the answer leaves it out."""
         return 1 if self.max_tokens == 0 else self.max_tokens
+
+
+class EmbeddingRequest(_Open):
+    """``POST /v1/embeddings``: text or token ids, or a batch of either. The openai SDK asks for base64 unless the
+    caller chose, and decodes it as little-endian float32."""
+
+    model: str | None = None
+    input: PromptInput
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+
+    @model_validator(mode="after")
+    def _check_input(self) -> EmbeddingRequest:
+        if not self.input or any(isinstance(p, list | str) and not p for p in self.input):
+            raise ValueError("input must not be empty (nor hold an empty string or token list)")
+        return self
+
+    def inputs(self) -> list[str | list[int]]:
+        return prompt_batch(self.input)
 
 
 class TokenizeRequest(_Open):

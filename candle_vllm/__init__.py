@@ -11,10 +11,16 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from candle_vllm.pyengine.llm import LLM, TextPrompt, TokensPrompt
-from candle_vllm.pyengine.outputs import CompletionOutput, Logprob, RequestOutput
+from candle_vllm.pyengine.outputs import (
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    Logprob,
+    RequestOutput,
+)
 from candle_vllm.pyengine.sampling import SamplingParams, StructuredOutputParams
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "CompletionOutput", "Logprob", "RequestOutput", "SamplingParams", "StructuredOutputParams",
-           "TextPrompt", "TokensPrompt", "__version__"]
+__all__ = ["LLM", "CompletionOutput", "EmbeddingOutput", "EmbeddingRequestOutput", "Logprob", "RequestOutput",
+           "SamplingParams", "StructuredOutputParams", "TextPrompt", "TokensPrompt", "__version__"]

@@ -47,6 +47,7 @@ class StepEvents:
 
     events: list[TokenEvent]
     prompt_logprobs: dict[str, PromptLogprobsChunk]
+    embeddings: dict[str, list[float]]
 
 
 @dataclass(frozen=True)
@@ -217,12 +218,14 @@ class EngineCore:
             for req, tok, lp, ok in zip(sampled, result.sampled_token_ids, result.logprobs, alive, strict=True)
             if ok
         ]
-        return StepEvents(events, result.prompt_logprobs)
+        return StepEvents(events, result.prompt_logprobs, result.embeddings)
 
     def process(self, step: StepEvents) -> tuple[list[RequestOutput], list[StopStringHit]]:
         """Detokenize and match stop strings; the caller ends the hit requests with ``finish_stop``."""
         for engine_id, chunk in step.prompt_logprobs.items():
             self.outputs.add_prompt_logprobs(engine_id, chunk)
+        for engine_id, vector in step.embeddings.items():
+            self.outputs.add_embedding(engine_id, vector)
         return self.outputs.process(step.events)
 
     def finish_stop(self, hits: list[StopStringHit]) -> None:

@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from candle_vllm.pyengine.engine_args import EngineArgs
 from candle_vllm.pyengine.engine_core import EngineCore
-from candle_vllm.pyengine.outputs import RequestOutput
+from candle_vllm.pyengine.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from candle_vllm.pyengine.sampling import SamplingDefaults, SamplingParams
 from candle_vllm.pyengine.tokenizer import Tokenizer
 
@@ -99,6 +99,20 @@ class LLM:
             text, token_ids = self._tokenize(prompt)
             requests.append((text, token_ids, p))
         return self._run(requests, use_tqdm)
+
+    def embed(self, prompts: PromptType | Sequence[PromptType], use_tqdm: bool = False) -> list[EmbeddingRequestOutput]:
+        """vLLM's ``LLM.embed``: each prompt's embedding, the final-normed hidden state of its last token,
+        L2-normalised (last-token pooling, what decoder embedding models such as Qwen3-Embedding, gte-Qwen2 and
+        e5-mistral are trained for). Prompts take the forms ``generate`` takes; outputs keep their order."""
+        if isinstance(prompts, (str, Mapping)):
+            prompts = [prompts]
+        params = SamplingParams(max_tokens=1, temperature=0, embed=True)
+        outs = self._run([(*self._tokenize(prompt), params) for prompt in prompts], use_tqdm)
+        vectors = [out.embedding for out in outs]
+        if any(v is None for v in vectors):
+            raise RuntimeError("an embedding request finished without its embedding")
+        return [EmbeddingRequestOutput(out.request_id, out.prompt_token_ids, EmbeddingOutput(cast("list[float]", v)))
+                for out, v in zip(outs, vectors, strict=True)]
 
     def chat(
         self,

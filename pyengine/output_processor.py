@@ -58,6 +58,7 @@ class RequestGroup:
     choices: list[_Choice] = field(default_factory=list)
     num_cached_tokens: int = 0
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    embedding: list[float] | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
     @property
@@ -120,6 +121,12 @@ class OutputProcessor:
             self._decode_logprobs(new)
         group.prompt_logprobs.extend(new)
 
+    def add_embedding(self, engine_request_id: str, vector: list[float]) -> None:
+        """The embedding of an embedding request, which arrives with (and before) the step's token events."""
+        group = self._group_of.get(engine_request_id)
+        if group is not None:
+            group.embedding = vector
+
     def process(self, events: list[TokenEvent]) -> tuple[list[RequestOutput], list[StopStringHit]]:
         """Turn a step's token events into outputs (one per user request that changed); finished user
         requests are forgotten. Events of requests that already ended (an abort, a stop string) are ignored."""
@@ -149,6 +156,9 @@ class OutputProcessor:
 
     def _advance(self, choice: _Choice, event: TokenEvent, params: SamplingParams) -> StopStringHit | None:
         out = choice.output
+        if params.embed:  # the one token an embedding request runs only ends it: no text, tokens or usage
+            out.finish_reason = event.finish_reason
+            return None
         out.token_ids.append(event.token_id)
         out.token_ids_delta.append(event.token_id)
         if event.logprobs is not None and out.logprobs is not None:
@@ -213,7 +223,7 @@ class OutputProcessor:
         return RequestOutput(
             request_id=group.request_id, prompt=group.prompt, prompt_token_ids=group.prompt_token_ids,
             outputs=outputs, finished=finished, num_cached_tokens=group.num_cached_tokens,
-            prompt_logprobs=group.prompt_logprobs, metrics=group.metrics,
+            prompt_logprobs=group.prompt_logprobs, embedding=group.embedding, metrics=group.metrics,
         )
 
     def _decode_logprobs(self, entries: list[TokenLogprobs | None]) -> None:

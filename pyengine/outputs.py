@@ -72,4 +72,23 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    # Embedding requests (SamplingParams.embed): the last prompt token's final hidden state, L2-normalised.
+    embedding: list[float] | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+
+
+@dataclass(slots=True)
+class EmbeddingOutput:
+    """vLLM's ``EmbeddingOutput``: one prompt's vector."""
+
+    embedding: list[float]
+
+
+@dataclass(slots=True)
+class EmbeddingRequestOutput:
+    """vLLM's ``EmbeddingRequestOutput`` (``LLM.embed``): the prompt's ids and its vector in ``outputs``."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True

@@ -211,8 +211,10 @@ class ModelRunner:
             hidden, logits = self.graphs.run(bucket, ids, plan.positions, plan.slot_mapping, plan.seq_lens,
                                              plan.block_tables)
             if not np.array_equal(plan.sample_indices, np.arange(plan.num_tokens)):
-                logits = logits[self._tensor(plan.sample_indices, torch.int64)]
+                rows = self._tensor(plan.sample_indices, torch.int64)
+                hidden, logits = hidden[rows], logits[rows]
             self._sample(plan.sampled_requests, logits, step)
+            self._embed(plan.sampled_requests, hidden, step)
             return
         ids_t = ids if isinstance(ids, torch.Tensor) else self._tensor(ids, torch.int64)
         pos = self._tensor(plan.positions, torch.int64)
@@ -221,11 +223,13 @@ class ModelRunner:
             rows = self._tensor(plan.sample_indices, torch.int64)
             hidden = self.model(ids_t, pos, self._attention_metadata(plan), output_rows=rows)
             self._sample(plan.sampled_requests, self.model.compute_logits(hidden, f32=False), step)
+            self._embed(plan.sampled_requests, hidden, step)
             return
         hidden = self.model(ids_t, pos, self._attention_metadata(plan))
         if plan.sampled_requests:
-            logits = self.model.compute_logits(hidden[self._tensor(plan.sample_indices, torch.int64)], f32=False)
-            self._sample(plan.sampled_requests, logits, step)
+            sampled = hidden[self._tensor(plan.sample_indices, torch.int64)]
+            self._sample(plan.sampled_requests, self.model.compute_logits(sampled, f32=False), step)
+            self._embed(plan.sampled_requests, sampled, step)
         self._prompt_logprobs(plan, hidden, step)
 
     def tracked_requests(self) -> set[str]:
@@ -280,6 +284,15 @@ class ModelRunner:
         if out.logprobs is not None:
             step.logprobs = (out.logprobs, batch.num_logprobs)
 
+    def _embed(self, requests: list[Request], hidden: torch.Tensor, step: PendingStep) -> None:
+        """Queue the embeddings of the embedding requests among the sampled rows (``hidden``: the final-normed
+        states of those rows, in order): each is its last prompt token's state, L2-normalised in f32."""
+        rows = [i for i, req in enumerate(requests) if req.sampling_params.embed]  # type: ignore[attr-defined]
+        if not rows:
+            return
+        vectors = torch.nn.functional.normalize(hidden[self._tensor(np.array(rows), torch.int64)].float(), dim=-1)
+        step.embeddings = ([requests[i].request_id for i in rows], vectors)
+
     def _generator(self, req: Request) -> torch.Generator | None:
         params: SamplingParams = req.sampling_params  # type: ignore[assignment]
         if params.seed is None or params.is_greedy:
@@ -330,6 +343,9 @@ class ModelRunner:
                 if lp is not None:
                     entries.extend(lp.tolists([k] * n_rows))
                 result.prompt_logprobs[request_id] = PromptLogprobsChunk(0 if start == 0 else start + 1, entries)
+            if step.embeddings is not None:
+                ids, vectors = step.embeddings
+                result.embeddings = dict(zip(ids, vectors.tolist(), strict=True))
             step.result = result
         except Exception as exc:  # reported through collect(); the runner itself stays usable
             step.error = exc

@@ -17,12 +17,14 @@ from candle_vllm.pyengine.scheduler.plan import StepPlan
 
 @dataclass(slots=True)
 class StepResult:
-    """What one step produced, in ``plan.sampled_requests`` order, plus prompt logprobs of prefill chunks."""
+    """What one step produced, in ``plan.sampled_requests`` order, plus prompt logprobs of prefill chunks and the
+    embeddings of embedding requests whose prompt it completed (request id -> L2-normalised vector)."""
 
     step_id: int
     sampled_token_ids: list[int]
     logprobs: list[TokenLogprobs | None]
     prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
+    embeddings: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -51,6 +53,8 @@ class PendingStep:
     logprobs: tuple[LogprobsTensors, list[int | None]] | None = None
     # request id -> (the chunk's first position, logprobs of the prompt tokens it predicts, top-k, rows)
     prompt_logprobs: dict[str, tuple[int, LogprobsTensors | None, int, int]] = field(default_factory=dict)
+    # Embedding requests' ids and their vectors (f32 [len(ids), H], one row each)
+    embeddings: tuple[list[str], torch.Tensor] | None = None
     result: StepResult | None = None
     error: BaseException | None = None
     row_of: dict[str, int] = field(default_factory=dict)
@@ -68,7 +72,8 @@ class PendingStep:
         self.row_of = {req.request_id: i for i, req in enumerate(self.plan.sampled_requests)}
 
     def start_read_back(self, device: torch.device) -> None:
-        """Queue the copies of all that collect reads (ids, logprobs) to pinned host memory, then an event."""
+        """Queue the copies of all that collect reads (ids, logprobs, embeddings) to pinned host memory, then an
+        event."""
         if self.sampled is not None:
             self._host_ids = to_host(self.sampled)
         if self.logprobs is not None:
@@ -77,6 +82,8 @@ class PendingStep:
             rid: (start, None if lp is None else _logprobs_to_host(lp), k, n)
             for rid, (start, lp, k, n) in self.prompt_logprobs.items()
         }
+        if self.embeddings is not None:
+            self.embeddings = (self.embeddings[0], to_host(self.embeddings[1]))
         if device.type == "cuda":
             self._ready = torch.cuda.Event()
             self._ready.record()
@@ -93,6 +100,7 @@ class PendingStep:
         self.sampled = self._host_ids = self._ready = None
         self.logprobs = None
         self.prompt_logprobs = {}
+        self.embeddings = None
         self.row_of = {}
 
 

@@ -1,5 +1,4 @@
-"""The small routes: models list, health, version, Prometheus metrics, tokenizer endpoints, OpenAPI document, and
-the embeddings route that says why it is not served."""
+"""The small routes: models list, health, version, Prometheus metrics, tokenizer endpoints, OpenAPI document."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ from quart import Blueprint, Response
 
 from candle_vllm import __version__
 from candle_vllm.api import metrics as metrics_mod
-from candle_vllm.api.errors import bad_request
 from candle_vllm.api.openapi import openapi_document
 from candle_vllm.api.prompts import check_token_ids, render_chat
 from candle_vllm.api.routes.common import check_model, get_state, in_worker, read_json
@@ -32,17 +30,6 @@ async def list_models() -> dict[str, Any]:
 @bp.get("/v1/models/<path:model>")
 async def get_model(model: str) -> dict[str, Any]:
     return _model_card(check_model(get_state(), model))
-
-
-@bp.post("/v1/embeddings")
-async def embeddings() -> Any:
-    """A 400, not a 404: the route exists in the API, but this server runs decoder models for text generation
-    and has no embedding (pooling) model. vLLM answers a generative model the same way ("The model does not
-    support Embeddings API"); a client reading the 400 learns to look for another server, not another URL."""
-    state = get_state()
-    raise bad_request(f"The model `{state.model_names[0]}` does not support Embeddings API: this server generates "
-                      "text with decoder models and computes no embeddings. Use /v1/completions or "
-                      "/v1/chat/completions for text, and an embedding model server for vectors.")
 
 
 @bp.get("/health")

@@ -85,6 +85,9 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     detokenize: bool = True  # False: token ids only (text and logprobs' decoded_token stay empty), as in vLLM
     structured_output: StructuredOutputParams | None = None
+    # An embedding request (``LLM.embed``, ``/v1/embeddings``): the engine runs the prompt and one token, and the
+    # output carries the last prompt token's final hidden state, L2-normalised (``RequestOutput.embedding``).
+    embed: bool = False
 
     def __init__(self, **params: Any) -> None:
         """Take vLLM's keyword arguments; None means "not set" (defaults, server defaults may apply)."""
@@ -238,6 +241,10 @@ class SamplingParams:
             (
                 self.structured_output is None or not self.ignore_eos,
                 "ignore_eos cannot be combined with structured_output: the grammar ends the output with EOS",
+            ),
+            (
+                not self.embed or (self.n == 1 and self.max_tokens == 1),
+                "an embedding request (embed=True) runs one token for one choice: n=1 and max_tokens=1",
             ),
             (
                 self.structured_output is None or self.min_tokens == 0,

@@ -1,8 +1,9 @@
 """A scripted stand-in for contract G's ``AsyncEngine`` (real tokenizer, no model) for HTTP-layer tests.
 
 It makes wire-format and lifecycle tests fast and deterministic: each choice emits ``max_tokens`` (default 6)
-tokens chosen from the prompt, with made-up but well-formed logprobs, one token per ``delay_s``. It is never
-used to judge generation quality; the end-to-end tests run the real engine.
+tokens chosen from the prompt, with made-up but well-formed logprobs, one token per ``delay_s``; an embedding
+request gets a unit vector made from its prompt. It is never used to judge generation quality; the end-to-end
+tests run the real engine.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ WORDS = ["", "the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", 
 
 
 @dataclass
+class FakeModelConfig:
+    hidden_size: int = 16
+
+
+@dataclass
 class FakeStats:
     num_running: int
     num_waiting: int
@@ -36,6 +42,7 @@ class FakeEngine:
                  reject_prompts_longer_than: int | None = None) -> None:
         self.tokenizer = tokenizer
         self.model_name = "fake-model"
+        self.model_config = FakeModelConfig()
         self.max_model_len = max_model_len
         self.delay_s = delay_s
         self.reject_over = reject_prompts_longer_than
@@ -76,6 +83,12 @@ class FakeEngine:
         if params.prompt_logprobs is not None:
             prompt_lp = [None] + [self._logprobs(t, params.prompt_logprobs) for t in prompt_token_ids[1:]]
         metrics.first_scheduled_time = time.monotonic()
+        if params.embed:  # a unit vector made from the prompt, and no tokens
+            raw = [math.cos(sum(prompt_token_ids) + i) for i in range(self.model_config.hidden_size)]
+            norm = math.sqrt(sum(x * x for x in raw))
+            yield RequestOutput(request_id, prompt, list(prompt_token_ids), [CompletionOutput(0, finish_reason="length")],
+                                finished=True, embedding=[x / norm for x in raw], metrics=metrics)
+            return
         try:
             for step in range(max_tokens):
                 await trio.sleep(self.delay_s)

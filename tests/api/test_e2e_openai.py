@@ -179,12 +179,37 @@ def test_echo_with_max_tokens_0_scores_the_prompt(server: ServerThread, model: s
         client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=0)
 
 
-def test_embeddings_answer_a_clear_400(server: ServerThread, model: str) -> None:
+def test_embeddings_in_every_encoding_and_input_form(server: ServerThread, model: str) -> None:
+    """The SDK's default (base64, decoded by the SDK as little-endian float32), floats, token ids and a batch all
+    give the same unit vectors, the engine's own ``LLM.embed`` ones; ``dimensions`` truncates and renormalises."""
+    client = server.openai()
+    texts = ["The sea is calm tonight.", "Ships pass the headland."]
+    tokenizer = server.engine.tokenizer
+    ids = [tokenizer.encode(t, add_special_tokens=True) for t in texts]
+    default = client.embeddings.create(model=model, input=texts)
+    floats = client.embeddings.create(model=model, input=texts, encoding_format="float")
+    by_ids = client.embeddings.create(model=model, input=ids, encoding_format="float")
+    single = client.embeddings.create(model=model, input=ids[1], encoding_format="float")
+    vectors = [d.embedding for d in floats.data]
+    assert [d.index for d in floats.data] == [0, 1] and floats.model == model
+    assert [d.embedding for d in default.data] == vectors == [d.embedding for d in by_ids.data]
+    assert single.data[0].embedding == vectors[1]
+    hidden = server.engine.model_config.hidden_size
+    for v in vectors:
+        assert len(v) == hidden and sum(x * x for x in v) == pytest.approx(1.0, abs=1e-5)
+    assert sum(a * b for a, b in zip(*vectors, strict=True)) < 0.9999  # two texts, two directions
+    assert floats.usage.prompt_tokens == floats.usage.total_tokens == sum(len(i) for i in ids)
+    short = client.embeddings.create(model=model, input=texts[0], dimensions=64, encoding_format="float")
+    head = vectors[0][:64]
+    norm = sum(x * x for x in head) ** 0.5
+    assert short.data[0].embedding == pytest.approx([x / norm for x in head], abs=1e-6)
     with pytest.raises(openai.BadRequestError) as info:
-        server.openai().embeddings.create(model=model, input="hello")
-    err = info.value.body
-    assert err["type"] == "invalid_request_error" and "does not support Embeddings API" in err["message"]
-    assert "/v1/chat/completions" in err["message"]
+        client.embeddings.create(model=model, input="hello", dimensions=hidden + 1)
+    assert info.value.body["param"] == "dimensions"
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model=model, input=[])
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model=model, input=[[tokenizer.vocab_size + 5]])
 
 
 @pytest.mark.parametrize(("content", "max_tokens"), [("Reply only with emoji: 🙂🙂🙂", 9),

@@ -1,0 +1,84 @@
+"""``POST /v1/embeddings``: the vectors of text or token-id inputs (one or a batch), as float lists or base64.
+
+Each input runs as one engine embedding request (``SamplingParams.embed``: the prompt and one token, which the
+answer leaves out). Its vector is the final-normed hidden state of its last token, L2-normalised: last-token
+pooling, what decoder embedding models (Qwen3-Embedding, gte-Qwen2, e5-mistral) are trained for and what vLLM
+pools such models with. ``dimensions`` keeps the first d components and normalises them again (Matryoshka
+truncation, as those models document it); more than the model's hidden size is a 400.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from typing import Any
+
+import numpy as np
+from quart import Blueprint
+
+from candle_vllm.api.errors import bad_request, service_unavailable
+from candle_vllm.api.generation import EngineRequest
+from candle_vllm.api.limits import TokenLimits
+from candle_vllm.api.prompts import check_token_ids
+from candle_vllm.api.routes.common import check_model, collect, get_state, in_worker, read_json, submit
+from candle_vllm.api.schemas import EmbeddingRequest, parse_request
+from candle_vllm.pyengine.outputs import RequestOutput
+from candle_vllm.pyengine.sampling.params import SamplingParams
+
+bp = Blueprint("embeddings", __name__)
+_PARAMS = SamplingParams(max_tokens=1, temperature=0, embed=True)
+
+
+def _token_ids(req: EmbeddingRequest, tokenizer: Any, limits: TokenLimits) -> list[list[int]]:
+    """Each input's ids (text tokenized with the model's special tokens, as vLLM does), length-checked (runs in a
+    worker thread)."""
+    out = []
+    for i, item in enumerate(req.inputs()):
+        param = "input" if not isinstance(req.input, list) or isinstance(req.input[0], int) else f"input.{i}"
+        if isinstance(item, str):
+            ids = tokenizer.encode(item, add_special_tokens=True)
+        else:
+            check_token_ids(item, tokenizer.vocab_size, param)
+            ids = item
+        limits.resolve(len(ids), 1)  # the prompt and the one token the request runs must fit
+        out.append(ids)
+    return out
+
+
+def _vector(out: RequestOutput | None, dimensions: int | None) -> np.ndarray:
+    if out is None or out.embedding is None:  # aborted: the server began to drain while it ran
+        raise service_unavailable("the server is shutting down; retry on another replica", retry_after_s=5)
+    v = np.asarray(out.embedding, dtype=np.float32)
+    if dimensions is not None:
+        v = v[:dimensions]
+        v = v / max(float(np.linalg.norm(v)), 1e-12)
+    return v
+
+
+@bp.post("/v1/embeddings")
+async def embeddings() -> dict[str, Any]:
+    state = get_state()
+    req = parse_request(EmbeddingRequest, await read_json())
+    model = check_model(state, req.model)
+    hidden = state.engine.model_config.hidden_size
+    if req.dimensions is not None and req.dimensions > hidden:
+        raise bad_request(f"dimensions {req.dimensions} exceeds this model's embedding size ({hidden}); ask for "
+                          f"at most {hidden}", param="dimensions")
+    tokenizer = state.engine.tokenizer
+    inputs = await in_worker(state, _token_ids, req, tokenizer, state.token_limits)
+    request_id = f"embd-{uuid.uuid4().hex}"
+    requests = [EngineRequest(f"{request_id}-{i}", ids, _PARAMS) for i, ids in enumerate(inputs)]
+    batch, outputs, _ = await submit(state, requests, False)
+    try:
+        last = await collect(outputs, len(requests))
+    finally:
+        await batch.close()
+    data = []
+    for i, out in enumerate(last):
+        v = _vector(out, req.dimensions)
+        value: Any = base64.b64encode(v.astype("<f4").tobytes()).decode() if req.encoding_format == "base64" \
+            else v.tolist()
+        data.append({"object": "embedding", "index": i, "embedding": value})
+    prompt_tokens = sum(len(ids) for ids in inputs)
+    return {"object": "list", "data": data, "model": model,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
