@@ -26,6 +26,7 @@ from candle_vllm.pyengine.kv_cache import (
 from candle_vllm.pyengine.kv_cache.turbo import K_BITS, turbo_format
 from candle_vllm.pyengine.loader import load_model, resolve_model_source
 from candle_vllm.pyengine.loader.embedded import default_model_path
+from candle_vllm.pyengine.loader.pooling import check_last_token_pooling
 from candle_vllm.pyengine.output_processor import OutputProcessor, RequestGroup, StopStringHit, TokenEvent
 from candle_vllm.pyengine.outputs import PromptLogprobsChunk, RequestOutput
 from candle_vllm.pyengine.request import FinishReason, Request
@@ -102,6 +103,7 @@ class EngineCore:
             raise ValueError(f"{source.name}: no tokenizer found next to the weights (tokenizer.json or GGUF vocab)")
         self.tokenizer: Tokenizer = loaded.tokenizer
         self.model_config: ModelConfig = loaded.config
+        self.pooling = loaded.pooling
         cfg = loaded.config
         max_model_len = cfg.max_position_embeddings
         if args.max_model_len is not None:
@@ -181,6 +183,8 @@ class EngineCore:
         server's rule too)."""
         params = self.sampling_defaults.apply(params)
         params.check_vocab(self.model_config.vocab_size)
+        if params.embed:
+            check_last_token_pooling(self.pooling)
         if params.structured_output is not None:  # a bad schema fails here, not inside a step
             check_structured_output(params.structured_output, self.tokenizer)
         if params.max_tokens is None:

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from candle_vllm.pyengine.config import ModelConfig, config_from_hf_dir
 from candle_vllm.pyengine.loader import dummy, gguf_io, safetensors_io
 from candle_vllm.pyengine.loader.errors import ModelLoadError
+from candle_vllm.pyengine.loader.pooling import declared_pooling
 from candle_vllm.pyengine.loader.source import LOAD_FORMATS, ModelSource
 from candle_vllm.pyengine.models.base import CausalLM
 from candle_vllm.pyengine.models.registry import model_class
@@ -38,6 +39,7 @@ class LoadedModel:
     tokenizer: Tokenizer | None
     generation_config: dict[str, Any] = field(default_factory=dict)
     source: ModelSource | None = None
+    pooling: str | None = None  # the embeddings' pooling the checkpoint declares (loader/pooling.py)
 
 
 def load_model(
@@ -83,8 +85,9 @@ def load_model(
         weights = _in_situ_quantized(weights, isq, device)
     _fill(model, expected, weights, where, "Loading weights" + (f" (ISQ {isq})" if isq else ""))
     model.eval()
-    tokenizer = _tokenizer(source, ckpt.metadata if ckpt is not None else None)
-    return LoadedModel(model, config, tokenizer, _generation_config(source), source)
+    metadata = ckpt.metadata if ckpt is not None else None
+    return LoadedModel(model, config, _tokenizer(source, metadata), _generation_config(source), source,
+                       declared_pooling(source, metadata))
 
 
 def _hf_config(source: ModelSource) -> ModelConfig:

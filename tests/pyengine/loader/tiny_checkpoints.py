@@ -8,8 +8,9 @@ import gguf
 import numpy as np
 
 
-def write_tiny_gguf(path: Path, arch: str = "llama", split_max_tensors: int = 0) -> Path:
-    """A complete tiny random GGUF model of ``arch`` (F32 tensors, untied)."""
+def write_tiny_gguf(path: Path, arch: str = "llama", split_max_tensors: int = 0,
+                    pooling: gguf.PoolingType | None = None) -> Path:
+    """A complete tiny random GGUF model of ``arch`` (F32 tensors, untied), naming ``pooling`` if given."""
     rng = np.random.default_rng(0)
     h, i, layers, vocab, heads, kv = 32, 64, 2, 64, 2, 1
     d = h // heads
@@ -21,6 +22,8 @@ def write_tiny_gguf(path: Path, arch: str = "llama", split_max_tensors: int = 0)
     w.add_head_count(heads)
     w.add_head_count_kv(kv)
     w.add_layer_norm_rms_eps(1e-5)
+    if pooling is not None:
+        w.add_pooling_type(pooling)
     shapes = {"token_embd.weight": (vocab, h), "output_norm.weight": (h,), "output.weight": (vocab, h)}
     for n in range(layers):
         shapes |= {

@@ -1,0 +1,52 @@
+"""The pooling a checkpoint declares for its embeddings, which ``LLM.embed`` and ``/v1/embeddings`` must honour.
+
+The engine pools the last token (decoder embedding models: Qwen3-Embedding, gte-Qwen2, e5-mistral). A checkpoint
+that says otherwise (a GGUF's ``<arch>.pooling_type``, llama.cpp's enum; a sentence-transformers ``modules.json``
+with its Pooling module's config) gets its embedding requests refused with the reason, not vectors pooled another
+way than the model was trained for.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from candle_vllm.pyengine.loader.source import ModelSource
+
+# llama.cpp's enum llama_pooling_type (0 none: the file names no pooling).
+_GGUF_POOLING = {1: "mean", 2: "cls", 3: "last", 4: "rank"}
+# sentence-transformers' Pooling config keys, in the order it applies them.
+_ST_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_max_tokens": "max",
+             "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len", "pooling_mode_weightedmean_tokens": "weightedmean",
+             "pooling_mode_lasttoken": "last"}
+
+
+def declared_pooling(source: ModelSource, gguf_metadata: Mapping[str, Any] | None) -> str | None:
+    """The pooling the checkpoint names ("last", "mean", "cls", ...), or None where it names none."""
+    if gguf_metadata is not None:
+        arch = gguf_metadata.get("general.architecture")
+        code = gguf_metadata.get(f"{arch}.pooling_type")
+        return None if code is None else _GGUF_POOLING.get(int(code))
+    if source.config_dir is None:
+        return None
+    try:
+        modules = json.loads((source.config_dir / "modules.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for module in modules if isinstance(modules, list) else []:
+        if isinstance(module, dict) and str(module.get("type", "")).endswith("models.Pooling"):
+            try:
+                cfg = json.loads((source.config_dir / str(module.get("path", "")) / "config.json").read_text())
+            except (OSError, ValueError):
+                return None
+            modes = [name for key, name in _ST_MODES.items() if cfg.get(key)]
+            return "+".join(modes) if modes else None
+    return None
+
+
+def check_last_token_pooling(pooling: str | None) -> None:
+    """Refuse embeddings for a checkpoint that declares another pooling than the engine's last-token one."""
+    if pooling not in (None, "last"):
+        raise ValueError(f"this model declares {pooling} pooling for its embeddings, and the engine pools the last "
+                         "token only; embed with a server that implements that pooling")
