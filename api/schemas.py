@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from candle_vllm.api.errors import APIError, bad_request
 
@@ -244,16 +244,19 @@ class EmbeddingRequest(_Open):
     model: str | None = None
     input: PromptInput
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1)
+    dimensions: int | None = Field(None, ge=1, strict=True)
     user: str | None = None
+    add_special_tokens: bool = True  # vLLM's: text inputs get the tokenizer's BOS etc.
 
-    @model_validator(mode="after")
-    def _check_input(self) -> EmbeddingRequest:
-        if not self.input or any(isinstance(p, list | str) and not p for p in self.input):
+    @field_validator("input")
+    @classmethod
+    def _check_input(cls, value: PromptInput) -> PromptInput:
+        if not value or any(isinstance(p, list | str) and not p for p in value):
             raise ValueError("input must not be empty (nor hold an empty string or token list)")
-        return self
+        return value
 
     def inputs(self) -> list[str | list[int]]:
+        """The batch as a list: each item is text or token ids."""
         return prompt_batch(self.input)
 
 

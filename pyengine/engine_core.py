@@ -104,6 +104,7 @@ class EngineCore:
         self.tokenizer: Tokenizer = loaded.tokenizer
         self.model_config: ModelConfig = loaded.config
         self.pooling = loaded.pooling
+        self.embedding_only = loaded.embedding_only
         cfg = loaded.config
         max_model_len = cfg.max_position_embeddings
         if args.max_model_len is not None:
@@ -185,6 +186,9 @@ class EngineCore:
         params.check_vocab(self.model_config.vocab_size)
         if params.embed:
             check_last_token_pooling(self.pooling)
+        elif self.embedding_only:
+            raise ValueError("this checkpoint ships no LM head (a base model saved for its embeddings): it serves "
+                             "embeddings only (/v1/embeddings, LLM.embed), not generation")
         if params.structured_output is not None:  # a bad schema fails here, not inside a step
             check_structured_output(params.structured_output, self.tokenizer)
         if params.max_tokens is None:

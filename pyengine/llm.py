@@ -111,7 +111,7 @@ class LLM:
         vectors = [out.embedding for out in outs]
         if any(v is None for v in vectors):
             raise RuntimeError("an embedding request finished without its embedding")
-        return [EmbeddingRequestOutput(out.request_id, out.prompt_token_ids, EmbeddingOutput(cast("list[float]", v)))
+        return [EmbeddingRequestOutput(out.request_id, EmbeddingOutput(cast("list[float]", v)), out.prompt_token_ids)
                 for out, v in zip(outs, vectors, strict=True)]
 
     def chat(

@@ -157,7 +157,7 @@ class OutputProcessor:
     def _advance(self, choice: _Choice, event: TokenEvent, params: SamplingParams) -> StopStringHit | None:
         out = choice.output
         if params.embed:  # the one token an embedding request runs only ends it: no text, tokens or usage
-            out.finish_reason = event.finish_reason
+            out.finish_reason = "stop"  # as vLLM reports a pooling request, whatever that token was
             return None
         out.token_ids.append(event.token_id)
         out.token_ids_delta.append(event.token_id)

@@ -89,6 +89,6 @@ class EmbeddingRequestOutput:
     """vLLM's ``EmbeddingRequestOutput`` (``LLM.embed``): the prompt's ids and its vector in ``outputs``."""
 
     request_id: str
-    prompt_token_ids: list[int]
     outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
     finished: bool = True

@@ -4,7 +4,8 @@ Each input runs as one engine embedding request (``SamplingParams.embed``: the p
 answer leaves out). Its vector is the final-normed hidden state of its last token, L2-normalised: last-token
 pooling, what decoder embedding models (Qwen3-Embedding, gte-Qwen2, e5-mistral) are trained for and what vLLM
 pools such models with. ``dimensions`` keeps the first d components and normalises them again (Matryoshka
-truncation, as those models document it); more than the model's hidden size is a 400.
+truncation, as those models document it); more than the model's hidden size is a 400. vLLM's pooling extras that
+would change the vector and are not built are refused, not ignored.
 """
 
 from __future__ import annotations
@@ -16,38 +17,64 @@ from typing import Any
 import numpy as np
 from quart import Blueprint
 
-from candle_vllm.api.errors import bad_request, service_unavailable
+from candle_vllm.api.errors import APIError, bad_request, service_unavailable
 from candle_vllm.api.generation import EngineRequest
-from candle_vllm.api.limits import TokenLimits
 from candle_vllm.api.prompts import check_token_ids
-from candle_vllm.api.routes.common import check_model, collect, get_state, in_worker, read_json, submit
+from candle_vllm.api.routes.common import check_model, collect, get_state, in_worker, now_s, read_json, submit
 from candle_vllm.api.schemas import EmbeddingRequest, parse_request
+from candle_vllm.api.state import ServerState
 from candle_vllm.pyengine.outputs import RequestOutput
 from candle_vllm.pyengine.sampling.params import SamplingParams
 
 bp = Blueprint("embeddings", __name__)
 _PARAMS = SamplingParams(max_tokens=1, temperature=0, embed=True)
+# vLLM's embedding extras that would change the vector, with the value that changes nothing.
+_UNBUILT: dict[str, tuple[Any, str]] = {
+    "truncate_prompt_tokens": (None, "truncate_prompt_tokens is not supported; shorten the input"),
+    "normalize": (True, "normalize false is not supported: the vectors are always L2-normalised"),
+    "use_activation": (True, "use_activation false is not supported: the vectors are always L2-normalised"),
+    "embed_dtype": ("float32", "embed_dtype other than float32 is not supported"),
+    "endianness": ("native", "endianness other than native (little-endian here) is not supported"),
+    "messages": (None, "chat-style embedding inputs (messages) are not supported; send the text as input"),
+}
 
 
-def _token_ids(req: EmbeddingRequest, tokenizer: Any, limits: TokenLimits) -> list[list[int]]:
-    """Each input's ids (text tokenized with the model's special tokens, as vLLM does), length-checked (runs in a
-    worker thread)."""
+def _refuse_unbuilt(req: EmbeddingRequest) -> None:
+    extra = req.model_extra or {}
+    for name, (neutral, why) in _UNBUILT.items():
+        value = extra.get(name)
+        if value is not None and value != neutral and not (name == "endianness" and value == "little"):
+            raise bad_request(why, param=name)
+
+
+def _token_ids(req: EmbeddingRequest, tokenizer: Any, max_model_len: int) -> list[list[int]]:
+    """Each input's ids (text tokenized with the model's special tokens unless ``add_special_tokens`` is false,
+    as vLLM does), checked against the vocabulary and the context (runs in a worker thread)."""
     out = []
     for i, item in enumerate(req.inputs()):
         param = "input" if not isinstance(req.input, list) or isinstance(req.input[0], int) else f"input.{i}"
         if isinstance(item, str):
-            ids = tokenizer.encode(item, add_special_tokens=True)
+            ids = tokenizer.encode(item, add_special_tokens=req.add_special_tokens)
         else:
             check_token_ids(item, tokenizer.vocab_size, param)
             ids = item
-        limits.resolve(len(ids), 1)  # the prompt and the one token the request runs must fit
+        if not ids:
+            raise bad_request("the input is empty after tokenization", param=param)
+        if len(ids) >= max_model_len:  # the internal token needs its place in the context
+            raise bad_request(f"the input has {len(ids)} tokens and this server embeds at most {max_model_len - 1} "
+                              "(its context length minus one); shorten the input", param=param,
+                              code="context_length_exceeded")
         out.append(ids)
     return out
 
 
-def _vector(out: RequestOutput | None, dimensions: int | None) -> np.ndarray:
-    if out is None or out.embedding is None:  # aborted: the server began to drain while it ran
-        raise service_unavailable("the server is shutting down; retry on another replica", retry_after_s=5)
+def _vector(state: ServerState, out: RequestOutput | None, dimensions: int | None) -> np.ndarray:
+    """The input's vector (the first ``dimensions`` components, normalised again, when asked)."""
+    if out is None or out.embedding is None:  # aborted: the server is draining, or a step failed
+        if state.draining:
+            raise service_unavailable("the server is shutting down; retry on another replica", retry_after_s=5)
+        raise APIError(500, "the engine ended the embedding request without its vector (a step failed); see the "
+                            "server log", code="internal_error")
     v = np.asarray(out.embedding, dtype=np.float32)
     if dimensions is not None:
         v = v[:dimensions]
@@ -60,13 +87,15 @@ async def embeddings() -> dict[str, Any]:
     state = get_state()
     req = parse_request(EmbeddingRequest, await read_json())
     model = check_model(state, req.model)
+    _refuse_unbuilt(req)
     hidden = state.engine.model_config.hidden_size
     if req.dimensions is not None and req.dimensions > hidden:
         raise bad_request(f"dimensions {req.dimensions} exceeds this model's embedding size ({hidden}); ask for "
                           f"at most {hidden}", param="dimensions")
     tokenizer = state.engine.tokenizer
-    inputs = await in_worker(state, _token_ids, req, tokenizer, state.token_limits)
+    inputs = await in_worker(state, _token_ids, req, tokenizer, state.engine.max_model_len)
     request_id = f"embd-{uuid.uuid4().hex}"
+    created = now_s()
     requests = [EngineRequest(f"{request_id}-{i}", ids, _PARAMS) for i, ids in enumerate(inputs)]
     batch, outputs, _ = await submit(state, requests, False)
     try:
@@ -75,10 +104,10 @@ async def embeddings() -> dict[str, Any]:
         await batch.close()
     data = []
     for i, out in enumerate(last):
-        v = _vector(out, req.dimensions)
+        v = _vector(state, out, req.dimensions)
         value: Any = base64.b64encode(v.astype("<f4").tobytes()).decode() if req.encoding_format == "base64" \
             else v.tolist()
         data.append({"object": "embedding", "index": i, "embedding": value})
     prompt_tokens = sum(len(ids) for ids in inputs)
-    return {"object": "list", "data": data, "model": model,
+    return {"id": request_id, "object": "list", "created": created, "model": model, "data": data,
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}

@@ -40,6 +40,8 @@ class LoadedModel:
     generation_config: dict[str, Any] = field(default_factory=dict)
     source: ModelSource | None = None
     pooling: str | None = None  # the embeddings' pooling the checkpoint declares (loader/pooling.py)
+    # The checkpoint ships no LM head (a base model saved for its embeddings): it serves embeddings only.
+    embedding_only: bool = False
 
 
 def load_model(
@@ -83,11 +85,11 @@ def load_model(
         weights = safetensors_io.iter_tensors(safetensors_io.checkpoint_files(source.config_dir))
     if isq is not None:
         weights = _in_situ_quantized(weights, isq, device)
-    _fill(model, expected, weights, where, "Loading weights" + (f" (ISQ {isq})" if isq else ""))
+    headless = _fill(model, expected, weights, where, "Loading weights" + (f" (ISQ {isq})" if isq else ""))
     model.eval()
     metadata = ckpt.metadata if ckpt is not None else None
     return LoadedModel(model, config, _tokenizer(source, metadata), _generation_config(source), source,
-                       declared_pooling(source, metadata))
+                       declared_pooling(source, metadata), embedding_only=headless)
 
 
 def _hf_config(source: ModelSource) -> ModelConfig:
@@ -127,13 +129,17 @@ def _fill(
     weights: Iterator[tuple[str, WeightData, Path | None]],
     where: str,
     desc: str = "Loading weights",
-) -> None:
-    """Stream weights into the model with a progress bar; unknown tensors are skipped, missing ones fail."""
+) -> bool:
+    """Stream weights into the model with a progress bar; unknown tensors are skipped, missing ones fail, except
+    a missing LM head: the head is then tied to the embedding (for the internal token of embedding requests) and
+    True is returned (the model serves embeddings only)."""
     seen: set[str] = set()
     skipped: list[str] = []
     with torch.inference_mode(), tqdm(total=len(expected), desc=desc, unit="tensor",
                                        disable=None) as bar:
         for name, w, f in weights:
+            if name not in expected and f"model.{name}" in expected:  # a base model's tensors (no "model." prefix)
+                name = f"model.{name}"
             if name not in expected:
                 skipped.append(name)
                 continue
@@ -144,12 +150,19 @@ def _fill(
             seen.add(name)
             bar.update(1)
     missing = [n for n in expected if n not in seen]
+    headless = missing == ["lm_head.weight"]
+    if headless:
+        log.warning("%s has no lm_head.weight (a base model, as embedding checkpoints are saved): it serves "
+                    "embeddings only; generation requests are refused", where)
+        model.tie_lm_head()
+        missing = []
     if missing:
         more = f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
         raise ModelLoadError(f"{where}: missing tensor {', '.join(missing[:3])}{more}")
     model.finish_loading()
     if skipped:
         log.warning("ignored %d checkpoint tensors the model does not use (e.g. %s)", len(skipped), skipped[0])
+    return headless
 
 
 def _tokenizer(source: ModelSource, gguf_meta: dict[str, Any] | None) -> Tokenizer | None:

@@ -2,8 +2,8 @@
 
 The engine pools the last token (decoder embedding models: Qwen3-Embedding, gte-Qwen2, e5-mistral). A checkpoint
 that says otherwise (a GGUF's ``<arch>.pooling_type``, llama.cpp's enum; a sentence-transformers ``modules.json``
-with its Pooling module's config) gets its embedding requests refused with the reason, not vectors pooled another
-way than the model was trained for.
+with its Pooling module's config, or a Dense projection after it) gets its embedding requests refused with the
+reason, not vectors pooled another way than the model was trained for.
 """
 
 from __future__ import annotations
@@ -34,15 +34,19 @@ def declared_pooling(source: ModelSource, gguf_metadata: Mapping[str, Any] | Non
         modules = json.loads((source.config_dir / "modules.json").read_text())
     except (OSError, ValueError):
         return None
+    pooling: str | None = None
     for module in modules if isinstance(modules, list) else []:
-        if isinstance(module, dict) and str(module.get("type", "")).endswith("models.Pooling"):
+        kind = str(module.get("type", "")) if isinstance(module, dict) else ""
+        if kind.endswith("models.Pooling"):
             try:
                 cfg = json.loads((source.config_dir / str(module.get("path", "")) / "config.json").read_text())
             except (OSError, ValueError):
                 return None
             modes = [name for key, name in _ST_MODES.items() if cfg.get(key)]
-            return "+".join(modes) if modes else None
-    return None
+            pooling = "+".join(modes) if modes else None
+        elif kind.endswith("models.Dense"):  # a projection after the pooling: other vectors than the pooled ones
+            return f"{pooling or 'unknown'} + a Dense projection"
+    return pooling
 
 
 def check_last_token_pooling(pooling: str | None) -> None:

@@ -49,3 +49,8 @@ class CausalLM(nn.Module, ABC):
 
     def finish_loading(self) -> None:
         """Called once every weight is in (tie weights, fold or repack them)."""
+
+    def tie_lm_head(self) -> None:
+        """Use the token embedding as the LM head: for checkpoints that ship none (base models saved for their
+        embeddings, which then serve embeddings only). Models that cannot tie keep the default, which refuses."""
+        raise ValueError(f"{type(self).__name__} cannot tie its LM head to the embedding")

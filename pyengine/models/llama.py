@@ -357,6 +357,9 @@ class LlamaForCausalLM(CausalLM):
             loaded.add(name)
         return loaded
 
+    def tie_lm_head(self) -> None:
+        self.config.tie_word_embeddings = True  # finish_loading then binds the head; the engine sees it too
+
     def finish_loading(self) -> None:
         """Called once all weights are in: binds a tied LM head to the embedding; on CUDA folds the norms
         (:meth:`fold_norms`; batch-64 decode +2 %, RESULTS.md) unless ``CANDLE_VLLM_FOLD_NORMS=0``."""

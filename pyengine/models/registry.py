@@ -12,6 +12,12 @@ MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     "YiForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
+    # Base models without their LM head, as embedding checkpoints are saved (Qwen3-Embedding, e5-mistral, gte):
+    # their tensors carry no "model." prefix and the head is tied to the embedding (loader/load.py).
+    "LlamaModel": LlamaForCausalLM,
+    "MistralModel": LlamaForCausalLM,
+    "Qwen2Model": LlamaForCausalLM,
+    "Qwen3Model": LlamaForCausalLM,
 }
 
 

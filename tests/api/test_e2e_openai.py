@@ -180,8 +180,9 @@ def test_echo_with_max_tokens_0_scores_the_prompt(server: ServerThread, model: s
 
 
 def test_embeddings_in_every_encoding_and_input_form(server: ServerThread, model: str) -> None:
-    """The SDK's default (base64, decoded by the SDK as little-endian float32), floats, token ids and a batch all
-    give the same unit vectors, the engine's own ``LLM.embed`` ones; ``dimensions`` truncates and renormalises."""
+    """The SDK's default (base64, decoded by the SDK as little-endian float32), floats, token ids, one input and a
+    batch all give the same unit vectors (on the CPU, bit for bit); ``dimensions`` truncates and renormalises;
+    vLLM extras that would change the vector and are not built are refused."""
     client = server.openai()
     texts = ["The sea is calm tonight.", "Ships pass the headland."]
     tokenizer = server.engine.tokenizer
@@ -210,6 +211,12 @@ def test_embeddings_in_every_encoding_and_input_form(server: ServerThread, model
         client.embeddings.create(model=model, input=[])
     with pytest.raises(openai.BadRequestError):
         client.embeddings.create(model=model, input=[[tokenizer.vocab_size + 5]])
+    with pytest.raises(openai.BadRequestError) as info:
+        client.embeddings.create(model=model, input="hello", extra_body={"truncate_prompt_tokens": 2})
+    assert info.value.body["param"] == "truncate_prompt_tokens"
+    no_bos = client.embeddings.create(model=model, input=texts[0], encoding_format="float",
+                                      extra_body={"add_special_tokens": False})
+    assert no_bos.usage.prompt_tokens == len(tokenizer.encode(texts[0], add_special_tokens=False))
 
 
 @pytest.mark.parametrize(("content", "max_tokens"), [("Reply only with emoji: 🙂🙂🙂", 9),

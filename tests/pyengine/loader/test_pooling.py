@@ -74,3 +74,14 @@ def test_embedding_requests_to_a_mean_pooled_model_are_refused(tmp_path: Path) -
                dtype="f32", mem=8, cpu=True)
     vector = last.embed("t1 t2 t3")[0].outputs.embedding
     assert len(vector) == HIDDEN and sum(x * x for x in vector) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_a_dense_projection_after_the_pooling_is_declared(tmp_path: Path) -> None:
+    """sentence-transformers models with a Dense module project the pooled vector: not last-token vectors."""
+    path = hf_dir(tmp_path, {"pooling_mode_lasttoken": True})
+    modules = json.loads((path / "modules.json").read_text())
+    modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+    (path / "modules.json").write_text(json.dumps(modules))
+    loaded = load_model(resolve_model_source(str(path), load_format="dummy"), torch.float32, torch.device("cpu"),
+                        load_format="dummy")
+    assert loaded.pooling == "last + a Dense projection"

@@ -107,3 +107,25 @@ def test_smollm2_embeddings_agree_with_llama_cpp_last_token_pooling() -> None:
     assert cos.min().item() > 0.999, cos  # 0.99978 and 0.99986 measured (2026-12-06)
     cross = (a[0] * b[1]).sum() / (a[0].norm() * b[1].norm())
     assert cross.item() < cos.min().item() - 0.01  # another text's vector is measurably further away
+
+
+def test_a_base_model_checkpoint_embeds_as_transformers_does(tmp_path: Path) -> None:
+    """Embedding checkpoints are often the base model saved alone (``Qwen3Model``: tensors without the "model."
+    prefix, no LM head). They load and embed as transformers' base model does; generation is refused with the
+    reason (a head tied in its place would write text the model was never trained to write)."""
+    causal = make_hf_model("qwen3_qk_norm", seed=7)
+    base = causal.model
+    base.config.architectures = ["Qwen3Model"]
+    base.config.tie_word_embeddings = False  # as Qwen3-Embedding-8B's config says, with no head in the file
+    base.save_pretrained(tmp_path)
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(BASE["vocab_size"])}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    llm = LLM(model=str(tmp_path), dtype="f32", mem=16, cpu=True)
+    for ids in prompts(3):
+        got = torch.tensor(llm.embed({"prompt_token_ids": ids})[0].outputs.embedding, dtype=torch.float64)
+        with torch.inference_mode():
+            state = base(torch.tensor([ids])).last_hidden_state[0, -1].double()
+        torch.testing.assert_close(got, torch.nn.functional.normalize(state, dim=-1), rtol=0, atol=2e-5)
+    with pytest.raises(ValueError, match="embeddings only"):
+        llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=2))
