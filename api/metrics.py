@@ -112,10 +112,12 @@ class RequestTracker:
         if out is None:
             return
         generated = sum(len(c.token_ids) for c in out.outputs)
+        embedding = out.embedding is not None  # a pooling request: no generation to count, no decode phase
         m.prompt_tokens.labels(name).inc(len(out.prompt_token_ids))
         m.generation_tokens.labels(name).inc(generated)
         m.req_prompt.labels(name).observe(len(out.prompt_token_ids))
-        m.req_generation.labels(name).observe(generated)
+        if not embedding:
+            m.req_generation.labels(name).observe(generated)
         t = out.metrics
         end = t.finished_time or time.monotonic()
         m.e2e.labels(name).observe(max(0.0, end - t.arrival_time))
@@ -123,5 +125,5 @@ class RequestTracker:
             m.queue.labels(name).observe(max(0.0, t.first_scheduled_time - t.arrival_time))
             if t.first_token_time is not None:
                 m.prefill.labels(name).observe(max(0.0, t.first_token_time - t.first_scheduled_time))
-        if t.first_token_time is not None:
+        if t.first_token_time is not None and not embedding:
             m.decode.labels(name).observe(max(0.0, end - t.first_token_time))

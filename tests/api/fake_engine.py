@@ -86,7 +86,7 @@ class FakeEngine:
         if params.embed:  # a unit vector made from the prompt, and no tokens
             raw = [math.cos(sum(prompt_token_ids) + i) for i in range(self.model_config.hidden_size)]
             norm = math.sqrt(sum(x * x for x in raw))
-            yield RequestOutput(request_id, prompt, list(prompt_token_ids), [CompletionOutput(0, finish_reason="length")],
+            yield RequestOutput(request_id, prompt, list(prompt_token_ids), [CompletionOutput(0, finish_reason="stop")],
                                 finished=True, embedding=[x / norm for x in raw], metrics=metrics)
             return
         try:

@@ -187,6 +187,21 @@ def test_metrics_count_requests(server: ServerThread) -> None:
     assert after["vllm:num_requests_running"] == 0 and after["vllm:kv_cache_usage_perc"] == 0
 
 
+def test_metrics_count_embeddings_without_generation(server: ServerThread) -> None:
+    """A pooling request counts its prompt and its end (``stop``), no generated tokens and no decode phase."""
+    server.openai().completions.create(model="fake-model", prompt="abc", max_tokens=2)  # every series exists
+    before = server.metrics()
+    r = server.openai().embeddings.create(model="fake-model", input=["abc", "de"], encoding_format="float")
+    after = server.metrics()
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    assert len(r.data) == 2 and delta["vllm:prompt_tokens_total"] == r.usage.prompt_tokens > 0
+    assert delta['vllm:request_success_total{finished_reason="stop"}'] == 2
+    assert delta["vllm:e2e_request_latency_seconds_count"] == 2
+    for series in ("vllm:generation_tokens_total", "vllm:request_generation_tokens_count",
+                   "vllm:request_decode_time_seconds_count", "vllm:time_to_first_token_seconds_count"):
+        assert delta[series] == 0, series
+
+
 def test_raw_sse_is_valid_json_and_done(server: ServerThread) -> None:
     with server.http() as http:
         raw = http.post("/v1/completions", json={"prompt": "x", "stream": True, "max_tokens": 2}).text
