@@ -1,6 +1,6 @@
 """``LLM.embed`` (vLLM's offline embedding API) against outside oracles: on a random checkpoint, each prompt's
 vector is HF transformers' final-normed hidden state of its last token, L2-normalised, whatever the batch, the
-prefill chunking or the generation requests running beside it; on the shipped SmolLM2 GGUF it is llama.cpp's
+prefill chunking or the generation requests running beside it (CPU, and the GPU with its decode graphs); on the shipped SmolLM2 GGUF it is llama.cpp's
 last-token-pooled embedding of the same text."""
 
 from __future__ import annotations
@@ -59,26 +59,35 @@ def test_embeddings_equal_transformers_last_token_states(checkpoint: tuple[Path,
         torch.testing.assert_close(got, want, rtol=0, atol=2e-5 if cpu else 2e-4)
 
 
-def test_embedding_beside_generation_and_alone_agree(checkpoint: tuple[Path, torch.nn.Module]) -> None:
-    """The same prompt embedded alone, then in a batch while generation requests decode in the same steps: the
-    same vector (the embedding request runs one token and ends; the generations are unaffected)."""
-    path, _ = checkpoint
-    llm = LLM(model=str(path), dtype="f32", mem=16, cpu=True, disable_prefix_cache=True)
-    target = prompts(1)[2]
-    alone = llm.embed({"prompt_token_ids": target})[0].outputs.embedding
+@pytest.mark.parametrize("cpu", DEVICES)
+def test_embedding_beside_generation_matches_transformers(checkpoint: tuple[Path, torch.nn.Module],
+                                                          cpu: bool) -> None:
+    """Embedding requests arriving while generation requests decode: a 1-token prompt joins a step of one-token rows
+    only (which CUDA runs as a decode graph's replay), a 23-token one a mixed step. Their vectors are transformers' last-token
+    states; the generations keep their tokens and carry no vector."""
+    path, model = checkpoint
+    llm = LLM(model=str(path), dtype="f32", mem=16, cpu=cpu, disable_prefix_cache=True)
+    targets = [prompts(1)[0], prompts(1)[2]]
+    assert [len(t) for t in targets] == [1, 23]
     gen_params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     others = prompts(2)
     want_text = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in others], gen_params)]
     engine = llm.engine
     for i, ids in enumerate(others):
         engine.add_request(f"g{i}", ids, gen_params)
-    engine.step()  # the generations are decoding when the embedding request arrives
-    engine.add_request("e", target, SamplingParams(max_tokens=1, temperature=0, embed=True))
     done = {}
+    for _ in range(3):  # the generations are decoding when the embedding requests arrive
+        done.update({out.request_id: out for out in engine.step() if out.finished})
+    for j, ids in enumerate(targets):
+        engine.add_request(f"e{j}", ids, SamplingParams(max_tokens=1, temperature=0, embed=True))
+        done.update({out.request_id: out for out in engine.step() if out.finished})
     while engine.has_unfinished():
         done.update({out.request_id: out for out in engine.step() if out.finished})
-    assert done["e"].embedding == pytest.approx(alone, abs=1e-6)
-    assert done["e"].outputs[0].token_ids == [] and done["e"].outputs[0].text == ""  # its one token is internal
+    for j, ids in enumerate(targets):
+        out = done[f"e{j}"]
+        assert out.outputs[0].token_ids == [] and out.outputs[0].text == ""  # its one token is internal
+        got = torch.tensor(out.embedding, dtype=torch.float64)
+        torch.testing.assert_close(got, hf_embedding(model, ids), rtol=0, atol=2e-5 if cpu else 2e-4)
     assert [done[f"g{i}"].outputs[0].token_ids for i in range(len(others))] == want_text
     assert all(done[f"g{i}"].embedding is None for i in range(len(others)))
 
