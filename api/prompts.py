@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from candle_vllm.api.errors import bad_request
 from candle_vllm.api.schemas import (
@@ -165,8 +166,10 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
 
 
 # vLLM's request extras that would change the output and are not built, with the value that changes nothing (a
-# client may send that): refused with a 400 naming the field instead of being kept and ignored.
-_UNBUILT_EXTRAS: dict[str, tuple[Any, str]] = {
+# client may send that; a frozenset: any of its values): refused with a 400 naming the field instead of being kept
+# and ignored.
+UnbuiltExtras = Mapping[str, tuple[Any, str]]
+_UNBUILT_EXTRAS: UnbuiltExtras = {
     "use_beam_search": (False, "beam search is not supported; sample with n and temperature instead"),
     "length_penalty": (1.0, "length_penalty applies to beam search, which is not supported"),
     "allowed_token_ids": (None, "allowed_token_ids is not supported; use logit_bias or response_format"),
@@ -184,13 +187,14 @@ _UNBUILT_EXTRAS: dict[str, tuple[Any, str]] = {
 }
 
 
-def refuse_unbuilt_extras(req: SamplingFields) -> None:
-    """A 400 for any field of ``_UNBUILT_EXTRAS`` the request sets to a value that would change the output (empty
-    lists and nulls change nothing)."""
+def refuse_unbuilt_extras(req: BaseModel, extras: UnbuiltExtras = _UNBUILT_EXTRAS) -> None:
+    """A 400 for any field of ``extras`` (by default the sampling routes' ones) the request sets to a value that
+    would change the output (empty lists and nulls change nothing)."""
     extra = req.model_extra or {}
-    for name, (neutral, why) in _UNBUILT_EXTRAS.items():
+    for name, (neutral, why) in extras.items():
         value = extra.get(name)
-        if value is not None and value != neutral and value != []:
+        changes_nothing = value in neutral if isinstance(neutral, frozenset) else value == neutral
+        if value is not None and not changes_nothing and value != []:
             raise bad_request(why, param=name)
 
 

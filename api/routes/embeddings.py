@@ -19,7 +19,7 @@ from quart import Blueprint
 
 from candle_vllm.api.errors import APIError, bad_request, service_unavailable
 from candle_vllm.api.generation import EngineRequest
-from candle_vllm.api.prompts import check_token_ids
+from candle_vllm.api.prompts import UnbuiltExtras, check_token_ids, refuse_unbuilt_extras
 from candle_vllm.api.routes.common import check_model, collect, get_state, in_worker, now_s, read_json, submit
 from candle_vllm.api.schemas import EmbeddingRequest, parse_request
 from candle_vllm.api.state import ServerState
@@ -29,22 +29,14 @@ from candle_vllm.pyengine.sampling.params import SamplingParams
 bp = Blueprint("embeddings", __name__)
 _PARAMS = SamplingParams(max_tokens=1, temperature=0, embed=True)
 # vLLM's embedding extras that would change the vector, with the value that changes nothing.
-_UNBUILT: dict[str, tuple[Any, str]] = {
+_UNBUILT: UnbuiltExtras = {
     "truncate_prompt_tokens": (None, "truncate_prompt_tokens is not supported; shorten the input"),
     "normalize": (True, "normalize false is not supported: the vectors are always L2-normalised"),
     "use_activation": (True, "use_activation false is not supported: the vectors are always L2-normalised"),
     "embed_dtype": ("float32", "embed_dtype other than float32 is not supported"),
-    "endianness": ("native", "endianness other than native (little-endian here) is not supported"),
+    "endianness": (frozenset({"native", "little"}), "big-endian vectors are not supported (native is little here)"),
     "messages": (None, "chat-style embedding inputs (messages) are not supported; send the text as input"),
 }
-
-
-def _refuse_unbuilt(req: EmbeddingRequest) -> None:
-    extra = req.model_extra or {}
-    for name, (neutral, why) in _UNBUILT.items():
-        value = extra.get(name)
-        if value is not None and value != neutral and not (name == "endianness" and value == "little"):
-            raise bad_request(why, param=name)
 
 
 def _token_ids(req: EmbeddingRequest, tokenizer: Any, max_model_len: int) -> list[list[int]]:
@@ -87,7 +79,7 @@ async def embeddings() -> dict[str, Any]:
     state = get_state()
     req = parse_request(EmbeddingRequest, await read_json())
     model = check_model(state, req.model)
-    _refuse_unbuilt(req)
+    refuse_unbuilt_extras(req, _UNBUILT)
     hidden = state.engine.model_config.hidden_size
     if req.dimensions is not None and req.dimensions > hidden:
         raise bad_request(f"dimensions {req.dimensions} exceeds this model's embedding size ({hidden}); ask for "
