@@ -52,6 +52,7 @@ class AsyncEngine:
         self.core = core
         self.tokenizer = core.tokenizer
         self.model_config = core.model_config
+        self.matryoshka = core.matryoshka
         self.max_model_len = core.max_model_len
         self.model_name = core.info.model_name
         self.info = core.info

@@ -8,6 +8,7 @@ built yet through the one table in `candle_vllm.pyengine.engine_args`.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Mapping, Sequence
@@ -94,6 +95,16 @@ def _comma_list(text: str) -> list[str]:
     return text.split(",")
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e}): {text!r}") from e
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object is needed, got {text!r}")
+    return value
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a bad flag is one line (the usage text buried it under twenty), exit code 2."""
 
@@ -144,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--yarn-scaling-factor", type=float, metavar="X", help="YaRN RoPE context extension factor"
     )
+    g.add_argument("--hf-overrides", type=_json_object, metavar="JSON",
+                   help="JSON object laid over the model's config.json, as vLLM's (e.g. '{\"is_matryoshka\": true}' "
+                        "for an embedding model trained for truncated vectors)")
     g.add_argument("--max-model-len", type=int, metavar="N", help="context length cap (default: the model's)")
 
     g = p.add_argument_group("server")

@@ -18,9 +18,10 @@ from candle_vllm.pyengine.outputs import (
     Logprob,
     RequestOutput,
 )
+from candle_vllm.pyengine.pooling_params import PoolingParams
 from candle_vllm.pyengine.sampling import SamplingParams, StructuredOutputParams
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "CompletionOutput", "EmbeddingOutput", "EmbeddingRequestOutput", "Logprob", "RequestOutput",
-           "SamplingParams", "StructuredOutputParams", "TextPrompt", "TokensPrompt", "__version__"]
+__all__ = ["LLM", "CompletionOutput", "EmbeddingOutput", "EmbeddingRequestOutput", "Logprob", "PoolingParams",
+           "RequestOutput", "SamplingParams", "StructuredOutputParams", "TextPrompt", "TokensPrompt", "__version__"]

@@ -139,10 +139,21 @@ def config_from_hf_dict(raw: Mapping[str, Any]) -> ModelConfig:
     )
 
 
-def config_from_hf_dir(path: Path) -> ModelConfig:
-    """Read ``path/config.json``."""
+def config_from_hf_dir(path: Path, overrides: Mapping[str, Any] | None = None) -> ModelConfig:
+    """Read ``path/config.json``, with ``overrides`` (``--hf-overrides``) merged over it."""
     with open(path / "config.json", encoding="utf-8") as f:
-        return config_from_hf_dict(json.load(f))
+        return config_from_hf_dict(merged_config(json.load(f), overrides or {}))
+
+
+def merged_config(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``raw`` with ``overrides`` laid over it as vLLM's ``hf_overrides`` are: a dict value updates the dict it
+    replaces key by key (``{"rope_scaling": {"factor": 4.0}}`` keeps the other rope fields), anything else
+    replaces."""
+    out = dict(raw)
+    for key, value in overrides.items():
+        old = out.get(key)
+        out[key] = merged_config(old, value) if isinstance(value, Mapping) and isinstance(old, Mapping) else value
+    return out
 
 
 def _scalar(meta: Mapping[str, Any], key: str, default: Any = None) -> Any:

@@ -144,6 +144,7 @@ class EngineArgs:
     hf_token: str | None = None
     hf_token_path: str | None = None
     yarn_scaling_factor: float | None = None
+    hf_overrides: dict[str, Any] | None = None  # laid over config.json (vLLM's --hf-overrides)
     max_model_len: int | None = None
     # engine and cache
     cpu: bool = False
@@ -188,6 +189,8 @@ class EngineArgs:
         _check_choice("load_format", self.load_format, LOAD_FORMATS)
         _check_choice("kvcache_dtype", self.kvcache_dtype, KV_CACHE_DTYPES)
         _check_number(v, "yarn_scaling_factor", 1.0, lo_open=True)
+        if self.hf_overrides is not None and not isinstance(self.hf_overrides, dict):
+            raise ValueError(f"hf_overrides (--hf-overrides) must be a JSON object (a dict), got {self.hf_overrides!r}")
         _check_number(v, "max_model_len", 1, integer=True)
         _check_number(v, "kv_fraction", 0.0, 1.0, lo_open=True)
         _check_number(v, "mem", 1, integer=True)

@@ -98,12 +98,14 @@ class EngineCore:
             model_arg = str(default_model_path())
         source = resolve_model_source(model_arg, args.weight_path, args.weight_file, args.hf_token_value(),
                                       args.load_format)
-        loaded = load_model(source, dtype, device, args.load_format, args.yarn_scaling_factor, args.isq)
+        loaded = load_model(source, dtype, device, args.load_format, args.yarn_scaling_factor, args.isq,
+                            args.hf_overrides)
         if loaded.tokenizer is None:
             raise ValueError(f"{source.name}: no tokenizer found next to the weights (tokenizer.json or GGUF vocab)")
         self.tokenizer: Tokenizer = loaded.tokenizer
         self.model_config: ModelConfig = loaded.config
         self.pooling = loaded.pooling
+        self.matryoshka = loaded.matryoshka
         self.embedding_only = loaded.embedding_only
         cfg = loaded.config
         max_model_len = cfg.max_position_embeddings

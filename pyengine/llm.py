@@ -12,7 +12,9 @@ from tqdm import tqdm
 
 from candle_vllm.pyengine.engine_args import EngineArgs
 from candle_vllm.pyengine.engine_core import EngineCore
+from candle_vllm.pyengine.loader.pooling import truncated
 from candle_vllm.pyengine.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from candle_vllm.pyengine.pooling_params import PoolingParams
 from candle_vllm.pyengine.sampling import SamplingDefaults, SamplingParams
 from candle_vllm.pyengine.tokenizer import Tokenizer
 
@@ -100,19 +102,34 @@ class LLM:
             requests.append((text, token_ids, p))
         return self._run(requests, use_tqdm)
 
-    def embed(self, prompts: PromptType | Sequence[PromptType], use_tqdm: bool = False) -> list[EmbeddingRequestOutput]:
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        *,
+        use_tqdm: bool = False,
+    ) -> list[EmbeddingRequestOutput]:
         """vLLM's ``LLM.embed``: each prompt's embedding, the final-normed hidden state of its last token,
         L2-normalised (last-token pooling, what decoder embedding models such as Qwen3-Embedding, gte-Qwen2 and
-        e5-mistral are trained for). Prompts take the forms ``generate`` takes; outputs keep their order."""
+        e5-mistral are trained for). Prompts take the forms ``generate`` takes; ``pooling_params`` is one for all
+        prompts or one per prompt (``dimensions``: Matryoshka truncation). Outputs keep the prompts' order."""
         if isinstance(prompts, (str, Mapping)):
             prompts = [prompts]
+        pooling = [pooling_params or PoolingParams()] * len(prompts) \
+            if pooling_params is None or isinstance(pooling_params, PoolingParams) else list(pooling_params)
+        if len(pooling) != len(prompts):
+            raise ValueError(f"{len(pooling)} pooling params for {len(prompts)} prompts")
+        for p in pooling:
+            if p.dimensions is not None:
+                self.engine.matryoshka.check(self.engine.info.model_name, p.dimensions)
         params = SamplingParams(max_tokens=1, temperature=0, embed=True)
         outs = self._run([(*self._tokenize(prompt), params) for prompt in prompts], use_tqdm)
         vectors = [out.embedding for out in outs]
         if any(v is None for v in vectors):
             raise RuntimeError("an embedding request finished without its embedding")
-        return [EmbeddingRequestOutput(out.request_id, EmbeddingOutput(cast("list[float]", v)), out.prompt_token_ids)
-                for out, v in zip(outs, vectors, strict=True)]
+        return [EmbeddingRequestOutput(out.request_id, EmbeddingOutput(truncated(cast("list[float]", v), p.dimensions)),
+                                       out.prompt_token_ids)
+                for out, v, p in zip(outs, vectors, pooling, strict=True)]
 
     def chat(
         self,

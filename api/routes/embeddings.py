@@ -4,8 +4,9 @@ Each input runs as one engine embedding request (``SamplingParams.embed``: the p
 answer leaves out). Its vector is the final-normed hidden state of its last token, L2-normalised: last-token
 pooling, what decoder embedding models (Qwen3-Embedding, gte-Qwen2, e5-mistral) are trained for and what vLLM
 pools such models with. ``dimensions`` keeps the first d components and normalises them again (Matryoshka
-truncation, as those models document it); more than the model's hidden size is a 400. vLLM's pooling extras that
-would change the vector and are not built are refused, not ignored.
+truncation) for models declared to be trained for it (config.json's ``is_matryoshka`` /
+``matryoshka_dimensions``, or ``--hf-overrides``), as vLLM allows it; other models, or more than the hidden size,
+get a 400. vLLM's pooling extras that would change the vector and are not built are refused, not ignored.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from candle_vllm.api.prompts import UnbuiltExtras, check_token_ids, refuse_unbui
 from candle_vllm.api.routes.common import check_model, collect, get_state, in_worker, now_s, read_json, submit
 from candle_vllm.api.schemas import EmbeddingRequest, parse_request
 from candle_vllm.api.state import ServerState
+from candle_vllm.pyengine.loader.pooling import truncated
 from candle_vllm.pyengine.outputs import RequestOutput
 from candle_vllm.pyengine.sampling.params import SamplingParams
 
@@ -60,18 +62,14 @@ def _token_ids(req: EmbeddingRequest, tokenizer: Any, max_model_len: int) -> lis
     return out
 
 
-def _vector(state: ServerState, out: RequestOutput | None, dimensions: int | None) -> np.ndarray:
+def _vector(state: ServerState, out: RequestOutput | None, dimensions: int | None) -> list[float]:
     """The input's vector (the first ``dimensions`` components, normalised again, when asked)."""
     if out is None or out.embedding is None:  # aborted: the server is draining, or a step failed
         if state.draining:
             raise service_unavailable("the server is shutting down; retry on another replica", retry_after_s=5)
         raise APIError(500, "the engine ended the embedding request without its vector (a step failed); see the "
                             "server log", code="internal_error")
-    v = np.asarray(out.embedding, dtype=np.float32)
-    if dimensions is not None:
-        v = v[:dimensions]
-        v = v / max(float(np.linalg.norm(v)), 1e-12)
-    return v
+    return truncated(out.embedding, dimensions)
 
 
 @bp.post("/v1/embeddings")
@@ -81,9 +79,14 @@ async def embeddings() -> dict[str, Any]:
     model = check_model(state, req.model)
     refuse_unbuilt_extras(req, _UNBUILT)
     hidden = state.engine.model_config.hidden_size
-    if req.dimensions is not None and req.dimensions > hidden:
-        raise bad_request(f"dimensions {req.dimensions} exceeds this model's embedding size ({hidden}); ask for "
-                          f"at most {hidden}", param="dimensions")
+    if req.dimensions is not None:
+        try:
+            state.engine.matryoshka.check(model, req.dimensions)
+        except ValueError as e:
+            raise bad_request(str(e), param="dimensions") from e
+        if req.dimensions > hidden:
+            raise bad_request(f"dimensions {req.dimensions} exceeds this model's embedding size ({hidden}); ask "
+                              f"for at most {hidden}", param="dimensions")
     tokenizer = state.engine.tokenizer
     inputs = await in_worker(state, _token_ids, req, tokenizer, state.engine.max_model_len)
     request_id = f"embd-{uuid.uuid4().hex}"
@@ -97,8 +100,8 @@ async def embeddings() -> dict[str, Any]:
     data = []
     for i, out in enumerate(last):
         v = _vector(state, out, req.dimensions)
-        value: Any = base64.b64encode(v.astype("<f4").tobytes()).decode() if req.encoding_format == "base64" \
-            else v.tolist()
+        value: Any = base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode() \
+            if req.encoding_format == "base64" else v
         data.append({"object": "embedding", "index": i, "embedding": value})
     prompt_tokens = sum(len(ids) for ids in inputs)
     return {"id": request_id, "object": "list", "created": created, "model": model, "data": data,

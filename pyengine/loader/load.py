@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm.auto import tqdm
 
-from candle_vllm.pyengine.config import ModelConfig, config_from_hf_dir
+from candle_vllm.pyengine.config import ModelConfig, config_from_hf_dir, merged_config
 from candle_vllm.pyengine.loader import dummy, gguf_io, safetensors_io
 from candle_vllm.pyengine.loader.errors import ModelLoadError
-from candle_vllm.pyengine.loader.pooling import declared_pooling
+from candle_vllm.pyengine.loader.pooling import Matryoshka, declared_pooling
 from candle_vllm.pyengine.loader.source import LOAD_FORMATS, ModelSource
 from candle_vllm.pyengine.models.base import CausalLM
 from candle_vllm.pyengine.models.registry import model_class
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# The config keys --hf-overrides may set for a GGUF model: declarations its metadata has no key for.
+GGUF_OVERRIDES = frozenset({"is_matryoshka", "matryoshka_dimensions"})
 
 
 @dataclass
@@ -40,6 +43,7 @@ class LoadedModel:
     generation_config: dict[str, Any] = field(default_factory=dict)
     source: ModelSource | None = None
     pooling: str | None = None  # the embeddings' pooling the checkpoint declares (loader/pooling.py)
+    matryoshka: Matryoshka = field(default_factory=Matryoshka)  # which truncated vector sizes it was trained for
     # The checkpoint ships no LM head (a base model saved for its embeddings): it serves embeddings only.
     embedding_only: bool = False
 
@@ -51,18 +55,22 @@ def load_model(
     load_format: str = "auto",
     yarn_scaling_factor: float | None = None,
     isq: str | None = None,
+    hf_overrides: Mapping[str, Any] | None = None,
 ) -> LoadedModel:
     """Build the model for ``source`` on ``device`` in ``dtype`` and fill its weights (random for "dummy").
 
     ``isq`` (an ``--isq`` name such as ``q4k``) quantizes the decoder's linear weights to GGUF blocks one tensor
     at a time as they arrive, on ``device`` (see ``quant.isq``); embeddings and the LM head stay dense.
+    ``hf_overrides`` (vLLM's ``--hf-overrides``) is laid over config.json; a GGUF's config comes from its metadata,
+    so there it may only declare what the file cannot (``GGUF_OVERRIDES``).
     """
     if load_format not in LOAD_FORMATS:
         raise ModelLoadError(f"unknown load format {load_format!r} (choose from {', '.join(LOAD_FORMATS)})")
     if dtype not in DTYPES:
         raise ModelLoadError(f"dtype {dtype} is not supported (use bf16, f16 or f32)")
     ckpt = gguf_io.open_gguf(list(source.weight_files)) if source.format == "gguf" else None
-    config = gguf_io.gguf_config(ckpt) if ckpt is not None else _hf_config(source)
+    overrides = hf_overrides or {}
+    config = _gguf_config(ckpt, overrides) if ckpt is not None else _hf_config(source, overrides)
     if yarn_scaling_factor is not None:
         try:
             config = config.with_yarn_scaling(yarn_scaling_factor)
@@ -89,16 +97,37 @@ def load_model(
     model.eval()
     metadata = ckpt.metadata if ckpt is not None else None
     return LoadedModel(model, config, _tokenizer(source, metadata), _generation_config(source), source,
-                       declared_pooling(source, metadata), embedding_only=headless)
+                       declared_pooling(source, metadata), Matryoshka.of_config(config.extra), headless)
 
 
-def _hf_config(source: ModelSource) -> ModelConfig:
+def _hf_config(source: ModelSource, overrides: Mapping[str, Any]) -> ModelConfig:
     assert source.config_dir is not None
     path = source.config_dir / "config.json"
     try:
-        return config_from_hf_dir(source.config_dir)
+        config = config_from_hf_dir(source.config_dir, overrides)
+        Matryoshka.of_config(config.extra)
+        return config
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ModelLoadError(f"{path}: {type(e).__name__}: {e}") from e
+        where = f"{path} with --hf-overrides" if overrides else str(path)
+        raise ModelLoadError(f"{where}: {type(e).__name__}: {e}") from e
+
+
+def _gguf_config(ckpt: gguf_io.GGUFCheckpoint, overrides: Mapping[str, Any]) -> ModelConfig:
+    """The GGUF's config with the embedding declarations of ``overrides``; anything else is refused (the file's
+    metadata fixes the shapes, and an override of them would be ignored)."""
+    unknown = sorted(set(overrides) - GGUF_OVERRIDES)
+    if unknown:
+        raise ModelLoadError(f"--hf-overrides {', '.join(unknown)}: a GGUF model's config comes from the file's "
+                             f"metadata, so only {', '.join(sorted(GGUF_OVERRIDES))} can be overridden; drop the rest")
+    config = gguf_io.gguf_config(ckpt)
+    if not overrides:
+        return config
+    config = dataclasses.replace(config, extra=merged_config(config.extra, overrides))
+    try:
+        Matryoshka.of_config(config.extra)
+    except ValueError as e:
+        raise ModelLoadError(f"--hf-overrides: {e}") from e
+    return config
 
 
 def _in_situ_quantized(

@@ -16,6 +16,7 @@ from typing import Any
 
 import trio
 
+from candle_vllm.pyengine.loader.pooling import Matryoshka
 from candle_vllm.pyengine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from candle_vllm.pyengine.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -43,6 +44,7 @@ class FakeEngine:
         self.tokenizer = tokenizer
         self.model_name = "fake-model"
         self.model_config = FakeModelConfig()
+        self.matryoshka = Matryoshka()  # trained for no truncated sizes: ``dimensions`` is refused
         self.max_model_len = max_model_len
         self.delay_s = delay_s
         self.reject_over = reject_prompts_longer_than

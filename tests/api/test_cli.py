@@ -72,6 +72,7 @@ EXTRA_FLAGS = [
     "--max-model-len",
     "--seed",
     "--version",
+    "--hf-overrides",
 ]
 LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (INFO|WARNING) ")
 HELP_GROUPS = ["model:", "server:", "engine and cache:", "sampling defaults", "parallelism:", "tools:"]
@@ -268,6 +269,8 @@ def test_refusal_through_console_script() -> None:
         (["--frequency-penalty", "nan"], "--frequency-penalty"),
         (["--kv-fraction", "nan"], "--kv-fraction"),
         (["--yarn-scaling-factor", "1.0"], "--yarn-scaling-factor"),
+        (["--hf-overrides", "{is_matryoshka: true}"], "--hf-overrides"),
+        (["--hf-overrides", "[1]"], "--hf-overrides"),
         (["--d", "3", "--cpu"], "--d"),
     ],
 )
@@ -306,6 +309,8 @@ def test_accepted_flags_reach_the_server_step_with_the_embedded_model(
         "--api-key",
         "k",
         "--trust-request-chat-template",
+        "--hf-overrides",
+        '{"is_matryoshka": true}',
     ]
     assert cli.main(argv) == 0
     assert calls["model"] == str(embedded.default_model_path())
@@ -315,6 +320,7 @@ def test_accepted_flags_reach_the_server_step_with_the_embedded_model(
         2.0,
         {"temperature": 0.5},
     )
+    assert got.hf_overrides == {"is_matryoshka": True}
     assert (got.kv_fraction, got.block_size) == (None, None)  # the engine resolves them (it knows the device)
     assert (got.resolved(torch.device("cpu")).kv_fraction, got.resolved(torch.device("cpu")).block_size) == (0.4, 32)
     server_args = calls["server_args"]

@@ -20,7 +20,9 @@ MESSAGES = [{"role": "user", "content": "Write one sentence about the sea."}]
 
 
 def real_engine_cm():
-    args = EngineArgs(model=str(smollm2_path()), mem=256, max_num_seqs=64)
+    # Declared trained for 64- and 128-component vectors (Matryoshka), as vLLM's --hf-overrides declares a model.
+    args = EngineArgs(model=str(smollm2_path()), mem=256, max_num_seqs=64,
+                      hf_overrides={"matryoshka_dimensions": [64, 128]})
     return lambda: open_engine(args)
 
 
@@ -181,8 +183,9 @@ def test_echo_with_max_tokens_0_scores_the_prompt(server: ServerThread, model: s
 
 def test_embeddings_in_every_encoding_and_input_form(server: ServerThread, model: str) -> None:
     """The SDK's default (base64, decoded by the SDK as little-endian float32), floats, token ids, one input and a
-    batch all give the same unit vectors (on the CPU, bit for bit); ``dimensions`` truncates and renormalises;
-    vLLM extras that would change the vector and are not built are refused."""
+    batch all give the same unit vectors (on the CPU, bit for bit); ``dimensions`` truncates and renormalises to
+    the sizes the model is declared trained for; vLLM extras that would change the vector and are not built are
+    refused."""
     client = server.openai()
     texts = ["The sea is calm tonight.", "Ships pass the headland."]
     tokenizer = server.engine.tokenizer
@@ -204,9 +207,10 @@ def test_embeddings_in_every_encoding_and_input_form(server: ServerThread, model
     head = vectors[0][:64]
     norm = sum(x * x for x in head) ** 0.5
     assert short.data[0].embedding == pytest.approx([x / norm for x in head], abs=1e-6)
-    with pytest.raises(openai.BadRequestError) as info:
-        client.embeddings.create(model=model, input="hello", dimensions=hidden + 1)
-    assert info.value.body["param"] == "dimensions"
+    for size in (32, hidden + 1):  # sizes the model was not trained for
+        with pytest.raises(openai.BadRequestError, match=r"only supports \[64, 128\] matryoshka dimensions") as info:
+            client.embeddings.create(model=model, input="hello", dimensions=size)
+        assert info.value.body["param"] == "dimensions"
     with pytest.raises(openai.BadRequestError):
         client.embeddings.create(model=model, input=[])
     with pytest.raises(openai.BadRequestError):

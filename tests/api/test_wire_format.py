@@ -202,6 +202,16 @@ def test_metrics_count_embeddings_without_generation(server: ServerThread) -> No
         assert delta[series] == 0, series
 
 
+def test_dimensions_on_a_model_not_trained_for_them_is_vllms_400(server: ServerThread) -> None:
+    """The fake model declares no Matryoshka sizes: the error body is vLLM's, with the way to declare them."""
+    with server.http() as http:
+        r = http.post("/v1/embeddings", json={"input": "abc", "dimensions": 8})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "dimensions"
+    assert error["message"].startswith('Model "fake-model" does not support matryoshka representation')
+    assert "--hf-overrides" in error["message"]
+
+
 def test_raw_sse_is_valid_json_and_done(server: ServerThread) -> None:
     with server.http() as http:
         raw = http.post("/v1/completions", json={"prompt": "x", "stream": True, "max_tokens": 2}).text
