@@ -23,7 +23,7 @@ from candle_vllm.api.schemas import (
     TokenizeRequest,
     validation_error,
 )
-from candle_vllm.pyengine.sampling.params import SamplingParams, StructuredOutputParams
+from candle_vllm.pyengine.sampling.params import SamplingParams, StructuredOutputParams, truncate_prompt
 from candle_vllm.pyengine.structured_output import check_structured_output
 
 log = logging.getLogger(__name__)
@@ -159,6 +159,15 @@ def structured_output_params(req: SamplingFields) -> StructuredOutputParams | No
     return params
 
 
+def truncated_prompt(ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
+    """The prompt cut to its last ``truncate_prompt_tokens`` tokens before any length check (vLLM's order), a 400
+    for a value the model cannot take."""
+    try:
+        return truncate_prompt(ids, keep, max_model_len)
+    except ValueError as e:
+        raise bad_request(str(e), param="truncate_prompt_tokens") from None
+
+
 def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
     bad = [t for t in ids if t < 0 or t >= vocab_size]
     if bad:
@@ -174,7 +183,6 @@ _UNBUILT_EXTRAS: UnbuiltExtras = {
     "length_penalty": (1.0, "length_penalty applies to beam search, which is not supported"),
     "allowed_token_ids": (None, "allowed_token_ids is not supported; use logit_bias or response_format"),
     "bad_words": (None, "bad_words is not supported; use logit_bias on their token ids"),
-    "truncate_prompt_tokens": (None, "truncate_prompt_tokens is not supported; shorten the prompt"),
     "prompt_logprobs": (None, "prompt_logprobs is not supported here; on /v1/completions use echo with logprobs"),
     "spaces_between_special_tokens": (True, "spaces_between_special_tokens false is not supported"),
     "return_tokens_as_token_ids": (False, "return_tokens_as_token_ids is not supported"),

@@ -102,6 +102,7 @@ class SamplingFields(_Open):
     max_tokens: int | None = Field(None, ge=1)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, strict=True)  # vLLM's: keep the prompt's last k tokens
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -247,6 +248,7 @@ class EmbeddingRequest(_Open):
     dimensions: int | None = Field(None, ge=1, strict=True)
     user: str | None = None
     add_special_tokens: bool = True  # vLLM's: text inputs get the tokenizer's BOS etc.
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, strict=True)  # vLLM's: keep each input's last k tokens
 
     @field_validator("input")
     @classmethod

@@ -32,6 +32,7 @@ from candle_vllm.pyengine.outputs import PromptLogprobsChunk, RequestOutput
 from candle_vllm.pyengine.request import FinishReason, Request
 from candle_vllm.pyengine.runner import ModelRunner, PendingStep, StepResult
 from candle_vllm.pyengine.sampling import SamplingDefaults, SamplingParams
+from candle_vllm.pyengine.sampling.params import truncate_prompt
 from candle_vllm.pyengine.scheduler import Scheduler, SchedulerConfig
 from candle_vllm.pyengine.scheduler.config import default_max_tokens
 from candle_vllm.pyengine.scheduler.plan import StepPlan
@@ -150,6 +151,7 @@ class EngineCore:
                     prompt: str | None = None) -> None:
         """Queue a user request (``n`` engine requests sharing the prompt). Raises ``RequestRejected`` or
         ``ValueError`` when it can never run, before any state changes."""
+        prompt_token_ids = truncate_prompt(prompt_token_ids, params.truncate_prompt_tokens, self.max_model_len)
         self.check_prompt_ids(prompt_token_ids)
         params = self.resolve_params(params, len(prompt_token_ids))
         group = RequestGroup(request_id, prompt, list(prompt_token_ids), params)

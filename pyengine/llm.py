@@ -122,8 +122,11 @@ class LLM:
         for p in pooling:
             if p.dimensions is not None:
                 self.engine.matryoshka.check(self.engine.info.model_name, p.dimensions)
-        params = SamplingParams(max_tokens=1, temperature=0, embed=True)
-        outs = self._run([(*self._tokenize(prompt), params) for prompt in prompts], use_tqdm)
+        room = self.engine.max_model_len - 1  # -1 asks for the most the model takes: the internal token needs one
+        outs = self._run([(*self._tokenize(prompt), SamplingParams(
+            max_tokens=1, temperature=0, embed=True,
+            truncate_prompt_tokens=room if p.truncate_prompt_tokens == -1 else p.truncate_prompt_tokens))
+            for prompt, p in zip(prompts, pooling, strict=True)], use_tqdm)
         vectors = [out.embedding for out in outs]
         if any(v is None for v in vectors):
             raise RuntimeError("an embedding request finished without its embedding")

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from candle_vllm.pyengine.sampling.params import truncation_ok
+
 
 @dataclass(frozen=True)
 class PoolingParams:
     """``dimensions`` keeps the first d components of the vector and normalises them again, for models trained
-    for it (Matryoshka; others refuse it, as in vLLM). vLLM's other fields are not built: ``normalize=False``
-    (vectors are always L2-normalised) and ``truncate_prompt_tokens`` are refused, not ignored."""
+    for it (Matryoshka; others refuse it, as in vLLM); ``truncate_prompt_tokens`` embeds the prompt's last k tokens
+    (-1: as many as the model takes). ``normalize=False`` is not built (vectors are always L2-normalised): refused,
+    not ignored."""
 
     dimensions: int | None = None
     normalize: bool = True
@@ -22,5 +25,6 @@ class PoolingParams:
             raise ValueError(f"dimensions must be a positive integer, got {self.dimensions!r}")
         if not self.normalize:
             raise ValueError("normalize=False is not supported: the vectors are always L2-normalised")
-        if self.truncate_prompt_tokens is not None:
-            raise ValueError("truncate_prompt_tokens is not supported; shorten the prompt")
+        if not truncation_ok(self.truncate_prompt_tokens):
+            raise ValueError("truncate_prompt_tokens must be -1 (as many tokens as the model takes) or at least 1, "
+                             f"got {self.truncate_prompt_tokens!r}")

@@ -19,7 +19,7 @@ from candle_vllm.api.chat_tools import ToolPlan, check_tool_history, plan_tools
 from candle_vllm.api.errors import bad_request
 from candle_vllm.api.generation import EngineRequest, KeepAlive
 from candle_vllm.api.logprobs import ChatLogprobs
-from candle_vllm.api.prompts import render_chat, sampling_params
+from candle_vllm.api.prompts import render_chat, sampling_params, truncated_prompt
 from candle_vllm.api.reasoning import ReasoningSplitter, ThinkMarkers, prompt_opens_reasoning
 from candle_vllm.api.routes.common import (
     check_model,
@@ -104,6 +104,7 @@ async def chat_completions() -> Any:
                                 state.config.trust_request_chat_template)
     markers = state.think_markers if thinking is not False else None
     setup = ChatSetup(tools, markers, markers is not None and prompt_opens_reasoning(text, markers))
+    ids = truncated_prompt(ids, req.truncate_prompt_tokens, state.token_limits.max_model_len)
     limit = state.token_limits.resolve(len(ids), req.token_limit())
     top = (req.top_logprobs or 0) if req.logprobs else None
     params = _engine_params(req, state, setup, limit, top)

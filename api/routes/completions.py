@@ -16,7 +16,7 @@ from candle_vllm.api import sse
 from candle_vllm.api.generation import EngineRequest, KeepAlive
 from candle_vllm.api.limits import TokenLimits
 from candle_vllm.api.logprobs import CompletionLogprobs
-from candle_vllm.api.prompts import check_token_ids, sampling_params
+from candle_vllm.api.prompts import check_token_ids, sampling_params, truncated_prompt
 from candle_vllm.api.routes.common import (
     check_model,
     collect,
@@ -49,11 +49,15 @@ def _prompts(req: CompletionRequest, tokenizer: Any, limits: TokenLimits) -> lis
     for i, item in enumerate(req.prompts()):
         param = "prompt" if not isinstance(req.prompt, list) else f"prompt.{i}"
         if isinstance(item, str):
-            text, ids = item, tokenizer.encode(item, add_special_tokens=True)
+            ids = tokenizer.encode(item, add_special_tokens=True)
         else:
             check_token_ids(item, tokenizer.vocab_size, param)
-            text, ids = (tokenizer.decode(item, skip_special_tokens=False) if req.echo else ""), item
-        out.append(_Prompt(text, ids, limits.resolve(len(ids), req.token_limit())))
+            ids = item
+        kept = truncated_prompt(ids, req.truncate_prompt_tokens, limits.max_model_len)
+        # echo shows what the model read: the text itself, or the ids decoded (token ids given, or a cut prompt)
+        text = item if isinstance(item, str) and kept is ids else \
+            tokenizer.decode(kept, skip_special_tokens=False) if req.echo else ""
+        out.append(_Prompt(text, kept, limits.resolve(len(kept), req.token_limit())))
     return out
 
 

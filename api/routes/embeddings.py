@@ -20,7 +20,7 @@ from quart import Blueprint
 
 from candle_vllm.api.errors import APIError, bad_request, service_unavailable
 from candle_vllm.api.generation import EngineRequest
-from candle_vllm.api.prompts import UnbuiltExtras, check_token_ids, refuse_unbuilt_extras
+from candle_vllm.api.prompts import UnbuiltExtras, check_token_ids, refuse_unbuilt_extras, truncated_prompt
 from candle_vllm.api.routes.common import check_model, collect, get_state, in_worker, now_s, read_json, submit
 from candle_vllm.api.schemas import EmbeddingRequest, parse_request
 from candle_vllm.api.state import ServerState
@@ -32,7 +32,6 @@ bp = Blueprint("embeddings", __name__)
 _PARAMS = SamplingParams(max_tokens=1, temperature=0, embed=True)
 # vLLM's embedding extras that would change the vector, with the value that changes nothing.
 _UNBUILT: UnbuiltExtras = {
-    "truncate_prompt_tokens": (None, "truncate_prompt_tokens is not supported; shorten the input"),
     "normalize": (True, "normalize false is not supported: the vectors are always L2-normalised"),
     "use_activation": (True, "use_activation false is not supported: the vectors are always L2-normalised"),
     "embed_dtype": ("float32", "embed_dtype other than float32 is not supported"),
@@ -43,8 +42,11 @@ _UNBUILT: UnbuiltExtras = {
 
 def _token_ids(req: EmbeddingRequest, tokenizer: Any, max_model_len: int) -> list[list[int]]:
     """Each input's ids (text tokenized with the model's special tokens unless ``add_special_tokens`` is false,
-    as vLLM does), checked against the vocabulary and the context (runs in a worker thread)."""
+    as vLLM does), cut to ``truncate_prompt_tokens``, checked against the vocabulary and the context (runs in a
+    worker thread)."""
     out = []
+    # -1 asks for the most the model takes: the context less the internal token's place
+    keep = max_model_len - 1 if req.truncate_prompt_tokens == -1 else req.truncate_prompt_tokens
     for i, item in enumerate(req.inputs()):
         param = "input" if not isinstance(req.input, list) or isinstance(req.input[0], int) else f"input.{i}"
         if isinstance(item, str):
@@ -52,6 +54,7 @@ def _token_ids(req: EmbeddingRequest, tokenizer: Any, max_model_len: int) -> lis
         else:
             check_token_ids(item, tokenizer.vocab_size, param)
             ids = item
+        ids = truncated_prompt(ids, keep, max_model_len)
         if not ids:
             raise bad_request("the input is empty after tokenization", param=param)
         if len(ids) >= max_model_len:  # the internal token needs its place in the context

@@ -85,6 +85,9 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     detokenize: bool = True  # False: token ids only (text and logprobs' decoded_token stay empty), as in vLLM
     structured_output: StructuredOutputParams | None = None
+    # vLLM's: keep only the prompt's last k tokens (-1: the model's context length), for documents longer than the
+    # context; the engine cuts the prompt when it takes the request (``truncate_prompt``).
+    truncate_prompt_tokens: int | None = None
     # An embedding request (``LLM.embed``, ``/v1/embeddings``): the engine runs the prompt and one token, and the
     # output carries the last prompt token's final hidden state, L2-normalised (``RequestOutput.embedding``).
     embed: bool = False
@@ -247,6 +250,11 @@ class SamplingParams:
                 "an embedding request (embed=True) runs one token for one choice: n=1 and max_tokens=1",
             ),
             (
+                truncation_ok(self.truncate_prompt_tokens),
+                f"truncate_prompt_tokens must be -1 (the model's context length) or at least 1, got "
+                f"{self.truncate_prompt_tokens}",
+            ),
+            (
                 self.structured_output is None or self.min_tokens == 0,
                 "min_tokens cannot be combined with structured_output: the grammar decides where the output ends",
             ),
@@ -274,6 +282,26 @@ def _as_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     return int(value)
+
+
+def truncation_ok(keep: int | None) -> bool:
+    """Whether ``keep`` is a ``truncate_prompt_tokens`` value: unset, -1 or a positive count."""
+    return keep is None or (isinstance(keep, int) and not isinstance(keep, bool) and (keep == -1 or keep >= 1))
+
+
+def truncate_prompt(ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
+    """vLLM's ``truncate_prompt_tokens``: the prompt's last ``keep`` tokens (-1: ``max_model_len`` of them), so a
+    document longer than the context still runs with its start dropped. A count past the context, or not a valid
+    value (``truncation_ok``), is a ValueError (vLLM's message)."""
+    if keep is None:
+        return ids
+    if not truncation_ok(keep):
+        raise ValueError(f"truncate_prompt_tokens must be -1 (the model's context length) or at least 1, got {keep}")
+    keep = max_model_len if keep == -1 else keep
+    if keep > max_model_len:
+        raise ValueError(f"truncate_prompt_tokens value ({keep}) is greater than max_model_len ({max_model_len}). "
+                         "Please, select a smaller truncation size.")
+    return ids[-keep:] if len(ids) > keep else ids
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(SamplingParams)}

@@ -51,6 +51,7 @@ class FakeEngine:
         self.running: set[str] = set()
         self.aborted: list[str] = []
         self.seen_params: list[Any] = []
+        self.seen_prompts: list[list[int]] = []
         self._vocab = [tokenizer.encode(w, add_special_tokens=False)[0] for w in WORDS if w]
 
     def stats(self) -> FakeStats:
@@ -75,6 +76,7 @@ class FakeEngine:
         if self.reject_over is not None and len(prompt_token_ids) > self.reject_over:
             raise ValueError(f"prompt of {len(prompt_token_ids)} tokens can never fit; raise --kv-fraction or --mem")
         self.seen_params.append(params)
+        self.seen_prompts.append(list(prompt_token_ids))
         self.running.add(request_id)
         metrics = RequestMetrics()
         max_tokens = params.max_tokens or DEFAULT_MAX_TOKENS

@@ -216,8 +216,12 @@ def test_embeddings_in_every_encoding_and_input_form(server: ServerThread, model
     with pytest.raises(openai.BadRequestError):
         client.embeddings.create(model=model, input=[[tokenizer.vocab_size + 5]])
     with pytest.raises(openai.BadRequestError) as info:
-        client.embeddings.create(model=model, input="hello", extra_body={"truncate_prompt_tokens": 2})
-    assert info.value.body["param"] == "truncate_prompt_tokens"
+        client.embeddings.create(model=model, input="hello", extra_body={"normalize": False})
+    assert info.value.body["param"] == "normalize"
+    cut = client.embeddings.create(model=model, input=ids[0], encoding_format="float",
+                                   extra_body={"truncate_prompt_tokens": 3})
+    tail = client.embeddings.create(model=model, input=ids[0][-3:], encoding_format="float")
+    assert cut.usage.prompt_tokens == 3 and cut.data[0].embedding == tail.data[0].embedding
 
 
 @pytest.mark.parametrize(("content", "max_tokens"), [("Reply only with emoji: 🙂🙂🙂", 9),

@@ -1,6 +1,6 @@
 """How ``/v1/embeddings`` reads its inputs (``api/routes/embeddings.py``), on a real tokenizer that adds a BOS:
-``add_special_tokens`` reaches the tokenizer, token ids and the context are checked, and vLLM's extras that would
-change the vector are refused while their neutral values pass."""
+``add_special_tokens`` reaches the tokenizer, ``truncate_prompt_tokens`` cuts inputs, token ids and the context are
+checked, and vLLM's extras that would change the vector are refused while their neutral values pass."""
 
 from __future__ import annotations
 
@@ -47,9 +47,21 @@ def test_ids_and_context_are_checked(tokenizer) -> None:  # type: ignore[no-unty
     assert info.value.param == "input.1" and info.value.code == "context_length_exceeded"
 
 
+def test_truncate_prompt_tokens_keeps_each_inputs_last_tokens(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """vLLM's ``truncate_prompt_tokens`` before the context check: the BOS goes with the start; -1 keeps what fits
+    beside the internal token; more than the context, or 0, is a 400 naming the field."""
+    req = EmbeddingRequest(input=["w0 w1 w2 w3", "w4"], truncate_prompt_tokens=2)
+    assert _token_ids(req, tokenizer, 64) == [[4, 5], [BOS, 6]]
+    assert _token_ids(EmbeddingRequest(input="w0 w1 w2 w3", truncate_prompt_tokens=-1), tokenizer, 4) == [[3, 4, 5]]
+    for keep, match in ((65, "greater than max_model_len"), (0, "must be -1")):
+        with pytest.raises(APIError, match=match) as info:
+            _token_ids(EmbeddingRequest(input="w0", truncate_prompt_tokens=keep), tokenizer, 64)
+        assert info.value.param == "truncate_prompt_tokens"
+
+
 @pytest.mark.parametrize(("extra", "refused"), [
     ({"endianness": "little"}, False), ({"endianness": "native"}, False), ({"endianness": "big"}, True),
-    ({"normalize": True}, False), ({"normalize": False}, True), ({"truncate_prompt_tokens": 4}, True),
+    ({"normalize": True}, False), ({"normalize": False}, True),
     ({"embed_dtype": "float32"}, False), ({"embed_dtype": "bfloat16"}, True), ({"messages": []}, False),
 ])
 def test_unbuilt_extras(extra: dict[str, object], refused: bool) -> None:

@@ -193,7 +193,7 @@ def test_error_answer_waits_for_the_body_so_the_connection_stays_usable(server: 
 
 
 UNBUILT_EXTRAS = [("use_beam_search", True), ("length_penalty", 0.5), ("allowed_token_ids", [1, 2]),
-                  ("bad_words", ["sea"]), ("truncate_prompt_tokens", 5), ("prompt_logprobs", 1),
+                  ("bad_words", ["sea"]), ("prompt_logprobs", 1),
                   ("spaces_between_special_tokens", False), ("return_tokens_as_token_ids", True),
                   ("logits_processors", ["x"]), ("priority", 1)]
 

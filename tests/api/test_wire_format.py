@@ -134,6 +134,24 @@ def test_single_token_id_prompt(server: ServerThread, smol_tokenizer) -> None:
     assert r.usage.prompt_tokens == len(ids) and len(r.choices) == 1
 
 
+def test_truncate_prompt_tokens_cuts_the_prompt_before_its_checks(server: ServerThread, smol_tokenizer) -> None:
+    """vLLM's ``truncate_prompt_tokens`` on both generation routes: the engine gets the prompt's last k ids (a
+    chat's rendered prompt too), usage counts them, echo shows their text; past the context it is a 400."""
+    ids = smol_tokenizer.encode("one two three four five six seven eight")
+    client = server.openai()
+    r = client.completions.create(model="fake-model", prompt=ids, max_tokens=2, echo=True,
+                                  extra_body={"truncate_prompt_tokens": 3})
+    assert server.engine.seen_prompts[-1] == ids[-3:] and r.usage.prompt_tokens == 3
+    assert r.choices[0].text.startswith(smol_tokenizer.decode(ids[-3:], skip_special_tokens=False))
+    chat = client.chat.completions.create(model="fake-model", messages=MESSAGES, max_tokens=2,
+                                          extra_body={"truncate_prompt_tokens": 4})
+    assert len(server.engine.seen_prompts[-1]) == 4 and chat.usage.prompt_tokens == 4
+    for route, body in (("/v1/completions", {"prompt": ids}), ("/v1/chat/completions", {"messages": MESSAGES})):
+        with server.http() as http:
+            r = http.post(route, json={**body, "max_tokens": 2, "truncate_prompt_tokens": 513})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens", route
+
+
 def test_default_max_tokens_left_to_engine(server: ServerThread) -> None:
     r = server.openai().chat.completions.create(model="fake-model", messages=MESSAGES)
     assert r.usage.completion_tokens == DEFAULT_MAX_TOKENS

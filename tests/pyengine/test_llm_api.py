@@ -8,7 +8,7 @@ import math
 import pytest
 
 import candle_vllm
-from candle_vllm import LLM, SamplingParams
+from candle_vllm import LLM, PoolingParams, SamplingParams
 from candle_vllm.pyengine.engine_args import UnsupportedFeatureError
 from candle_vllm.pyengine.sampling import SamplingDefaults
 
@@ -126,3 +126,23 @@ def test_the_tokenizer_answers_as_transformers_does(llm: LLM) -> None:
     assert tok.convert_tokens_to_ids(ref.convert_ids_to_tokens(ids)) == ids
     assert tok.batch_decode([ids, ids[:2]]) == ref.batch_decode([ids, ids[:2]], skip_special_tokens=True)
     assert tok.decode(ids[0]) == ref.decode(ids[0])
+
+
+def test_truncate_prompt_tokens_runs_the_prompts_last_tokens(llm: LLM) -> None:
+    """vLLM's ``truncate_prompt_tokens``: a prompt longer than wanted runs as its last k tokens (greedy output
+    equal to sending those k tokens), -1 means the model's context length, and more than that is refused."""
+    ids = llm.get_tokenizer().encode("The quick brown fox jumps over the lazy dog and runs far away.")
+    greedy = {"temperature": 0, "max_tokens": 6, "ignore_eos": True}
+    cut = llm.generate({"prompt_token_ids": ids}, SamplingParams(truncate_prompt_tokens=5, **greedy))[0]
+    direct = llm.generate({"prompt_token_ids": ids[-5:]}, SamplingParams(**greedy))[0]
+    assert cut.prompt_token_ids == ids[-5:] and cut.outputs[0].token_ids == direct.outputs[0].token_ids
+    whole = llm.generate({"prompt_token_ids": ids}, SamplingParams(truncate_prompt_tokens=-1, **greedy))[0]
+    assert whole.prompt_token_ids == ids
+    with pytest.raises(ValueError, match="greater than max_model_len"):
+        llm.generate({"prompt_token_ids": ids}, SamplingParams(truncate_prompt_tokens=llm.engine.max_model_len + 1))
+    for bad in (0, -2):
+        with pytest.raises(ValueError, match="truncate_prompt_tokens must be -1"):
+            SamplingParams(truncate_prompt_tokens=bad)
+    vectors = [o.outputs.embedding for o in llm.embed([{"prompt_token_ids": ids[-5:]}, {"prompt_token_ids": ids}],
+                                                      [PoolingParams(), PoolingParams(truncate_prompt_tokens=5)])]
+    assert vectors[1] == pytest.approx(vectors[0], abs=1e-6)
