@@ -67,6 +67,8 @@ class SamplingBatch:
     top_p: torch.Tensor | None  # f32 [B]
     min_p: torch.Tensor | None  # f32 [B]
     logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # (rows, token ids, biases)
+    # (rows with allowed_token_ids, and (index into those rows, token id) pairs): every other token is -inf there
+    allowed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
     banned_stops: tuple[torch.Tensor, torch.Tensor] | None  # (rows, token ids) masked until min_tokens
     penalties: Penalties | None
     generators: list[torch.Generator | None]  # per row; None = the sampler's shared stream
@@ -124,6 +126,7 @@ class SamplingBatch:
             if any(p.min_p > 0.0 for p in random_params)
             else None,
             logit_bias=_logit_bias(params, vocab_size, device),
+            allowed=_allowed(params, vocab_size, device),
             banned_stops=_banned_stops(rows, vocab_size, eos_token_ids, device),
             penalties=_penalties(rows, vocab_size, device),
             generators=generators,
@@ -178,6 +181,20 @@ def _logit_bias(
         to_device(torch.tensor(tokens, dtype=torch.int64), device),
         to_device(torch.tensor(biases, dtype=torch.float32), device),
     )
+
+
+def _allowed(
+    params: Sequence[SamplingParams], vocab_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    rows = [i for i, p in enumerate(params) if p.allowed_token_ids is not None]
+    if not rows:
+        return None
+    pairs = [(k, t) for k, i in enumerate(rows) for t in params[i].allowed_token_ids or ()]
+    if max(t for _, t in pairs) >= vocab_size:
+        raise ValueError(f"allowed_token_ids reach past the vocabulary (size {vocab_size}); validate requests "
+                         "with SamplingParams.check_vocab")
+    indices = to_device(torch.tensor(pairs, dtype=torch.int64), device)
+    return to_device(torch.tensor(rows, dtype=torch.int64), device), indices[:, 0], indices[:, 1]
 
 
 def _banned_stops(

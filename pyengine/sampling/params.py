@@ -71,6 +71,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] = field(default_factory=dict)
+    # vLLM's: the only tokens the row may produce (a classifier's labels, a choice's first tokens); None: any
+    allowed_token_ids: list[int] | None = None
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     include_stop_str_in_output: bool = False
@@ -166,6 +168,9 @@ class SamplingParams:
         bad_stop = sorted(t for t in self.stop_token_ids if t >= vocab_size)
         if bad_stop:
             raise ValueError(f"stop_token_ids {bad_stop} are outside the vocabulary (size {vocab_size})")
+        bad_allowed = sorted(t for t in self.allowed_token_ids or () if t >= vocab_size)
+        if bad_allowed:
+            raise ValueError(f"allowed_token_ids {bad_allowed[:5]} are outside the vocabulary (size {vocab_size})")
 
     def _normalize(self) -> None:
         for name in (
@@ -198,6 +203,10 @@ class SamplingParams:
         self.stop = list(self.stop)
         self.stop_token_ids = [_as_int("stop_token_ids", t) for t in self.stop_token_ids]
         self.logit_bias = _normalize_logit_bias(self.logit_bias)
+        if self.allowed_token_ids is not None:
+            if not isinstance(self.allowed_token_ids, (list, tuple, set, frozenset)):
+                raise ValueError("allowed_token_ids must be a list of integers")
+            self.allowed_token_ids = sorted({_as_int("allowed_token_ids", t) for t in self.allowed_token_ids})
 
     def _validate(self) -> None:
         checks: list[tuple[bool, str]] = [
@@ -248,6 +257,11 @@ class SamplingParams:
             (
                 not self.embed or (self.n == 1 and self.max_tokens == 1),
                 "an embedding request (embed=True) runs one token for one choice: n=1 and max_tokens=1",
+            ),
+            (
+                self.allowed_token_ids is None or (len(self.allowed_token_ids) > 0
+                                                   and all(t >= 0 for t in self.allowed_token_ids)),
+                f"allowed_token_ids must be a non-empty list of token ids, got {self.allowed_token_ids}",
             ),
             (
                 truncation_ok(self.truncate_prompt_tokens),

@@ -1,6 +1,7 @@
-"""Logit adjustments that come before temperature: logit_bias, min_tokens, and the three penalties.
+"""Logit adjustments that come before temperature: allowed_token_ids, logit_bias, min_tokens, the three penalties.
 
 Formulas (OpenAI / vLLM), for a row's logit ``l`` of token ``t``:
+- allowed_token_ids: ``l = -inf`` for every token not in the row's list (its own values kept for the rest).
 - logit_bias: ``l += bias[t]``.
 - min_tokens: ``l = -inf`` for every stop token while the row has fewer than min_tokens output tokens.
 - repetition (HF/CTRL style, prompt and output tokens): ``l = l / r`` if ``l > 0`` else ``l * r``.
@@ -14,6 +15,15 @@ from __future__ import annotations
 import torch
 
 from candle_vllm.pyengine.sampling.batch import SamplingBatch
+
+
+def apply_allowed_tokens(logits: torch.Tensor, batch: SamplingBatch) -> None:
+    """Keep only each listed row's allowed tokens."""
+    if batch.allowed is not None:
+        rows, local, tokens = batch.allowed
+        kept = torch.full((rows.numel(), logits.shape[1]), float("-inf"), dtype=logits.dtype, device=logits.device)
+        kept[local, tokens] = logits[rows[local], tokens]
+        logits[rows] = kept
 
 
 def apply_logit_bias(logits: torch.Tensor, batch: SamplingBatch) -> None:

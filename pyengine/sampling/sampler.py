@@ -1,8 +1,8 @@
 """The batched sampler: one call per step turns logits [B, V] into a token per row (plus logprobs).
 
 Order, as vLLM: the grammar mask of structured-output rows (before the raw logprobs, as vLLM applies its
-bitmask to the model's logits), logit_bias, min_tokens, penalties; greedy rows take the argmax there; the others divide by
-their temperature, apply top-k, top-p, min-p, and draw. Drawing is an exponential race: the token is
+bitmask to the model's logits), allowed_token_ids (after them, as in vLLM v1), logit_bias, min_tokens, penalties;
+greedy rows take the argmax there; the others divide by their temperature, apply top-k, top-p, min-p, and draw. Drawing is an exponential race: the token is
 ``argmax(p / q)`` with ``q ~ Exp(1)`` i.i.d. per token, which picks token ``t`` with probability ``p_t``.
 A seeded row takes its ``q`` from its own generator, exactly ``V`` values per step, so its tokens depend only
 on its seed and its own logits, never on which other rows share the step or where it sits in the batch.
@@ -18,7 +18,12 @@ from candle_vllm.pyengine.ops import cuda
 from candle_vllm.pyengine.sampling.batch import SamplingBatch
 from candle_vllm.pyengine.sampling.filters import apply_min_p, apply_top_k_top_p
 from candle_vllm.pyengine.sampling.logprobs import LogprobsTensors, compute_logprobs
-from candle_vllm.pyengine.sampling.penalties import apply_logit_bias, apply_min_tokens, apply_penalties
+from candle_vllm.pyengine.sampling.penalties import (
+    apply_allowed_tokens,
+    apply_logit_bias,
+    apply_min_tokens,
+    apply_penalties,
+)
 from candle_vllm.pyengine.sampling.token_mask import apply_token_mask
 
 
@@ -63,17 +68,20 @@ class Sampler:
 
     @staticmethod
     def _argmax_only(batch: SamplingBatch) -> bool:
-        """Every row greedy, and nothing (grammar mask, bias, min_tokens, penalties, logprobs) reads the logits."""
+        """Every row greedy, and nothing (grammar mask, allowed tokens, bias, min_tokens, penalties, logprobs) reads
+        the logits."""
         return (batch.all_greedy and batch.token_mask is None and batch.max_num_logprobs is None
                 and not _has_processors(batch))
 
     @staticmethod
     def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """``logits`` with logit_bias, min_tokens and penalties applied, in a copy; greedy rows argmax it.
+        """``logits`` with allowed_token_ids, logit_bias, min_tokens and penalties applied, in a copy; greedy rows
+        argmax it.
         A batch with none of them gets ``logits`` itself back (no [B, V] copy): treat the result as read-only."""
         if not _has_processors(batch):
             return logits
         out = logits.clone()
+        apply_allowed_tokens(out, batch)
         apply_logit_bias(out, batch)
         apply_min_tokens(out, batch)
         apply_penalties(out, batch)
@@ -111,8 +119,9 @@ class Sampler:
 
 
 def _has_processors(batch: SamplingBatch) -> bool:
-    """Whether any row's logits are changed before choosing: logit_bias, min_tokens, penalties."""
-    return batch.logit_bias is not None or batch.banned_stops is not None or batch.penalties is not None
+    """Whether any row's logits are changed before choosing: allowed_token_ids, logit_bias, min_tokens, penalties."""
+    return (batch.allowed is not None or batch.logit_bias is not None or batch.banned_stops is not None
+            or batch.penalties is not None)
 
 
 def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:

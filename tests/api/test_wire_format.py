@@ -7,6 +7,7 @@ import json
 from collections import Counter
 from collections.abc import Iterator
 
+import openai
 import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk
@@ -150,6 +151,17 @@ def test_truncate_prompt_tokens_cuts_the_prompt_before_its_checks(server: Server
         with server.http() as http:
             r = http.post(route, json={**body, "max_tokens": 2, "truncate_prompt_tokens": 513})
         assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens", route
+
+
+def test_allowed_token_ids_reach_the_engine_and_are_checked(server: ServerThread, smol_tokenizer) -> None:
+    client = server.openai()
+    client.chat.completions.create(model="fake-model", messages=MESSAGES, max_tokens=2,
+                                   extra_body={"allowed_token_ids": [7, 3, 7]})
+    assert server.engine.seen_params[-1].allowed_token_ids == [3, 7]
+    for bad in ([], [smol_tokenizer.vocab_size]):
+        with pytest.raises(openai.BadRequestError, match="allowed_token_ids"):
+            client.completions.create(model="fake-model", prompt="hi", max_tokens=2,
+                                      extra_body={"allowed_token_ids": bad})
 
 
 def test_default_max_tokens_left_to_engine(server: ServerThread) -> None:

@@ -146,3 +146,13 @@ def test_truncate_prompt_tokens_runs_the_prompts_last_tokens(llm: LLM) -> None:
     vectors = [o.outputs.embedding for o in llm.embed([{"prompt_token_ids": ids[-5:]}, {"prompt_token_ids": ids}],
                                                       [PoolingParams(), PoolingParams(truncate_prompt_tokens=5)])]
     assert vectors[1] == pytest.approx(vectors[0], abs=1e-6)
+
+
+def test_allowed_token_ids_hold_every_generated_token(llm: LLM) -> None:
+    """vLLM's allowed_token_ids: sampled or greedy, every token comes from the list (a yes/no classifier's use)."""
+    tok = llm.get_tokenizer()
+    choices = sorted({tok.encode(" yes", add_special_tokens=False)[0], tok.encode(" no", add_special_tokens=False)[0]})
+    for params in (SamplingParams(temperature=0, max_tokens=5, allowed_token_ids=choices, ignore_eos=True),
+                   SamplingParams(temperature=1.0, seed=4, max_tokens=8, allowed_token_ids=choices, ignore_eos=True)):
+        tokens = llm.generate(PROMPTS[1], params)[0].outputs[0].token_ids
+        assert len(tokens) == params.max_tokens and set(tokens) <= set(choices)

@@ -236,3 +236,32 @@ def test_min_p_cuts_before_top_p_measures_its_mass() -> None:
     counts = torch.bincount(drawn, minlength=4).tolist()
     assert counts[2] == counts[3] == 0, counts
     assert 0.55 < counts[0] / 2000 < 0.70, counts  # 0.5 / 0.8 = 0.625
+
+
+def test_allowed_token_ids_restrict_each_row_and_leave_logprobs_raw() -> None:
+    """vLLM's allowed_token_ids: a greedy row takes the argmax over its list, a sampling row draws from the softmax
+    over its list alone (chi-square against float64), rows without one are untouched, and the returned logprobs
+    are the model's raw ones (vLLM v1 computes them before this mask)."""
+    vocab, draws = 12, 8_000
+    logits = random_logits(1, vocab, 11)[0]
+    allowed = [2, 5, 9]
+    greedy_row = SamplingRow(SamplingParams(temperature=0, allowed_token_ids=allowed, logprobs=2), [])
+    free_row = SamplingRow(SamplingParams(temperature=0, logprobs=2), [])
+    sampled = [SamplingRow(SamplingParams(allowed_token_ids=[9, 5, 2, 5]), []) for _ in range(draws)]
+    rows = [greedy_row, free_row, *sampled]
+    out = Sampler(torch.Generator().manual_seed(5))(logits.expand(len(rows), -1),
+                                                   SamplingBatch.build(rows, vocab, "cpu"))
+    tokens = out.sampled_token_ids.numpy()
+    assert tokens[0] == allowed[int(np.argmax(logits[allowed].numpy()))]
+    assert tokens[1] == int(np.argmax(logits.numpy()))
+    assert out.logprobs is not None
+    raw = torch.log_softmax(logits.double(), dim=-1)
+    assert float(out.logprobs.logprobs[0, 0]) == pytest.approx(float(raw[tokens[0]]), abs=1e-5)
+    counts = np.bincount(tokens[2:], minlength=vocab)
+    assert counts[[t for t in range(vocab) if t not in allowed]].sum() == 0
+    assert chi_square_p_value(counts[allowed], softmax64(logits[allowed].double().numpy())) > 1e-3
+    for bad in ([], [-1]):
+        with pytest.raises(ValueError, match="allowed_token_ids"):
+            SamplingParams(allowed_token_ids=bad)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        SamplingParams(allowed_token_ids=[3, vocab]).check_vocab(vocab)
