@@ -116,10 +116,10 @@ def test_dimensions_need_a_model_trained_for_them(tmp_path: Path) -> None:
         listed.embed("t1", [PoolingParams(), PoolingParams()])
 
 
-@pytest.mark.parametrize("bad", [{"normalize": False}, {"truncate_prompt_tokens": 3}, {"dimensions": 0},
+@pytest.mark.parametrize("bad", [{"normalize": False}, {"truncate_prompt_tokens": 0}, {"dimensions": 0},
                                  {"dimensions": True}])
-def test_unbuilt_pooling_params_are_refused(bad: dict[str, object]) -> None:
-    with pytest.raises(ValueError, match=r"not supported|positive integer"):
+def test_unbuilt_or_invalid_pooling_params_are_refused(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match=r"not supported|positive integer|must be -1"):
         PoolingParams(**bad)  # type: ignore[arg-type]
 
 
