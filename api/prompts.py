@@ -181,7 +181,6 @@ UnbuiltExtras = Mapping[str, tuple[Any, str]]
 _UNBUILT_EXTRAS: UnbuiltExtras = {
     "use_beam_search": (False, "beam search is not supported; sample with n and temperature instead"),
     "length_penalty": (1.0, "length_penalty applies to beam search, which is not supported"),
-    "bad_words": (None, "bad_words is not supported; use logit_bias on their token ids"),
     "prompt_logprobs": (None, "prompt_logprobs is not supported here; on /v1/completions use echo with logprobs"),
     "spaces_between_special_tokens": (True, "spaces_between_special_tokens false is not supported"),
     "return_tokens_as_token_ids": (False, "return_tokens_as_token_ids is not supported"),
@@ -215,7 +214,7 @@ def sampling_params(req: SamplingFields, max_tokens: int | None, vocab_size: int
             seed=req.seed, presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
             repetition_penalty=req.repetition_penalty, logit_bias=req.logit_bias, stop=req.stop_list(),
             stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, min_tokens=req.min_tokens,
-            allowed_token_ids=req.allowed_token_ids,
+            allowed_token_ids=req.allowed_token_ids, bad_words=req.bad_words,
             max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             skip_special_tokens=req.skip_special_tokens, include_stop_str_in_output=req.include_stop_str_in_output,
             structured_output=structured_output_params(req),

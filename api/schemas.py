@@ -98,6 +98,7 @@ class SamplingFields(_Open):
     stop: str | list[str] | None = None
     stop_token_ids: list[NonNegInt] | None = None
     allowed_token_ids: list[NonNegInt] | None = None  # vLLM's: the only tokens the output may hold
+    bad_words: list[str] | None = None  # vLLM's: words the output never contains
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     max_tokens: int | None = Field(None, ge=1)

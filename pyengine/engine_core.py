@@ -32,6 +32,7 @@ from candle_vllm.pyengine.outputs import PromptLogprobsChunk, RequestOutput
 from candle_vllm.pyengine.request import FinishReason, Request
 from candle_vllm.pyengine.runner import ModelRunner, PendingStep, StepResult
 from candle_vllm.pyengine.sampling import SamplingDefaults, SamplingParams
+from candle_vllm.pyengine.sampling.bad_words import bad_words_token_ids
 from candle_vllm.pyengine.sampling.params import truncate_prompt
 from candle_vllm.pyengine.scheduler import Scheduler, SchedulerConfig
 from candle_vllm.pyengine.scheduler.config import default_max_tokens
@@ -187,6 +188,9 @@ class EngineCore:
         ``--max-gen-tokens`` cut to what fits after a prompt of ``prompt_len`` tokens (``default_max_tokens``, the
         server's rule too)."""
         params = self.sampling_defaults.apply(params)
+        if params.bad_words and params.bad_words_token_ids is None:
+            ids = bad_words_token_ids(params.bad_words, self.tokenizer)
+            params = dataclasses.replace(params, bad_words_token_ids=ids)
         params.check_vocab(self.model_config.vocab_size)
         if params.embed:
             check_last_token_pooling(self.pooling)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from candle_vllm.pyengine.ops.transfer import to_device
+from candle_vllm.pyengine.sampling.bad_words import banned_next
 from candle_vllm.pyengine.sampling.params import SamplingParams
 from candle_vllm.pyengine.sampling.token_mask import TokenMask
 
@@ -69,7 +70,8 @@ class SamplingBatch:
     logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # (rows, token ids, biases)
     # (rows with allowed_token_ids, and (index into those rows, token id) pairs): every other token is -inf there
     allowed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
-    banned_stops: tuple[torch.Tensor, torch.Tensor] | None  # (rows, token ids) masked until min_tokens
+    # (rows, token ids) set to -inf: stop tokens before min_tokens, the tokens that would complete a bad word
+    banned: tuple[torch.Tensor, torch.Tensor] | None
     penalties: Penalties | None
     generators: list[torch.Generator | None]  # per row; None = the sampler's shared stream
     num_logprobs: list[int | None]  # per row: top-k count requested, None = no logprobs
@@ -127,7 +129,7 @@ class SamplingBatch:
             else None,
             logit_bias=_logit_bias(params, vocab_size, device),
             allowed=_allowed(params, vocab_size, device),
-            banned_stops=_banned_stops(rows, vocab_size, eos_token_ids, device),
+            banned=_banned(rows, vocab_size, eos_token_ids, device),
             penalties=_penalties(rows, vocab_size, device),
             generators=generators,
             num_logprobs=[p.logprobs for p in params],
@@ -197,10 +199,11 @@ def _allowed(
     return to_device(torch.tensor(rows, dtype=torch.int64), device), indices[:, 0], indices[:, 1]
 
 
-def _banned_stops(
+def _banned(
     rows: Sequence[SamplingRow], vocab_size: int, eos_token_ids: Collection[int], device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Stop ids (request's + model's) of rows short of min_tokens; ids past the vocabulary are moot."""
+    """Stop ids (request's + model's) of rows short of min_tokens (ids past the vocabulary are moot), and the
+    tokens that would complete a row's bad word."""
     pairs = [
         (i, t)
         for i, row in enumerate(rows)
@@ -208,6 +211,8 @@ def _banned_stops(
         for t in sorted(set(row.params.stop_token_ids) | set(eos_token_ids))
         if t < vocab_size
     ]
+    pairs += [(i, t) for i, row in enumerate(rows) if row.params.bad_words_token_ids
+              for t in banned_next(row.params.bad_words_token_ids, row.output_token_ids)]
     if not pairs:
         return None
     indices = to_device(torch.tensor(pairs, dtype=torch.int64), device)

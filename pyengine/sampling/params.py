@@ -73,6 +73,10 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     # vLLM's: the only tokens the row may produce (a classifier's labels, a choice's first tokens); None: any
     allowed_token_ids: list[int] | None = None
+    # vLLM's: words the output never contains; the engine tokenizes them into bad_words_token_ids (bad_words.py),
+    # which offline code may also give directly
+    bad_words: list[str] = field(default_factory=list)
+    bad_words_token_ids: list[list[int]] | None = None
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     include_stop_str_in_output: bool = False
@@ -168,6 +172,9 @@ class SamplingParams:
         bad_stop = sorted(t for t in self.stop_token_ids if t >= vocab_size)
         if bad_stop:
             raise ValueError(f"stop_token_ids {bad_stop} are outside the vocabulary (size {vocab_size})")
+        bad_words = sorted(t for ids in self.bad_words_token_ids or () for t in ids if t >= vocab_size)
+        if bad_words:
+            raise ValueError(f"bad_words_token_ids {bad_words[:5]} are outside the vocabulary (size {vocab_size})")
         bad_allowed = sorted(t for t in self.allowed_token_ids or () if t >= vocab_size)
         if bad_allowed:
             raise ValueError(f"allowed_token_ids {bad_allowed[:5]} are outside the vocabulary (size {vocab_size})")
@@ -203,6 +210,11 @@ class SamplingParams:
         self.stop = list(self.stop)
         self.stop_token_ids = [_as_int("stop_token_ids", t) for t in self.stop_token_ids]
         self.logit_bias = _normalize_logit_bias(self.logit_bias)
+        if isinstance(self.bad_words, str):
+            self.bad_words = [self.bad_words]
+        if self.bad_words_token_ids is not None:
+            self.bad_words_token_ids = [[_as_int("bad_words_token_ids", t) for t in ids]
+                                        for ids in self.bad_words_token_ids]
         if self.allowed_token_ids is not None:
             if not isinstance(self.allowed_token_ids, (list, tuple, set, frozenset)):
                 raise ValueError("allowed_token_ids must be a list of integers")
@@ -262,6 +274,14 @@ class SamplingParams:
                 self.allowed_token_ids is None or (len(self.allowed_token_ids) > 0
                                                    and all(t >= 0 for t in self.allowed_token_ids)),
                 f"allowed_token_ids must be a non-empty list of token ids, got {self.allowed_token_ids}",
+            ),
+            (
+                all(isinstance(w, str) and w.strip() for w in self.bad_words),
+                "bad_words must be a list of non-empty strings",
+            ),
+            (
+                self.bad_words_token_ids is None or all(ids and min(ids) >= 0 for ids in self.bad_words_token_ids),
+                "bad_words_token_ids must be non-empty lists of token ids",
             ),
             (
                 truncation_ok(self.truncate_prompt_tokens),

@@ -1,9 +1,10 @@
-"""Logit adjustments that come before temperature: allowed_token_ids, logit_bias, min_tokens, the three penalties.
+"""Logit adjustments before temperature: allowed_token_ids, logit_bias, min_tokens, bad_words, the penalties.
 
 Formulas (OpenAI / vLLM), for a row's logit ``l`` of token ``t``:
 - allowed_token_ids: ``l = -inf`` for every token not in the row's list (its own values kept for the rest).
 - logit_bias: ``l += bias[t]``.
 - min_tokens: ``l = -inf`` for every stop token while the row has fewer than min_tokens output tokens.
+- bad_words: ``l = -inf`` for a token that would complete one of the row's bad words (bad_words.py).
 - repetition (HF/CTRL style, prompt and output tokens): ``l = l / r`` if ``l > 0`` else ``l * r``.
 - frequency then presence (output tokens only, from the first generated token):
   ``l -= frequency * count[t]``; ``l -= presence * (count[t] > 0)``.
@@ -33,10 +34,10 @@ def apply_logit_bias(logits: torch.Tensor, batch: SamplingBatch) -> None:
         logits.index_put_((rows, tokens), biases, accumulate=True)
 
 
-def apply_min_tokens(logits: torch.Tensor, batch: SamplingBatch) -> None:
-    """Forbid stop tokens on rows that have not yet produced min_tokens tokens."""
-    if batch.banned_stops is not None:
-        rows, tokens = batch.banned_stops
+def apply_bans(logits: torch.Tensor, batch: SamplingBatch) -> None:
+    """Forbid stop tokens on rows that have not yet produced min_tokens tokens, and bad words' last tokens."""
+    if batch.banned is not None:
+        rows, tokens = batch.banned
         logits[rows, tokens] = float("-inf")
 
 

@@ -20,8 +20,8 @@ from candle_vllm.pyengine.sampling.filters import apply_min_p, apply_top_k_top_p
 from candle_vllm.pyengine.sampling.logprobs import LogprobsTensors, compute_logprobs
 from candle_vllm.pyengine.sampling.penalties import (
     apply_allowed_tokens,
+    apply_bans,
     apply_logit_bias,
-    apply_min_tokens,
     apply_penalties,
 )
 from candle_vllm.pyengine.sampling.token_mask import apply_token_mask
@@ -83,7 +83,7 @@ class Sampler:
         out = logits.clone()
         apply_allowed_tokens(out, batch)
         apply_logit_bias(out, batch)
-        apply_min_tokens(out, batch)
+        apply_bans(out, batch)
         apply_penalties(out, batch)
         return out
 
@@ -120,7 +120,7 @@ class Sampler:
 
 def _has_processors(batch: SamplingBatch) -> bool:
     """Whether any row's logits are changed before choosing: allowed_token_ids, logit_bias, min_tokens, penalties."""
-    return (batch.allowed is not None or batch.logit_bias is not None or batch.banned_stops is not None
+    return (batch.allowed is not None or batch.logit_bias is not None or batch.banned is not None
             or batch.penalties is not None)
 
 

@@ -153,11 +153,13 @@ def test_truncate_prompt_tokens_cuts_the_prompt_before_its_checks(server: Server
         assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens", route
 
 
-def test_allowed_token_ids_reach_the_engine_and_are_checked(server: ServerThread, smol_tokenizer) -> None:
+def test_allowed_token_ids_and_bad_words_reach_the_engine(server: ServerThread, smol_tokenizer) -> None:
     client = server.openai()
     client.chat.completions.create(model="fake-model", messages=MESSAGES, max_tokens=2,
                                    extra_body={"allowed_token_ids": [7, 3, 7]})
     assert server.engine.seen_params[-1].allowed_token_ids == [3, 7]
+    client.completions.create(model="fake-model", prompt="hi", max_tokens=2, extra_body={"bad_words": ["sea"]})
+    assert server.engine.seen_params[-1].bad_words == ["sea"]
     for bad in ([], [smol_tokenizer.vocab_size]):
         with pytest.raises(openai.BadRequestError, match="allowed_token_ids"):
             client.completions.create(model="fake-model", prompt="hi", max_tokens=2,

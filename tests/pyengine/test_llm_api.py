@@ -156,3 +156,17 @@ def test_allowed_token_ids_hold_every_generated_token(llm: LLM) -> None:
                    SamplingParams(temperature=1.0, seed=4, max_tokens=8, allowed_token_ids=choices, ignore_eos=True)):
         tokens = llm.generate(PROMPTS[1], params)[0].outputs[0].token_ids
         assert len(tokens) == params.max_tokens and set(tokens) <= set(choices)
+
+
+def test_bad_words_keep_a_word_out_of_the_output(llm: LLM) -> None:
+    """vLLM's bad_words end to end on the real model: the word greedy decoding writes first is banned, in both its
+    bare and its spaced tokenization (vLLM's rule), and the new output holds neither sequence."""
+    tok = llm.get_tokenizer()
+    greedy = {"temperature": 0, "max_tokens": 12, "ignore_eos": True}
+    first = llm.generate(PROMPTS[0], SamplingParams(**greedy))[0].outputs[0]
+    word = first.text.split()[0]
+    out = llm.generate(PROMPTS[0], SamplingParams(bad_words=[word], **greedy))[0].outputs[0]
+    forms = [tok.encode(word, add_special_tokens=False), tok.encode(" " + word, add_special_tokens=False)]
+    assert out.token_ids != first.token_ids
+    for ids in forms:
+        assert not any(list(out.token_ids[i:i + len(ids)]) == ids for i in range(len(out.token_ids))), (word, ids)

@@ -265,3 +265,17 @@ def test_allowed_token_ids_restrict_each_row_and_leave_logprobs_raw() -> None:
             SamplingParams(allowed_token_ids=bad)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         SamplingParams(allowed_token_ids=[3, vocab]).check_vocab(vocab)
+
+
+def test_bad_words_ban_a_words_last_token_only_after_its_head() -> None:
+    """vLLM's bad_words at the sampler: a one-token word is never chosen; a two-token word's second token is
+    banned right after its first, and free anywhere else (greedy rows pick the next best, as argmax over the rest)."""
+    vocab = 10
+    logits = random_logits(1, vocab, 3)[0]
+    order = [int(t) for t in torch.argsort(logits, descending=True)]
+    best, second, third, head = order[0], order[1], order[2], order[-1]
+    words = [[best], [head, second]]
+    rows = [SamplingRow(SamplingParams(temperature=0, bad_words_token_ids=words), history)
+            for history in ([order[4], head], [head, order[4]], [])]
+    tokens = Sampler()(logits.expand(3, -1), SamplingBatch.build(rows, vocab, "cpu")).sampled_token_ids.tolist()
+    assert tokens == [third, second, second]

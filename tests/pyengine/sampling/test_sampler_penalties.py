@@ -74,7 +74,7 @@ def test_processed_logits_follow_formulas() -> None:
 
 def test_rows_without_penalties_build_no_penalty_state() -> None:
     batch = SamplingBatch.build([SamplingRow(SamplingParams(), [1, 2], [3])], V, "cpu")
-    assert batch.penalties is None and batch.logit_bias is None and batch.banned_stops is None
+    assert batch.penalties is None and batch.logit_bias is None and batch.banned is None
 
 
 def test_greedy_choice_uses_processed_logits() -> None:

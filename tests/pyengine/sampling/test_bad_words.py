@@ -1,0 +1,32 @@
+"""vLLM's bad_words rule (``sampling/bad_words.py``): which token sequences a word bans, and when."""
+
+from __future__ import annotations
+
+import pytest
+
+from candle_vllm.pyengine.loader.embedded import default_model_path
+from candle_vllm.pyengine.sampling.bad_words import bad_words_token_ids, banned_next
+from candle_vllm.pyengine.tokenizer.gguf_vocab import load_tokenizer_from_gguf
+
+
+@pytest.fixture(scope="module")
+def tokenizer():  # type: ignore[no-untyped-def]
+    return load_tokenizer_from_gguf(default_model_path())
+
+
+def test_a_word_is_banned_bare_and_after_a_space(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """SmolLM2's BPE gives "sea" and " sea" different tokens: both forms are banned; the given word's own leading
+    space is dropped first (vLLM strips it)."""
+    bare, spaced = (tokenizer.encode(t, add_special_tokens=False) for t in ("seashore", " seashore"))
+    assert bare[0] != spaced[0] and len(bare) == len(spaced)  # the case the rule adds the spaced form for
+    assert bad_words_token_ids(["  seashore"], tokenizer) == [bare, spaced]
+    with pytest.raises(ValueError, match="no tokens"):
+        bad_words_token_ids([""], tokenizer)
+
+
+def test_banned_next_needs_the_words_head_at_the_end() -> None:
+    words = [[5], [1, 2, 3]]
+    assert banned_next(words, []) == [5]
+    assert banned_next(words, [9, 1, 2]) == [5, 3]
+    assert banned_next(words, [1, 2, 9]) == [5]
+    assert banned_next(words, [2]) == [5]
