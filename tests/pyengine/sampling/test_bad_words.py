@@ -6,15 +6,16 @@ import pytest
 
 from candle_vllm.pyengine.loader.embedded import default_model_path
 from candle_vllm.pyengine.sampling.bad_words import bad_words_token_ids, banned_next
+from candle_vllm.pyengine.tokenizer import Tokenizer
 from candle_vllm.pyengine.tokenizer.gguf_vocab import load_tokenizer_from_gguf
 
 
 @pytest.fixture(scope="module")
-def tokenizer():  # type: ignore[no-untyped-def]
+def tokenizer() -> Tokenizer:
     return load_tokenizer_from_gguf(default_model_path())
 
 
-def test_a_word_is_banned_bare_and_after_a_space(tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_a_word_is_banned_bare_and_after_a_space(tokenizer: Tokenizer) -> None:
     """SmolLM2's BPE gives "sea" and " sea" different tokens: both forms are banned; the given word's own leading
     space is dropped first (vLLM strips it)."""
     bare, spaced = (tokenizer.encode(t, add_special_tokens=False) for t in ("seashore", " seashore"))
