@@ -28,7 +28,7 @@ class IntakeActor:
                         if msg.prompt is None:
                             raise ValueError("a request needs a prompt or prompt token ids")
                         msg.prompt_token_ids = self.core.tokenizer.encode(msg.prompt)
-                    msg.params = self.core.resolve_params(msg.params, len(msg.prompt_token_ids))
+                    msg.prompt_token_ids, msg.params = self.core.prepare(msg.prompt_token_ids, msg.params)
                 except ValueError as exc:
                     reject(msg, exc)
                     continue

@@ -220,6 +220,7 @@ def sampling_params(req: SamplingFields, max_tokens: int | None, vocab_size: int
             structured_output=structured_output_params(req),
         )
         params.check_vocab(vocab_size)
-    except ValueError as exc:
-        raise bad_request(str(exc)) from None
+    except ValueError as exc:  # SamplingParams' messages start with the field they are about
+        first = str(exc).split(" ", 1)[0]
+        raise bad_request(str(exc), param=first if first in type(req).model_fields else None) from None
     return params

@@ -152,9 +152,7 @@ class EngineCore:
                     prompt: str | None = None) -> None:
         """Queue a user request (``n`` engine requests sharing the prompt). Raises ``RequestRejected`` or
         ``ValueError`` when it can never run, before any state changes."""
-        prompt_token_ids = truncate_prompt(prompt_token_ids, params.truncate_prompt_tokens, self.max_model_len)
-        self.check_prompt_ids(prompt_token_ids)
-        params = self.resolve_params(params, len(prompt_token_ids))
+        prompt_token_ids, params = self.prepare(prompt_token_ids, params)
         group = RequestGroup(request_id, prompt, list(prompt_token_ids), params)
         requests: list[Request] = []
         for index in range(params.n):
@@ -174,6 +172,14 @@ class EngineCore:
             for req in added:
                 self.scheduler.abort(req.request_id)
             raise
+
+    def prepare(self, prompt_token_ids: list[int], params: SamplingParams) -> tuple[list[int], SamplingParams]:
+        """The prompt as it runs (cut to ``truncate_prompt_tokens`` first, so the default ``max_tokens`` fits what
+        is left, then its ids checked) and its resolved params; a ValueError when it can never run. Idempotent:
+        the async intake prepares a request, and ``add_request`` prepares it again."""
+        ids = truncate_prompt(prompt_token_ids, params.truncate_prompt_tokens, self.max_model_len)
+        self.check_prompt_ids(ids)
+        return ids, self.resolve_params(params, len(ids))
 
     def check_prompt_ids(self, prompt_token_ids: list[int]) -> None:
         """Every id must name a token the model embeds and the tokenizer decodes: an id past either would fail

@@ -14,7 +14,7 @@ from candle_vllm.pyengine.engine_args import EngineArgs
 from candle_vllm.pyengine.engine_core import EngineCore
 from candle_vllm.pyengine.loader.pooling import truncated
 from candle_vllm.pyengine.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
-from candle_vllm.pyengine.pooling_params import PoolingParams
+from candle_vllm.pyengine.pooling_params import PoolingParams, embedding_keep
 from candle_vllm.pyengine.sampling import SamplingDefaults, SamplingParams
 from candle_vllm.pyengine.tokenizer import Tokenizer
 
@@ -107,12 +107,14 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
         *,
+        truncate_prompt_tokens: int | None = None,
         use_tqdm: bool = False,
     ) -> list[EmbeddingRequestOutput]:
         """vLLM's ``LLM.embed``: each prompt's embedding, the final-normed hidden state of its last token,
         L2-normalised (last-token pooling, what decoder embedding models such as Qwen3-Embedding, gte-Qwen2 and
         e5-mistral are trained for). Prompts take the forms ``generate`` takes; ``pooling_params`` is one for all
-        prompts or one per prompt (``dimensions``: Matryoshka truncation). Outputs keep the prompts' order."""
+        prompts or one per prompt (``dimensions``: Matryoshka truncation); ``truncate_prompt_tokens`` applies to
+        the prompts whose params set none. Outputs keep the prompts' order."""
         if isinstance(prompts, (str, Mapping)):
             prompts = [prompts]
         pooling = [pooling_params or PoolingParams()] * len(prompts) \
@@ -122,11 +124,13 @@ class LLM:
         for p in pooling:
             if p.dimensions is not None:
                 self.engine.matryoshka.check(self.engine.info.model_name, p.dimensions)
-        room = self.engine.max_model_len - 1  # -1 asks for the most the model takes: the internal token needs one
-        outs = self._run([(*self._tokenize(prompt), SamplingParams(
-            max_tokens=1, temperature=0, embed=True,
-            truncate_prompt_tokens=room if p.truncate_prompt_tokens == -1 else p.truncate_prompt_tokens))
-            for prompt, p in zip(prompts, pooling, strict=True)], use_tqdm)
+        def params(p: PoolingParams) -> SamplingParams:
+            keep = p.truncate_prompt_tokens if p.truncate_prompt_tokens is not None else truncate_prompt_tokens
+            return SamplingParams(max_tokens=1, temperature=0, embed=True,
+                                  truncate_prompt_tokens=embedding_keep(keep, self.engine.max_model_len))
+
+        outs = self._run([(*self._tokenize(prompt), params(p)) for prompt, p in zip(prompts, pooling, strict=True)],
+                         use_tqdm)
         vectors = [out.embedding for out in outs]
         if any(v is None for v in vectors):
             raise RuntimeError("an embedding request finished without its embedding")

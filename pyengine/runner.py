@@ -17,7 +17,8 @@ Launch collects the pending steps first (the serial order of old) when the new s
 of a step still in flight (``_needs_host_state``):
 - the pending step has grammar rows: each matcher must consume its token before it yields the next mask;
 - a row of the new step reads its sampled history and that history's newest token is in flight: penalties
-  (repetition/frequency/presence count the tokens), bad words (a word's ban depends on the last tokens) and
+  (repetition/frequency/presence count the tokens), bad words of several tokens (their bans depend on the last
+  tokens) and
   min_tokens while it still bans stop tokens (the ban depends on how many tokens the row has);
 - a placeholder whose token is neither on the host nor in the last launched step.
 
@@ -187,7 +188,7 @@ class ModelRunner:
             if req.request_id not in in_flight:
                 continue
             params: SamplingParams = req.sampling_params  # type: ignore[assignment]
-            if (params.has_penalties or params.bad_words_token_ids
+            if (params.has_penalties or params.bad_words_need_history
                     or params.min_tokens > len(self._sampled.get(req.request_id, ()))):
                 return True
         return False

@@ -26,6 +26,7 @@ from candle_vllm.api.schemas import EmbeddingRequest, parse_request
 from candle_vllm.api.state import ServerState
 from candle_vllm.pyengine.loader.pooling import truncated
 from candle_vllm.pyengine.outputs import RequestOutput
+from candle_vllm.pyengine.pooling_params import embedding_keep
 from candle_vllm.pyengine.sampling.params import SamplingParams
 
 bp = Blueprint("embeddings", __name__)
@@ -45,8 +46,7 @@ def _token_ids(req: EmbeddingRequest, tokenizer: Any, max_model_len: int) -> lis
     as vLLM does), cut to ``truncate_prompt_tokens``, checked against the vocabulary and the context (runs in a
     worker thread)."""
     out = []
-    # -1 asks for the most the model takes: the context less the internal token's place
-    keep = max_model_len - 1 if req.truncate_prompt_tokens == -1 else req.truncate_prompt_tokens
+    keep = embedding_keep(req.truncate_prompt_tokens, max_model_len)
     for i, item in enumerate(req.inputs()):
         param = "input" if not isinstance(req.input, list) or isinstance(req.input[0], int) else f"input.{i}"
         if isinstance(item, str):

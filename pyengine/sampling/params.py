@@ -144,6 +144,11 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
     @property
+    def bad_words_need_history(self) -> bool:
+        """Whether a bad word of several tokens is banned only after its head: the ban reads the newest tokens."""
+        return any(len(ids) > 1 for ids in self.bad_words_token_ids or ())
+
+    @property
     def is_greedy(self) -> bool:
         """Greedy rows take the argmax of the (biased, penalised) logits and draw no random numbers."""
         return self.temperature == 0.0

@@ -161,9 +161,10 @@ def test_allowed_token_ids_and_bad_words_reach_the_engine(server: ServerThread, 
     client.completions.create(model="fake-model", prompt="hi", max_tokens=2, extra_body={"bad_words": ["sea"]})
     assert server.engine.seen_params[-1].bad_words == ["sea"]
     for bad in ([], [smol_tokenizer.vocab_size]):
-        with pytest.raises(openai.BadRequestError, match="allowed_token_ids"):
+        with pytest.raises(openai.BadRequestError, match="allowed_token_ids") as info:
             client.completions.create(model="fake-model", prompt="hi", max_tokens=2,
                                       extra_body={"allowed_token_ids": bad})
+        assert info.value.param == "allowed_token_ids"
 
 
 def test_default_max_tokens_left_to_engine(server: ServerThread) -> None:

@@ -146,6 +146,13 @@ def test_truncate_prompt_tokens_runs_the_prompts_last_tokens(llm: LLM) -> None:
     vectors = [o.outputs.embedding for o in llm.embed([{"prompt_token_ids": ids[-5:]}, {"prompt_token_ids": ids}],
                                                       [PoolingParams(), PoolingParams(truncate_prompt_tokens=5)])]
     assert vectors[1] == pytest.approx(vectors[0], abs=1e-6)
+    by_keyword = llm.embed({"prompt_token_ids": ids}, truncate_prompt_tokens=5)[0].outputs.embedding
+    assert by_keyword == pytest.approx(vectors[0], abs=1e-6)
+    # A prompt longer than the context, cut first: its default max_tokens is the one of what is left (the async
+    # intake prepares requests the same way).
+    longer = ids * (llm.engine.max_model_len // len(ids) + 1)
+    kept, resolved = llm.engine.prepare(longer, SamplingParams(truncate_prompt_tokens=10))
+    assert kept == longer[-10:] and resolved.max_tokens == llm.engine.prepare(kept, SamplingParams())[1].max_tokens
 
 
 def test_allowed_token_ids_hold_every_generated_token(llm: LLM) -> None:

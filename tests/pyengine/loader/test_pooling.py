@@ -17,6 +17,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from candle_vllm import LLM, PoolingParams
 from candle_vllm.pyengine.loader import ModelLoadError, load_model, resolve_model_source
+from candle_vllm.pyengine.pooling_params import embedding_keep
 
 VOCAB, HIDDEN = 32, 64
 CONFIG: dict[str, object] = {
@@ -146,3 +147,10 @@ def test_hf_overrides_lay_over_config_json(tmp_path: Path) -> None:
                         hf_overrides={"rope_scaling": {"factor": 4.0}, "max_position_embeddings": 128})
     assert loaded.config.rope_scaling == {"rope_type": "linear", "factor": 4.0}
     assert loaded.config.max_position_embeddings == 128
+
+
+def test_embedding_truncation_leaves_the_internal_tokens_place() -> None:
+    """vLLM takes truncate_prompt_tokens up to the context; an embedding here runs one internal token after the
+    prompt, so -1 and the whole context keep one token less, and values vLLM refuses pass on to be refused."""
+    assert [embedding_keep(k, 64) for k in (None, 5, 63, 64, -1)] == [None, 5, 63, 63, 63]
+    assert [embedding_keep(k, 64) for k in (65, 0, -2)] == [65, 0, -2]
