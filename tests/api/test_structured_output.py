@@ -99,7 +99,7 @@ def test_completions_response_format_and_guided_json(client: openai.OpenAI, mode
     ({"guided_json": {"type": "integer", "minimum": 3, "maximum": 1}}, "guided_json", "Unsatisfiable"),
     ({"guided_regex": "[a-z]+"}, "guided_regex", "not supported"),
     ({"guided_choice": ["a", "b"]}, "guided_choice", "not supported"),
-    ({"response_format": {"type": "json_object"}, "ignore_eos": True}, None, "ignore_eos"),
+    ({"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos", "structured_output"),
 ])
 @pytest.mark.parametrize("route", ["chat", "completions"])
 def test_unusable_requests_are_400(client: openai.OpenAI, model: str, route: str, body: dict[str, Any], param: str | None,
