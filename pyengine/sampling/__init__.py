@@ -4,7 +4,9 @@ params.py     SamplingParams: vLLM's fields, defaults and validation; tracks exp
               StructuredOutputParams (the grammar a request's output must follow)
 defaults.py   SamplingDefaults: CLI flags / generation_config.json for the fields a request left unset
 batch.py      SamplingBatch: one step's per-row parameters as tensors (+ make_generator for seeded requests)
-penalties.py  logit_bias, min_tokens, repetition / frequency / presence penalties
+penalties.py  allowed_token_ids, logit_bias, bans (min_tokens, bad words), repetition / frequency / presence
+              penalties
+bad_words.py  vLLM's bad_words: the token sequences a word bans, and which token each bans after the output
 filters.py    top-k, top-p, min-p truncation
 logprobs.py   raw logprobs of chosen tokens with top-k alternatives and ranks; prompt logprobs
 token_mask.py TokenMask: grammar masks of structured-output rows, applied first (constrained rows only)
