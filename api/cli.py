@@ -52,6 +52,7 @@ class ServerArgs:
     mcp_args: list[str] | None = None
     mcp_refresh_s: float = DEFAULT_REFRESH_S
     trust_request_chat_template: bool = False
+    return_tokens_as_token_ids: bool = False
     log: bool = False
 
     def __post_init__(self) -> None:
@@ -181,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ui-server", action="store_true", help="also serve the web UI on the API port minus one")
     g.add_argument("--trust-request-chat-template", action="store_true",
                    help="let requests bring their own chat_template (Jinja run on the server; off: refused with 400)")
+    g.add_argument("--return-tokens-as-token-ids", action="store_true",
+                   help="logprobs name each token 'token_id:N' (vLLM's flag; a request's return_tokens_as_token_ids "
+                        "overrides it)")
     g.add_argument("--log", action="store_true", help=f"also write logs to ./{LOG_FILE}")
 
     g = p.add_argument_group("engine and cache")

@@ -181,9 +181,7 @@ UnbuiltExtras = Mapping[str, tuple[Any, str]]
 _UNBUILT_EXTRAS: UnbuiltExtras = {
     "use_beam_search": (False, "beam search is not supported; sample with n and temperature instead"),
     "length_penalty": (1.0, "length_penalty applies to beam search, which is not supported"),
-    "prompt_logprobs": (None, "prompt_logprobs is not supported here; on /v1/completions use echo with logprobs"),
     "spaces_between_special_tokens": (True, "spaces_between_special_tokens false is not supported"),
-    "return_tokens_as_token_ids": (False, "return_tokens_as_token_ids is not supported"),
     "logits_processors": (None, "logits_processors are not supported"),
     "echo": (False, "echo is supported on /v1/completions only"),
     "priority": (0, "request priorities are not supported (requests are served first come, first served)"),

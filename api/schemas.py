@@ -105,6 +105,8 @@ class SamplingFields(_Open):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     truncate_prompt_tokens: int | None = Field(None, ge=-1, strict=True)  # vLLM's: keep the prompt's last k tokens
+    prompt_logprobs: int | None = Field(None, ge=-1, strict=True)  # vLLM's: each prompt token's logprob and top k
+    return_tokens_as_token_ids: bool | None = None  # vLLM's: logprobs name tokens "token_id:N" (None: the server's)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -115,6 +117,7 @@ class SamplingFields(_Open):
             raise ValueError("stream_options can only be set when stream is true")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of different from n is not supported; leave best_of unset")
+        _check_prompt_logprobs(self.prompt_logprobs, self.stream)
         for key, value in (self.logit_bias or {}).items():
             if not key.lstrip("-").isdigit():
                 raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
@@ -122,10 +125,29 @@ class SamplingFields(_Open):
                 raise ValueError(f"logit_bias values must be within [-100, 100], got {value} for token {key}")
         return self
 
+    def tokens_as_ids(self, server_default: bool) -> bool:
+        """Whether logprobs name tokens ``token_id:N``: the request's choice, else the server's
+        (``--return-tokens-as-token-ids``), as vLLM decides."""
+        return server_default if self.return_tokens_as_token_ids is None else self.return_tokens_as_token_ids
+
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+def _check_prompt_logprobs(k: int | None, stream: bool) -> None:
+    """vLLM's rules, with its messages: no prompt logprobs in a stream (vLLM lets 0 through and returns nothing;
+    here any value is refused rather than ignored), and at most the server's cap (-1, the whole vocabulary, is
+    over it)."""
+    if k is None:
+        return
+    if stream:
+        raise bad_request("`prompt_logprobs` are not available when `stream=True`.", param="prompt_logprobs")
+    if k == -1 or k > MAX_TOP_LOGPROBS:
+        asked = "-1 (the whole vocabulary)" if k == -1 else str(k)
+        raise bad_request(f"Requested prompt logprobs of {asked}, which is greater than max allowed: "
+                          f"{MAX_TOP_LOGPROBS}", param="prompt_logprobs")
 
 
 def _check_continuation(add_generation_prompt: bool, continue_final_message: bool) -> None:

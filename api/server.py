@@ -180,7 +180,8 @@ def run(engine_args: Any, server_args: Any) -> int:
     config = ServerConfig(api_key=server_args.api_key, enforce_parser=server_args.enforce_parser,
                           mcp_servers=server_args.mcp_servers,
                           mcp_refresh_s=server_args.mcp_refresh_s,
-                          trust_request_chat_template=server_args.trust_request_chat_template)
+                          trust_request_chat_template=server_args.trust_request_chat_template,
+                          return_tokens_as_token_ids=server_args.return_tokens_as_token_ids)
     try:
         trio.run(_serve_engine, engine_args, config, [bind], ui_bind)
     except BaseException as e:

@@ -40,6 +40,7 @@ class ServerConfig:
     mcp_servers: list[McpServerSpec] = field(default_factory=list)  # --mcp-config / --mcp-command
     mcp_refresh_s: float = DEFAULT_REFRESH_S  # --mcp-refresh-s
     trust_request_chat_template: bool = False  # --trust-request-chat-template: requests may bring a template
+    return_tokens_as_token_ids: bool = False  # --return-tokens-as-token-ids: logprobs name tokens "token_id:N"
 
 
 # Worker threads preparing prompts (template render, tokenize) at once; more requests wait for a free one.

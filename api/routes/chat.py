@@ -18,7 +18,7 @@ from candle_vllm.api.chat_output import ChoiceDelta, ChoiceOutput
 from candle_vllm.api.chat_tools import ToolPlan, check_tool_history, plan_tools
 from candle_vllm.api.errors import bad_request
 from candle_vllm.api.generation import EngineRequest, KeepAlive
-from candle_vllm.api.logprobs import ChatLogprobs
+from candle_vllm.api.logprobs import ChatLogprobs, prompt_logprobs_json
 from candle_vllm.api.prompts import render_chat, sampling_params, truncated_prompt
 from candle_vllm.api.reasoning import ReasoningSplitter, ThinkMarkers, prompt_opens_reasoning
 from candle_vllm.api.routes.common import (
@@ -62,7 +62,7 @@ def _is_special(tokenizer: Any, text: str) -> bool:
 def _engine_params(req: ChatCompletionRequest, state: ServerState, setup: ChatSetup, limit: int | None,
                    top: int | None) -> SamplingParams:
     tokenizer = state.engine.tokenizer
-    params = sampling_params(req, limit, tokenizer.vocab_size, logprobs=top)
+    params = sampling_params(req, limit, tokenizer.vocab_size, logprobs=top, prompt_logprobs=req.prompt_logprobs)
     markers = setup.markers
     # Marker and call tags are often special tokens: decoding must keep them for the split and the parsers.
     keep = setup.tools.parses or (markers is not None and (_is_special(tokenizer, markers.start)
@@ -110,7 +110,8 @@ async def chat_completions() -> Any:
     params = _engine_params(req, state, setup, limit, top)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     batch, outputs, head = await submit(state, [EngineRequest(request_id, ids, params, text)], req.stream)
-    stream = ChatStream(req, request_id, model, now_s(), len(ids), state.chat_logprobs, setup)
+    stream = ChatStream(req, request_id, model, now_s(), len(ids), state.chat_logprobs, setup,
+                        req.tokens_as_ids(state.config.return_tokens_as_token_ids))
     if req.stream:
         return event_stream(batch, lambda: stream.events(head, outputs))
     try:
@@ -125,8 +126,9 @@ class ChatStream(sse.EventStream):
     same object folds the outputs into the whole ``chat.completion`` for non-streamed requests."""
 
     def __init__(self, req: ChatCompletionRequest, request_id: str, model: str, created: int, prompt_len: int,
-                 logprobs: ChatLogprobs, setup: ChatSetup) -> None:
+                 logprobs: ChatLogprobs, setup: ChatSetup, as_ids: bool = False) -> None:
         self.req = req
+        self.as_ids = as_ids  # logprobs name tokens "token_id:N"
         self.base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
         opts = req.stream_options
         self.include_usage = bool(opts and opts.include_usage)
@@ -167,12 +169,20 @@ class ChatStream(sse.EventStream):
                 choice.finish()
             logprobs = None
             if self.req.logprobs:
-                logprobs = {"content": self.logprobs.content(c.token_ids, c.logprobs or [],
-                                                             self.req.top_logprobs or 0)}
+                logprobs = {"content": self.logprobs.content(c.token_ids, c.logprobs or [], self.req.top_logprobs or 0,
+                                                             self.as_ids)}
             body.append({"index": i, "message": choice.message(), "logprobs": logprobs,
                          "finish_reason": choice.finish_reason(c.finish_reason), "stop_reason": c.stop_reason})
         return {"id": self.base["id"], "object": "chat.completion", "created": self.base["created"],
-                "model": self.base["model"], "choices": body, "usage": self._usage()}
+                "model": self.base["model"], "choices": body, "usage": self._usage(),
+                "prompt_logprobs": self._prompt_logprobs()}
+
+    def _prompt_logprobs(self) -> list[dict[str, Any] | None] | None:
+        """vLLM's top-level ``prompt_logprobs`` of a chat response (null unless asked for)."""
+        k = self.req.prompt_logprobs
+        if k is None or self.last is None or self.last.prompt_logprobs is None:
+            return None
+        return prompt_logprobs_json(self.last.prompt_logprobs, k)
 
     def _chunk(self, choices: list[dict[str, Any]], role: bool = False) -> bytes:
         """One chunk; with continuous usage, a choice's role chunk counts no completion tokens yet (as vLLM)."""
@@ -206,7 +216,8 @@ class ChatStream(sse.EventStream):
         logprobs = None
         if self.req.logprobs:
             logprobs = {"content": self.logprobs.content(c.token_ids_delta, c.logprobs_delta or [],
-                                                         self.req.top_logprobs or 0)}
+                                                         self.req.top_logprobs or 0,
+                                                         self.as_ids)}
         body = delta.to_json() if delta or not plain_token else {"content": ""}
         entry: dict[str, Any] = {"index": c.index, "delta": body, "logprobs": logprobs, "finish_reason": None}
         if c.finish_reason:

@@ -1,4 +1,5 @@
-"""``POST /v1/completions``: text or token-id prompts (one or a batch), echo, integer logprobs, SSE or JSON.
+"""``POST /v1/completions``: text or token-id prompts (one or a batch), echo, integer logprobs, vLLM's
+``prompt_logprobs``, SSE or JSON.
 
 A batch of prompts runs as one engine request per prompt; choice ``index`` is ``prompt_i * n + j``. With
 ``echo`` and ``max_tokens: 0`` (prompt scoring) the engine runs one token, which the answer leaves out.
@@ -15,7 +16,7 @@ from quart import Blueprint
 from candle_vllm.api import sse
 from candle_vllm.api.generation import EngineRequest, KeepAlive
 from candle_vllm.api.limits import TokenLimits
-from candle_vllm.api.logprobs import CompletionLogprobs
+from candle_vllm.api.logprobs import CompletionLogprobs, prompt_logprobs_json
 from candle_vllm.api.prompts import check_token_ids, sampling_params, truncated_prompt
 from candle_vllm.api.routes.common import (
     check_model,
@@ -63,13 +64,15 @@ def _prompts(req: CompletionRequest, tokenizer: Any, limits: TokenLimits) -> lis
 
 def _engine_params(req: CompletionRequest, prompts: list[_Prompt], vocab_size: int) -> list[SamplingParams]:
     """Each prompt's ``SamplingParams``; prompts differ only in a defaulted ``max_tokens`` (clamped to what fits
-    after each), so one object is built per distinct limit."""
-    echo_logprobs = req.logprobs if req.echo else None
+    after each), so one object is built per distinct limit. The prompt's logprobs serve both ``echo`` with
+    ``logprobs`` and ``prompt_logprobs``: the engine computes the larger top-k, each view shows its own."""
+    wanted = [k for k in (req.logprobs if req.echo else None, req.prompt_logprobs) if k is not None]
+    prompt_logprobs = max(wanted) if wanted else None
     by_limit: dict[int | None, SamplingParams] = {}
     for p in prompts:
         if p.max_tokens not in by_limit:
             by_limit[p.max_tokens] = sampling_params(req, p.max_tokens, vocab_size, logprobs=req.logprobs,
-                                                     prompt_logprobs=echo_logprobs)
+                                                     prompt_logprobs=prompt_logprobs)
     return [by_limit[p.max_tokens] for p in prompts]
 
 
@@ -86,7 +89,8 @@ async def completions() -> Any:
     requests = [EngineRequest(f"{request_id}-{i}", p.ids, ps, p.text or None)
                 for i, (p, ps) in enumerate(zip(prompts, params, strict=True))]
     batch, outputs, head = await submit(state, requests, req.stream)
-    view = CompletionView(req, request_id, model, now_s(), prompts, tokenizer)
+    view = CompletionView(req, request_id, model, now_s(), prompts, tokenizer,
+                          req.tokens_as_ids(state.config.return_tokens_as_token_ids))
     if req.stream:
         return event_stream(batch, lambda: view.events(head, outputs))
     try:
@@ -103,8 +107,9 @@ class CompletionView(sse.EventStream):
     usage, and every choice ends with ``length`` (the zero tokens asked for were all generated), as in vLLM."""
 
     def __init__(self, req: CompletionRequest, request_id: str, model: str, created: int, prompts: list[_Prompt],
-                 tokenizer: Any) -> None:
+                 tokenizer: Any, as_ids: bool = False) -> None:
         self.req = req
+        self.as_ids = as_ids  # logprobs name tokens "token_id:N"
         self.base = {"id": request_id, "object": "text_completion", "created": created, "model": model}
         self.prompts = prompts
         self.tokenizer = tokenizer
@@ -141,7 +146,8 @@ class CompletionView(sse.EventStream):
             text = prompt.text + text
         logprobs = None
         if self.req.logprobs is not None:
-            acc = self.logprobs.setdefault(index, CompletionLogprobs(self.req.logprobs, self.tokenizer))
+            acc = self.logprobs.setdefault(index, CompletionLogprobs(self.req.logprobs, self.tokenizer,
+                                                                     as_ids=self.as_ids))
             if self.req.echo and first:
                 prompt_entries = (out.prompt_logprobs if out else None) or [None] * len(prompt.ids)
                 acc.add(prompt.ids, prompt_entries)
@@ -161,8 +167,16 @@ class CompletionView(sse.EventStream):
                 c = by_index.get(j) or CompletionOutput(index=j)
                 choice = self._choice(prompt_i, out, c, whole=True)
                 choice["finish_reason"] = choice["finish_reason"] or "abort"
+                choice["prompt_logprobs"] = self._prompt_logprobs(out)
                 choices.append(choice)
         return {**self.base, "choices": choices, "usage": self._usage()}
+
+    def _prompt_logprobs(self, out: RequestOutput | None) -> list[dict[str, Any] | None] | None:
+        """vLLM's per-choice ``prompt_logprobs`` (null unless asked for; never in a stream, which refuses it)."""
+        k = self.req.prompt_logprobs
+        if k is None or out is None or out.prompt_logprobs is None:
+            return None
+        return prompt_logprobs_json(out.prompt_logprobs, k)
 
     def _chunk(self, choices: list[dict[str, Any]]) -> bytes:
         body: dict[str, Any] = {**self.base, "choices": choices}

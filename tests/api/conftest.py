@@ -17,10 +17,13 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from candle_vllm.actors.engine import open_engine
 from candle_vllm.api.binds import Bind
 from candle_vllm.api.server import serve
 from candle_vllm.api.state import ServerConfig
+from candle_vllm.pyengine.engine_args import EngineArgs
 from candle_vllm.pyengine.tokenizer import Tokenizer, load_tokenizer_from_gguf
+from tests.pyengine.models.tiny_gguf import dequantized_copy
 
 
 def smollm2_path() -> Path:
@@ -162,3 +165,37 @@ def tcp_bind() -> list[Bind]:
 
 def unix_bind(tmp: Path) -> list[Bind]:
     return [Bind("unix", str(tmp / "api.sock"))]
+
+
+@pytest.fixture(scope="session")
+def smol_f32_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped Q4_1 SmolLM2 with every tensor dequantized to F32 (by the gguf package). On Q4_1 both engines
+    quantize activations to 8 bits per block and differ by ~0.1 nat per token (llama.cpp even from itself, see
+    tests/pyengine/models/test_smollm2_vs_llamacpp.py); on F32 they compute the same function, so logprobs can
+    be held to a tolerance that no misaligned or wrong token fits in."""
+    return dequantized_copy(smollm2_path(), tmp_path_factory.mktemp("gguf") / "smollm2-f32.gguf")
+
+
+@pytest.fixture(scope="module")
+def f32_server(smol_f32_file: Path) -> Iterator[ServerThread]:
+    """Our server and engine on the CPU over the F32 file, with an F32 KV cache."""
+    args = EngineArgs(model=str(smol_f32_file), cpu=True, dtype="f32", mem=256, max_num_seqs=16)
+    with running(lambda: open_engine(args), ServerConfig(keepalive_s=5.0), tcp_bind()) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def f32_model(f32_server: ServerThread) -> str:
+    return f32_server.openai().models.list().data[0].id
+
+
+@pytest.fixture(scope="module")
+def f32_oracle(smol_f32_file: Path) -> Iterator[Any]:
+    """llama.cpp (llama-cpp-python) on the same F32 file, with F32 caches: its default F16 KV cache alone moves
+    logprobs by ~5e-3."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    f32 = 0  # GGML_TYPE_F32
+    llm = llama_cpp.Llama(model_path=str(smol_f32_file), logits_all=True, n_ctx=256, type_k=f32, type_v=f32,
+                          verbose=False)
+    yield llm
+    llm.close()

@@ -68,6 +68,7 @@ EXTRA_FLAGS = [
     "--cpu",
     "--api-key",
     "--trust-request-chat-template",
+    "--return-tokens-as-token-ids",
     "--load-format",
     "--max-model-len",
     "--seed",
@@ -309,6 +310,7 @@ def test_accepted_flags_reach_the_server_step_with_the_embedded_model(
         "--api-key",
         "k",
         "--trust-request-chat-template",
+        "--return-tokens-as-token-ids",
         "--hf-overrides",
         '{"is_matryoshka": true}',
     ]
@@ -324,8 +326,8 @@ def test_accepted_flags_reach_the_server_step_with_the_embedded_model(
     assert (got.kv_fraction, got.block_size) == (None, None)  # the engine resolves them (it knows the device)
     assert (got.resolved(torch.device("cpu")).kv_fraction, got.resolved(torch.device("cpu")).block_size) == (0.4, 32)
     server_args = calls["server_args"]
-    assert (server_args.host, server_args.api_key, server_args.trust_request_chat_template) == (
-        "127.0.0.1:8000", "k", True)
+    assert (server_args.host, server_args.api_key, server_args.trust_request_chat_template,
+            server_args.return_tokens_as_token_ids) == ("127.0.0.1:8000", "k", True, True)
     assert calls["source"] is not None
 
 

@@ -11,18 +11,13 @@ from __future__ import annotations
 import copy
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from candle_vllm.actors.engine import open_engine
-from candle_vllm.api.state import ServerConfig
-from candle_vllm.pyengine.engine_args import EngineArgs
-from tests.api.conftest import ServerThread, running, smollm2_path, tcp_bind
-from tests.pyengine.models.tiny_gguf import dequantized_copy
+from tests.api.conftest import ServerThread
 
 lm_eval = pytest.importorskip("lm_eval")
 lm_eval_tasks = pytest.importorskip("lm_eval.tasks")
@@ -55,19 +50,8 @@ GREEDY_MARGIN = 0.01  # compare is_greedy only where the verdict holds by a clea
 
 
 @pytest.fixture(scope="module")
-def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The shipped Q4_1 SmolLM2 with every tensor dequantized to F32 (by the gguf package). On Q4_1 both engines
-    quantize activations to 8 bits per block and differ by ~0.1 nat per token (llama.cpp even from itself, see
-    tests/pyengine/models/test_smollm2_vs_llamacpp.py); on F32 they compute the same function, so the
-    loglikelihoods can be held to a tolerance that no misaligned or wrong token fits in."""
-    return dequantized_copy(smollm2_path(), tmp_path_factory.mktemp("gguf") / "smollm2-f32.gguf")
-
-
-@pytest.fixture(scope="module")
-def server(model_file: Path) -> Iterator[ServerThread]:
-    args = EngineArgs(model=str(model_file), cpu=True, dtype="f32", mem=256, max_num_seqs=16)
-    with running(lambda: open_engine(args), ServerConfig(keepalive_s=5.0), tcp_bind()) as srv:
-        yield srv
+def server(f32_server: ServerThread) -> ServerThread:
+    return f32_server
 
 
 @pytest.fixture(scope="module")
@@ -76,13 +60,8 @@ def model(server: ServerThread) -> str:
 
 
 @pytest.fixture(scope="module")
-def oracle(model_file: Path) -> Iterator[Any]:
-    llama_cpp = pytest.importorskip("llama_cpp")
-    f32 = 0  # GGML_TYPE_F32: llama.cpp's default F16 KV cache alone moves logprobs by ~5e-3
-    llm = llama_cpp.Llama(model_path=str(model_file), logits_all=True, n_ctx=256, type_k=f32, type_v=f32,
-                          verbose=False)
-    yield llm
-    llm.close()
+def oracle(f32_oracle: Any) -> Any:
+    return f32_oracle
 
 
 @pytest.fixture

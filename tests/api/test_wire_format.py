@@ -250,3 +250,17 @@ def test_raw_sse_is_valid_json_and_done(server: ServerThread) -> None:
         raw = http.post("/v1/completions", json={"prompt": "x", "stream": True, "max_tokens": 2}).text
     events = sse_events(raw)
     assert events[-1] == "[DONE]" and all(json.loads(e)["object"] == "text_completion" for e in events[:-1])
+
+
+def test_server_flag_names_tokens_by_id_unless_the_request_says_no(smol_tokenizer) -> None:
+    """``--return-tokens-as-token-ids`` is every request's default; a request's own false wins, as in vLLM."""
+    engine = FakeEngine(smol_tokenizer, delay_s=0.0)
+    with running(engine_cm(engine), ServerConfig(return_tokens_as_token_ids=True), tcp_bind()) as srv:
+        client = srv.openai()
+        chat = client.chat.completions.create(model="fake-model", messages=MESSAGES, max_tokens=3, logprobs=True,
+                                              top_logprobs=1).choices[0]
+        ids = [int(t.token.removeprefix("token_id:")) for t in chat.logprobs.content]
+        assert smol_tokenizer.decode(ids) == chat.message.content
+        done = client.completions.create(model="fake-model", prompt="hi", max_tokens=3, logprobs=1,
+                                         extra_body={"return_tokens_as_token_ids": False}).choices[0]
+        assert "".join(done.logprobs.tokens) == done.text and not any("token_id:" in t for t in done.logprobs.tokens)
