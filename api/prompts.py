@@ -183,7 +183,6 @@ _UNBUILT_EXTRAS: UnbuiltExtras = {
     "length_penalty": (1.0, "length_penalty applies to beam search, which is not supported"),
     "spaces_between_special_tokens": (True, "spaces_between_special_tokens false is not supported"),
     "logits_processors": (None, "logits_processors are not supported"),
-    "echo": (False, "echo is supported on /v1/completions only"),
     "priority": (0, "request priorities are not supported (requests are served first come, first served)"),
     **{name: (None, f"{name} is not supported; constrain the output with response_format (json_schema or "
                     "json_object) or guided_json")

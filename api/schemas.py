@@ -175,6 +175,7 @@ class ChatCompletionRequest(SamplingFields):
     documents: list[dict[str, Any]] | None = None  # for RAG chat templates (transformers' ``documents``)
     enable_thinking: bool | None = None
     thinking: bool | ThinkingConfig | None = None
+    echo: bool = False  # vLLM's: the reply starts with the last message when that message has the reply's role
 
     @model_validator(mode="after")
     def _check_chat(self) -> ChatCompletionRequest:
@@ -205,6 +206,18 @@ class ChatCompletionRequest(SamplingFields):
             shown = ", ".join(f"{name}={str(value).lower()}" for name, value in given)
             raise bad_request(f"contradicting thinking switches ({shown}); give one", param=given[0][0])
         return given[0][1] if given else None
+
+    def echo_text(self) -> str:
+        """What vLLM's chat ``echo`` puts before the reply: the last message's text when its role is the reply's
+        (assistant; with ``add_generation_prompt`` false, the last message's own role, as vLLM decides), else
+        nothing. Content parts give their texts joined by newlines."""
+        last = self.messages[-1]
+        reply_role = "assistant" if self.add_generation_prompt else last.role
+        if not self.echo or last.role != reply_role or last.content is None:
+            return ""
+        if isinstance(last.content, str):
+            return last.content
+        return "\n".join(str(part["text"]) for part in last.content if "text" in part)
 
     def token_limit(self) -> int | None:
         """``max_completion_tokens`` wins over the deprecated ``max_tokens``."""

@@ -139,6 +139,7 @@ class ChatStream(sse.EventStream):
         self.choices = [setup.choice() for _ in range(req.n)]
         self.role_sent: set[int] = set()
         self.last: RequestOutput | None = None
+        self.echo = req.echo_text()
 
     def _step(self, c: CompletionOutput) -> ChoiceDelta:
         """Run one output of a choice through its pipeline (finishing it with the engine's last output)."""
@@ -171,7 +172,10 @@ class ChatStream(sse.EventStream):
             if self.req.logprobs:
                 logprobs = {"content": self.logprobs.content(c.token_ids, c.logprobs or [], self.req.top_logprobs or 0,
                                                              self.as_ids)}
-            body.append({"index": i, "message": choice.message(), "logprobs": logprobs,
+            message = choice.message()
+            if self.echo:
+                message["content"] = self.echo + (message["content"] or "")
+            body.append({"index": i, "message": message, "logprobs": logprobs,
                          "finish_reason": choice.finish_reason(c.finish_reason), "stop_reason": c.stop_reason})
         return {"id": self.base["id"], "object": "chat.completion", "created": self.base["created"],
                 "model": self.base["model"], "choices": body, "usage": self._usage(),
@@ -202,6 +206,9 @@ class ChatStream(sse.EventStream):
             self.role_sent.add(c.index)
             out.append(self._chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
                                      "logprobs": None, "finish_reason": None}], role=True))
+            if self.echo:  # vLLM sends the echoed text as the choice's first content, before any token
+                out.append(self._chunk([{"index": c.index, "delta": {"content": self.echo}, "logprobs": None,
+                                         "finish_reason": None}], role=True))
         choice = self.choices[c.index]
         if choice.finished:
             return out

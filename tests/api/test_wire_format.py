@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import openai
 import pytest
@@ -264,3 +265,26 @@ def test_server_flag_names_tokens_by_id_unless_the_request_says_no(smol_tokenize
         done = client.completions.create(model="fake-model", prompt="hi", max_tokens=3, logprobs=1,
                                          extra_body={"return_tokens_as_token_ids": False}).choices[0]
         assert "".join(done.logprobs.tokens) == done.text and not any("token_id:" in t for t in done.logprobs.tokens)
+
+
+def _chat_text(server: ServerThread, messages: list[dict[str, Any]], stream: bool, **extra: Any) -> str:
+    kw = {"model": "fake-model", "messages": messages, "max_tokens": 3, "extra_body": extra}
+    client = server.openai()
+    if not stream:
+        return client.chat.completions.create(**kw).choices[0].message.content or ""
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    return "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_chat_echo_starts_the_reply_with_the_last_message_of_its_role(server: ServerThread, stream: bool) -> None:
+    """vLLM's chat ``echo``: a continued assistant message comes back whole (its text parts joined by newlines);
+    a user message is not the reply's role, so nothing is echoed; the generated part is the same either way."""
+    head = [{"role": "user", "content": "Name a colour."}]
+    cont = {"add_generation_prompt": False, "continue_final_message": True}
+    for prefix, content in (("The colour is", "The colour is"),
+                            ("Red\nor blue", [{"type": "text", "text": "Red"}, {"type": "text", "text": "or blue"}])):
+        messages = [*head, {"role": "assistant", "content": content}]
+        plain = _chat_text(server, messages, stream, **cont)
+        assert plain and _chat_text(server, messages, stream, echo=True, **cont) == prefix + plain
+    assert _chat_text(server, head, stream, echo=True) == _chat_text(server, head, stream)
