@@ -179,8 +179,6 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
 # and ignored.
 UnbuiltExtras = Mapping[str, tuple[Any, str]]
 _UNBUILT_EXTRAS: UnbuiltExtras = {
-    "use_beam_search": (False, "beam search is not supported; sample with n and temperature instead"),
-    "length_penalty": (1.0, "length_penalty applies to beam search, which is not supported"),
     "spaces_between_special_tokens": (True, "spaces_between_special_tokens false is not supported"),
     "logits_processors": (None, "logits_processors are not supported"),
     "priority": (0, "request priorities are not supported (requests are served first come, first served)"),
@@ -205,6 +203,9 @@ def sampling_params(req: SamplingFields, max_tokens: int | None, vocab_size: int
                     prompt_logprobs: int | None = None) -> SamplingParams:
     """The request's sampling fields as ``SamplingParams`` (unset fields stay unset for server defaults)."""
     refuse_unbuilt_extras(req)
+    if req.length_penalty != 1.0:
+        raise bad_request("length_penalty applies to beam search only; set use_beam_search true or leave it at 1",
+                          param="length_penalty")
     try:
         params = SamplingParams(
             n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,

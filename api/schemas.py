@@ -107,6 +107,8 @@ class SamplingFields(_Open):
     truncate_prompt_tokens: int | None = Field(None, ge=-1, strict=True)  # vLLM's: keep the prompt's last k tokens
     prompt_logprobs: int | None = Field(None, ge=-1, strict=True)  # vLLM's: each prompt token's logprob and top k
     return_tokens_as_token_ids: bool | None = None  # vLLM's: logprobs name tokens "token_id:N" (None: the server's)
+    use_beam_search: bool = False  # vLLM's: n beams (api/beam_search.py)
+    length_penalty: float = Field(1.0, allow_inf_nan=False)  # vLLM's: beam scores divided by length ** this
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None

@@ -10,6 +10,7 @@ import os
 # Only effective when set before torch is first imported; an explicit user setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from candle_vllm.pyengine.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from candle_vllm.pyengine.llm import LLM, TextPrompt, TokensPrompt
 from candle_vllm.pyengine.outputs import (
     CompletionOutput,
@@ -23,5 +24,5 @@ from candle_vllm.pyengine.sampling import SamplingParams, StructuredOutputParams
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "CompletionOutput", "EmbeddingOutput", "EmbeddingRequestOutput", "Logprob", "PoolingParams",
+__all__ = ["LLM", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "CompletionOutput", "EmbeddingOutput", "EmbeddingRequestOutput", "Logprob", "PoolingParams",
            "RequestOutput", "SamplingParams", "StructuredOutputParams", "TextPrompt", "TokensPrompt", "__version__"]

@@ -1,5 +1,6 @@
 """The offline API with vLLM's names, so users' code ports unchanged:
-``LLM(model=...).generate(prompts, SamplingParams(...))`` and ``.chat(messages, ...)``."""
+``LLM(model=...).generate(prompts, SamplingParams(...))``, ``.chat(messages, ...)``, ``.embed`` and
+``.beam_search(prompts, BeamSearchParams(...))``."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from typing import Any, TypedDict, cast
 
 from tqdm import tqdm
 
+from candle_vllm.pyengine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from candle_vllm.pyengine.engine_args import EngineArgs
 from candle_vllm.pyengine.engine_core import EngineCore
 from candle_vllm.pyengine.loader.pooling import truncated
-from candle_vllm.pyengine.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from candle_vllm.pyengine.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput, TokenLogprobs
 from candle_vllm.pyengine.pooling_params import PoolingParams, embedding_keep
 from candle_vllm.pyengine.sampling import SamplingDefaults, SamplingParams
 from candle_vllm.pyengine.tokenizer import Tokenizer
@@ -138,6 +140,24 @@ class LLM:
                                        out.prompt_token_ids)
                 for out, v, p in zip(outs, vectors, pooling, strict=True)]
 
+    def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """vLLM's ``LLM.beam_search``: the best ``params.beam_width`` continuations of each prompt, best first, each
+        sequence's ``tokens`` and ``text`` holding the prompt too (as vLLM's do). The prompts' searches go on
+        together: a step runs every live beam of every prompt as one batch."""
+        if isinstance(prompts, (str, Mapping)):
+            prompts = [prompts]
+        tok = self.engine.tokenizer
+        searches = [BeamSearch(self._tokenize(p)[1], params, tok.stop_token_ids) for p in prompts]
+        for _ in tqdm(range(params.max_tokens), desc="Beam search", disable=not use_tqdm):
+            live = [s for s in searches if not s.done]
+            if not live:
+                break
+            outs = iter(self._run([(None, beam, s.step_params) for s in live for beam in s.beam_prompts()], False))
+            for s in live:
+                s.advance([first_token_logprobs(next(outs)) for _ in s.beams])
+        return [s.result(tok.decode, with_prompt=True) for s in searches]
+
     def chat(
         self,
         messages: Sequence[Message] | Sequence[Sequence[Message]],
@@ -219,3 +239,11 @@ class LLM:
         finally:
             bar.close()
         return [r for r in results if r is not None]
+
+
+def first_token_logprobs(out: RequestOutput) -> TokenLogprobs:
+    """The logprobs entry of a one-token request's token (a beam search step's candidates)."""
+    entries = out.outputs[0].logprobs if out.outputs else None
+    if not entries:
+        raise RuntimeError(f"request {out.request_id} finished without the logprobs of its token")
+    return entries[0]

@@ -14,6 +14,7 @@ from typing import Any
 from quart import Blueprint
 
 from candle_vllm.api import sse
+from candle_vllm.api.beam_search import beam_search_params, one_output, run_beam_search
 from candle_vllm.api.chat_output import ChoiceDelta, ChoiceOutput
 from candle_vllm.api.chat_tools import ToolPlan, check_tool_history, plan_tools
 from candle_vllm.api.errors import bad_request
@@ -59,16 +60,20 @@ def _is_special(tokenizer: Any, text: str) -> bool:
     return token_id is not None and token_id in added and added[token_id].special
 
 
+def _skips_special_tokens(req: ChatCompletionRequest, tokenizer: Any, setup: ChatSetup) -> bool:
+    """The request's ``skip_special_tokens``, unless the reply's marker or call tags are special tokens: decoding
+    must keep those for the reasoning split and the tool parsers."""
+    markers = setup.markers
+    keep = setup.tools.parses or (markers is not None and (_is_special(tokenizer, markers.start)
+                                                          or _is_special(tokenizer, markers.end)))
+    return req.skip_special_tokens and not keep
+
+
 def _engine_params(req: ChatCompletionRequest, state: ServerState, setup: ChatSetup, limit: int | None,
                    top: int | None) -> SamplingParams:
     tokenizer = state.engine.tokenizer
     params = sampling_params(req, limit, tokenizer.vocab_size, logprobs=top, prompt_logprobs=req.prompt_logprobs)
-    markers = setup.markers
-    # Marker and call tags are often special tokens: decoding must keep them for the split and the parsers.
-    keep = setup.tools.parses or (markers is not None and (_is_special(tokenizer, markers.start)
-                                                          or _is_special(tokenizer, markers.end)))
-    if keep:
-        params = params.with_settings(skip_special_tokens=False)
+    params = params.with_settings(skip_special_tokens=_skips_special_tokens(req, tokenizer, setup))
     schema = setup.tools.output_schema()
     if schema is not None:  # tool_choice required / named: the output is the calls' JSON
         if params.structured_output is not None:
@@ -106,12 +111,16 @@ async def chat_completions() -> Any:
     setup = ChatSetup(tools, markers, markers is not None and prompt_opens_reasoning(text, markers))
     ids = truncated_prompt(ids, req.truncate_prompt_tokens, state.token_limits.max_model_len)
     limit = state.token_limits.resolve(len(ids), req.token_limit())
-    top = (req.top_logprobs or 0) if req.logprobs else None
-    params = _engine_params(req, state, setup, limit, top)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    batch, outputs, head = await submit(state, [EngineRequest(request_id, ids, params, text)], req.stream)
     stream = ChatStream(req, request_id, model, now_s(), len(ids), state.chat_logprobs, setup,
                         req.tokens_as_ids(state.config.return_tokens_as_token_ids))
+    if req.use_beam_search:
+        beams = beam_search_params(req, limit or state.token_limits.max_model_len - len(ids))
+        return await stream.whole(one_output(await run_beam_search(state, request_id, ids, text, beams,
+                                                                   _skips_special_tokens(req, tokenizer, setup))))
+    top = (req.top_logprobs or 0) if req.logprobs else None
+    params = _engine_params(req, state, setup, limit, top)
+    batch, outputs, head = await submit(state, [EngineRequest(request_id, ids, params, text)], req.stream)
     if req.stream:
         return event_stream(batch, lambda: stream.events(head, outputs))
     try:

@@ -14,6 +14,7 @@ from typing import Any
 from quart import Blueprint
 
 from candle_vllm.api import sse
+from candle_vllm.api.beam_search import beam_search_params, run_beam_search
 from candle_vllm.api.generation import EngineRequest, KeepAlive
 from candle_vllm.api.limits import TokenLimits
 from candle_vllm.api.logprobs import CompletionLogprobs, prompt_logprobs_json
@@ -84,13 +85,19 @@ async def completions() -> Any:
     req.scores_prompt_only()  # max_tokens 0 without echo is a 400 before any tokenizing
     tokenizer = state.engine.tokenizer
     prompts = await in_worker(state, _prompts, req, tokenizer, state.token_limits)
-    params = _engine_params(req, prompts, tokenizer.vocab_size)
     request_id = f"cmpl-{uuid.uuid4().hex}"
+    view = CompletionView(req, request_id, model, now_s(), prompts, tokenizer,
+                          req.tokens_as_ids(state.config.return_tokens_as_token_ids))
+    if req.use_beam_search:
+        context = state.token_limits.max_model_len
+        searches = [(p, beam_search_params(req, p.max_tokens or context - len(p.ids))) for p in prompts]
+        return view.response([await run_beam_search(state, f"{request_id}-{i}", p.ids, p.text or None, bp,
+                                                    req.skip_special_tokens)
+                              for i, (p, bp) in enumerate(searches)])
+    params = _engine_params(req, prompts, tokenizer.vocab_size)
     requests = [EngineRequest(f"{request_id}-{i}", p.ids, ps, p.text or None)
                 for i, (p, ps) in enumerate(zip(prompts, params, strict=True))]
     batch, outputs, head = await submit(state, requests, req.stream)
-    view = CompletionView(req, request_id, model, now_s(), prompts, tokenizer,
-                          req.tokens_as_ids(state.config.return_tokens_as_token_ids))
     if req.stream:
         return event_stream(batch, lambda: view.events(head, outputs))
     try:

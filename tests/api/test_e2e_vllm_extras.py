@@ -1,6 +1,7 @@
-"""End to end: vLLM's ``prompt_logprobs`` and ``return_tokens_as_token_ids`` through the real server, engine and
-``openai`` client, with llama.cpp on the same F32 GGUF file as the oracle for every prompt position's logprob, rank
-and top-k (F32 weights and caches on both sides agree to ~2e-5 per token; see test_e2e_lm_eval.py)."""
+"""End to end: vLLM's request extras ``prompt_logprobs``, ``return_tokens_as_token_ids`` and ``use_beam_search``
+through the real server, engine and ``openai`` client, with llama.cpp on the same F32 GGUF file as the oracle for
+every prompt position's logprob, rank and top-k, and for the beams (F32 weights and caches on both sides agree to
+~2e-5 per token; see test_e2e_lm_eval.py)."""
 
 from __future__ import annotations
 
@@ -139,3 +140,46 @@ def test_return_tokens_as_token_ids(f32_server: ServerThread, f32_model: str) ->
     assert all(re.fullmatch(r"token_id:\d+", t.token) for t in items)
     assert all(re.fullmatch(r"token_id:\d+", c.token) for t in items for c in t.top_logprobs)
     assert bytes(b for t in items for b in t.bytes).decode() == chat.message.content
+
+
+def oracle_beams(llm: Any, prompt: list[int], width: int, steps: int) -> list[list[int]]:
+    """Beam search over llama.cpp's logprobs, every vocabulary token a candidate of every beam, no end token:
+    the ``width`` best continuations by summed logprob, best first."""
+    beams: list[tuple[float, list[int]]] = [(0.0, [])]
+    for _ in range(steps):
+        candidates = []
+        for score, tokens in beams:
+            row = oracle_rows(llm, prompt + tokens)[-1]
+            candidates += [(score + float(row[t]), [*tokens, int(t)]) for t in np.argsort(row)[::-1][:width]]
+        beams = sorted(candidates, key=lambda c: -c[0])[:width]
+    return [tokens for _, tokens in beams]
+
+
+def test_beam_search_matches_llama_cpp(f32_server: ServerThread, f32_model: str, f32_oracle: Any) -> None:
+    """``use_beam_search`` with ``n`` beams: the choices are llama.cpp's best beams, best first, in completions and
+    in chat; usage counts every beam's tokens."""
+    client = f32_server.openai()
+    decode = f32_server.engine.tokenizer.decode
+    ids = tokenize(f32_server, {"prompt": PROMPT})
+    beam = {"use_beam_search": True, "ignore_eos": True}
+    reply = client.completions.create(model=f32_model, prompt=PROMPT, n=3, max_tokens=4, extra_body=beam)
+    want = oracle_beams(f32_oracle, ids, 3, 4)
+    assert [c.text for c in reply.choices] == [decode(t) for t in want]
+    assert [c.index for c in reply.choices] == [0, 1, 2] and {c.finish_reason for c in reply.choices} == {"length"}
+    assert reply.usage.completion_tokens == 12 and reply.usage.prompt_tokens == len(ids)
+
+    chat_ids = tokenize(f32_server, {"messages": MESSAGES})
+    chat = client.chat.completions.create(model=f32_model, messages=MESSAGES, n=2, max_tokens=3, extra_body=beam)
+    assert [c.message.content for c in chat.choices] == [decode(t) for t in oracle_beams(f32_oracle, chat_ids, 2, 3)]
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"stream": True}, "stream"), ({"logprobs": 2}, "logprobs"), ({"stop": ["x"]}, "stop"),
+    ({"top_p": 0.5}, "top_p"), ({"n": 11}, "n"), ({"echo": True}, "echo"),
+])
+def test_beam_search_refuses_what_it_cannot_honour(f32_server: ServerThread, f32_model: str,
+                                                   extra: dict[str, Any], param: str) -> None:
+    body = {"model": f32_model, "prompt": PROMPT, "max_tokens": 2, "use_beam_search": True, **extra}
+    with f32_server.http() as http:
+        reply = http.post("/v1/completions", json=body)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
