@@ -107,6 +107,7 @@ class SamplingFields(_Open):
     truncate_prompt_tokens: int | None = Field(None, ge=-1, strict=True)  # vLLM's: keep the prompt's last k tokens
     prompt_logprobs: int | None = Field(None, ge=-1, strict=True)  # vLLM's: each prompt token's logprob and top k
     return_tokens_as_token_ids: bool | None = None  # vLLM's: logprobs name tokens "token_id:N" (None: the server's)
+    return_token_ids: bool = False  # vLLM's: choices carry their token ids, the response its prompt's
     use_beam_search: bool = False  # vLLM's: n beams (api/beam_search.py)
     length_penalty: float = Field(1.0, allow_inf_nan=False)  # vLLM's: beam scores divided by length ** this
     stream: bool = False
@@ -178,6 +179,7 @@ class ChatCompletionRequest(SamplingFields):
     enable_thinking: bool | None = None
     thinking: bool | ThinkingConfig | None = None
     echo: bool = False  # vLLM's: the reply starts with the last message when that message has the reply's role
+    add_special_tokens: bool = False  # vLLM's: the rendered prompt gets the tokenizer's BOS etc. too (templates add them)
 
     @model_validator(mode="after")
     def _check_chat(self) -> ChatCompletionRequest:
@@ -246,6 +248,7 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     suffix: str | None = None
+    add_special_tokens: bool = True  # vLLM's: text prompts get the tokenizer's BOS etc.
 
     @model_validator(mode="after")
     def _check_completion(self) -> CompletionRequest:

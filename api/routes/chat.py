@@ -93,7 +93,7 @@ def _prompt(tokenizer: Any, req: ChatCompletionRequest, tools: list[dict[str, An
             trust_template: bool) -> tuple[str, list[int]]:
     """The rendered prompt and its token ids (runs in a worker thread)."""
     text = render_chat(tokenizer, req, tools, thinking, trust_template=trust_template)
-    return text, tokenizer.encode(text, add_special_tokens=False)
+    return text, tokenizer.encode(text, add_special_tokens=req.add_special_tokens)
 
 
 @bp.post("/v1/chat/completions")
@@ -112,7 +112,7 @@ async def chat_completions() -> Any:
     ids = truncated_prompt(ids, req.truncate_prompt_tokens, state.token_limits.max_model_len)
     limit = state.token_limits.resolve(len(ids), req.token_limit())
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    stream = ChatStream(req, request_id, model, now_s(), len(ids), state.chat_logprobs, setup,
+    stream = ChatStream(req, request_id, model, now_s(), ids, state.chat_logprobs, setup,
                         req.tokens_as_ids(state.config.return_tokens_as_token_ids))
     if req.use_beam_search:
         beams = beam_search_params(req, limit or state.token_limits.max_model_len - len(ids))
@@ -134,7 +134,7 @@ class ChatStream(sse.EventStream):
     choice with its first output, ``finish_reason`` exactly once per choice, optional usage chunk last. The
     same object folds the outputs into the whole ``chat.completion`` for non-streamed requests."""
 
-    def __init__(self, req: ChatCompletionRequest, request_id: str, model: str, created: int, prompt_len: int,
+    def __init__(self, req: ChatCompletionRequest, request_id: str, model: str, created: int, prompt_ids: list[int],
                  logprobs: ChatLogprobs, setup: ChatSetup, as_ids: bool = False) -> None:
         self.req = req
         self.as_ids = as_ids  # logprobs name tokens "token_id:N"
@@ -142,7 +142,9 @@ class ChatStream(sse.EventStream):
         opts = req.stream_options
         self.include_usage = bool(opts and opts.include_usage)
         self.continuous_usage = bool(opts and opts.continuous_usage_stats)
-        self.prompt_len = prompt_len
+        self.prompt_ids = prompt_ids
+        self.prompt_len = len(prompt_ids)
+        self.prompt_ids_sent = False
         self.logprobs = logprobs
         self.setup = setup
         self.choices = [setup.choice() for _ in range(req.n)]
@@ -185,10 +187,12 @@ class ChatStream(sse.EventStream):
             if self.echo:
                 message["content"] = self.echo + (message["content"] or "")
             body.append({"index": i, "message": message, "logprobs": logprobs,
-                         "finish_reason": choice.finish_reason(c.finish_reason), "stop_reason": c.stop_reason})
+                         "finish_reason": choice.finish_reason(c.finish_reason), "stop_reason": c.stop_reason,
+                         **({"token_ids": c.token_ids} if self.req.return_token_ids else {})})
         return {"id": self.base["id"], "object": "chat.completion", "created": self.base["created"],
                 "model": self.base["model"], "choices": body, "usage": self._usage(),
-                "prompt_logprobs": self._prompt_logprobs()}
+                "prompt_logprobs": self._prompt_logprobs(),
+                **({"prompt_token_ids": self.prompt_ids} if self.req.return_token_ids else {})}
 
     def _prompt_logprobs(self) -> list[dict[str, Any] | None] | None:
         """vLLM's top-level ``prompt_logprobs`` of a chat response (null unless asked for)."""
@@ -198,8 +202,12 @@ class ChatStream(sse.EventStream):
         return prompt_logprobs_json(self.last.prompt_logprobs, k)
 
     def _chunk(self, choices: list[dict[str, Any]], role: bool = False) -> bytes:
-        """One chunk; with continuous usage, a choice's role chunk counts no completion tokens yet (as vLLM)."""
+        """One chunk; with continuous usage, a choice's role chunk counts no completion tokens yet (as vLLM).
+        With ``return_token_ids`` the first chunk carries the prompt's ids, as vLLM's does."""
         body: dict[str, Any] = {**self.base, "choices": choices}
+        if self.req.return_token_ids and not self.prompt_ids_sent:
+            body["prompt_token_ids"] = self.prompt_ids
+            self.prompt_ids_sent = True
         if self.include_usage:
             usage = None
             if self.continuous_usage:
@@ -236,6 +244,8 @@ class ChatStream(sse.EventStream):
                                                          self.as_ids)}
         body = delta.to_json() if delta or not plain_token else {"content": ""}
         entry: dict[str, Any] = {"index": c.index, "delta": body, "logprobs": logprobs, "finish_reason": None}
+        if self.req.return_token_ids:
+            entry["token_ids"] = list(c.token_ids_delta)
         if c.finish_reason:
             entry["finish_reason"] = choice.finish_reason(c.finish_reason)
             entry["stop_reason"] = c.stop_reason

@@ -51,7 +51,7 @@ def _prompts(req: CompletionRequest, tokenizer: Any, limits: TokenLimits) -> lis
     for i, item in enumerate(req.prompts()):
         param = "prompt" if not isinstance(req.prompt, list) else f"prompt.{i}"
         if isinstance(item, str):
-            ids = tokenizer.encode(item, add_special_tokens=True)
+            ids = tokenizer.encode(item, add_special_tokens=req.add_special_tokens)
         else:
             check_token_ids(item, tokenizer.vocab_size, param)
             ids = item
@@ -162,8 +162,12 @@ class CompletionView(sse.EventStream):
             logprobs = acc.take()
         if finish:
             self.finished.add(index)
-        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish,
-                "stop_reason": stop_reason}
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish, "stop_reason": stop_reason}
+        if self.req.return_token_ids:  # vLLM's: the prompt's ids with a choice's first chunk, then each chunk's own
+            choice["token_ids"] = list(ids)
+            if first:
+                choice["prompt_token_ids"] = prompt.ids
+        return choice
 
     def response(self, last: list[RequestOutput | None]) -> dict[str, Any]:
         self.last = last

@@ -183,3 +183,35 @@ def test_beam_search_refuses_what_it_cannot_honour(f32_server: ServerThread, f32
     with f32_server.http() as http:
         reply = http.post("/v1/completions", json=body)
     assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
+
+
+def test_return_token_ids_whole_and_streamed(f32_server: ServerThread, f32_model: str) -> None:
+    """vLLM's ``return_token_ids``: each choice's generated ids (they decode to its text) and the prompt's ids
+    (as /tokenize gives them); a stream carries the prompt's once and each chunk its own ids, which add up to the
+    whole response's."""
+    client = f32_server.openai()
+    decode = f32_server.engine.tokenizer.decode
+    extra = {"return_token_ids": True}
+    kw: dict[str, Any] = {"model": f32_model, "max_tokens": 5, "temperature": 0, "extra_body": extra}
+
+    whole = client.completions.create(prompt=PROMPT, n=2, **kw)
+    ids = tokenize(f32_server, {"prompt": PROMPT})
+    for c in whole.choices:
+        assert c.model_extra["prompt_token_ids"] == ids and decode(c.model_extra["token_ids"]) == c.text
+    streamed: dict[int, list[int]] = {}
+    prompt_ids_seen = []
+    for chunk in client.completions.create(prompt=PROMPT, stream=True, **kw):
+        for c in chunk.choices:
+            streamed.setdefault(c.index, []).extend(c.model_extra["token_ids"])
+            if c.model_extra.get("prompt_token_ids") is not None:
+                prompt_ids_seen.append(c.model_extra["prompt_token_ids"])
+    assert streamed == {0: whole.choices[0].model_extra["token_ids"]} and prompt_ids_seen == [ids]
+
+    chat = client.chat.completions.create(messages=MESSAGES, **kw)
+    assert chat.model_extra["prompt_token_ids"] == tokenize(f32_server, {"messages": MESSAGES})
+    assert decode(chat.choices[0].model_extra["token_ids"]) == chat.choices[0].message.content
+    chunks = list(client.chat.completions.create(messages=MESSAGES, stream=True, **kw))
+    assert [ch.model_extra.get("prompt_token_ids") for ch in chunks if ch.model_extra.get("prompt_token_ids")] == \
+        [chat.model_extra["prompt_token_ids"]]
+    assert [t for ch in chunks for c in ch.choices for t in c.model_extra.get("token_ids") or []] == \
+        chat.choices[0].model_extra["token_ids"]

@@ -12,9 +12,11 @@ import openai
 import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk
+from tokenizers import processors
 
 from candle_vllm.api.state import ServerConfig
-from tests.api.conftest import ServerThread, engine_cm, running, tcp_bind
+from candle_vllm.pyengine.tokenizer import load_tokenizer_from_gguf
+from tests.api.conftest import ServerThread, engine_cm, running, smollm2_path, tcp_bind
 from tests.api.fake_engine import DEFAULT_MAX_TOKENS, FakeEngine
 
 MESSAGES = [{"role": "user", "content": "Name a colour."}]
@@ -288,3 +290,22 @@ def test_chat_echo_starts_the_reply_with_the_last_message_of_its_role(server: Se
         plain = _chat_text(server, messages, stream, **cont)
         assert plain and _chat_text(server, messages, stream, echo=True, **cont) == prefix + plain
     assert _chat_text(server, head, stream, echo=True) == _chat_text(server, head, stream)
+
+
+def test_add_special_tokens_as_vllm_defaults_them() -> None:
+    """Completions add the tokenizer's special tokens (BOS) unless ``add_special_tokens`` is false; chat prompts,
+    whose templates write them, get none unless it is true (a tokenizer that adds a BOS shows the difference)."""
+    tokenizer = load_tokenizer_from_gguf(smollm2_path())
+    bos = tokenizer.token_to_id("<|im_start|>")
+    tokenizer.hf.post_processor = processors.TemplateProcessing(single="<|im_start|> $A",
+                                                               special_tokens=[("<|im_start|>", bos)])
+    engine = FakeEngine(tokenizer, delay_s=0.0)
+    with running(engine_cm(engine), ServerConfig(), tcp_bind()) as srv:
+        client = srv.openai()
+        for flag in (None, False, True):
+            extra = {} if flag is None else {"add_special_tokens": flag}
+            client.completions.create(model="fake-model", prompt="hi there", max_tokens=1, extra_body=extra)
+            client.chat.completions.create(model="fake-model", messages=MESSAGES, max_tokens=1, extra_body=extra)
+    plain = tokenizer.encode("hi there", add_special_tokens=False)
+    chat = tokenizer.encode(tokenizer.apply_chat_template(MESSAGES), add_special_tokens=False)
+    assert engine.seen_prompts == [[bos, *plain], chat, plain, chat, [bos, *plain], [bos, *chat]]
