@@ -10,17 +10,21 @@ known at the end).
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
-from candle_vllm.api.errors import bad_request
-from candle_vllm.api.generation import EngineRequest
+import trio
+
+from candle_vllm.api.errors import bad_request, service_unavailable
+from candle_vllm.api.generation import EngineRequest, start_batch
 from candle_vllm.api.prompts import refuse_unbuilt_extras
-from candle_vllm.api.routes.common import collect, submit
+from candle_vllm.api.routes.common import admit, collect
 from candle_vllm.api.schemas import SamplingFields
 from candle_vllm.api.state import ServerState
 from candle_vllm.pyengine.beam_search import BeamSearch, BeamSearchParams
 from candle_vllm.pyengine.llm import first_token_logprobs
 from candle_vllm.pyengine.outputs import CompletionOutput, RequestOutput
+from candle_vllm.pyengine.tokenizer import IncrementalDetokenizer
 
 # Request fields that mean the same with beam search: what it takes, the prompt and how it is rendered, the output's
 # shape. Any other field must keep its default.
@@ -28,7 +32,8 @@ _TAKEN = frozenset({
     "model", "n", "best_of", "temperature", "max_tokens", "max_completion_tokens", "ignore_eos", "length_penalty",
     "include_stop_str_in_output", "skip_special_tokens", "use_beam_search", "truncate_prompt_tokens", "user",
     "prompt", "messages", "chat_template", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
-    "documents", "enable_thinking", "thinking", "echo", "return_tokens_as_token_ids",
+    "documents", "enable_thinking", "thinking", "echo", "return_tokens_as_token_ids", "return_token_ids",
+    "add_special_tokens", "tool_choice", "parallel_tool_calls",
 })
 
 
@@ -46,7 +51,7 @@ def beam_search_params(req: SamplingFields, max_tokens: int) -> BeamSearchParams
     refuse_unbuilt_extras(req)
     try:
         return BeamSearchParams(beam_width=req.n, max_tokens=max_tokens, ignore_eos=req.ignore_eos,
-                                temperature=1.0 if req.temperature is None else req.temperature,
+                                temperature=req.temperature,
                                 length_penalty=req.length_penalty,
                                 include_stop_str_in_output=req.include_stop_str_in_output)
     except ValueError as exc:
@@ -54,33 +59,89 @@ def beam_search_params(req: SamplingFields, max_tokens: int) -> BeamSearchParams
         raise bad_request(str(exc).replace("beam_width", "n (the beam width)", 1), param=param) from None
 
 
-async def run_beam_search(state: ServerState, request_id: str, prompt_ids: list[int], prompt: str | None,
-                          params: BeamSearchParams, skip_special_tokens: bool) -> RequestOutput:
-    """Search from one prompt; the best beams come back as the choices of one finished ``RequestOutput``."""
-    tokenizer = state.engine.tokenizer
-    search = BeamSearch(prompt_ids, params, tokenizer.stop_token_ids)
-    while not search.done:
-        requests = [EngineRequest(f"{request_id}-step{search.steps}-beam{i}", beam, search.step_params)
-                    for i, beam in enumerate(search.beam_prompts())]
-        batch, outputs, _ = await submit(state, requests, stream=False)
+class BeamSearchRun:
+    """The beam searches of one HTTP request, which the server tracks as one request in flight: a drain waits for
+    the whole search (not just the step running), and admission is checked once, before its first step."""
+
+    def __init__(self, state: ServerState, request_id: str) -> None:
+        self.state = state
+        self.request_id = request_id
+        self.scope = trio.CancelScope()
+
+    def abort(self) -> None:
+        self.scope.cancel()
+
+    async def run(self, prompts: list[list[int]], params: list[BeamSearchParams]) -> list[BeamSearch]:
+        """Search from every prompt at once: each step runs the live beams of every prompt as one batch."""
+        admit(self.state)
+        stop_ids = self.state.engine.tokenizer.stop_token_ids
+        searches = [BeamSearch(ids, p, stop_ids) for ids, p in zip(prompts, params, strict=True)]
+        self.state.track(self)
         try:
-            last = await collect(outputs, len(requests))
+            with self.scope:
+                while live := [s for s in searches if not s.done]:
+                    await self._step(live)
+        finally:
+            self.state.forget(self)
+        if self.scope.cancelled_caught:
+            raise service_unavailable("the server is shutting down; the beam search was stopped, retry on another "
+                                      "replica", retry_after_s=5)
+        return searches
+
+    async def _step(self, live: list[BeamSearch]) -> None:
+        step = live[0].steps
+        requests = [EngineRequest(f"{self.request_id}-step{step}-{i}-{j}", beam, search.step_params)
+                    for i, search in enumerate(live) for j, beam in enumerate(search.beam_prompts())]
+        batch = start_batch(self.state, requests)
+        try:
+            last = iter(await collect(batch.outputs(), len(requests)))
         finally:
             await batch.close()
-        if any(out is None or not out.finished for out in last):
-            raise bad_request("a beam search step was aborted (the server is draining); retry the request")
-        search.advance([first_token_logprobs(out) for out in last if out is not None])
-    result = search.result(lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens),
-                           with_prompt=False)
-    choices = []
-    for i, seq in enumerate(result.sequences):
-        tokens, text = seq.tokens[len(prompt_ids):], seq.text or ""
-        choices.append(CompletionOutput(index=i, text=text, token_ids=tokens, finish_reason=seq.finish_reason,
-                                        stop_reason=seq.stop_reason, text_delta=text, token_ids_delta=tokens,
-                                        cumulative_logprob=seq.cum_logprob))
-    return RequestOutput(request_id, prompt, list(prompt_ids), choices, finished=True)
+        for search in live:
+            outs = [next(last) for _ in search.beams]
+            if any(out is None or not out.finished for out in outs):  # the drain ended the step's requests
+                self.scope.cancel()
+                return
+            search.advance([first_token_logprobs(out) for out in outs if out is not None])
 
 
-async def one_output(out: RequestOutput) -> Any:
-    """``out`` as the ``(request index, output)`` stream the response builders read."""
-    yield 0, out
+def beam_outputs(search: BeamSearch, request_id: str, prompt: str | None) -> RequestOutput:
+    """The best beams of a finished search as the choices of one ``RequestOutput`` (text to fill by the
+    caller's decoding): token ids as vLLM's server gives them (a final stop token included), the tokens to show
+    in ``text_delta``'s place by :func:`token_by_token`."""
+    choices = [CompletionOutput(index=i, token_ids=seq.tokens[search.prompt_len:], finish_reason=seq.finish_reason,
+                                stop_reason=seq.stop_reason, token_ids_delta=search.shown_tokens(seq),
+                                cumulative_logprob=seq.cum_logprob)
+               for i, seq in enumerate(search.best().sequences)]
+    return RequestOutput(request_id, prompt, search.prompt_token_ids, choices, finished=True)
+
+
+def decoded(out: RequestOutput, tokenizer: Any, skip_special_tokens: bool) -> RequestOutput:
+    """``out`` with each choice's text: its shown tokens decoded."""
+    for c in out.outputs:
+        c.text = c.text_delta = tokenizer.decode(c.token_ids_delta, skip_special_tokens=skip_special_tokens)
+        c.token_ids_delta = list(c.token_ids)
+    return out
+
+
+async def token_by_token(out: RequestOutput, tokenizer: Any, skip_special_tokens: bool,
+                         ) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """The beams as the engine would have streamed them: an output per token, each choice's text growing by
+    incremental detokenization, so the chat pipeline splits reasoning, counts its tokens and parses tool calls
+    as it does for sampled output."""
+    detoks = [IncrementalDetokenizer(tokenizer, out.prompt_token_ids, skip_special_tokens) for _ in out.outputs]
+    shown = [c.token_ids_delta for c in out.outputs]
+    for k in range(max(len(c.token_ids) for c in out.outputs)):
+        step = []
+        for c, detok, ids in zip(out.outputs, detoks, shown, strict=True):
+            if k >= len(c.token_ids):
+                continue
+            delta = detok.push(ids[k]) if k < len(ids) else ""
+            last = k == len(c.token_ids) - 1
+            step.append(CompletionOutput(index=c.index, token_ids=c.token_ids[: k + 1], text_delta=delta,
+                                         token_ids_delta=[c.token_ids[k]],
+                                         finish_reason=c.finish_reason if last else None,
+                                         stop_reason=c.stop_reason if last else None,
+                                         cumulative_logprob=c.cumulative_logprob if last else None))
+        yield 0, RequestOutput(out.request_id, out.prompt, out.prompt_token_ids, step, finished=False)
+    yield 0, out  # every choice whole, for the usage

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -21,8 +21,14 @@ from candle_vllm.api.reasoning import ThinkMarkers, think_markers
 from candle_vllm.api.tool_parsers import default_parser_name
 
 if TYPE_CHECKING:
-    from candle_vllm.api.generation import GenerationBatch
     from candle_vllm.api.mcp.manager import McpManager
+
+
+class InFlight(Protocol):
+    """What the server tracks as one request in flight (a batch of engine requests, or a whole beam search):
+    a drain waits for it, then ends it with ``abort``."""
+
+    def abort(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -69,7 +75,7 @@ class ServerState:
         self._nursery = nursery
         self.prompt_limiter = trio.CapacityLimiter(PROMPT_THREADS)
         self.draining = False
-        self._active: set[GenerationBatch] = set()
+        self._active: set[InFlight] = set()
         self._idle = trio.Event()
         self._idle.set()
         self.mcp: McpManager | None = None
@@ -96,11 +102,11 @@ class ServerState:
     def num_active(self) -> int:
         return len(self._active)
 
-    def track(self, gen: GenerationBatch) -> None:
+    def track(self, gen: InFlight) -> None:
         self._active.add(gen)
         self._idle = trio.Event() if self._idle.is_set() else self._idle
 
-    def forget(self, gen: GenerationBatch) -> None:
+    def forget(self, gen: InFlight) -> None:
         self._active.discard(gen)
         if not self._active:
             self._idle.set()

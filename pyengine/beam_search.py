@@ -13,7 +13,7 @@ their own request loop and share the search itself.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from candle_vllm.pyengine.outputs import TokenLogprobs
@@ -26,13 +26,14 @@ MAX_BEAM_WIDTH = MAX_LOGPROBS // 2
 @dataclass(frozen=True, slots=True)
 class BeamSearchParams:
     """vLLM's ``BeamSearchParams``. ``temperature`` is that of the one-token requests, which decides the sampled
-    token that joins each beam's candidates (scores are raw logprobs, whatever the temperature);
-    ``length_penalty`` divides a sequence's cumulative logprob by its length (prompt included) to that power."""
+    token that joins each beam's candidates (scores are raw logprobs, whatever the temperature; None: the
+    engine's default, as the server passes an unset one); ``length_penalty`` divides a sequence's cumulative
+    logprob by its length (prompt included) to that power."""
 
     beam_width: int
     max_tokens: int
     ignore_eos: bool = False
-    temperature: float = 0.0
+    temperature: float | None = 0.0
     length_penalty: float = 1.0
     include_stop_str_in_output: bool = False
 
@@ -43,7 +44,7 @@ class BeamSearchParams:
                              f"2 * beam_width logprobs, at most {MAX_LOGPROBS}), got {self.beam_width!r}")
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+        if self.temperature is not None and not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not math.isfinite(self.length_penalty):
             raise ValueError(f"length_penalty must be a finite number, got {self.length_penalty!r}")
@@ -51,8 +52,8 @@ class BeamSearchParams:
 
 @dataclass(slots=True)
 class BeamSearchSequence:
-    """vLLM's: ``tokens`` holds the prompt and the generated tokens; ``logprobs`` one entry per generated token
-    (the candidates its step offered). ``text`` is filled at the end."""
+    """vLLM's: ``tokens`` holds the prompt and the generated tokens, a final stop token included; ``logprobs`` one
+    entry per generated token (the candidates its step offered). ``text`` is filled by the caller."""
 
     tokens: list[int]
     logprobs: list[TokenLogprobs] = field(default_factory=list)
@@ -79,17 +80,18 @@ def beam_score(tokens: Sequence[int], cum_logprob: float, stop_token_ids: Collec
 
 class BeamSearch:
     """One prompt's search. Drive it as: while not :attr:`done`, run each of :meth:`beam_prompts` with
-    :attr:`step_params` and pass each request's one logprobs entry to :meth:`advance`; then :meth:`result`."""
+    :attr:`step_params` and pass each request's one logprobs entry to :meth:`advance`; then :meth:`best`."""
 
     def __init__(self, prompt_token_ids: Sequence[int], params: BeamSearchParams, stop_token_ids: Collection[int]):
         self.params = params
+        self.prompt_token_ids = list(prompt_token_ids)
         self.prompt_len = len(prompt_token_ids)
         self.stop_token_ids = frozenset(() if params.ignore_eos else stop_token_ids)
         self.beams = [BeamSearchSequence(list(prompt_token_ids))]
         self.completed: list[BeamSearchSequence] = []
         self.steps = 0
         self.step_params = SamplingParams(max_tokens=1, temperature=params.temperature, ignore_eos=True,
-                                          logprobs=2 * params.beam_width, detokenize=False)
+                                          logprobs=2 * params.beam_width)
 
     @property
     def done(self) -> bool:
@@ -117,16 +119,17 @@ class BeamSearch:
         self.beams = candidates[: self.params.beam_width]
         self.steps += 1
 
-    def result(self, decode: Callable[[list[int]], str], with_prompt: bool) -> BeamSearchOutput:
-        """The best sequences, their text decoded from the generated tokens (after the prompt's text where
-        ``with_prompt``, as vLLM's ``LLM.beam_search`` gives it; the server shows the generation only). A final
-        stop token is left out of the text unless ``include_stop_str_in_output``."""
+    def best(self) -> BeamSearchOutput:
+        """The best ``beam_width`` of the completed and the live sequences, best first (texts not filled)."""
         for beam in self.beams:
             beam.finish_reason = "length"
-        best = sorted([*self.completed, *self.beams], key=self._score, reverse=True)[: self.params.beam_width]
-        for seq in best:
-            end = len(seq.tokens)
-            if seq.finish_reason == "stop" and not self.params.include_stop_str_in_output:
-                end -= 1
-            seq.text = decode(seq.tokens[0 if with_prompt else self.prompt_len : end])
-        return BeamSearchOutput(best)
+        return BeamSearchOutput(sorted([*self.completed, *self.beams], key=self._score,
+                                       reverse=True)[: self.params.beam_width])
+
+    def shown_tokens(self, seq: BeamSearchSequence) -> list[int]:
+        """The generated tokens whose text a server response shows: a final stop token only with
+        ``include_stop_str_in_output`` (vLLM's server leaves it out of the text, as of any sampled output)."""
+        end = len(seq.tokens)
+        if seq.finish_reason == "stop" and not self.params.include_stop_str_in_output:
+            end -= 1
+        return seq.tokens[self.prompt_len : end]

@@ -142,9 +142,10 @@ class LLM:
 
     def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
                     use_tqdm: bool = False) -> list[BeamSearchOutput]:
-        """vLLM's ``LLM.beam_search``: the best ``params.beam_width`` continuations of each prompt, best first, each
-        sequence's ``tokens`` and ``text`` holding the prompt too (as vLLM's do). The prompts' searches go on
-        together: a step runs every live beam of every prompt as one batch."""
+        """vLLM's ``LLM.beam_search``: the best ``params.beam_width`` continuations of each prompt, best first. As in
+        vLLM, each sequence's ``tokens`` hold the prompt too (and a final stop token), and its ``text`` is all of
+        them decoded, special tokens included. The prompts' searches go on together: a step runs every live beam
+        of every prompt as one batch."""
         if isinstance(prompts, (str, Mapping)):
             prompts = [prompts]
         tok = self.engine.tokenizer
@@ -156,7 +157,10 @@ class LLM:
             outs = iter(self._run([(None, beam, s.step_params) for s in live for beam in s.beam_prompts()], False))
             for s in live:
                 s.advance([first_token_logprobs(next(outs)) for _ in s.beams])
-        return [s.result(tok.decode, with_prompt=True) for s in searches]
+        outputs = [s.best() for s in searches]
+        for seq in (seq for out in outputs for seq in out.sequences):
+            seq.text = tok.decode(seq.tokens, skip_special_tokens=False)
+        return outputs
 
     def chat(
         self,

@@ -14,7 +14,7 @@ from typing import Any
 from quart import Blueprint
 
 from candle_vllm.api import sse
-from candle_vllm.api.beam_search import beam_search_params, one_output, run_beam_search
+from candle_vllm.api.beam_search import BeamSearchRun, beam_outputs, beam_search_params, token_by_token
 from candle_vllm.api.chat_output import ChoiceDelta, ChoiceOutput
 from candle_vllm.api.chat_tools import ToolPlan, check_tool_history, plan_tools
 from candle_vllm.api.errors import bad_request
@@ -116,8 +116,9 @@ async def chat_completions() -> Any:
                         req.tokens_as_ids(state.config.return_tokens_as_token_ids))
     if req.use_beam_search:
         beams = beam_search_params(req, limit or state.token_limits.max_model_len - len(ids))
-        return await stream.whole(one_output(await run_beam_search(state, request_id, ids, text, beams,
-                                                                   _skips_special_tokens(req, tokenizer, setup))))
+        [search] = await BeamSearchRun(state, request_id).run([ids], [beams])
+        return await stream.whole(token_by_token(beam_outputs(search, request_id, text), tokenizer,
+                                                 _skips_special_tokens(req, tokenizer, setup)))
     top = (req.top_logprobs or 0) if req.logprobs else None
     params = _engine_params(req, state, setup, limit, top)
     batch, outputs, head = await submit(state, [EngineRequest(request_id, ids, params, text)], req.stream)

@@ -63,6 +63,14 @@ def now_s() -> int:
     return int(time.time())
 
 
+def admit(state: ServerState) -> None:
+    """503 while the server drains or holds ``max_pending_requests`` requests already."""
+    if state.draining:
+        raise service_unavailable("the server is shutting down; retry on another replica", retry_after_s=5)
+    if state.num_active >= state.config.max_pending_requests:
+        raise service_unavailable(f"the server is overloaded ({state.num_active} requests in flight); retry later")
+
+
 async def submit(state: ServerState, requests: list[EngineRequest],
                  stream: bool) -> tuple[GenerationBatch, AsyncIterator[Any], list[Any]]:
     """Admit and start the engine requests of one HTTP request.
@@ -71,10 +79,7 @@ async def submit(state: ServerState, requests: list[EngineRequest],
     admission errors (e.g. a request that can never fit the KV cache) are still plain HTTP errors. Returns
     the batch, its output iterator, and the items already taken from it.
     """
-    if state.draining:
-        raise service_unavailable("the server is shutting down; retry on another replica", retry_after_s=5)
-    if state.num_active >= state.config.max_pending_requests:
-        raise service_unavailable(f"the server is overloaded ({state.num_active} requests in flight); retry later")
+    admit(state)
     batch = start_batch(state, requests)
     outputs = batch.outputs(state.config.keepalive_s if stream else None)
     head: list[Any] = []

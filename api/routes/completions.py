@@ -14,7 +14,7 @@ from typing import Any
 from quart import Blueprint
 
 from candle_vllm.api import sse
-from candle_vllm.api.beam_search import beam_search_params, run_beam_search
+from candle_vllm.api.beam_search import BeamSearchRun, beam_outputs, beam_search_params, decoded
 from candle_vllm.api.generation import EngineRequest, KeepAlive
 from candle_vllm.api.limits import TokenLimits
 from candle_vllm.api.logprobs import CompletionLogprobs, prompt_logprobs_json
@@ -90,10 +90,11 @@ async def completions() -> Any:
                           req.tokens_as_ids(state.config.return_tokens_as_token_ids))
     if req.use_beam_search:
         context = state.token_limits.max_model_len
-        searches = [(p, beam_search_params(req, p.max_tokens or context - len(p.ids))) for p in prompts]
-        return view.response([await run_beam_search(state, f"{request_id}-{i}", p.ids, p.text or None, bp,
-                                                    req.skip_special_tokens)
-                              for i, (p, bp) in enumerate(searches)])
+        searches = await BeamSearchRun(state, request_id).run(
+            [p.ids for p in prompts], [beam_search_params(req, p.max_tokens or context - len(p.ids)) for p in prompts])
+        return view.response([decoded(beam_outputs(s, f"{request_id}-{i}", p.text or None), tokenizer,
+                                      req.skip_special_tokens)
+                              for i, (s, p) in enumerate(zip(searches, prompts, strict=True))])
     params = _engine_params(req, prompts, tokenizer.vocab_size)
     requests = [EngineRequest(f"{request_id}-{i}", p.ids, ps, p.text or None)
                 for i, (p, ps) in enumerate(zip(prompts, params, strict=True))]

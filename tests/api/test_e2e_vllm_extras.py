@@ -142,17 +142,27 @@ def test_return_tokens_as_token_ids(f32_server: ServerThread, f32_model: str) ->
     assert bytes(b for t in items for b in t.bytes).decode() == chat.message.content
 
 
-def oracle_beams(llm: Any, prompt: list[int], width: int, steps: int) -> list[list[int]]:
-    """Beam search over llama.cpp's logprobs, every vocabulary token a candidate of every beam, no end token:
-    the ``width`` best continuations by summed logprob, best first."""
+def oracle_beams(llm: Any, prompt: list[int], width: int, steps: int, stop_ids: frozenset[int] = frozenset(),
+                 length_penalty: float = 1.0) -> list[tuple[list[int], bool]]:
+    """vLLM's beam search rule over llama.cpp's logprobs: each beam offers its 2 * width most likely tokens, a stop
+    token completes a beam, the rest keep the width best; at the end completed and live beams compete by summed
+    logprob over (prompt + generated, a final stop token not counted) ** length_penalty. The width best
+    continuations, best first, each with whether it stopped."""
+    def score(c: tuple[float, list[int]]) -> float:
+        stopped = bool(c[1]) and c[1][-1] in stop_ids
+        return c[0] / (len(prompt) + len(c[1]) - stopped) ** length_penalty
+
     beams: list[tuple[float, list[int]]] = [(0.0, [])]
+    completed: list[tuple[float, list[int]]] = []
     for _ in range(steps):
         candidates = []
-        for score, tokens in beams:
+        for total, tokens in beams:
             row = oracle_rows(llm, prompt + tokens)[-1]
-            candidates += [(score + float(row[t]), [*tokens, int(t)]) for t in np.argsort(row)[::-1][:width]]
-        beams = sorted(candidates, key=lambda c: -c[0])[:width]
-    return [tokens for _, tokens in beams]
+            for t in np.argsort(row)[::-1][: 2 * width]:
+                (completed if int(t) in stop_ids else candidates).append((total + float(row[t]), [*tokens, int(t)]))
+        beams = sorted(candidates, key=score, reverse=True)[:width]
+    best = sorted(completed + beams, key=score, reverse=True)[:width]
+    return [(tokens, bool(tokens) and tokens[-1] in stop_ids) for _, tokens in best]
 
 
 def test_beam_search_matches_llama_cpp(f32_server: ServerThread, f32_model: str, f32_oracle: Any) -> None:
@@ -164,13 +174,32 @@ def test_beam_search_matches_llama_cpp(f32_server: ServerThread, f32_model: str,
     beam = {"use_beam_search": True, "ignore_eos": True}
     reply = client.completions.create(model=f32_model, prompt=PROMPT, n=3, max_tokens=4, extra_body=beam)
     want = oracle_beams(f32_oracle, ids, 3, 4)
-    assert [c.text for c in reply.choices] == [decode(t) for t in want]
+    assert [c.text for c in reply.choices] == [decode(t) for t, _ in want]
     assert [c.index for c in reply.choices] == [0, 1, 2] and {c.finish_reason for c in reply.choices} == {"length"}
     assert reply.usage.completion_tokens == 12 and reply.usage.prompt_tokens == len(ids)
 
     chat_ids = tokenize(f32_server, {"messages": MESSAGES})
     chat = client.chat.completions.create(model=f32_model, messages=MESSAGES, n=2, max_tokens=3, extra_body=beam)
-    assert [c.message.content for c in chat.choices] == [decode(t) for t in oracle_beams(f32_oracle, chat_ids, 2, 3)]
+    assert [c.message.content for c in chat.choices] == [decode(t) for t, _ in oracle_beams(f32_oracle, chat_ids, 2, 3)]
+
+
+def test_beam_search_stops_as_vllm_ranks_it(f32_server: ServerThread, f32_model: str, f32_oracle: Any) -> None:
+    """With the end token live, beams that end compete with the running ones by vLLM's length-normalised score:
+    the choices, their finish reasons and texts (the stop token left out) follow the llama.cpp-scored rule."""
+    client = f32_server.openai()
+    tokenizer = f32_server.engine.tokenizer
+    messages = [{"role": "user", "content": "Reply with one word: what colour is the sky?"}]
+    ids = tokenize(f32_server, {"messages": messages})
+    stops = frozenset(tokenizer.stop_token_ids)
+    for penalty in (1.0, 0.0):
+        want = oracle_beams(f32_oracle, ids, 2, 8, stops, penalty)
+        reply = client.chat.completions.create(model=f32_model, messages=messages, n=2, max_tokens=8, temperature=0,
+                                               extra_body={"use_beam_search": True, "length_penalty": penalty})
+        assert [c.message.content for c in reply.choices] == \
+            [tokenizer.decode(t[:-1] if stopped else t) for t, stopped in want]
+        assert [c.finish_reason for c in reply.choices] == ["stop" if stopped else "length" for _, stopped in want]
+        assert reply.usage.completion_tokens == sum(len(t) for t, _ in want)
+    assert any(stopped for _, stopped in want), "the prompt must let a beam end"
 
 
 @pytest.mark.parametrize(("extra", "param"), [

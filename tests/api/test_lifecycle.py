@@ -8,6 +8,7 @@ import stat
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
@@ -117,3 +118,32 @@ def test_unix_socket_is_private_and_removed(smol_tokenizer, tmp_path: Path) -> N
         with srv.http() as http:
             assert http.get("/version").status_code == 200
     assert not os.path.exists(binds[0].address)
+
+
+@pytest.mark.parametrize("finish_in_grace", [True, False])
+def test_drain_waits_for_a_whole_beam_search(smol_tokenizer, finish_in_grace: bool) -> None:
+    """A beam search is one request in flight: the drain lets all its steps run within the grace period (its
+    choices come back), and past it ends the search with a 503 to retry elsewhere, never a half-searched 200."""
+    engine = FakeEngine(smol_tokenizer, delay_s=0.02, max_model_len=20_000)
+    srv = ServerThread(engine_cm(engine), ServerConfig(shutdown_timeout_s=1.5), tcp_bind()).start()
+    max_tokens = 8 if finish_in_grace else 500  # 8 steps of 0.02 s, or far past the grace period
+    replies: list[Any] = []
+
+    def search() -> None:
+        with srv.http() as http:
+            replies.append(http.post("/v1/completions", json={"prompt": "the cat", "max_tokens": max_tokens, "n": 2,
+                                                               "use_beam_search": True}))
+
+    t = threading.Thread(target=search)
+    t.start()
+    while not engine.running:
+        time.sleep(0.005)
+    took = srv.stop()
+    t.join(5)
+    assert took < 5 and not srv.is_alive and engine.running == set()
+    [reply] = replies
+    if finish_in_grace:
+        assert reply.status_code == 200 and len(reply.json()["choices"]) == 2, reply.text
+        assert all(c["finish_reason"] == "length" for c in reply.json()["choices"])
+    else:
+        assert reply.status_code == 503 and "beam search was stopped" in reply.json()["error"]["message"]

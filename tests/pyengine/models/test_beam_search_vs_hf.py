@@ -16,8 +16,11 @@ WIDTH = 3
 STEPS = 6
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[LLM, PreTrainedModel]:
+DEVICES = [pytest.param(True, id="cpu"), pytest.param(False, id="cuda", marks=pytest.mark.cuda)]
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[LLM, PreTrainedModel]:
     path = tmp_path_factory.mktemp("beam_llama")
     model = make_hf_model("llama", seed=7)
     with torch.no_grad():  # flatter next-token distributions, so the beams part early and overtake each other
@@ -26,7 +29,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[LLM, PreTrainedModel
     tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(BASE["vocab_size"])}, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.save(str(path / "tokenizer.json"))
-    return LLM(model=str(path), dtype="f32", mem=16, cpu=True), model
+    return LLM(model=str(path), dtype="f32", mem=16, cpu=request.param), model
 
 
 @torch.inference_mode()
@@ -59,4 +62,4 @@ def test_beams_equal_transformers_beam_search(tiny: tuple[LLM, PreTrainedModel])
             assert seq.cum_logprob == pytest.approx(sum(e[t].logprob for t, e in
                                                         zip(seq.tokens[len(prompt):], seq.logprobs, strict=True)))
             assert seq.finish_reason == "length"
-            assert seq.text == llm.get_tokenizer().decode(seq.tokens)
+            assert seq.text == llm.get_tokenizer().decode(seq.tokens, skip_special_tokens=False)
