@@ -43,6 +43,8 @@ _POSTS: dict[str, tuple[type[BaseModel], str, str]] = {
 _GETS: dict[str, tuple[str, str]] = {
     "/v1/models": ("Models served", "application/json"),
     "/health": ("200 while serving, 503 while draining", "text/plain"),
+    "/ping": ("/health under SageMaker's name (GET or POST)", "text/plain"),
+    "/load": ("Requests in flight: {server_load}", "application/json"),
     "/version": ("Server version", "application/json"),
     "/metrics": ("Prometheus metrics (vLLM names)", "text/plain"),
     "/tokenizer_info": ("Special tokens and chat template of the tokenizer", "application/json"),
@@ -74,7 +76,7 @@ def openapi_document() -> dict[str, Any]:
         schema = {"type": "string"} if ctype == "text/plain" else {"type": "object"}
         ok = {"description": summary, "content": {ctype: {"schema": schema}}}
         responses = {"200": ok, **_errors(401)}
-        if path == "/health":
+        if path in ("/health", "/ping"):
             responses["503"] = {"description": "draining"}
         paths[path] = {"get": {"summary": summary, "responses": responses}}
     return {

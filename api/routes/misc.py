@@ -1,4 +1,5 @@
-"""The small routes: models list, health, version, Prometheus metrics, tokenizer endpoints, OpenAPI document."""
+"""The small routes: models list, health (and SageMaker's ``/ping``), load, version, Prometheus metrics, tokenizer
+endpoints, OpenAPI document."""
 
 from __future__ import annotations
 
@@ -33,11 +34,18 @@ async def get_model(model: str) -> dict[str, Any]:
 
 
 @bp.get("/health")
+@bp.route("/ping", methods=["GET", "POST"])  # vLLM's SageMaker alias of /health
 async def health() -> Response:
     """200 with an empty body while the server takes requests; 503 once it drains (load balancers move on)."""
     if get_state().draining:
         return Response("", status=503, headers={"Retry-After": "5"})
     return Response("", status=200)
+
+
+@bp.get("/load")
+async def load() -> dict[str, int]:
+    """vLLM's ``/load``: how many requests are in flight, for a load balancer choosing the least busy replica."""
+    return {"server_load": get_state().num_active}
 
 
 @bp.get("/version")

@@ -126,6 +126,7 @@ def test_api_key(smol_tokenizer) -> None:
             assert http.get("/v1/models").status_code == 401
             assert_openai_error(http.get("/v1/models").json())
             assert http.get("/health").status_code == 200 and http.get("/metrics").status_code == 200
+            assert http.get("/ping").status_code == 200 and http.get("/load").status_code == 401
         r = srv.openai(api_key="sesame").chat.completions.create(model="fake-model", messages=MESSAGES, max_tokens=2)
         assert r.choices[0].finish_reason == "length"
 
@@ -140,6 +141,7 @@ def test_overload_is_503_with_retry_after(smol_tokenizer) -> None:
             second = http.post("/v1/completions", json={"prompt": "b", "max_tokens": 2})
             assert second.status_code == 503 and int(second.headers["Retry-After"]) >= 1
             assert_openai_error(second.json())
+            assert http.get("/load").json() == {"server_load": 1}  # the stream in flight
         with srv.http() as http, http.stream("POST", "/v1/completions",
                                              json={"prompt": "a", "stream": True, "max_tokens": 4}) as first:
             lines = first.iter_lines()

@@ -309,3 +309,21 @@ def test_add_special_tokens_as_vllm_defaults_them() -> None:
     plain = tokenizer.encode("hi there", add_special_tokens=False)
     chat = tokenizer.encode(tokenizer.apply_chat_template(MESSAGES), add_special_tokens=False)
     assert engine.seen_prompts == [[bos, *plain], chat, plain, chat, [bos, *plain], [bos, *chat]]
+
+
+def test_sagemaker_routes_and_load(server: ServerThread) -> None:
+    """vLLM's ``/ping`` (GET and POST, as /health), ``/load`` (requests in flight) and ``/invocations``, which
+    answers each body as the route its fields name would, and refuses a body that names none."""
+    with server.http() as http:
+        assert [http.get("/ping").status_code, http.post("/ping").status_code] == [200, 200]
+        assert http.get("/load").json() == {"server_load": 0}
+        chat = http.post("/invocations", json={"messages": MESSAGES, "max_tokens": 3, "temperature": 0}).json()
+        direct = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 3, "temperature": 0})
+        assert chat["object"] == "chat.completion"
+        assert chat["choices"][0]["message"] == direct.json()["choices"][0]["message"]
+        done = http.post("/invocations", json={"prompt": "the cat", "max_tokens": 2}).json()
+        assert done["object"] == "text_completion" and done["usage"]["completion_tokens"] == 2
+        vectors = http.post("/invocations", json={"input": "the cat", "encoding_format": "float"}).json()
+        assert vectors["object"] == "list" and len(vectors["data"][0]["embedding"]) == 16
+        refused = http.post("/invocations", json={"question": "?"})
+        assert refused.status_code == 400 and "messages" in refused.json()["error"]["message"]
