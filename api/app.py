@@ -13,7 +13,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from candle_vllm.api.errors import APIError, error_body
-from candle_vllm.api.routes import chat, completions, embeddings, invocations, misc
+from candle_vllm.api.routes import chat, completions, embeddings, invocations, misc, responses
 from candle_vllm.api.routes.common import STATE_KEY
 from candle_vllm.api.state import ServerState
 from candle_vllm.ui.cors import cors_headers, is_ui_origin
@@ -58,7 +58,7 @@ def create_app(state: ServerState) -> QuartTrio:
     )
     app.json.sort_keys = False  # type: ignore[attr-defined]  # Quart's DefaultJSONProvider
     app.json.ensure_ascii = False  # type: ignore[attr-defined]
-    for bp in (chat.bp, completions.bp, embeddings.bp, invocations.bp, misc.bp):
+    for bp in (chat.bp, completions.bp, embeddings.bp, invocations.bp, misc.bp, responses.bp):
         app.register_blueprint(bp)
 
     @app.before_request

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from candle_vllm import __version__
+from candle_vllm.api.responses_input import ResponsesRequest
 from candle_vllm.api.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -34,6 +35,8 @@ _POSTS: dict[str, tuple[type[BaseModel], str, str]] = {
     "/v1/chat/completions": (ChatCompletionRequest, "Chat completion (JSON, or SSE when stream is true)",
                              "application/json"),
     "/v1/completions": (CompletionRequest, "Text completion (JSON, or SSE when stream is true)", "application/json"),
+    "/v1/responses": (ResponsesRequest, "Responses API (JSON, or its SSE events when stream is true)",
+                      "application/json"),
     "/v1/embeddings": (EmbeddingRequest, "Embeddings: the last token's final hidden state, L2-normalised",
                        "application/json"),
     "/tokenize": (TokenizeRequest, "Token ids of a prompt or of rendered chat messages", "application/json"),

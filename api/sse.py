@@ -48,14 +48,19 @@ class EventStream(ABC):
     def _usage(self) -> dict[str, Any]:
         """The request's usage object so far."""
 
-    async def events(self, head: list[Any], outputs: AsyncIterator[Any]) -> AsyncIterator[bytes]:
-        """All SSE events of the stream, ending with ``[DONE]``."""
+    async def rendered(self, head: list[Any], outputs: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+        """The chunks of every item of the generation stream: those already taken (``head``), then the rest."""
         for item in head:
             for chunk in self._render(item):
                 yield chunk
         async for item in outputs:
             for chunk in self._render(item):
                 yield chunk
+
+    async def events(self, head: list[Any], outputs: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+        """All SSE events of the stream, ending with ``[DONE]``."""
+        async for chunk in self.rendered(head, outputs):
+            yield chunk
         for chunk in self._abort_unfinished():  # the server ended requests (draining): every choice finishes
             yield chunk
         if self.include_usage:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from quart import Blueprint
@@ -98,8 +98,17 @@ def _prompt(tokenizer: Any, req: ChatCompletionRequest, tools: list[dict[str, An
 
 @bp.post("/v1/chat/completions")
 async def chat_completions() -> Any:
-    state = get_state()
-    req = parse_request(ChatCompletionRequest, await read_json())
+    return await chat_response(get_state(), parse_request(ChatCompletionRequest, await read_json()),
+                               f"chatcmpl-{uuid.uuid4().hex}")
+
+
+StreamFactory = Callable[..., "ChatStream"]
+
+
+async def chat_response(state: ServerState, req: ChatCompletionRequest, request_id: str,
+                        make_stream: StreamFactory | None = None) -> Any:
+    """Serve a chat request: the whole ``chat.completion`` dict, or the SSE response of ``make_stream``'s events
+    (``ChatStream``'s chunks by default; the Responses API renders the same pipeline as its own events)."""
     model = check_model(state, req.model)
     check_tool_history(req.messages)
     tools = plan_tools(req, state.mcp_tools(), state.tool_parser, model)
@@ -111,9 +120,8 @@ async def chat_completions() -> Any:
     setup = ChatSetup(tools, markers, markers is not None and prompt_opens_reasoning(text, markers))
     ids = truncated_prompt(ids, req.truncate_prompt_tokens, state.token_limits.max_model_len)
     limit = state.token_limits.resolve(len(ids), req.token_limit())
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    stream = ChatStream(req, request_id, model, now_s(), ids, state.chat_logprobs, setup,
-                        req.tokens_as_ids(state.config.return_tokens_as_token_ids))
+    stream = (make_stream or ChatStream)(req, request_id, model, now_s(), ids, state.chat_logprobs, setup,
+                                         req.tokens_as_ids(state.config.return_tokens_as_token_ids))
     if req.use_beam_search:
         beams = beam_search_params(req, limit or state.token_limits.max_model_len - len(ids))
         [search] = await BeamSearchRun(state, request_id).run([ids], [beams])
