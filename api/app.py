@@ -21,7 +21,7 @@ from candle_vllm.ui.cors import cors_headers, is_ui_origin
 log = logging.getLogger(__name__)
 
 # Operational endpoints stay open when --api-key is set (probes and scrapers carry no key), as in vLLM.
-PUBLIC_PATHS = frozenset({"/health", "/ping", "/version", "/metrics", "/openapi.json"})
+PUBLIC_PATHS = frozenset({"/health", "/ping", "/load", "/version", "/metrics", "/openapi.json"})
 HARD_BODY_FACTOR = 8  # bodies over this many times the body limit are cut off unread
 BODY_DRAIN_TIMEOUT_S = 10.0
 

@@ -29,7 +29,21 @@ _REFUSED = {
     "top_logprobs": "top_logprobs is not supported on /v1/responses; use /v1/chat/completions with logprobs",
     "prompt": "stored prompt templates are not supported; send the prompt in input",
     "max_tool_calls": "max_tool_calls is not supported",
+    "context_management": "context_management is not supported; the input must fit the context",
 }
+# vLLM's sampling extras, taken as on chat; any other field outside the Responses API's is a 400 (chat's own
+# fields -- n, logprobs, echo, messages... -- would be taken and then lost in the one-message answer).
+_SAMPLING_EXTRAS = frozenset({
+    "seed", "top_k", "min_p", "stop", "stop_token_ids", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "logit_bias", "ignore_eos", "min_tokens", "skip_special_tokens",
+    "include_stop_str_in_output", "allowed_token_ids", "bad_words", "truncate_prompt_tokens", "chat_template_kwargs",
+})
+# Fields that change nothing here (routing, caching and safety hints of OpenAI's service).
+_NO_EFFECT = frozenset({"service_tier", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
+                        "stream_options"})
+# Chat's names for the Responses fields they come from, for the 400s the chat checks raise.
+_PARAM_NAMES = {"max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
+                "response_format": "text.format"}
 
 
 class ResponsesRequest(BaseModel):
@@ -68,7 +82,7 @@ def _text_of(content: Any, where: str) -> str:
             raise bad_request(f"{where}.content[{j}] is a {kind!r} part; only text parts (input_text, output_text) "
                               "are supported", param=f"{where}.content")
         texts.append(str(part.get("text", "")))
-    return "".join(texts)
+    return "\n".join(texts)  # as chat joins text parts (vLLM's rule)
 
 
 def _messages(req: ResponsesRequest) -> list[dict[str, Any]]:
@@ -138,6 +152,16 @@ def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
                       param="text.format.type")
 
 
+def responses_param(param: str | None) -> str | None:
+    """A chat field named in a 400 as the Responses field it came from."""
+    if param is None:
+        return None
+    head, dot, rest = param.partition(".")
+    if head == "messages":  # instructions and merged calls shift the turns: name the input as a whole
+        return "input"
+    return _PARAM_NAMES.get(head, head) + dot + rest
+
+
 def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
     """The chat request a Responses request amounts to (400s for what cannot be honoured)."""
     extra = dict(req.model_extra or {})
@@ -145,6 +169,18 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         value = extra.pop(name, None)
         if value not in (None, False, [], {}, ""):
             raise bad_request(why, param=name)
+    for name in list(extra):
+        if name in _NO_EFFECT:
+            del extra[name]
+        elif name not in _SAMPLING_EXTRAS:
+            raise bad_request(f"{name} is not a field of the Responses API (nor one of vLLM's sampling extras it "
+                              "takes)", param=name)
+    for name in ("summary", "generate_summary"):
+        if (req.reasoning or {}).get(name) is not None:
+            raise bad_request("reasoning summaries are not supported: reasoning comes back whole as a reasoning "
+                              "item's content", param=f"reasoning.{name}")
+    if (req.text or {}).get("verbosity") is not None:
+        raise bad_request("text.verbosity is not supported", param="text.verbosity")
     if req.truncation not in (None, "disabled"):
         raise bad_request("truncation 'auto' is not supported; the input must fit the context", param="truncation")
     body: dict[str, Any] = {**extra, "model": req.model, "messages": _messages(req), "stream": req.stream,

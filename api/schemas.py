@@ -310,7 +310,7 @@ class TokenizeRequest(_Open):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None  # vLLM's defaults: true for a prompt, false for messages (as chat)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     documents: list[dict[str, Any]] | None = None

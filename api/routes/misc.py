@@ -65,8 +65,8 @@ def _token_ids(tokenizer: Any, req: TokenizeRequest, tools: list[dict[str, Any]]
     """The ids of the request's prompt or rendered messages (runs in a worker thread)."""
     if req.messages is not None:
         text = render_chat(tokenizer, req, tools, trust_template=trust_template)
-        return tokenizer.encode(text, add_special_tokens=False)
-    return tokenizer.encode(req.prompt or "", add_special_tokens=req.add_special_tokens)
+        return tokenizer.encode(text, add_special_tokens=bool(req.add_special_tokens))
+    return tokenizer.encode(req.prompt or "", add_special_tokens=req.add_special_tokens is not False)
 
 
 @bp.post("/tokenize")

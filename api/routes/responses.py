@@ -14,8 +14,10 @@ from typing import Any
 
 from quart import Blueprint
 
+from candle_vllm.api.chat_output import ChoiceDelta
+from candle_vllm.api.errors import APIError, bad_request
 from candle_vllm.api.generation import KeepAlive
-from candle_vllm.api.responses_input import ResponsesRequest, chat_request
+from candle_vllm.api.responses_input import ResponsesRequest, chat_request, responses_param
 from candle_vllm.api.routes.chat import ChatStream, chat_response
 from candle_vllm.api.routes.common import get_state, read_json
 from candle_vllm.api.schemas import parse_request
@@ -28,13 +30,13 @@ bp = Blueprint("responses", __name__)
 async def responses() -> Any:
     req = parse_request(ResponsesRequest, await read_json())
     response_id = f"resp_{uuid.uuid4().hex}"
-    answer = await chat_response(get_state(), chat_request(req), response_id,
-                                 functools.partial(ResponsesStream, responses_req=req))
-    if req.stream:
-        return answer
-    choice = answer["choices"][0]
-    return ResponseShape(req, response_id, answer["model"], answer["created"]).whole(
-        choice["message"], choice["finish_reason"], answer["usage"])
+    try:
+        answer = await chat_response(get_state(), chat_request(req), response_id,
+                                     functools.partial(ResponsesStream, responses_req=req))
+    except APIError as exc:
+        exc.param = responses_param(exc.param)
+        raise
+    return answer
 
 
 class ResponseShape:
@@ -60,22 +62,17 @@ class ResponseShape:
         return {"type": "function_call", "id": f"fc_{call_id}", "call_id": call_id, "name": name,
                 "arguments": arguments, "status": "completed"}
 
-    def output(self, message: dict[str, Any], finish: str | None) -> list[dict[str, Any]]:
-        items = []
-        if message.get("reasoning"):
-            items.append(self.reasoning_item(message["reasoning"]))
-        if message.get("content"):
-            items.append(self.message_item(message["content"], "incomplete" if finish == "length" else "completed"))
-        for call in message.get("tool_calls") or []:
-            items.append(self.call_item(call["id"], call["function"]["name"], call["function"]["arguments"]))
-        return items
-
-    def body(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None,
-             finish: str | None = None) -> dict[str, Any]:
+    def body(self, output: list[dict[str, Any]], usage: dict[str, Any] | None,
+             finish: str | None = None, done: bool = True) -> dict[str, Any]:
+        """The ``response`` object: ``completed``, ``incomplete`` (cut by ``max_output_tokens``) or ``failed``
+        (ended by the server, draining), or ``in_progress`` while a stream runs (``done`` false)."""
         req = self.req
+        status = "in_progress" if not done else STATUS.get(finish or "", "completed")
         return {
-            **self.head, "status": status, "error": None,
-            "incomplete_details": {"reason": "max_output_tokens"} if finish == "length" else None,
+            **self.head, "status": status,
+            "error": {"code": "server_error", "message": "the server ended the request (it is shutting down); retry "
+                      "on another replica"} if status == "failed" else None,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "metadata": req.metadata or {},
             "output": output, "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": None,
             "reasoning": req.reasoning, "store": False, "temperature": req.temperature,
@@ -84,73 +81,77 @@ class ResponseShape:
             "user": req.user, "usage": usage,
         }
 
-    def whole(self, message: dict[str, Any], finish: str | None, chat_usage: dict[str, Any]) -> dict[str, Any]:
-        status = "incomplete" if finish == "length" else "completed"
-        return self.body(status, self.output(message, finish), _usage(chat_usage, message), finish)
+STATUS = {"length": "incomplete", "abort": "failed"}  # a chat finish_reason -> the response's status
 
 
-def _usage(chat: dict[str, Any], message: dict[str, Any]) -> dict[str, Any]:
+def _usage(chat: dict[str, Any]) -> dict[str, Any]:
     details = chat.get("completion_tokens_details") or {}
+    cached = chat.get("prompt_tokens_details", {}).get("cached_tokens", 0)
     return {"input_tokens": chat["prompt_tokens"],
-            "input_tokens_details": {"cached_tokens": chat.get("prompt_tokens_details", {}).get("cached_tokens", 0)},
+            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
             "output_tokens": chat["completion_tokens"],
             "output_tokens_details": {"reasoning_tokens": details.get("reasoning_tokens", 0)},
             "total_tokens": chat["total_tokens"]}
 
 
 class ResponsesStream(ChatStream):
-    """The chat pipeline's deltas of the one choice as Responses events: reasoning and message text as they come,
-    each function call once its arguments are whole."""
+    """The chat pipeline's deltas of the one choice as Responses events: the reasoning item and the message item
+    each opened once, where their first text comes, and filled as it comes; each function call once its arguments
+    are whole; every item closed at the end."""
 
     def __init__(self, *args: Any, responses_req: ResponsesRequest, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.shape = ResponseShape(responses_req, self.base["id"], self.base["model"], self.base["created"])
         self.sequence = 0
         self.items: list[dict[str, Any]] = []  # output items so far, in order
-        self.open: str | None = None  # the item receiving text: "reasoning" or "message"
-        self.calls: dict[int, dict[str, Any]] = {}  # tool call index -> its item while arguments arrive
+        self.text_items: dict[str, int] = {}  # "reasoning" / "message" -> the index of its item
         self.finish: str | None = None
+        self.final: dict[str, Any] = {}
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
         return b"event: " + kind.encode() + b"\n" + event(payload)
 
-    def _open(self, kind: str) -> list[bytes]:
-        if self.open == kind:
-            return []
-        out = self._close()
-        self.open = kind
-        item = self.shape.reasoning_item("") if kind == "reasoning" else self.shape.message_item("", "")
-        item["status"] = "in_progress"
-        self.items.append(item)
-        out.append(self._event("response.output_item.added", output_index=len(self.items) - 1, item=item))
-        out.append(self._event("response.content_part.added", item_id=item["id"], output_index=len(self.items) - 1,
-                               content_index=0, part=dict(item["content"][0])))
-        return out
-
     def _text(self, kind: str, delta: str) -> list[bytes]:
-        out = self._open(kind)
-        item = self.items[-1]
+        out = []
+        if kind not in self.text_items:
+            item = self.shape.reasoning_item("") if kind == "reasoning" else self.shape.message_item("", "")
+            self.text_items[kind] = index = len(self.items)
+            self.items.append(item)
+            out.append(self._event("response.output_item.added", output_index=index,
+                                   item={**item, "content": [], "status": "in_progress"}))
+            out.append(self._event("response.content_part.added", item_id=item["id"], output_index=index,
+                                   content_index=0, part=dict(item["content"][0])))
+        index = self.text_items[kind]
+        item = self.items[index]
         item["content"][0]["text"] += delta
         name = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
         extra: dict[str, Any] = {} if kind == "reasoning" else {"logprobs": []}
-        out.append(self._event(name, item_id=item["id"], output_index=len(self.items) - 1, content_index=0,
-                               delta=delta, **extra))
+        out.append(self._event(name, item_id=item["id"], output_index=index, content_index=0, delta=delta, **extra))
         return out
 
-    def _close(self) -> list[bytes]:
-        if self.open is None:
-            return []
-        item, index = self.items[-1], len(self.items) - 1
-        text = item["content"][0]["text"]
-        done = "response.reasoning_text.done" if self.open == "reasoning" else "response.output_text.done"
-        item["status"] = "incomplete" if self.open == "message" and self.finish == "length" else "completed"
-        self.open = None
-        return [self._event(done, item_id=item["id"], output_index=index, content_index=0, text=text),
-                self._event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
-                            part=item["content"][0]),
-                self._event("response.output_item.done", output_index=index, item=item)]
+    def _delta(self, delta: ChoiceDelta) -> list[bytes]:
+        return [*(self._text("reasoning", delta.reasoning) if delta.reasoning else []),
+                *(self._text("message", delta.content) if delta.content else [])]
+
+    def _close_texts(self) -> list[bytes]:
+        out = []
+        status = "completed" if self.finish not in STATUS else "incomplete"
+        for kind, index in sorted(self.text_items.items(), key=lambda kv: kv[1]):
+            item = self.items[index]
+            item["status"] = status
+            part, text = item["content"][0], item["content"][0]["text"]
+            if kind == "reasoning":
+                out.append(self._event("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                                       content_index=0, text=text))
+            else:
+                out.append(self._event("response.output_text.done", item_id=item["id"], output_index=index,
+                                       content_index=0, text=text, logprobs=[]))
+            out.append(self._event("response.content_part.done", item_id=item["id"], output_index=index,
+                                   content_index=0, part=part))
+            out.append(self._event("response.output_item.done", output_index=index, item=item))
+        return out
 
     def _calls_done(self, message: dict[str, Any]) -> list[bytes]:
         out = []
@@ -176,33 +177,35 @@ class ResponsesStream(ChatStream):
         for c in out.outputs:
             if self.choices[0].finished:
                 continue
-            delta = self._step(c)
+            chunks += self._delta(self._step(c))
             if c.finish_reason:
                 self.finish = self.choices[0].finish_reason(c.finish_reason)
-            if delta.reasoning:
-                chunks += self._text("reasoning", delta.reasoning)
-            if delta.content:
-                chunks += self._text("message", delta.content)
         return chunks
 
     async def events(self, head: list[Any], outputs: AsyncIterator[Any]) -> AsyncIterator[bytes]:
         """``response.created`` / ``in_progress``, the items' events, then ``response.completed`` (or
-        ``response.incomplete``) with the whole object; no ``[DONE]``, as OpenAI ends these streams."""
-        start = self.shape.body("in_progress", [], None)
+        ``response.incomplete`` / ``response.failed``) with the whole object; no ``[DONE]``, as OpenAI ends
+        these streams."""
+        start = self.shape.body([], None, done=False)
         yield self._event("response.created", response=start)
         yield self._event("response.in_progress", response=start)
         async for chunk in self.rendered(head, outputs):
             yield chunk
         choice = self.choices[0]
-        if not choice.finished:  # the server ended the request (draining)
-            choice.finish()
+        if not choice.finished:  # the server ended the request (draining): what the pipeline held still goes out
             self.finish = "abort"
-        for chunk in self._close():
+            for chunk in self._delta(choice.finish()):
+                yield chunk
+        for chunk in [*self._close_texts(), *self._calls_done(choice.message())]:
             yield chunk
-        message = choice.message()
-        for chunk in self._calls_done(message):
-            yield chunk
-        usage = _usage(self._usage(), message)
-        status = "incomplete" if self.finish in ("length", "abort") else "completed"
-        final = self.shape.body(status, self.items, usage, self.finish)
-        yield self._event(f"response.{status}", response=final)
+        self.final = self.shape.body(self.items, _usage(self._usage()), self.finish)
+        yield self._event(f"response.{self.final['status']}", response=self.final)
+
+    async def whole(self, outputs: AsyncIterator[Any]) -> dict[str, Any]:
+        """The non-streamed answer: the object a stream ends with, so both hold the same items in one order."""
+        try:
+            async for _ in self.events([], outputs):
+                pass
+        except ValueError as exc:
+            raise bad_request(str(exc)) from None  # the engine's admission errors
+        return self.final

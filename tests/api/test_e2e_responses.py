@@ -78,7 +78,8 @@ def test_function_call_items_become_an_assistant_turn_and_tool_messages() -> Non
     """The Responses items of a tool loop as the chat turns OpenAI's two APIs agree on: consecutive calls in one
     assistant turn, each output a tool message naming its call; reasoning items of earlier turns left out."""
     req = ResponsesRequest.model_validate({"input": [
-        {"role": "user", "content": "Weather in Oslo and Rome?"},
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather in Oslo"},
+                                     {"type": "input_text", "text": "and Rome?"}]},
         {"type": "reasoning", "id": "rs_1", "summary": []},
         {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
         {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": '{"city": "Rome"}'},
@@ -89,7 +90,7 @@ def test_function_call_items_become_an_assistant_turn_and_tool_messages() -> Non
     chat = chat_request(req)
     assert [m.model_dump(exclude_none=True) for m in chat.messages] == [
         {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Weather in Oslo and Rome?"},
+        {"role": "user", "content": "Weather in Oslo\nand Rome?"},  # parts joined by newlines, as chat joins them
         {"role": "assistant", "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
             {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
@@ -129,9 +130,13 @@ def test_required_tool_call_is_a_function_call_item(f32_server: ServerThread, f3
      "input[0].content"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"text": {"format": {"type": "grammar"}}}, "text.format.type"),
+    ({"n": 2}, "n"),  # chat's fields are not the Responses API's: taken, they would be lost in the one message
+    ({"logprobs": True}, "logprobs"),
+    ({"reasoning": {"summary": "auto"}}, "reasoning.summary"),
+    ({"max_output_tokens": 10**6}, "max_output_tokens"),  # chat's check, under the Responses field's name
 ])
 def test_what_cannot_be_honoured_is_a_400(f32_server: ServerThread, f32_model: str, body: dict[str, Any],
                                           param: str) -> None:
     with pytest.raises(openai.BadRequestError) as info:
-        f32_server.openai().responses.create(**{"model": f32_model, "input": QUESTION, **body})
+        f32_server.openai().responses.create(model=f32_model, input=QUESTION, extra_body=body)
     assert info.value.body["param"] == param

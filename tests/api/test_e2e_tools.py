@@ -380,3 +380,44 @@ def test_without_a_parser_tools_are_offered_and_the_answer_is_text(tmp_path: Pat
             assert CALL_WEATHER in r.choices[0].message.content
             assert '"name": "get_weather"' in chat.tokenizer.decode(chat.model.prompts[-1])  # tools offered
     assert sum("no tool-call parser" in rec.getMessage() for rec in caplog.records) == 1  # logged once
+
+
+RESPONSES_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
+
+
+@pytest.mark.parametrize(("script", "extra"), [
+    (f"<think>{REASONING}</think>\n\nIt is sunny.", {}),
+    ("Hi <think>plan</think> there", {}),  # text, reasoning, text: still one message item
+    ("<think>a plan that runs past the limit", {"max_output_tokens": 6}),
+    (TWO_CALLS, {"tools": RESPONSES_TOOLS}),
+])
+def test_responses_api_items_whole_and_streamed(chat: Chat, script: str, extra: dict[str, Any]) -> None:
+    """/v1/responses on a model that thinks and calls tools: one reasoning item, one message item and the calls,
+    as the chat endpoint splits the same output; the SDK's stream helper folds the events into the whole
+    response (items, ids per item, statuses)."""
+    tools = TOOLS if "tools" in extra else None
+    prompt = chat.prompt_ids(ASK, tools)
+    chat.script(prompt, script)
+    body: dict[str, Any] = {"model": "scripted", "input": ASK[0]["content"], "temperature": 0, **extra}
+    whole = chat.client.responses.create(**body)
+    with chat.client.responses.stream(**body) as stream:
+        events = list(stream)
+        final = events[-1].response
+    reference = chat.create(script, prompt, tools=tools, **({"max_tokens": extra["max_output_tokens"]}
+                                                           if "max_output_tokens" in extra else {}))
+    message = reference.choices[0].message
+    kinds = [item.type for item in whole.output]
+    assert kinds == [item.type for item in final.output]
+    assert sorted(kinds) == sorted([*(["reasoning"] if message.model_extra.get("reasoning") else []),
+                                    *(["message"] if message.content else []),
+                                    *(["function_call"] * len(message.tool_calls or []))])  # in order of appearance
+    for got in (whole, final):
+        texts = {item.type: item.content[0].text for item in got.output if item.type in ("reasoning", "message")}
+        assert texts.get("reasoning") == message.model_extra.get("reasoning")
+        assert texts.get("message") == (message.content or None)
+        calls = [(c.name, json.loads(c.arguments)) for c in got.output if c.type == "function_call"]
+        assert calls == [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+        assert got.status == ("incomplete" if reference.choices[0].finish_reason == "length" else "completed")
+        assert got.usage.output_tokens_details.reasoning_tokens == reference.usage.completion_tokens_details.reasoning_tokens
+    assert len({item.id for item in final.output}) == len(final.output)
+    assert [e.type for e in events].count("response.output_item.added") == len(final.output)

@@ -3,6 +3,7 @@ sockets (fake engine, so timings are controlled)."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import threading
@@ -147,3 +148,34 @@ def test_drain_waits_for_a_whole_beam_search(smol_tokenizer, finish_in_grace: bo
         assert all(c["finish_reason"] == "length" for c in reply.json()["choices"])
     else:
         assert reply.status_code == 503 and "beam search was stopped" in reply.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_response_the_drain_ends_is_failed_not_completed(smol_tokenizer, stream: bool) -> None:
+    """/v1/responses cut by the drain: status ``failed`` with a server_error (a stream ends with
+    ``response.failed``), never a ``completed`` answer of cut text."""
+    engine = FakeEngine(smol_tokenizer, delay_s=0.05, max_model_len=20_000)
+    srv = ServerThread(engine_cm(engine), ServerConfig(shutdown_timeout_s=0.3), tcp_bind()).start()
+    replies: list[Any] = []
+
+    def ask() -> None:
+        with srv.http() as http:
+            replies.append(http.post("/v1/responses", json={"input": "the cat", "max_output_tokens": 10_000,
+                                                             "stream": stream}))
+
+    t = threading.Thread(target=ask)
+    t.start()
+    while not engine.running:
+        time.sleep(0.005)
+    srv.stop()
+    t.join(5)
+    [reply] = replies
+    if stream:
+        last = [line for line in reply.text.splitlines() if line.startswith("data: ")][-1]
+        final = json.loads(last.removeprefix("data: "))
+        assert final["type"] == "response.failed"
+        body = final["response"]
+    else:
+        body = reply.json()
+    assert body["status"] == "failed" and body["error"]["code"] == "server_error"
+    assert body["output"][0]["status"] == "incomplete"

@@ -306,6 +306,10 @@ def test_add_special_tokens_as_vllm_defaults_them() -> None:
             extra = {} if flag is None else {"add_special_tokens": flag}
             client.completions.create(model="fake-model", prompt="hi there", max_tokens=1, extra_body=extra)
             client.chat.completions.create(model="fake-model", messages=MESSAGES, max_tokens=1, extra_body=extra)
+            with srv.http() as http:  # /tokenize reports the ids the two routes run
+                by_prompt = http.post("/tokenize", json={"prompt": "hi there", **extra}).json()["tokens"]
+                by_messages = http.post("/tokenize", json={"messages": MESSAGES, **extra}).json()["tokens"]
+            assert [by_prompt, by_messages] == engine.seen_prompts[-2:]
     plain = tokenizer.encode("hi there", add_special_tokens=False)
     chat = tokenizer.encode(tokenizer.apply_chat_template(MESSAGES), add_special_tokens=False)
     assert engine.seen_prompts == [[bos, *plain], chat, plain, chat, [bos, *plain], [bos, *chat]]
@@ -325,5 +329,7 @@ def test_sagemaker_routes_and_load(server: ServerThread) -> None:
         assert done["object"] == "text_completion" and done["usage"]["completion_tokens"] == 2
         vectors = http.post("/invocations", json={"input": "the cat", "encoding_format": "float"}).json()
         assert vectors["object"] == "list" and len(vectors["data"][0]["embedding"]) == 16
+        answer = http.post("/invocations", json={"input": "the cat", "max_output_tokens": 2}).json()
+        assert answer["object"] == "response" and answer["usage"]["output_tokens"] == 2  # a Responses body
         refused = http.post("/invocations", json={"question": "?"})
         assert refused.status_code == 400 and "messages" in refused.json()["error"]["message"]
