@@ -60,10 +60,10 @@ class ResponsesRequest(BaseModel):
     top_p: float | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool | None = None  # None (the SDK may send it): true
     text: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
-    stream: bool = False
+    stream: bool | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
@@ -183,10 +183,10 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         raise bad_request("text.verbosity is not supported", param="text.verbosity")
     if req.truncation not in (None, "disabled"):
         raise bad_request("truncation 'auto' is not supported; the input must fit the context", param="truncation")
-    body: dict[str, Any] = {**extra, "model": req.model, "messages": _messages(req), "stream": req.stream,
+    body: dict[str, Any] = {**extra, "model": req.model, "messages": _messages(req), "stream": bool(req.stream),
                             "max_completion_tokens": req.max_output_tokens, "temperature": req.temperature,
                             "top_p": req.top_p, "tools": _tools(req.tools), "tool_choice": _tool_choice(req.tool_choice),
-                            "parallel_tool_calls": req.parallel_tool_calls, "response_format": _response_format(req.text),
+                            "parallel_tool_calls": req.parallel_tool_calls is not False, "response_format": _response_format(req.text),
                             "user": req.user}
     effort = (req.reasoning or {}).get("effort")
     if effort is not None:

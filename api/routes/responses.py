@@ -74,7 +74,7 @@ class ResponseShape:
                       "on another replica"} if status == "failed" else None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "metadata": req.metadata or {},
-            "output": output, "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": None,
+            "output": output, "parallel_tool_calls": req.parallel_tool_calls is not False, "previous_response_id": None,
             "reasoning": req.reasoning, "store": False, "temperature": req.temperature,
             "text": req.text or {"format": {"type": "text"}}, "tool_choice": req.tool_choice or "auto",
             "tools": req.tools or [], "top_p": req.top_p, "truncation": req.truncation or "disabled",
