@@ -48,6 +48,11 @@ class EventStream(ABC):
     def _usage(self) -> dict[str, Any]:
         """The request's usage object so far."""
 
+    def error_events(self, error: Any) -> list[bytes]:
+        """An error after the stream started (an ``APIError``): its OpenAI error body as an event, then
+        ``[DONE]``."""
+        return [event(error.body()), DONE]
+
     async def rendered(self, head: list[Any], outputs: AsyncIterator[Any]) -> AsyncIterator[bytes]:
         """The chunks of every item of the generation stream: those already taken (``head``), then the rest."""
         for item in head:

@@ -131,7 +131,7 @@ async def chat_response(state: ServerState, req: ChatCompletionRequest, request_
     params = _engine_params(req, state, setup, limit, top)
     batch, outputs, head = await submit(state, [EngineRequest(request_id, ids, params, text)], req.stream)
     if req.stream:
-        return event_stream(batch, lambda: stream.events(head, outputs))
+        return event_stream(batch, stream, head, outputs)
     try:
         return await stream.whole(outputs)
     finally:

@@ -119,26 +119,25 @@ def usage(outs: list[RequestOutput | None], prompt_lens: list[int]) -> dict[str,
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def event_stream(batch: GenerationBatch, body: Callable[[], AsyncIterator[bytes]]) -> Response:
-    """A ``text/event-stream`` response whose body always releases ``batch``.
-
-    The body generator must end with ``[DONE]``; errors after the 200 become an error event then ``[DONE]``.
-    """
+def event_stream(batch: GenerationBatch, stream: sse.EventStream, head: list[Any],
+                 outputs: AsyncIterator[Any]) -> Response:
+    """A ``text/event-stream`` response of ``stream``'s events whose body always releases ``batch``; an error
+    after the 200 goes out as ``stream.error_events`` (OpenAI's error event, then ``[DONE]``, for chat)."""
 
     async def guarded() -> AsyncIterator[bytes]:
         try:
-            async for chunk in body():
+            async for chunk in stream.events(head, outputs):
                 yield chunk
         except APIError as exc:
-            yield sse.event(exc.body())
-            yield sse.DONE
+            for chunk in stream.error_events(exc):
+                yield chunk
         except ValueError as exc:  # the engine refused the request after all
-            yield sse.event(bad_request(str(exc)).body())
-            yield sse.DONE
+            for chunk in stream.error_events(bad_request(str(exc))):
+                yield chunk
         except Exception as exc:
             log.exception("stream failed after it started")
-            yield sse.event(APIError(500, f"generation failed: {exc}").body())
-            yield sse.DONE
+            for chunk in stream.error_events(APIError(500, f"generation failed: {exc}")):
+                yield chunk
         finally:
             await batch.close()
 

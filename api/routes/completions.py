@@ -100,7 +100,7 @@ async def completions() -> Any:
                 for i, (p, ps) in enumerate(zip(prompts, params, strict=True))]
     batch, outputs, head = await submit(state, requests, req.stream)
     if req.stream:
-        return event_stream(batch, lambda: view.events(head, outputs))
+        return event_stream(batch, view, head, outputs)
     try:
         last = await collect(outputs, len(prompts))
     finally:

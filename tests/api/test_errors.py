@@ -169,6 +169,11 @@ def test_error_after_stream_start_is_error_chunk_then_done(smol_tokenizer) -> No
         with pytest.raises(openai.APIError, match="device lost"):
             for _ in srv.openai().chat.completions.create(model="fake-model", messages=MESSAGES, stream=True):
                 pass
+        # A Responses stream ends as response.failed, with the text so far and the error
+        events = list(srv.openai().responses.create(model="fake-model", input="the cat", stream=True))
+        assert events[-1].type == "response.failed" and "device lost" in events[-1].response.error.message
+        assert events[-1].response.output[0].content[0].text == "".join(
+            e.delta for e in events if e.type == "response.output_text.delta")
         assert srv.is_alive
 
 
