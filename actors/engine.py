@@ -76,11 +76,11 @@ class AsyncEngine:
             task_status.started()
 
     async def generate(self, prompt_token_ids: list[int] | None, params: SamplingParams, request_id: str,
-                       prompt: str | None = None) -> AsyncIterator[RequestOutput]:
+                       prompt: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
         """Yield the request's progress; the last output has ``finished=True``. Raises the rejection (a
         ``ValueError``) before the first output when the request can never run. Leaving early aborts it."""
         sink_send, sink_recv = trio.open_memory_channel[SinkItem](math.inf)
-        await self._intake_send.send(Submit(request_id, prompt, prompt_token_ids, params, sink_send))
+        await self._intake_send.send(Submit(request_id, prompt, prompt_token_ids, params, sink_send, priority))
         finished = False
         try:
             async with sink_recv:

@@ -42,6 +42,7 @@ class Submit:
     prompt_token_ids: list[int] | None
     params: SamplingParams
     sink: Sink
+    priority: int = 0  # vLLM's request priority (the priority scheduling policy)
 
 
 @dataclass(slots=True)

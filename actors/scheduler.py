@@ -89,7 +89,7 @@ class SchedulerActor:
         if isinstance(msg, Submit):
             try:
                 assert msg.prompt_token_ids is not None
-                core.add_request(msg.request_id, msg.prompt_token_ids, msg.params, msg.prompt)
+                core.add_request(msg.request_id, msg.prompt_token_ids, msg.params, msg.prompt, msg.priority)
             except ValueError as exc:  # refused before any state changed: a live request with its id keeps its sink
                 reject(msg, exc)
                 return

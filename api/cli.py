@@ -30,6 +30,7 @@ from candle_vllm.pyengine.engine_args import (
 )
 from candle_vllm.pyengine.loader import ModelLoadError, ModelSource, resolve_model_source
 from candle_vllm.pyengine.loader.embedded import default_model_path
+from candle_vllm.pyengine.scheduler.config import SCHEDULING_POLICIES
 
 TOOL_PARSERS: tuple[str, ...] = PARSER_NAMES  # the parsers that exist, one list
 LOG_FILE = "candle-vllm.log"
@@ -226,6 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--prefix-cache-max-tokens", type=int, metavar="N", help="cap the prefix cache size in tokens"
+    )
+    g.add_argument(
+        "--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs",
+        help="fcfs (default), or priority: requests run by their priority (lower first), then arrival (vLLM's)",
     )
     g.add_argument(
         "--disable-cuda-graph", action="store_true", help="disable CUDA graph capture (on by default on CUDA)"

@@ -44,6 +44,7 @@ class EngineRequest:
     prompt_token_ids: list[int]
     params: Any  # SamplingParams
     prompt: str | None = None
+    priority: int = 0
 
 
 @dataclass(slots=True)
@@ -81,7 +82,8 @@ class GenerationBatch:
         try:
             with self._scopes[index]:
                 try:
-                    stream = engine.generate(req.prompt_token_ids, req.params, req.request_id, prompt=req.prompt)
+                    stream = engine.generate(req.prompt_token_ids, req.params, req.request_id, prompt=req.prompt,
+                                             priority=req.priority)
                     async with aclosing(stream):
                         async for out in stream:
                             latest = out

@@ -181,7 +181,6 @@ UnbuiltExtras = Mapping[str, tuple[Any, str]]
 _UNBUILT_EXTRAS: UnbuiltExtras = {
     "spaces_between_special_tokens": (True, "spaces_between_special_tokens false is not supported"),
     "logits_processors": (None, "logits_processors are not supported"),
-    "priority": (0, "request priorities are not supported (requests are served first come, first served)"),
     **{name: (None, f"{name} is not supported; constrain the output with response_format (json_schema or "
                     "json_object) or guided_json")
        for name in ("guided_regex", "guided_choice", "guided_grammar", "structural_tag", "structured_outputs")},

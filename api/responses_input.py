@@ -37,6 +37,7 @@ _SAMPLING_EXTRAS = frozenset({
     "seed", "top_k", "min_p", "stop", "stop_token_ids", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "logit_bias", "ignore_eos", "min_tokens", "skip_special_tokens",
     "include_stop_str_in_output", "allowed_token_ids", "bad_words", "truncate_prompt_tokens", "chat_template_kwargs",
+    "priority",
 })
 # Fields that change nothing here (routing, caching and safety hints of OpenAI's service).
 _NO_EFFECT = frozenset({"service_tier", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",

@@ -109,6 +109,7 @@ class SamplingFields(_Open):
     return_tokens_as_token_ids: bool | None = None  # vLLM's: logprobs name tokens "token_id:N" (None: the server's)
     return_token_ids: bool = False  # vLLM's: choices carry their token ids, the response its prompt's
     use_beam_search: bool = False  # vLLM's: n beams (api/beam_search.py)
+    priority: int = Field(0, strict=True)  # vLLM's: lower runs first (--scheduling-policy priority; else only 0)
     length_penalty: float = Field(1.0, allow_inf_nan=False)  # vLLM's: beam scores divided by length ** this
     stream: bool = False
     stream_options: StreamOptions | None = None

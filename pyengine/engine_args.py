@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from candle_vllm.pyengine.scheduler.config import SCHEDULING_POLICIES
+
 KV_CACHE_DTYPES: dict[str, str] = {
     "auto": "auto",
     "fp8": "fp8",
@@ -156,6 +158,7 @@ class EngineArgs:
     prefill_chunk_size: int = 8192
     disable_prefix_cache: bool = False
     prefix_cache_max_tokens: int | None = None
+    scheduling_policy: str = "fcfs"  # vLLM's: "priority" serves requests by their priority, then arrival
     disable_cuda_graph: bool = False
     seed: int | None = None
     # sampling defaults (override generation_config.json)
@@ -188,6 +191,7 @@ class EngineArgs:
         _check_choice("isq", self.isq, ISQ_TYPES)
         _check_choice("load_format", self.load_format, LOAD_FORMATS)
         _check_choice("kvcache_dtype", self.kvcache_dtype, KV_CACHE_DTYPES)
+        _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         _check_number(v, "yarn_scaling_factor", 1.0, lo_open=True)
         if self.hf_overrides is not None and not isinstance(self.hf_overrides, dict):
             raise ValueError(f"hf_overrides (--hf-overrides) must be a JSON object (a dict), got {self.hf_overrides!r}")

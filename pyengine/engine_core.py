@@ -129,7 +129,7 @@ class EngineCore:
             num_blocks=num_blocks, block_size=args.block_size, max_model_len=max_model_len,
             max_num_seqs=args.max_num_seqs, prefill_chunk_size=args.prefill_chunk_size,
             enable_prefix_caching=not args.disable_prefix_cache,
-            prefix_cache_max_tokens=args.prefix_cache_max_tokens,
+            prefix_cache_max_tokens=args.prefix_cache_max_tokens, scheduling_policy=args.scheduling_policy,
         ))
         self.runner = ModelRunner(loaded.model, caches, cfg.vocab_size, device, self.tokenizer.stop_token_ids,
                                   seed=args.seed, grammars=GrammarMatchers(compiler_for(self.tokenizer)))
@@ -149,9 +149,10 @@ class EngineCore:
     # ---- requests --------------------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    prompt: str | None = None) -> None:
-        """Queue a user request (``n`` engine requests sharing the prompt). Raises ``RequestRejected`` or
-        ``ValueError`` when it can never run, before any state changes."""
+                    prompt: str | None = None, priority: int = 0) -> None:
+        """Queue a user request (``n`` engine requests sharing the prompt; ``priority`` as vLLM's, under the
+        priority scheduling policy). Raises ``RequestRejected`` or ``ValueError`` when it can never run, before
+        any state changes."""
         prompt_token_ids, params = self.prepare(prompt_token_ids, params)
         group = RequestGroup(request_id, prompt, list(prompt_token_ids), params)
         requests: list[Request] = []
@@ -160,7 +161,7 @@ class EngineCore:
             requests.append(Request(
                 f"{request_id}#{index}" if params.n > 1 else request_id, group.prompt_token_ids, child,
                 eos_token_ids=self.tokenizer.stop_token_ids,
-                fork_of=requests[0].request_id if index > 0 else None,
+                fork_of=requests[0].request_id if index > 0 else None, priority=priority,
             ))
         added: list[Request] = []
         try:

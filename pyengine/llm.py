@@ -92,17 +92,21 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Generate for each prompt (a string, or ``{"prompt_token_ids": [...]}`` / ``{"prompt": ...}``);
-        ``sampling_params`` is one for all prompts or one per prompt. Outputs keep the prompts' order."""
+        ``sampling_params`` is one for all prompts or one per prompt; ``priority`` one per prompt (vLLM's, lower
+        first, with ``scheduling_policy="priority"``). Outputs keep the prompts' order."""
         if isinstance(prompts, (str, Mapping)):
             prompts = [prompts]
         params = self._params_per_prompt(sampling_params, len(prompts))
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError(f"{len(priority)} priorities for {len(prompts)} prompts")
         requests = []
         for prompt, p in zip(prompts, params, strict=True):
             text, token_ids = self._tokenize(prompt)
             requests.append((text, token_ids, p))
-        return self._run(requests, use_tqdm)
+        return self._run(requests, use_tqdm, priority)
 
     def embed(
         self,
@@ -215,13 +219,15 @@ class LLM:
         fills |= self.engine.args.sampling_defaults()
         return [p.with_settings(**{k: v for k, v in fills.items() if k not in p.explicit_fields}) for p in given]
 
-    def _run(self, requests: list[tuple[str | None, list[int], SamplingParams]], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, requests: list[tuple[str | None, list[int], SamplingParams]], use_tqdm: bool,
+             priority: Sequence[int] | None = None) -> list[RequestOutput]:
         engine = self.engine
         order: dict[str, int] = {}
         try:
-            for text, token_ids, params in requests:
+            for i, (text, token_ids, params) in enumerate(requests):
                 request_id = str(next(self._ids))
-                engine.add_request(request_id, token_ids, params, prompt=text)
+                engine.add_request(request_id, token_ids, params, prompt=text,
+                                   priority=0 if priority is None else priority[i])
                 order[request_id] = len(order)
         except Exception:  # a refused prompt: the ones queued before it must not run in a later call
             for request_id in order:

@@ -89,6 +89,8 @@ class Request:
     last_step: int = -1
     last_step_tokens: int = 0
     arrival_seq: int = field(default_factory=lambda: next(_arrival_counter))
+    # vLLM's request priority (lower runs first) under the "priority" scheduling policy; 0 under "fcfs".
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

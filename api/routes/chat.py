@@ -129,7 +129,7 @@ async def chat_response(state: ServerState, req: ChatCompletionRequest, request_
                                                  _skips_special_tokens(req, tokenizer, setup)))
     top = (req.top_logprobs or 0) if req.logprobs else None
     params = _engine_params(req, state, setup, limit, top)
-    batch, outputs, head = await submit(state, [EngineRequest(request_id, ids, params, text)], req.stream)
+    batch, outputs, head = await submit(state, [EngineRequest(request_id, ids, params, text, req.priority)], req.stream)
     if req.stream:
         return event_stream(batch, stream, head, outputs)
     try:

@@ -96,7 +96,7 @@ async def completions() -> Any:
                                       req.skip_special_tokens)
                               for i, (s, p) in enumerate(zip(searches, prompts, strict=True))])
     params = _engine_params(req, prompts, tokenizer.vocab_size)
-    requests = [EngineRequest(f"{request_id}-{i}", p.ids, ps, p.text or None)
+    requests = [EngineRequest(f"{request_id}-{i}", p.ids, ps, p.text or None, req.priority)
                 for i, (p, ps) in enumerate(zip(prompts, params, strict=True))]
     batch, outputs, head = await submit(state, requests, req.stream)
     if req.stream:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_PREFILL_CHUNK = 8192
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,8 +26,12 @@ class SchedulerConfig:
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
     prefix_cache_max_tokens: int | None = None
+    scheduling_policy: str = "fcfs"  # vLLM's: "fcfs", or "priority" (requests' priority, then arrival)
 
     def __post_init__(self) -> None:
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got "
+                             f"{self.scheduling_policy!r}")
         for name in ("num_blocks", "block_size", "max_model_len", "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -1,5 +1,9 @@
 """Continuous-batching scheduler: one rule (computed tokens catch up with known tokens under a token budget)
-plus policy (decode first, FCFS admission, preemption by recompute, newest first). No tensors, no model.
+plus policy (decode first, admission and preemption by recompute in request order). No tensors, no model.
+
+Request order is arrival (vLLM's "fcfs" policy) or, under the "priority" policy, the requests' ``priority``
+(lower first) then arrival: the queue is kept in that order and the preemption victim is always the last
+request in it, so a request never loses its blocks to one that comes after it.
 
 Pipelining choice: ``schedule()`` advances ``num_computed_tokens`` when it plans tokens, so it can plan step
 N+1 before ``update()`` has applied step N (the executor one step behind). A request whose sample from
@@ -23,6 +27,11 @@ from candle_vllm.pyengine.scheduler.config import SchedulerConfig
 from candle_vllm.pyengine.scheduler.plan import StepPlan
 
 RUNNING = RequestStatus.RUNNING
+
+
+def _order(req: Request) -> tuple[int, int]:
+    """A request's place in request order (its priority is 0 under the fcfs policy)."""
+    return req.priority, req.arrival_seq
 
 
 class RequestRejected(ValueError):
@@ -97,10 +106,13 @@ class Scheduler:
                 f"request needs KV cache for {kv_tokens} tokens (prompt {n_prompt} + max_tokens "
                 f"{req.max_tokens}) but the whole cache holds {capacity} tokens; raise --kv-fraction or "
                 f"--mem, or lower max_tokens")
+        if req.priority != 0 and cfg.scheduling_policy != "priority":
+            raise RequestRejected(f"priority {req.priority} needs the priority scheduling policy (start the server "
+                                  "with --scheduling-policy priority); requests are served first come, first served")
         req.stop_ids = frozenset(sp.stop_token_ids) | (frozenset() if sp.ignore_eos else frozenset(req.eos_token_ids))
         req.status = RequestStatus.WAITING
         self.requests[req.request_id] = req
-        self.waiting.append(req)
+        self._enqueue(req)
 
     def finish(self, request_id: str, reason: FinishReason = FinishReason.STOP,
                stop_reason: int | str | None = None) -> Request | None:
@@ -139,7 +151,7 @@ class Scheduler:
         lists = _StepLists()
         budget = self._budget
         if self._resort_running:
-            self.running = dict(sorted(self.running.items(), key=lambda kv: kv[1].arrival_seq))
+            self.running = dict(sorted(self.running.items(), key=lambda kv: _order(kv[1])))
             self._resort_running = False
         running = list(self.running.values())
         pending_decodes = sum(1 for r in running if r.num_tokens - r.num_computed_tokens <= 1)
@@ -272,8 +284,8 @@ class Scheduler:
         if req.num_preemptions == 0:
             req.num_cached_tokens = computed
             req.first_scheduled_time = time.monotonic()
-        else:
-            self._resort_running = True
+        if req.num_preemptions or self.config.scheduling_policy == "priority":
+            self._resort_running = True  # running requests go in request order
         self.prefix_queried_tokens += req.num_tokens
         self.prefix_hit_tokens += computed
         req.kv_row = row
@@ -304,11 +316,22 @@ class Scheduler:
             lists.sampled.append(req)
 
     def _newest_unscheduled(self, step: int, req: Request) -> Request | None:
-        """The preemption victim for ``req``: the newest running request, newer than ``req``, not planned in
-        this step (planned ones are in the plan already)."""
-        candidates = [r for r in self.running.values()
-                      if r.last_step != step and r.arrival_seq > req.arrival_seq]
-        return max(candidates, key=lambda r: r.arrival_seq, default=None)
+        """The preemption victim for ``req``: the last running request in request order, after ``req``, not
+        planned in this step (planned ones are in the plan already)."""
+        candidates = [r for r in self.running.values() if r.last_step != step and _order(r) > _order(req)]
+        return max(candidates, key=_order, default=None)
+
+    def _enqueue(self, req: Request) -> None:
+        """Queue a new or preempted request: last (a new one) or first (a preempted one, older than any waiting)
+        in arrival order; in its place by priority under the priority policy."""
+        if self.config.scheduling_policy == "priority":
+            key = _order(req)
+            index = next((i for i, other in enumerate(self.waiting) if _order(other) > key), len(self.waiting))
+            self.waiting.insert(index, req)
+        elif req.num_preemptions:
+            self.waiting.appendleft(req)
+        else:
+            self.waiting.append(req)
 
     def _preempt(self, req: Request, lists: _StepLists) -> None:
         """Free a running request's blocks (publishing its computed full blocks) and queue it first; it
@@ -318,7 +341,7 @@ class Scheduler:
         req.num_computed_tokens = req.num_written_tokens = 0
         req.num_preemptions += 1
         del self.running[req.request_id]
-        self.waiting.appendleft(req)
+        self._enqueue(req)
         lists.preempted.append(req.request_id)
 
     def _release_blocks(self, req: Request) -> None:

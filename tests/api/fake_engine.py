@@ -52,6 +52,7 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.seen_params: list[Any] = []
         self.seen_prompts: list[list[int]] = []
+        self.seen_priorities: list[int] = []
         self._vocab = [tokenizer.encode(w, add_special_tokens=False)[0] for w in WORDS if w]
 
     def stats(self) -> FakeStats:
@@ -72,10 +73,11 @@ class FakeEngine:
                 for i, (t, s) in enumerate(zip(cands, scores, strict=True))}
 
     async def generate(self, prompt_token_ids: list[int], params: Any, request_id: str,
-                       prompt: str | None = None) -> AsyncIterator[RequestOutput]:
+                       prompt: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
         if self.reject_over is not None and len(prompt_token_ids) > self.reject_over:
             raise ValueError(f"prompt of {len(prompt_token_ids)} tokens can never fit; raise --kv-fraction or --mem")
         self.seen_params.append(params)
+        self.seen_priorities.append(priority)
         self.seen_prompts.append(list(prompt_token_ids))
         self.running.add(request_id)
         metrics = RequestMetrics()

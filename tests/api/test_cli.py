@@ -69,6 +69,7 @@ EXTRA_FLAGS = [
     "--api-key",
     "--trust-request-chat-template",
     "--return-tokens-as-token-ids",
+    "--scheduling-policy",
     "--load-format",
     "--max-model-len",
     "--seed",
@@ -313,6 +314,8 @@ def test_accepted_flags_reach_the_server_step_with_the_embedded_model(
         "--return-tokens-as-token-ids",
         "--hf-overrides",
         '{"is_matryoshka": true}',
+        "--scheduling-policy",
+        "priority",
     ]
     assert cli.main(argv) == 0
     assert calls["model"] == str(embedded.default_model_path())
@@ -322,7 +325,7 @@ def test_accepted_flags_reach_the_server_step_with_the_embedded_model(
         2.0,
         {"temperature": 0.5},
     )
-    assert got.hf_overrides == {"is_matryoshka": True}
+    assert got.hf_overrides == {"is_matryoshka": True} and got.scheduling_policy == "priority"
     assert (got.kv_fraction, got.block_size) == (None, None)  # the engine resolves them (it knows the device)
     assert (got.resolved(torch.device("cpu")).kv_fraction, got.resolved(torch.device("cpu")).block_size) == (0.4, 32)
     server_args = calls["server_args"]

@@ -244,3 +244,11 @@ def test_return_token_ids_whole_and_streamed(f32_server: ServerThread, f32_model
         [chat.model_extra["prompt_token_ids"]]
     assert [t for ch in chunks for c in ch.choices for t in c.model_extra.get("token_ids") or []] == \
         chat.choices[0].model_extra["token_ids"]
+
+
+def test_priority_under_fcfs_is_a_400_naming_the_flag(f32_server: ServerThread, f32_model: str) -> None:
+    with pytest.raises(openai.BadRequestError, match="--scheduling-policy priority"):
+        f32_server.openai().completions.create(model=f32_model, prompt=PROMPT, max_tokens=1,
+                                               extra_body={"priority": 1})
+    assert f32_server.openai().completions.create(model=f32_model, prompt=PROMPT, max_tokens=1,
+                                                  extra_body={"priority": 0}).choices[0].text is not None

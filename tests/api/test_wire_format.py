@@ -333,3 +333,16 @@ def test_sagemaker_routes_and_load(server: ServerThread) -> None:
         assert answer["object"] == "response" and answer["usage"]["output_tokens"] == 2  # a Responses body
         refused = http.post("/invocations", json={"question": "?"})
         assert refused.status_code == 400 and "messages" in refused.json()["error"]["message"]
+
+
+def test_priority_reaches_the_engine(server: ServerThread) -> None:
+    """vLLM's ``priority`` goes to the engine with each request (the engine's policy decides whether it may be
+    other than 0); a non-integer is a 400."""
+    engine: FakeEngine = server.engine
+    client = server.openai()
+    client.completions.create(model="fake-model", prompt="the cat", max_tokens=1, extra_body={"priority": -3})
+    client.chat.completions.create(model="fake-model", messages=MESSAGES, max_tokens=1, extra_body={"priority": 7})
+    assert engine.seen_priorities[-2:] == [-3, 7]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="fake-model", prompt="x", max_tokens=1, extra_body={"priority": "high"})
+    assert info.value.body["param"] == "priority"

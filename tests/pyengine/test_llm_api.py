@@ -177,3 +177,16 @@ def test_bad_words_keep_a_word_out_of_the_output(llm: LLM) -> None:
     assert out.token_ids != first.token_ids
     for ids in forms:
         assert not any(list(out.token_ids[i:i + len(ids)]) == ids for i in range(len(out.token_ids))), (word, ids)
+
+
+def test_priority_scheduling_serves_lower_priorities_first() -> None:
+    """vLLM's ``scheduling_policy="priority"`` with ``generate(..., priority=[...])``: with one sequence at a
+    time, the requests start in priority order (lower first), not in the order given; under the default fcfs
+    policy a priority is refused, naming the setting."""
+    prompts = ["One", "Two", "Three"]
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    outs = LLM(mem=64, max_num_seqs=1, scheduling_policy="priority").generate(prompts, params, priority=[2, 0, 1])
+    started = [o.metrics.first_scheduled_time or 0.0 for o in outs]
+    assert all(started) and sorted(range(3), key=lambda i: started[i]) == [1, 2, 0]
+    with pytest.raises(ValueError, match="--scheduling-policy priority"):
+        LLM(mem=64).generate(prompts[:1], params, priority=[1])

@@ -60,7 +60,7 @@ class ScriptedEngine(FakeEngine):
         self.requests: list[SeenRequest] = []
 
     async def generate(self, prompt_token_ids: list[int], params: Any, request_id: str,
-                       prompt: str | None = None) -> AsyncIterator[RequestOutput]:
+                       prompt: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
         self.requests.append(SeenRequest(request_id, prompt or "", params))
         self.running.add(request_id)
         count = params.max_tokens if self.repeat else len(self.script_ids)
