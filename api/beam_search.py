@@ -30,7 +30,7 @@ from candle_vllm.pyengine.tokenizer import IncrementalDetokenizer
 # shape. Any other field must keep its default.
 _TAKEN = frozenset({
     "model", "n", "best_of", "temperature", "max_tokens", "max_completion_tokens", "ignore_eos", "length_penalty",
-    "include_stop_str_in_output", "skip_special_tokens", "use_beam_search", "truncate_prompt_tokens", "user",
+    "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens", "use_beam_search", "truncate_prompt_tokens", "user",
     "prompt", "messages", "chat_template", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
     "documents", "enable_thinking", "thinking", "echo", "return_tokens_as_token_ids", "return_token_ids",
     "add_special_tokens", "tool_choice", "parallel_tool_calls",

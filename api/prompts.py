@@ -179,7 +179,6 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
 # and ignored.
 UnbuiltExtras = Mapping[str, tuple[Any, str]]
 _UNBUILT_EXTRAS: UnbuiltExtras = {
-    "spaces_between_special_tokens": (True, "spaces_between_special_tokens false is not supported"),
     "logits_processors": (None, "logits_processors are not supported"),
     **{name: (None, f"{name} is not supported; constrain the output with response_format (json_schema or "
                     "json_object) or guided_json")
@@ -214,6 +213,7 @@ def sampling_params(req: SamplingFields, max_tokens: int | None, vocab_size: int
             allowed_token_ids=req.allowed_token_ids, bad_words=req.bad_words,
             max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             skip_special_tokens=req.skip_special_tokens, include_stop_str_in_output=req.include_stop_str_in_output,
+            spaces_between_special_tokens=req.spaces_between_special_tokens,
             structured_output=structured_output_params(req),
         )
         params.check_vocab(vocab_size)

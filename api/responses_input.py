@@ -35,7 +35,7 @@ _REFUSED = {
 # fields -- n, logprobs, echo, messages... -- would be taken and then lost in the one-message answer).
 _SAMPLING_EXTRAS = frozenset({
     "seed", "top_k", "min_p", "stop", "stop_token_ids", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "logit_bias", "ignore_eos", "min_tokens", "skip_special_tokens",
+    "repetition_penalty", "logit_bias", "ignore_eos", "min_tokens", "skip_special_tokens", "spaces_between_special_tokens",
     "include_stop_str_in_output", "allowed_token_ids", "bad_words", "truncate_prompt_tokens", "chat_template_kwargs",
     "priority",
 })

@@ -103,6 +103,8 @@ class SamplingFields(_Open):
     min_tokens: int = Field(0, ge=0)
     max_tokens: int | None = Field(None, ge=1)
     skip_special_tokens: bool = True
+    # vLLM's; as in vLLM's detokenizer for fast tokenizers (the only kind here), no effect on the text
+    spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     truncate_prompt_tokens: int | None = Field(None, ge=-1, strict=True)  # vLLM's: keep the prompt's last k tokens
     prompt_logprobs: int | None = Field(None, ge=-1, strict=True)  # vLLM's: each prompt token's logprob and top k

@@ -252,3 +252,16 @@ def test_priority_under_fcfs_is_a_400_naming_the_flag(f32_server: ServerThread, 
                                                extra_body={"priority": 1})
     assert f32_server.openai().completions.create(model=f32_model, prompt=PROMPT, max_tokens=1,
                                                   extra_body={"priority": 0}).choices[0].text is not None
+
+
+def test_spaces_between_special_tokens_is_taken_and_changes_nothing(f32_server: ServerThread, f32_model: str) -> None:
+    """As vLLM's detokenizer for fast tokenizers: special tokens in the text (kept by skip_special_tokens false,
+    generated past the end token) read the same whether spaces between them are asked for or not."""
+    texts = []
+    for spaces in (True, False):
+        reply = f32_server.openai().completions.create(
+            model=f32_model, prompt=PROMPT, max_tokens=24, temperature=0,
+            extra_body={"spaces_between_special_tokens": spaces, "skip_special_tokens": False, "ignore_eos": True,
+                        "logit_bias": {"2": 100}})  # token 2 (<|im_end|>) every step: special tokens side by side
+        texts.append(reply.choices[0].text)
+    assert texts[0] == texts[1] and texts[0].count("<|im_end|>") >= 2

@@ -199,8 +199,7 @@ def test_error_answer_waits_for_the_body_so_the_connection_stays_usable(server: 
     assert first.startswith(b"415") and second.startswith(b"200")
 
 
-UNBUILT_EXTRAS = [("length_penalty", 0.5), ("spaces_between_special_tokens", False),
-                  ("logits_processors", ["x"])]
+UNBUILT_EXTRAS = [("length_penalty", 0.5), ("logits_processors", ["x"])]
 
 
 @pytest.mark.parametrize(("field", "value"), UNBUILT_EXTRAS)
