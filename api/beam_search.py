@@ -21,8 +21,7 @@ from candle_vllm.api.prompts import refuse_unbuilt_extras
 from candle_vllm.api.routes.common import admit, collect
 from candle_vllm.api.schemas import SamplingFields
 from candle_vllm.api.state import ServerState
-from candle_vllm.pyengine.beam_search import BeamSearch, BeamSearchParams
-from candle_vllm.pyengine.llm import first_token_logprobs
+from candle_vllm.pyengine.beam_search import BeamSearch, BeamSearchParams, first_token_logprobs
 from candle_vllm.pyengine.outputs import CompletionOutput, RequestOutput
 from candle_vllm.pyengine.tokenizer import IncrementalDetokenizer
 
@@ -105,32 +104,29 @@ class BeamSearchRun:
             search.advance([first_token_logprobs(out) for out in outs if out is not None])
 
 
-def beam_outputs(search: BeamSearch, request_id: str, prompt: str | None) -> RequestOutput:
-    """The best beams of a finished search as the choices of one ``RequestOutput`` (text to fill by the
-    caller's decoding): token ids as vLLM's server gives them (a final stop token included), the tokens to show
-    in ``text_delta``'s place by :func:`token_by_token`."""
-    choices = [CompletionOutput(index=i, token_ids=seq.tokens[search.prompt_len:], finish_reason=seq.finish_reason,
-                                stop_reason=seq.stop_reason, token_ids_delta=search.shown_tokens(seq),
-                                cumulative_logprob=seq.cum_logprob)
-               for i, seq in enumerate(search.best().sequences)]
-    return RequestOutput(request_id, prompt, search.prompt_token_ids, choices, finished=True)
+def beam_outputs(search: BeamSearch, request_id: str, prompt: str | None, tokenizer: Any,
+                 skip_special_tokens: bool) -> tuple[RequestOutput, list[list[int]]]:
+    """The best beams of a finished search as the choices of one ``RequestOutput``, with the tokens each choice
+    shows. Token ids are as vLLM's server gives them (a final stop token included); the text is the shown
+    tokens decoded (:meth:`BeamSearch.shown_tokens`)."""
+    best = search.best().sequences
+    shown = [search.shown_tokens(seq) for seq in best]
+    choices = []
+    for i, (seq, ids) in enumerate(zip(best, shown, strict=True)):
+        text = tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        tokens = seq.tokens[search.prompt_len:]
+        choices.append(CompletionOutput(index=i, text=text, token_ids=tokens, finish_reason=seq.finish_reason,
+                                        stop_reason=seq.stop_reason, text_delta=text, token_ids_delta=tokens,
+                                        cumulative_logprob=seq.cum_logprob))
+    return RequestOutput(request_id, prompt, search.prompt_token_ids, choices, finished=True), shown
 
 
-def decoded(out: RequestOutput, tokenizer: Any, skip_special_tokens: bool) -> RequestOutput:
-    """``out`` with each choice's text: its shown tokens decoded."""
-    for c in out.outputs:
-        c.text = c.text_delta = tokenizer.decode(c.token_ids_delta, skip_special_tokens=skip_special_tokens)
-        c.token_ids_delta = list(c.token_ids)
-    return out
-
-
-async def token_by_token(out: RequestOutput, tokenizer: Any, skip_special_tokens: bool,
+async def token_by_token(out: RequestOutput, shown: list[list[int]], tokenizer: Any, skip_special_tokens: bool,
                          ) -> AsyncIterator[tuple[int, RequestOutput]]:
     """The beams as the engine would have streamed them: an output per token, each choice's text growing by
     incremental detokenization, so the chat pipeline splits reasoning, counts its tokens and parses tool calls
     as it does for sampled output."""
     detoks = [IncrementalDetokenizer(tokenizer, out.prompt_token_ids, skip_special_tokens) for _ in out.outputs]
-    shown = [c.token_ids_delta for c in out.outputs]
     for k in range(max(len(c.token_ids) for c in out.outputs)):
         step = []
         for c, detok, ids in zip(out.outputs, detoks, shown, strict=True):

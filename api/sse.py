@@ -8,6 +8,8 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from typing import Any
 
+from candle_vllm.api.errors import APIError
+
 DONE = b"data: [DONE]\n\n"
 PING = b": ping\n\n"
 HEADERS = {
@@ -48,7 +50,7 @@ class EventStream(ABC):
     def _usage(self) -> dict[str, Any]:
         """The request's usage object so far."""
 
-    def error_events(self, error: Any) -> list[bytes]:
+    def error_events(self, error: APIError) -> list[bytes]:
         """An error after the stream started (an ``APIError``): its OpenAI error body as an event, then
         ``[DONE]``."""
         return [event(error.body()), DONE]

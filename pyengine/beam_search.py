@@ -16,7 +16,7 @@ import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from candle_vllm.pyengine.outputs import TokenLogprobs
+from candle_vllm.pyengine.outputs import RequestOutput, TokenLogprobs
 from candle_vllm.pyengine.sampling.params import MAX_LOGPROBS, SamplingParams
 
 # Each step asks the engine for 2 * beam_width candidates per beam, within the logprobs cap (as vLLM's max_logprobs).
@@ -133,3 +133,11 @@ class BeamSearch:
         if seq.finish_reason == "stop" and not self.params.include_stop_str_in_output:
             end -= 1
         return seq.tokens[self.prompt_len : end]
+
+
+def first_token_logprobs(out: RequestOutput) -> TokenLogprobs:
+    """The logprobs entry of a one-token request's token (a beam search step's candidates)."""
+    entries = out.outputs[0].logprobs if out.outputs else None
+    if not entries:
+        raise RuntimeError(f"request {out.request_id} finished without the logprobs of its token")
+    return entries[0]

@@ -11,11 +11,16 @@ from typing import Any, TypedDict, cast
 
 from tqdm import tqdm
 
-from candle_vllm.pyengine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
+from candle_vllm.pyengine.beam_search import (
+    BeamSearch,
+    BeamSearchOutput,
+    BeamSearchParams,
+    first_token_logprobs,
+)
 from candle_vllm.pyengine.engine_args import EngineArgs
 from candle_vllm.pyengine.engine_core import EngineCore
 from candle_vllm.pyengine.loader.pooling import truncated
-from candle_vllm.pyengine.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput, TokenLogprobs
+from candle_vllm.pyengine.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from candle_vllm.pyengine.pooling_params import PoolingParams, embedding_keep
 from candle_vllm.pyengine.sampling import SamplingDefaults, SamplingParams
 from candle_vllm.pyengine.tokenizer import Tokenizer
@@ -250,10 +255,3 @@ class LLM:
             bar.close()
         return [r for r in results if r is not None]
 
-
-def first_token_logprobs(out: RequestOutput) -> TokenLogprobs:
-    """The logprobs entry of a one-token request's token (a beam search step's candidates)."""
-    entries = out.outputs[0].logprobs if out.outputs else None
-    if not entries:
-        raise RuntimeError(f"request {out.request_id} finished without the logprobs of its token")
-    return entries[0]

@@ -125,8 +125,9 @@ async def chat_response(state: ServerState, req: ChatCompletionRequest, request_
     if req.use_beam_search:
         beams = beam_search_params(req, limit or state.token_limits.max_model_len - len(ids))
         [search] = await BeamSearchRun(state, request_id).run([ids], [beams])
-        return await stream.whole(token_by_token(beam_outputs(search, request_id, text), tokenizer,
-                                                 _skips_special_tokens(req, tokenizer, setup)))
+        skip = _skips_special_tokens(req, tokenizer, setup)
+        out, shown = beam_outputs(search, request_id, text, tokenizer, skip)
+        return await stream.whole(token_by_token(out, shown, tokenizer, skip))
     top = (req.top_logprobs or 0) if req.logprobs else None
     params = _engine_params(req, state, setup, limit, top)
     batch, outputs, head = await submit(state, [EngineRequest(request_id, ids, params, text, req.priority)], req.stream)

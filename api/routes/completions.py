@@ -14,7 +14,7 @@ from typing import Any
 from quart import Blueprint
 
 from candle_vllm.api import sse
-from candle_vllm.api.beam_search import BeamSearchRun, beam_outputs, beam_search_params, decoded
+from candle_vllm.api.beam_search import BeamSearchRun, beam_outputs, beam_search_params
 from candle_vllm.api.generation import EngineRequest, KeepAlive
 from candle_vllm.api.limits import TokenLimits
 from candle_vllm.api.logprobs import CompletionLogprobs, prompt_logprobs_json
@@ -92,8 +92,8 @@ async def completions() -> Any:
         context = state.token_limits.max_model_len
         searches = await BeamSearchRun(state, request_id).run(
             [p.ids for p in prompts], [beam_search_params(req, p.max_tokens or context - len(p.ids)) for p in prompts])
-        return view.response([decoded(beam_outputs(s, f"{request_id}-{i}", p.text or None), tokenizer,
-                                      req.skip_special_tokens)
+        return view.response([beam_outputs(s, f"{request_id}-{i}", p.text or None, tokenizer,
+                                           req.skip_special_tokens)[0]
                               for i, (s, p) in enumerate(zip(searches, prompts, strict=True))])
     params = _engine_params(req, prompts, tokenizer.vocab_size)
     requests = [EngineRequest(f"{request_id}-{i}", p.ids, ps, p.text or None, req.priority)

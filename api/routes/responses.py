@@ -201,7 +201,7 @@ class ResponsesStream(ChatStream):
         self.final = self.shape.body(self.items, _usage(self._usage()), self.finish)
         yield self._event(f"response.{self.final['status']}", response=self.final)
 
-    def error_events(self, error: Any) -> list[bytes]:
+    def error_events(self, error: APIError) -> list[bytes]:
         """An error after the stream started ends it as ``response.failed``, the items so far included."""
         body = self.shape.body(self.items, None, "abort")
         body["error"] = {"code": "server_error" if error.status >= 500 else "invalid_prompt", "message": error.message}
