@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <unordered_set>
+#include <vector>
 
 #include "bindings/tensor_arg.h"
 
@@ -98,7 +100,82 @@ inline bool pdl_enabled() {
   return enabled;
 }
 
-// Launches `kernel` as a programmatic dependent of the previous work on `stream` (see pdl_wait).
+// CANDLE_VLLM_PDL_LAUNCH_ORDER=0 keeps the programmatic port on edges from kernels that are not ours (PdlCapture).
+inline bool launch_order_edges_enabled() {
+  static const bool enabled = env_switch_on("CANDLE_VLLM_PDL_LAUNCH_ORDER");
+  return enabled;
+}
+
+// Graph capture of launch_pdl's kernels. The kernels it captures are remembered per capture sequence; when the next
+// one's only predecessors are kernels that are not ours (cuBLASLt's GEMMs, torch's), those never trigger their
+// dependents, so the programmatic edge launch_pdl's attribute makes would fire only at their end and our grid would
+// pay its launch after their drain. Its edges then come from their launch-completion port instead: our grid
+// launches once theirs is wholly resident and waits on the SMs (pdl_wait, which still waits for their end and their
+// writes). Measured on an H100 (RESULTS.md, session 47): bf16 batch-64 decode +1.1 % (the RoPE + cache kernel
+// after qkv_proj's GEMM and the SiLU after gate_up's), batch 1 even.
+class PdlCapture {
+ public:
+  enum class Edges { kNotCapturing, kProgrammatic, kLaunchOrder };
+
+  // The edges the next node captured on `stream` will take. kLaunchOrder: they were set from the launch-completion
+  // port, and the kernel must be launched without the programmatic attribute, which would replace them.
+  Edges prepare(cudaStream_t stream, bool launch_order) {
+    const cudaGraphNode_t* deps = nullptr;
+    const cudaGraphEdgeData* data = nullptr;
+    size_t n = 0;
+    if (!capturing(stream, &deps, &data, &n)) return Edges::kNotCapturing;
+    if (!launch_order || n == 0) return Edges::kProgrammatic;
+    for (size_t i = 0; i < n; ++i) {
+      cudaGraphNodeType type;
+      if (cudaGraphNodeGetType(deps[i], &type) != cudaSuccess || type != cudaGraphNodeTypeKernel ||
+          (data != nullptr && data[i].type != cudaGraphDependencyTypeDefault) || ours_.count(deps[i]) != 0)
+        return Edges::kProgrammatic;
+    }
+    std::vector<cudaGraphNode_t> nodes(deps, deps + n);
+    cudaGraphEdgeData edge = {};
+    edge.from_port = cudaGraphKernelNodePortLaunchCompletion;
+    edge.type = cudaGraphDependencyTypeProgrammatic;
+    std::vector<cudaGraphEdgeData> edges(n, edge);
+    check_cuda(cudaStreamUpdateCaptureDependencies(stream, nodes.data(), edges.data(), n,
+                                                   cudaStreamSetCaptureDependencies),
+               "launch-completion edges");
+    return Edges::kLaunchOrder;
+  }
+
+  // Called after a launch captured on `stream`: remembers its node as ours.
+  void remember_launch(cudaStream_t stream) {
+    const cudaGraphNode_t* deps = nullptr;
+    const cudaGraphEdgeData* data = nullptr;
+    size_t n = 0;
+    if (capturing(stream, &deps, &data, &n) && n == 1) ours_.insert(deps[0]);
+  }
+
+ private:
+  bool capturing(cudaStream_t stream, const cudaGraphNode_t** deps, const cudaGraphEdgeData** data, size_t* n) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    if (cudaStreamGetCaptureInfo(stream, &status, &id, nullptr, deps, data, n) != cudaSuccess) {
+      (void)cudaGetLastError();  // a failed query must not surface in the next launch's check
+      return false;
+    }
+    if (status != cudaStreamCaptureStatusActive) return false;
+    if (id != capture_) {  // a new capture sequence: the nodes remembered belong to a finished graph
+      capture_ = id;
+      ours_.clear();
+    }
+    return true;
+  }
+
+  unsigned long long capture_ = 0;
+  std::unordered_set<cudaGraphNode_t> ours_;
+};
+
+inline PdlCapture& pdl_capture() {
+  thread_local PdlCapture capture;
+  return capture;
+}
+
+// Launches `kernel` as a programmatic dependent of the previous work on `stream` (see pdl_wait and PdlCapture).
 template <typename... Params, typename... Args>
 inline void launch_pdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                        cudaStream_t stream, Args&&... args) {
@@ -111,8 +188,12 @@ inline void launch_pdl(const char* what, void (*kernel)(Params...), dim3 grid, d
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  using Edges = PdlCapture::Edges;
+  const bool pdl = pdl_enabled();
+  const Edges edges = pdl ? pdl_capture().prepare(stream, launch_order_edges_enabled()) : Edges::kNotCapturing;
+  cfg.numAttrs = pdl && edges != Edges::kLaunchOrder ? 1 : 0;
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...), what);
+  if (edges != Edges::kNotCapturing) pdl_capture().remember_launch(stream);
 }
 
 // True when every pointer allows 16-byte vector access.

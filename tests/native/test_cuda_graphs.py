@@ -3,6 +3,7 @@ padding rows that leave the cache untouched, and greedy generation with graphs e
 
 from __future__ import annotations
 
+import ctypes
 import json
 import random
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from _cuda_helpers import rel_error
+from _cuda_helpers import gemm_case, rel_error
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from candle_vllm import LLM, SamplingParams
@@ -104,6 +105,59 @@ def test_replayed_logits_equal_eager_logits() -> None:
             keep[flat_slots] = False
             assert torch.equal(old_flat[:, keep], new_flat[:, keep])
             assert not torch.equal(old_flat[:, flat_slots], new_flat[:, flat_slots])
+
+
+LAUNCH_COMPLETION_PORT = 2  # cudaGraphKernelNodePortLaunchCompletion
+
+
+class _EdgeData(ctypes.Structure):
+    _fields_ = [("from_port", ctypes.c_ubyte), ("to_port", ctypes.c_ubyte), ("type", ctypes.c_ubyte),
+                ("reserved", ctypes.c_ubyte * 5)]
+
+
+def _edge_ports(graph: int) -> list[int]:
+    """Every edge's outgoing port in a captured (not yet instantiated) CUDA graph, read through the runtime torch
+    loaded (CUDA 13's cudaGraphGetEdges, which returns the edges' data)."""
+    major = str(torch.version.cuda).split(".")[0]
+    rt = ctypes.CDLL(f"libcudart.so.{major}")
+    n = ctypes.c_size_t(0)
+    assert rt.cudaGraphGetEdges(ctypes.c_void_p(graph), None, None, None, ctypes.byref(n)) == 0
+    nodes, data = (ctypes.c_void_p * n.value)(), (_EdgeData * n.value)()
+    assert rt.cudaGraphGetEdges(ctypes.c_void_p(graph), nodes, (ctypes.c_void_p * n.value)(), data,
+                                ctypes.byref(n)) == 0
+    return [e.from_port for e in data]
+
+
+@pytest.mark.cuda
+def test_kernel_after_cublas_gemm_waits_for_it() -> None:
+    """Captured after a cuBLAS GEMM (which never triggers its dependents), our kernel takes an edge from the
+    GEMM's launch-completion port (cuda/common.cuh: PdlCapture): it launches while the GEMM runs, so it must still
+    wait for the GEMM's output. The GEMM's output is NaN before every replay, and the GEMM runs ~1 ms."""
+    if not cuda.available(DEV):
+        pytest.fail("candle_vllm._native was built without CUDA kernels")
+    x, w = gemm_case(4096, 8192, 8192, torch.bfloat16, seed=11)
+    mid = torch.empty(4096, 8192, device=DEV, dtype=torch.bfloat16)
+
+    def step() -> torch.Tensor:
+        torch.mm(x, w.t(), out=mid)
+        out = cuda.silu_and_mul(mid)
+        assert isinstance(out, torch.Tensor)
+        return out
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(graph):
+        got = step()
+    assert LAUNCH_COMPLETION_PORT in _edge_ports(graph.raw_cuda_graph())
+    graph.instantiate()
+    ref = (x.float() @ w.float().t()).to(torch.bfloat16).float()
+    want = torch.nn.functional.silu(ref[:, :4096]) * ref[:, 4096:]
+    for _ in range(5):
+        mid.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_error(got, want) < 2e-2
 
 
 def _model_dir(path: Path) -> Path:
