@@ -12,7 +12,6 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
-#include <vector>
 
 #include "bindings/tensor_arg.h"
 
@@ -107,39 +106,48 @@ inline bool launch_order_edges_enabled() {
 }
 
 // Graph capture of launch_pdl's kernels. The kernels it captures are remembered per capture sequence; when the next
-// one's only predecessors are kernels that are not ours (cuBLASLt's GEMMs, torch's), those never trigger their
-// dependents, so the programmatic edge launch_pdl's attribute makes would fire only at their end and our grid would
-// pay its launch after their drain. Its edges then come from their launch-completion port instead: our grid
-// launches once theirs is wholly resident and waits on the SMs (pdl_wait, which still waits for their end and their
-// writes). Measured on an H100 (RESULTS.md, session 47): bf16 batch-64 decode +1.1 % (the RoPE + cache kernel
-// after qkv_proj's GEMM and the SiLU after gate_up's), batch 1 even.
+// one's only predecessor is a kernel that is not ours (cuBLASLt's GEMMs, torch's), that kernel never triggers its
+// dependents, so the programmatic edge launch_pdl's attribute makes would fire only at its end and our grid would
+// pay its launch after its drain. The edge then comes from its launch-completion port instead: our grid launches
+// once the other is wholly resident and waits on the SMs (pdl_wait, which still waits for its end and its writes).
+// So a kernel launched this way, and any our kernels it lets start early, run their pre-wait part while the other
+// kernel still runs: pdl_wait's contract above is what keeps them correct. Only for kernels built for sm_90 or later
+// (before it pdl_wait is a no-op). Measured on an H100 (RESULTS.md, session 47): bf16 batch-64 decode +1.1 % (the
+// RoPE + cache kernel after qkv_proj's GEMM and the SiLU after gate_up's), batch 1 even.
 class PdlCapture {
  public:
   enum class Edges { kNotCapturing, kProgrammatic, kLaunchOrder };
 
-  // The edges the next node captured on `stream` will take. kLaunchOrder: they were set from the launch-completion
-  // port, and the kernel must be launched without the programmatic attribute, which would replace them.
-  Edges prepare(cudaStream_t stream, bool launch_order) {
+  // The edge the next node captured on `stream` will take. kLaunchOrder: it was set from the launch-completion port,
+  // and `kernel` must be launched without the programmatic attribute, which would replace it (and, should the launch
+  // fail, restore() puts the dependency back as it was).
+  Edges prepare(cudaStream_t stream, const void* kernel, bool launch_order) {
     const cudaGraphNode_t* deps = nullptr;
     const cudaGraphEdgeData* data = nullptr;
     size_t n = 0;
     if (!capturing(stream, &deps, &data, &n)) return Edges::kNotCapturing;
-    if (!launch_order || n == 0) return Edges::kProgrammatic;
-    for (size_t i = 0; i < n; ++i) {
-      cudaGraphNodeType type;
-      if (cudaGraphNodeGetType(deps[i], &type) != cudaSuccess || type != cudaGraphNodeTypeKernel ||
-          (data != nullptr && data[i].type != cudaGraphDependencyTypeDefault) || ours_.count(deps[i]) != 0)
-        return Edges::kProgrammatic;
+    if (!launch_order || n != 1 || ours_.count(deps[0]) != 0 ||
+        (data != nullptr && data[0].type != cudaGraphDependencyTypeDefault))
+      return Edges::kProgrammatic;
+    cudaGraphNodeType type;
+    cudaFuncAttributes attrs;
+    if (cudaGraphNodeGetType(deps[0], &type) != cudaSuccess || type != cudaGraphNodeTypeKernel ||
+        cudaFuncGetAttributes(&attrs, kernel) != cudaSuccess || attrs.binaryVersion < 90) {
+      (void)cudaGetLastError();  // a failed query must not surface in the next launch's check
+      return Edges::kProgrammatic;
     }
-    std::vector<cudaGraphNode_t> nodes(deps, deps + n);
+    saved_node_ = deps[0];
+    saved_edge_ = data != nullptr ? data[0] : cudaGraphEdgeData{};
     cudaGraphEdgeData edge = {};
     edge.from_port = cudaGraphKernelNodePortLaunchCompletion;
     edge.type = cudaGraphDependencyTypeProgrammatic;
-    std::vector<cudaGraphEdgeData> edges(n, edge);
-    check_cuda(cudaStreamUpdateCaptureDependencies(stream, nodes.data(), edges.data(), n,
-                                                   cudaStreamSetCaptureDependencies),
-               "launch-completion edges");
+    check_cuda(set_dependency(stream, edge), "launch_pdl: capture dependencies");
     return Edges::kLaunchOrder;
+  }
+
+  // After a launch that failed following prepare()'s kLaunchOrder: the next node takes the original edge again.
+  void restore(cudaStream_t stream) {
+    if (set_dependency(stream, saved_edge_) != cudaSuccess) (void)cudaGetLastError();  // the launch's error goes first
   }
 
   // Called after a launch captured on `stream`: remembers its node as ours.
@@ -154,8 +162,13 @@ class PdlCapture {
   bool capturing(cudaStream_t stream, const cudaGraphNode_t** deps, const cudaGraphEdgeData** data, size_t* n) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     unsigned long long id = 0;
-    if (cudaStreamGetCaptureInfo(stream, &status, &id, nullptr, deps, data, n) != cudaSuccess) {
-      (void)cudaGetLastError();  // a failed query must not surface in the next launch's check
+#if CUDART_VERSION >= 13000
+    const cudaError_t err = cudaStreamGetCaptureInfo(stream, &status, &id, nullptr, deps, data, n);
+#else
+    const cudaError_t err = cudaStreamGetCaptureInfo_v3(stream, &status, &id, nullptr, deps, data, n);
+#endif
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
       return false;
     }
     if (status != cudaStreamCaptureStatusActive) return false;
@@ -166,8 +179,19 @@ class PdlCapture {
     return true;
   }
 
+  // The next captured node's only dependency: saved_node_, over `edge`.
+  cudaError_t set_dependency(cudaStream_t stream, cudaGraphEdgeData edge) {
+#if CUDART_VERSION >= 13000
+    return cudaStreamUpdateCaptureDependencies(stream, &saved_node_, &edge, 1, cudaStreamSetCaptureDependencies);
+#else
+    return cudaStreamUpdateCaptureDependencies_v2(stream, &saved_node_, &edge, 1, cudaStreamSetCaptureDependencies);
+#endif
+  }
+
   unsigned long long capture_ = 0;
   std::unordered_set<cudaGraphNode_t> ours_;
+  cudaGraphNode_t saved_node_ = nullptr;
+  cudaGraphEdgeData saved_edge_ = {};
 };
 
 inline PdlCapture& pdl_capture() {
@@ -190,9 +214,13 @@ inline void launch_pdl(const char* what, void (*kernel)(Params...), dim3 grid, d
   cfg.attrs = attr;
   using Edges = PdlCapture::Edges;
   const bool pdl = pdl_enabled();
-  const Edges edges = pdl ? pdl_capture().prepare(stream, launch_order_edges_enabled()) : Edges::kNotCapturing;
+  const Edges edges = pdl ? pdl_capture().prepare(stream, reinterpret_cast<const void*>(kernel),
+                                                  launch_order_edges_enabled())
+                          : Edges::kNotCapturing;
   cfg.numAttrs = pdl && edges != Edges::kLaunchOrder ? 1 : 0;
-  check_cuda(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...), what);
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+  if (err != cudaSuccess && edges == Edges::kLaunchOrder) pdl_capture().restore(stream);
+  check_cuda(err, what);
   if (edges != Edges::kNotCapturing) pdl_capture().remember_launch(stream);
 }
 

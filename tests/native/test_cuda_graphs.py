@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -107,7 +108,7 @@ def test_replayed_logits_equal_eager_logits() -> None:
             assert not torch.equal(old_flat[:, flat_slots], new_flat[:, flat_slots])
 
 
-LAUNCH_COMPLETION_PORT = 2  # cudaGraphKernelNodePortLaunchCompletion
+LAUNCH_COMPLETION_PORT, PROGRAMMATIC_EDGE = 2, 1  # cudaGraphKernelNodePortLaunchCompletion, ...DependencyTypeProgrammatic
 
 
 class _EdgeData(ctypes.Structure):
@@ -115,26 +116,37 @@ class _EdgeData(ctypes.Structure):
                 ("reserved", ctypes.c_ubyte * 5)]
 
 
-def _edge_ports(graph: int) -> list[int]:
-    """Every edge's outgoing port in a captured (not yet instantiated) CUDA graph, read through the runtime torch
-    loaded (CUDA 13's cudaGraphGetEdges, which returns the edges' data)."""
+def _edges(graph: int) -> list[tuple[int, int]]:
+    """Every edge's (outgoing port, type) in a captured, not yet instantiated CUDA graph, read through the CUDA 13
+    runtime torch loaded (its cudaGraphGetEdges returns the edges' data)."""
     major = str(torch.version.cuda).split(".")[0]
-    rt = ctypes.CDLL(f"libcudart.so.{major}")
+    if int(major) < 13:
+        pytest.skip(f"reads the graph's edges through CUDA 13's cudaGraphGetEdges; torch runs CUDA {major}")
+    try:
+        rt = ctypes.CDLL(f"libcudart.so.{major}")
+    except OSError as err:
+        pytest.fail(f"torch's CUDA runtime (libcudart.so.{major}) could not be opened: {err}")
+    get = rt.cudaGraphGetEdges
+    get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
+    get.restype = ctypes.c_int
     n = ctypes.c_size_t(0)
-    assert rt.cudaGraphGetEdges(ctypes.c_void_p(graph), None, None, None, ctypes.byref(n)) == 0
-    nodes, data = (ctypes.c_void_p * n.value)(), (_EdgeData * n.value)()
-    assert rt.cudaGraphGetEdges(ctypes.c_void_p(graph), nodes, (ctypes.c_void_p * n.value)(), data,
-                                ctypes.byref(n)) == 0
-    return [e.from_port for e in data]
+    assert get(graph, None, None, None, ctypes.byref(n)) == 0
+    src, dst, data = (ctypes.c_void_p * n.value)(), (ctypes.c_void_p * n.value)(), (_EdgeData * n.value)()
+    assert get(graph, src, dst, data, ctypes.byref(n)) == 0
+    return [(e.from_port, e.type) for e in data]
 
 
 @pytest.mark.cuda
 def test_kernel_after_cublas_gemm_waits_for_it() -> None:
-    """Captured after a cuBLAS GEMM (which never triggers its dependents), our kernel takes an edge from the
-    GEMM's launch-completion port (cuda/common.cuh: PdlCapture): it launches while the GEMM runs, so it must still
-    wait for the GEMM's output. The GEMM's output is NaN before every replay, and the GEMM runs ~1 ms."""
+    """Captured after a cuBLAS GEMM (which never triggers its dependents), our kernel takes a programmatic edge from
+    the GEMM's launch-completion port (cuda/common.cuh: PdlCapture): it launches while the GEMM runs, so it must
+    still wait for the GEMM's output. The GEMM's output is NaN before every replay, and the GEMM runs ~1 ms."""
     if not cuda.available(DEV):
         pytest.fail("candle_vllm._native was built without CUDA kernels")
+    if torch.cuda.get_device_capability(DEV)[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90 or later")
+    if "0" in (os.environ.get("CANDLE_VLLM_PDL"), os.environ.get("CANDLE_VLLM_PDL_LAUNCH_ORDER")):
+        pytest.skip("launch-completion edges switched off by the environment")
     x, w = gemm_case(4096, 8192, 8192, torch.bfloat16, seed=11)
     mid = torch.empty(4096, 8192, device=DEV, dtype=torch.bfloat16)
 
@@ -149,7 +161,7 @@ def test_kernel_after_cublas_gemm_waits_for_it() -> None:
     graph = torch.cuda.CUDAGraph(keep_graph=True)
     with torch.cuda.graph(graph):
         got = step()
-    assert LAUNCH_COMPLETION_PORT in _edge_ports(graph.raw_cuda_graph())
+    assert (LAUNCH_COMPLETION_PORT, PROGRAMMATIC_EDGE) in _edges(graph.raw_cuda_graph())
     graph.instantiate()
     ref = (x.float() @ w.float().t()).to(torch.bfloat16).float()
     want = torch.nn.functional.silu(ref[:, :4096]) * ref[:, 4096:]
