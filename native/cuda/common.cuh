@@ -121,12 +121,12 @@ class PdlCapture {
   // The edge the next node captured on `stream` will take. kLaunchOrder: it was set from the launch-completion port,
   // and `kernel` must be launched without the programmatic attribute, which would replace it (and, should the launch
   // fail, restore() puts the dependency back as it was).
-  Edges prepare(cudaStream_t stream, const void* kernel, bool launch_order) {
+  Edges prepare(cudaStream_t stream, const void* kernel) {
     const cudaGraphNode_t* deps = nullptr;
     const cudaGraphEdgeData* data = nullptr;
     size_t n = 0;
     if (!capturing(stream, &deps, &data, &n)) return Edges::kNotCapturing;
-    if (!launch_order || n != 1 || ours_.count(deps[0]) != 0 ||
+    if (n != 1 || ours_.count(deps[0]) != 0 ||
         (data != nullptr && data[0].type != cudaGraphDependencyTypeDefault))
       return Edges::kProgrammatic;
     cudaGraphNodeType type;
@@ -214,8 +214,8 @@ inline void launch_pdl(const char* what, void (*kernel)(Params...), dim3 grid, d
   cfg.attrs = attr;
   using Edges = PdlCapture::Edges;
   const bool pdl = pdl_enabled();
-  const Edges edges = pdl ? pdl_capture().prepare(stream, reinterpret_cast<const void*>(kernel),
-                                                  launch_order_edges_enabled())
+  const Edges edges = pdl && launch_order_edges_enabled()
+                          ? pdl_capture().prepare(stream, reinterpret_cast<const void*>(kernel))
                           : Edges::kNotCapturing;
   cfg.numAttrs = pdl && edges != Edges::kLaunchOrder ? 1 : 0;
   const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
