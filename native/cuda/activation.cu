@@ -18,20 +18,23 @@ __global__ void silu_and_mul_kernel(T* __restrict__ out, const T* x, int8_t* __r
                                     const DeferredNorm norm) {  // x: not the read-only path (PDL)
   using Vt = Vec<T, V>;
   pdl_launch_dependents();
-  pdl_wait();
   const size_t t = blockIdx.y;
+  // The deferred norm's scale first, while the GEMM before still runs (deferred_norm.h).
+  const bool norm_early = kNorm && norm.before_wait;
+  float scale = norm_early ? block_inv_rms<T>(norm, static_cast<int64_t>(t)) : 1.f;
+  pdl_wait();
   const int nvec = d / V, stride = gridDim.x * blockDim.x;
   const Vt* gate = reinterpret_cast<const Vt*>(x + t * 2 * d);
   const Vt* up = reinterpret_cast<const Vt*>(x + t * 2 * d + d);
   Vt* o = reinterpret_cast<Vt*>(out + t * d);
   // Interleaved (V == 8): output vector i = gate vector 2i, up vector 2i + 1 of the row. Each trip's inputs are
-  // loaded a trip ahead, the first ones before the deferred norm's reduction (the two round trips overlap).
+  // loaded a trip ahead.
   Vt a, b;
   auto load = [&](int i) {
     if (i < nvec) a = kInter ? gate[2 * i] : gate[i], b = kInter ? gate[2 * i + 1] : up[i];
   };
   load(blockIdx.x * blockDim.x + threadIdx.x);
-  const float scale = kNorm ? block_inv_rms<T>(norm, static_cast<int64_t>(t)) : 1.f;
+  if (kNorm && !norm_early) scale = block_inv_rms<T>(norm, static_cast<int64_t>(t));
   // Every thread of a CTA takes the same number of trips (the code blocks' shuffles need the whole warp).
   for (int base = blockIdx.x * blockDim.x; base < nvec; base += stride) {
     const int i = base + threadIdx.x;
@@ -50,7 +53,8 @@ __global__ void silu_and_mul_kernel(T* __restrict__ out, const T* x, int8_t* __r
 }
 
 void launch(void* out, const void* x, int8_t* xq, void* xb, int group, int64_t tokens, int64_t d, bool interleaved,
-            DType dtype, std::uintptr_t stream, const DeferredNorm& norm = {}) {
+            DType dtype, std::uintptr_t stream, DeferredNorm norm = {}) {
+  norm.before_wait = deferred_norm_before_wait();
   const char* what = xq ? "silu_and_mul_q8" : interleaved ? "silu_and_mul_interleaved" : "silu_and_mul";
   if (tokens == 0 || d == 0) return;
   if (tokens > 65535) throw std::invalid_argument(std::string(what) + ": at most 65535 tokens per call");

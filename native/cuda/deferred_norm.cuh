@@ -9,11 +9,13 @@ namespace candle_vllm::cuda {
 // Sum of squares of the row's 16-byte vectors first, first + step, ... (hidden % (16 / sizeof(T)) == 0). The loads
 // go out kBatch at a time before any is used: a warp's share of a 4096-wide bf16 row is 16 vectors a lane, and
 // one L2 round trip each, in turn, would cost more than the launch this spares.
+// The rows are loaded through L2 only (.cg): they are read before pdl_wait (deferred_norm.h), and an SM's L1 may
+// still hold lines of them from before their last write.
 template <typename T>
 __device__ __forceinline__ float row_sum_sq(const T* row, int hidden, int first, int step) {
   constexpr int V = 16 / sizeof(T), kBatch = 8;
   using Vt = Vec<T, V>;
-  const Vt* vecs = reinterpret_cast<const Vt*>(row);
+  const uint4* vecs = reinterpret_cast<const uint4*>(row);
   const int n = hidden / V;
   float sq = 0.f;
   for (int base = first; base < n; base += kBatch * step) {
@@ -21,7 +23,7 @@ __device__ __forceinline__ float row_sum_sq(const T* row, int hidden, int first,
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int i = base + b * step;
-      if (i < n) a[b] = vecs[i];
+      if (i < n) *reinterpret_cast<uint4*>(&a[b]) = __ldcg(vecs + i);
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {

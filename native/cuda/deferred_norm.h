@@ -4,8 +4,16 @@
 // the raw residual rows: its output then lacks only each token's 1 / rms(row), a per-row scale that commutes with
 // the linear. The kernel that consumes the output (the RoPE + cache write after qkv, the SiLU after gate/up)
 // computes that scale from the rows and applies it, so the norm needs no launch of its own.
+//
+// The consumer computes the scale before its pdl_wait (common.cuh), so the rows' round trip (from HBM: the linear
+// streamed its weight through L2 since the rows were written) and the reduction overlap the linear's run instead of
+// following its end. Contract: when the consumer starts, the rows must be final. That holds where the kernel
+// launched just before the consumer is the linear that reads them: cuBLAS takes no programmatic launch, so it starts
+// after the rows' writer has ended, and our GEMMs trigger their dependents only after their own pdl_wait. The rows'
+// writer must never be the kernel just before the consumer.
 #pragma once
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -16,7 +24,17 @@ struct DeferredNorm {
   int64_t stride = 0;
   int64_t hidden = 0;
   float eps = 0.f;
+  bool before_wait = true;  // the scale computed before pdl_wait (CANDLE_VLLM_NORM_BEFORE_WAIT=0: after it)
 };
+
+// The launchers' choice for DeferredNorm::before_wait (an A/B switch, read once).
+inline bool deferred_norm_before_wait() {
+  static const bool on = [] {
+    const char* v = std::getenv("CANDLE_VLLM_NORM_BEFORE_WAIT");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
 
 // Throws std::invalid_argument naming `what` unless the rows are whole 16-byte vectors (the kernels' loads).
 inline void check_deferred_norm(const char* what, const DeferredNorm& n, int64_t elem_size) {

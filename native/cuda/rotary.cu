@@ -122,14 +122,16 @@ __global__ void __launch_bounds__(kThreads) rotary_vec_kernel(const RotaryArgs<T
       s[i] = round_to<T>(sv.x), s[i + 1] = round_to<T>(sv.y), s[i + 2] = round_to<T>(sv.z), s[i + 3] = round_to<T>(sv.w);
     }
   }
+  // The deferred norm's scale before the wait, while the GEMM before still runs (deferred_norm.h).
+  const bool norm_early = NORM && a.norm.before_wait;
+  float scale = norm_early ? token_inv_rms(a, e, total, static_cast<int64_t>(heads) * groups) : 1.f;
   pdl_wait();
-  // The head's vectors and the deferred norm's rows are loaded together: one round trip before the reduction.
   Vec16<T> v1, v2;
   if (live) {
     v1 = *reinterpret_cast<const Vec16<T>*>(head + (is_v ? o1 : r1));
     v2 = *reinterpret_cast<const Vec16<T>*>(head + (is_v ? o2 : r2));
   }
-  const float scale = NORM ? token_inv_rms(a, e, total, static_cast<int64_t>(heads) * groups) : 1.f;
+  if (NORM && !norm_early) scale = token_inv_rms(a, e, total, static_cast<int64_t>(heads) * groups);
   if (!live) return;
   if (is_v) {  // a v head: copied into the cache (scaled in place first with NORM)
     if constexpr (NORM) {
@@ -265,12 +267,14 @@ void rotary_embedding_cache(void* q, void* k, void* v, const int64_t* positions,
       throw std::invalid_argument(
           "rotary_embedding_cache: pointers, token strides and head_dim/2 must be whole 16-byte vectors");
     check_deferred_norm("rotary_embedding_cache", norm, sizeof(T));
+    DeferredNorm n = norm;
+    n.before_wait = deferred_norm_before_wait();
     auto go = [&](auto kv_tag) {
       using KV = decltype(kv_tag);
       const RotaryArgs<T, KV> a{static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), positions, cos_sin,
                                 static_cast<KV*>(key_cache), static_cast<KV*>(value_cache), slots, tokens, q_stride,
                                 k_stride, v_stride, static_cast<int>(q_heads), static_cast<int>(k_heads),
-                                static_cast<int>(head_dim), static_cast<int>(head_dim), norm};
+                                static_cast<int>(head_dim), static_cast<int>(head_dim), n};
       launch_vec<T, true, false, KV>(a, style, pair_group, stream);
     };
     if constexpr (std::is_same_v<T, float>) {

@@ -107,8 +107,10 @@ __global__ void __launch_bounds__(32 * kRopeWarps) turbo_rope_kernel(const Turbo
     for (int e = 0; e < E; ++e) c[e] = from_f32<T>(cf[e]), s[e] = from_f32<T>(sf[e]);
   }
   const int64_t slot = a.slots[t];
+  // The deferred norm's scale before the wait, while the GEMM before still runs (deferred_norm.h).
+  const bool norm_early = a.norm.rows != nullptr && a.norm.before_wait;
+  float scale = norm_early ? block_inv_rms<T>(a.norm, t) : 1.f;
   pdl_wait();
-  // The heads' values are loaded before the deferred norm's reduction, whose own loads then share their round trip.
   const int q_warps = (a.q_heads + 1) / 2;
   const bool is_q = r < q_warps, is_v = r >= q_warps + a.k_heads, live = r < q_warps + 2 * a.k_heads;
   const bool second = is_q && r + q_warps < a.q_heads;
@@ -123,7 +125,7 @@ __global__ void __launch_bounds__(32 * kRopeWarps) turbo_rope_kernel(const Turbo
     else load_head(raw, head, a.pair_group);
     if (second) load_head(raw2, head2, a.pair_group);
   }
-  const float scale = a.norm.rows != nullptr ? block_inv_rms<T>(a.norm, t) : 1.f;
+  if (a.norm.rows != nullptr && !norm_early) scale = block_inv_rms<T>(a.norm, t);
   if (!live) return;
   const RowLayout L(D, a.k_bits);
   uint8_t* row = !is_q && slot >= 0 ? a.cache + (slot * a.k_heads + hk) * L.row_bytes : nullptr;
@@ -156,13 +158,15 @@ void turbo_rope_cache_write(const TurboRopeArgs& args, int64_t head_dim, DType d
   if (args.pair_group != 0 && (args.style == kRopeGptj || (args.pair_group != 1 && args.pair_group != 8)))
     throw std::invalid_argument(std::string(what) + ": pair groups of 1 or 8 channels, neox heads only");
   check_deferred_norm(what, args.norm, 2);
+  TurboRopeArgs a = args;
+  a.norm.before_wait = deferred_norm_before_wait();
   dispatch_float<false>(dtype, what, [&](auto tag) {
     using T = decltype(tag);
     turbo::dispatch_lanes(head_dim, what, [&](auto e) {
       const int64_t roles = (args.q_heads + 1) / 2 + 2 * args.k_heads;
       const dim3 grid(static_cast<unsigned>((roles + kRopeWarps - 1) / kRopeWarps), static_cast<unsigned>(args.tokens));
       launch_pdl(what, turbo_rope_kernel<T, decltype(e)::value>, grid, dim3(32 * kRopeWarps), 0, as_stream(stream),
-                 args);
+                 a);
     });
   });
 }

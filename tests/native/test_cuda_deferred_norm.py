@@ -3,6 +3,8 @@ interleaved SiLU, with each token's 1/rms of its residual row, against float64 r
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -97,6 +99,75 @@ def test_silu_interleaved_applies_the_deferred_norm(dtype: torch.dtype, tokens: 
     got = cuda.silu_and_mul_interleaved(x, DeferredRMSNorm(rows, EPS))
     assert got is not None and got.shape == (tokens, d)
     assert rel_error(got, want) < REL_TOL[dtype]
+
+
+def _graph_after_gemm(
+    rows: torch.Tensor, staging: torch.Tensor, w: torch.Tensor, consume: Callable[[torch.Tensor], torch.Tensor | None]
+) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """The model's chain captured in a CUDA graph: a kernel writes the residual rows, the cuBLAS GEMM reads them,
+    the consumer takes the GEMM's output and the rows' deferred norm. Returns (graph, what the consumer wrote)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # cuBLAS's handle and workspace, and the kernels' first launches, outside capture
+        consume(F.linear(rows, w))
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        rows.copy_(staging)
+        out = consume(F.linear(rows, w))
+    assert out is not None
+    return graph, out
+
+
+@pytest.mark.parametrize("consumer", ["silu", "rope"])
+def test_norm_read_before_the_wait_sees_the_rows_written_before_the_gemm(consumer: str) -> None:
+    """The consumers compute the rows' 1/rms before their PDL wait, while the GEMM before them may still run
+    (deferred_norm.h): in a graph replayed with new rows each time, each of its own scale, every replay must take
+    its own rows' scale (a read before the rows' write ended would take the previous replay's, 25 % or more off)."""
+    dtype, tokens, hidden = torch.bfloat16, 64, 4096
+    g = torch.Generator(device=DEV).manual_seed(7)
+    sources = [torch.randn(tokens, hidden, generator=g, device=DEV).mul(2 * i + 2).to(dtype) for i in range(4)]
+    rows, staging = torch.empty_like(sources[0]), sources[0].clone()
+    norm = DeferredRMSNorm(rows, EPS)
+    if consumer == "silu":  # a 114 MB gate/up weight: the SiLU's grid launches while the GEMM streams it
+        d = 7168
+        w = (torch.randn(2 * d, hidden, generator=g, device=DEV) / hidden**0.5).to(dtype)
+        graph, got = _graph_after_gemm(rows, staging, w, lambda y: cuda.silu_and_mul_interleaved(y, norm))
+
+        def want(src: torch.Tensor) -> torch.Tensor:
+            pairs = F.linear(src, w).double().view(tokens, d // 8, 2, 8)
+            inv = _inv_rms(src)
+            return F.silu(pairs[:, :, 0].reshape(tokens, d) * inv) * (pairs[:, :, 1].reshape(tokens, d) * inv)
+    else:  # Llama-3-8B's qkv: 32 q and 8 kv heads of 128
+        hq, hk, hd, block_size = 32, 8, 128, 16
+        w = (torch.randn((hq + 2 * hk) * hd, hidden, generator=g, device=DEV) / hidden**0.5).to(dtype)
+        inv_freq = 1.0 / (500000 ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+        table = torch.cat([torch.outer(torch.arange(4096, dtype=torch.float64), inv_freq).cos(),
+                           torch.outer(torch.arange(4096, dtype=torch.float64), inv_freq).sin()], -1).float().to(DEV)
+        pos = torch.randint(0, 4096, (tokens,), generator=g, device=DEV)
+        slots = torch.randperm(8 * block_size * 8, generator=g, device=DEV)[:tokens]
+        cache = torch.zeros(2, 64, block_size, hk, hd, dtype=dtype, device=DEV)
+
+        def rope(y: torch.Tensor) -> torch.Tensor:  # q and k rotated, v scaled, in y
+            q, k, v = y[:, : hq * hd], y[:, hq * hd : (hq + hk) * hd], y[:, (hq + hk) * hd :]
+            cuda_rotary.rotary_embedding_cache_(q.view(tokens, hq, hd), k.view(tokens, hk, hd),
+                                                v.view(tokens, hk, hd), pos, table, True, cache, slots, 0, norm)
+            return y
+
+        graph, got = _graph_after_gemm(rows, staging, w, rope)
+
+        def want(src: torch.Tensor) -> torch.Tensor:
+            raw = F.linear(src, w).double()
+            inv = _inv_rms(src).view(tokens, 1, 1)
+            q = raw[:, : hq * hd].view(tokens, hq, hd) * inv
+            k = raw[:, hq * hd : (hq + hk) * hd].view(tokens, hk, hd) * inv
+            v = raw[:, (hq + hk) * hd :].view(tokens, hk, hd) * inv
+            return torch.cat([_rope64(q, pos, table, dtype), _rope64(k, pos, table, dtype), v], 1).view(tokens, -1)
+    for src in sources[1:] + sources[:1]:
+        staging.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_error(got, want(src)) < REL_TOL[dtype]
 
 
 def test_rows_the_kernels_cannot_read_are_refused() -> None:
