@@ -53,8 +53,7 @@ __global__ void silu_and_mul_kernel(T* __restrict__ out, const T* x, int8_t* __r
 }
 
 void launch(void* out, const void* x, int8_t* xq, void* xb, int group, int64_t tokens, int64_t d, bool interleaved,
-            DType dtype, std::uintptr_t stream, DeferredNorm norm = {}) {
-  norm.before_wait = deferred_norm_before_wait();
+            DType dtype, std::uintptr_t stream, const DeferredNorm& norm = {}) {
   const char* what = xq ? "silu_and_mul_q8" : interleaved ? "silu_and_mul_interleaved" : "silu_and_mul";
   if (tokens == 0 || d == 0) return;
   if (tokens > 65535) throw std::invalid_argument(std::string(what) + ": at most 65535 tokens per call");
@@ -66,7 +65,7 @@ void launch(void* out, const void* x, int8_t* xq, void* xb, int group, int64_t t
       const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(64, (nvec + threads - 1) / threads)));
       launch_pdl(what, kernel, dim3(blocks, static_cast<unsigned>(tokens)), dim3(threads), 0, as_stream(stream),
                  static_cast<T*>(out), static_cast<const T*>(x), xq, static_cast<gguf::XBlock*>(xb),
-                 static_cast<int>(d), norm);
+                 static_cast<int>(d), for_launch(norm));
     };
     const bool vec = d % kVec == 0 && aligned16(out, x);
     if (interleaved) {

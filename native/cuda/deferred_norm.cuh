@@ -6,6 +6,14 @@
 
 namespace candle_vllm::cuda {
 
+// The norm as a kernel takes it: before_wait from CANDLE_VLLM_NORM_BEFORE_WAIT (an A/B switch, read once; 0 computes
+// the scale after pdl_wait).
+inline DeferredNorm for_launch(DeferredNorm n) {
+  static const bool before_wait = env_switch_on("CANDLE_VLLM_NORM_BEFORE_WAIT");
+  n.before_wait = before_wait;
+  return n;
+}
+
 // Sum of squares of the row's 16-byte vectors first, first + step, ... (hidden % (16 / sizeof(T)) == 0). The loads
 // go out kBatch at a time before any is used: a warp's share of a 4096-wide bf16 row is 16 vectors a lane, and
 // one L2 round trip each, in turn, would cost more than the launch this spares.

@@ -7,13 +7,12 @@
 //
 // The consumer computes the scale before its pdl_wait (common.cuh), so the rows' round trip (from HBM: the linear
 // streamed its weight through L2 since the rows were written) and the reduction overlap the linear's run instead of
-// following its end. Contract: when the consumer starts, the rows must be final. That holds where the kernel
-// launched just before the consumer is the linear that reads them: cuBLAS takes no programmatic launch, so it starts
-// after the rows' writer has ended, and our GEMMs trigger their dependents only after their own pdl_wait. The rows'
-// writer must never be the kernel just before the consumer.
+// following its end. Contract: the rows' writer has ended when the consumer starts. That holds when some kernel
+// between them takes an ordinary launch or triggers its dependents only after every one of its threads has passed
+// pdl_wait, as the linear reading the rows does: cuBLAS (no programmatic launch), skinny_gemm, skinny_gemm_kn and
+// wide_gemm. Kernels that trigger at entry (the small single-pass kernels, the one-token GGUF GEMV) do not count.
 #pragma once
 #include <cstdint>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -24,17 +23,8 @@ struct DeferredNorm {
   int64_t stride = 0;
   int64_t hidden = 0;
   float eps = 0.f;
-  bool before_wait = true;  // the scale computed before pdl_wait (CANDLE_VLLM_NORM_BEFORE_WAIT=0: after it)
+  bool before_wait = true;  // the scale computed before pdl_wait; launchers set it (deferred_norm.cuh)
 };
-
-// The launchers' choice for DeferredNorm::before_wait (an A/B switch, read once).
-inline bool deferred_norm_before_wait() {
-  static const bool on = [] {
-    const char* v = std::getenv("CANDLE_VLLM_NORM_BEFORE_WAIT");
-    return v == nullptr || std::string(v) != "0";
-  }();
-  return on;
-}
 
 // Throws std::invalid_argument naming `what` unless the rows are whole 16-byte vectors (the kernels' loads).
 inline void check_deferred_norm(const char* what, const DeferredNorm& n, int64_t elem_size) {

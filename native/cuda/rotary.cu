@@ -267,14 +267,12 @@ void rotary_embedding_cache(void* q, void* k, void* v, const int64_t* positions,
       throw std::invalid_argument(
           "rotary_embedding_cache: pointers, token strides and head_dim/2 must be whole 16-byte vectors");
     check_deferred_norm("rotary_embedding_cache", norm, sizeof(T));
-    DeferredNorm n = norm;
-    n.before_wait = deferred_norm_before_wait();
     auto go = [&](auto kv_tag) {
       using KV = decltype(kv_tag);
       const RotaryArgs<T, KV> a{static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), positions, cos_sin,
                                 static_cast<KV*>(key_cache), static_cast<KV*>(value_cache), slots, tokens, q_stride,
                                 k_stride, v_stride, static_cast<int>(q_heads), static_cast<int>(k_heads),
-                                static_cast<int>(head_dim), static_cast<int>(head_dim), n};
+                                static_cast<int>(head_dim), static_cast<int>(head_dim), for_launch(norm)};
       launch_vec<T, true, false, KV>(a, style, pair_group, stream);
     };
     if constexpr (std::is_same_v<T, float>) {

@@ -159,7 +159,7 @@ void turbo_rope_cache_write(const TurboRopeArgs& args, int64_t head_dim, DType d
     throw std::invalid_argument(std::string(what) + ": pair groups of 1 or 8 channels, neox heads only");
   check_deferred_norm(what, args.norm, 2);
   TurboRopeArgs a = args;
-  a.norm.before_wait = deferred_norm_before_wait();
+  a.norm = for_launch(args.norm);
   dispatch_float<false>(dtype, what, [&](auto tag) {
     using T = decltype(tag);
     turbo::dispatch_lanes(head_dim, what, [&](auto e) {

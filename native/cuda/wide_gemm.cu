@@ -133,6 +133,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         tma_load(base + stage(it), w_map, bar(it), it * kKStage, row0);
         tma_load(base + stage(it) + kWBytes, x_map, bar(it), it * kKStage, 0);
       }
+    } else {
+      pdl_wait();  // no thread may reach the trigger below unwaited (the deferred norm's contract, deferred_norm.h)
     }
   } else {
     pdl_wait();  // y may be memory the kernel before still reads

@@ -15,7 +15,9 @@ class DeferredRMSNorm(NamedTuple):
     (``Linear.fold_input_scale``) and takes the raw ``rows`` [T, H], so its output [T, ...] lacks only each token's
     1 / rms(row), a per-row factor that commutes with the linear. The kernel consuming the output applies it (the
     RoPE + cache write after qkv, the SiLU after gate/up), which spares the norm its own launch: at a batch-64
-    decode step every launch between two cuBLAS GEMMs costs 2-4 us however little it does (RESULTS.md)."""
+    decode step every launch between two cuBLAS GEMMs costs 2-4 us however little it does (RESULTS.md). The CUDA
+    consumers read the rows while the linear before them still runs, so that linear must be one that starts only
+    after the rows' writer ended (cuBLAS, or our GEMMs: native/cuda/deferred_norm.h)."""
 
     rows: torch.Tensor
     eps: float

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from _cuda_helpers import REL_TOL, rel_error
 
-from candle_vllm.pyengine.ops import cuda, cuda_rotary
+from candle_vllm.pyengine.ops import cuda, cuda_rotary, cuda_wide
 from candle_vllm.pyengine.ops.norm import DeferredRMSNorm
 from candle_vllm.pyengine.ops.row_pairs import deinterleave_halves
 
@@ -102,37 +102,53 @@ def test_silu_interleaved_applies_the_deferred_norm(dtype: torch.dtype, tokens: 
 
 
 def _graph_after_gemm(
-    rows: torch.Tensor, staging: torch.Tensor, w: torch.Tensor, consume: Callable[[torch.Tensor], torch.Tensor | None]
+    rows: torch.Tensor,
+    staging: torch.Tensor,
+    gemm: Callable[[torch.Tensor], torch.Tensor],
+    consume: Callable[[torch.Tensor], torch.Tensor | None],
 ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    """The model's chain captured in a CUDA graph: a kernel writes the residual rows, the cuBLAS GEMM reads them,
-    the consumer takes the GEMM's output and the rows' deferred norm. Returns (graph, what the consumer wrote)."""
+    """The model's chain captured in a CUDA graph: a kernel writes the residual rows, the GEMM reads them, the
+    consumer takes the GEMM's output and the rows' deferred norm. Returns (graph, what the consumer wrote)."""
+    rows.copy_(staging)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # cuBLAS's handle and workspace, and the kernels' first launches, outside capture
-        consume(F.linear(rows, w))
+        consume(gemm(rows))
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         rows.copy_(staging)
-        out = consume(F.linear(rows, w))
+        out = consume(gemm(rows))
     assert out is not None
     return graph, out
 
 
+def _gemm(kind: str, rows: torch.Tensor, w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x @ w.T by cuBLAS (torch) or by our wide GEMM (skipped where it cannot run: it needs an sm_90a build)."""
+    if kind == "cublas":
+        return lambda x: F.linear(x, w)
+    if not cuda_wide.wide_gemm_supported(rows, w):
+        pytest.skip("the wide GEMM needs a Hopper GPU and an sm_90a build")
+    return lambda x: cuda_wide.wide_gemm(x, w)
+
+
+@pytest.mark.parametrize("gemm", ["cublas", "wide"])
 @pytest.mark.parametrize("consumer", ["silu", "rope"])
-def test_norm_read_before_the_wait_sees_the_rows_written_before_the_gemm(consumer: str) -> None:
-    """The consumers compute the rows' 1/rms before their PDL wait, while the GEMM before them may still run
-    (deferred_norm.h): in a graph replayed with new rows each time, each of its own scale, every replay must take
-    its own rows' scale (a read before the rows' write ended would take the previous replay's, 25 % or more off)."""
+def test_norm_before_the_wait_in_the_models_graph_chain(consumer: str, gemm: str) -> None:
+    """The consumers compute the rows' 1/rms before their PDL wait, while the GEMM before them runs
+    (deferred_norm.h), here in the model's chain in a CUDA graph after cuBLAS or our wide GEMM (which may trigger
+    them only once its every thread has waited for the rows' writer). Replayed with new rows each time, each of its
+    own scale, every replay must take its own rows' scale (the previous replay's would be 25 % or more off)."""
     dtype, tokens, hidden = torch.bfloat16, 64, 4096
     g = torch.Generator(device=DEV).manual_seed(7)
     sources = [torch.randn(tokens, hidden, generator=g, device=DEV).mul(2 * i + 2).to(dtype) for i in range(4)]
     rows, staging = torch.empty_like(sources[0]), sources[0].clone()
     norm = DeferredRMSNorm(rows, EPS)
-    if consumer == "silu":  # a 114 MB gate/up weight: the SiLU's grid launches while the GEMM streams it
+    if consumer == "silu":  # a 117 MB gate/up weight: the SiLU's grid launches while the GEMM streams it
         d = 7168
         w = (torch.randn(2 * d, hidden, generator=g, device=DEV) / hidden**0.5).to(dtype)
-        graph, got = _graph_after_gemm(rows, staging, w, lambda y: cuda.silu_and_mul_interleaved(y, norm))
+        run = _gemm(gemm, rows, w)
+        graph, got = _graph_after_gemm(rows, staging, run, lambda y: cuda.silu_and_mul_interleaved(y, norm))
 
         def want(src: torch.Tensor) -> torch.Tensor:
             pairs = F.linear(src, w).double().view(tokens, d // 8, 2, 8)
@@ -142,11 +158,13 @@ def test_norm_read_before_the_wait_sees_the_rows_written_before_the_gemm(consume
         hq, hk, hd, block_size = 32, 8, 128, 16
         w = (torch.randn((hq + 2 * hk) * hd, hidden, generator=g, device=DEV) / hidden**0.5).to(dtype)
         inv_freq = 1.0 / (500000 ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
-        table = torch.cat([torch.outer(torch.arange(4096, dtype=torch.float64), inv_freq).cos(),
-                           torch.outer(torch.arange(4096, dtype=torch.float64), inv_freq).sin()], -1).float().to(DEV)
+        freqs = torch.outer(torch.arange(4096, dtype=torch.float64), inv_freq)
+        table = torch.cat([freqs.cos(), freqs.sin()], -1).float().to(DEV)
         pos = torch.randint(0, 4096, (tokens,), generator=g, device=DEV)
-        slots = torch.randperm(8 * block_size * 8, generator=g, device=DEV)[:tokens]
-        cache = torch.zeros(2, 64, block_size, hk, hd, dtype=dtype, device=DEV)
+        blocks = 64
+        slots = torch.randperm(blocks * block_size, generator=g, device=DEV)[:tokens]
+        cache = torch.zeros(2, blocks, block_size, hk, hd, dtype=dtype, device=DEV)
+        run = _gemm(gemm, rows, w)
 
         def rope(y: torch.Tensor) -> torch.Tensor:  # q and k rotated, v scaled, in y
             q, k, v = y[:, : hq * hd], y[:, hq * hd : (hq + hk) * hd], y[:, (hq + hk) * hd :]
@@ -154,7 +172,7 @@ def test_norm_read_before_the_wait_sees_the_rows_written_before_the_gemm(consume
                                                 v.view(tokens, hk, hd), pos, table, True, cache, slots, 0, norm)
             return y
 
-        graph, got = _graph_after_gemm(rows, staging, w, rope)
+        graph, got = _graph_after_gemm(rows, staging, run, rope)
 
         def want(src: torch.Tensor) -> torch.Tensor:
             raw = F.linear(src, w).double()
