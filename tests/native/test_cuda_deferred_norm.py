@@ -138,7 +138,9 @@ def test_norm_before_the_wait_in_the_models_graph_chain(consumer: str, gemm: str
     """The consumers compute the rows' 1/rms before their PDL wait, while the GEMM before them runs
     (deferred_norm.h), here in the model's chain in a CUDA graph after cuBLAS or our wide GEMM (which may trigger
     them only once its every thread has waited for the rows' writer). Replayed with new rows each time, each of its
-    own scale, every replay must take its own rows' scale (the previous replay's would be 25 % or more off)."""
+    own scale, every replay must take its own rows' scale (the previous replay's would be 25 % or more off). The
+    rows' writer and the GEMM are joined by a full edge here, as in the model, so this checks the early read in
+    that chain; it cannot provoke a read of unfinished rows (deferred_norm.h says why none can happen)."""
     dtype, tokens, hidden = torch.bfloat16, 64, 4096
     g = torch.Generator(device=DEV).manual_seed(7)
     sources = [torch.randn(tokens, hidden, generator=g, device=DEV).mul(2 * i + 2).to(dtype) for i in range(4)]
