@@ -85,24 +85,32 @@ int default_rows_at_m1(int n, int k) {
   else return 4;
 }
 
-// Rows per CTA for M tokens: the caller's choice, else the one-token rule; at two tokens the K-quants take the wave
-// rule (8 where one wave of 8-row CTAs covers N, else 4), Q8_0 2 and the other 32-element types 4; 4 from three up.
+// Rows per CTA for M tokens: the caller's choice, else the one-token rule; at two tokens the K-quants, Q5_0, Q5_1 and
+// Q8_0 take the wave rule (8 where one wave of 8-row CTAs covers N, else 4; Q5_1 2 on rows longer than 8192), Q4_0
+// and Q4_1 4; 4 from three up.
 // Session 33's sweep (--sweep-rows --m 2 4 8 --codes, us summed over the four 8B shapes): at two tokens, R = 2 -> 8,
 // q2k 71.4 -> 53.3, q3k 75.6 -> 55.1, q4k 67.9 -> 52.3, q5k 75.5 -> 63.1, q6k 80.6 -> 67.8. Per shape (session 38,
 // H100, --sweep-rows --m 2 --codes), R = 4 beat 8 on the weights of more than one wave: 6144x4096 q2k 7.59 / 9.06,
 // q3k 8.44 / 8.82, q4k 8.89 / 8.93, q5k 10.14 / 10.38, q6k 11.20 / 11.31; 28672x4096 q2k 25.16 / 26.70, q3k 28.08 /
 // 31.47, q4k 28.53 / 29.97, q6k 35.78 / 39.71 (q5k 37.66 / 37.12), and batch-2 decode gained (q6k +2.4 %, q3k +3.8 %;
-// q4k even). The H200 sweep of session 33 chose one R for every shape; it has not re-run per shape there. R = 2 -> 4
-// under the several-token bound (gguf_gemv_q8_kernel.cuh),
-// q4_0 54.9 -> 51.0, q4_1 58.6 -> 49.4, q5_0 56.7 -> 54.6, q5_1 57.6 -> 54.5, but q8_0 65.0 -> 66.0; at four and
-// eight tokens R = 4 beat R = 2 on every type by 6-60 %.
+// q4k even). The 32-element types (R = 2 -> 4 under the several-token bound, gguf_gemv_q8_kernel.cuh, session 33):
+// q4_0 54.9 -> 51.0, q4_1 58.6 -> 49.4, q5_0 56.7 -> 54.6, q5_1 57.6 -> 54.5, but q8_0 65.0 -> 66.0. Two H200 sweeps
+// per shape (sessions 48 and 49) put Q5_0, Q5_1 and Q8_0 at R = 8 on N = 4096 (one wave) and Q8_0 at R = 4 on
+// 6144x4096; the wave rule over the old one (Q8_0 2, the others 4), batch-2 decode on the H200 (session 49, two
+// alternating pairs): q5_0 866.4 / 870.6 against 839.3 / 848.0 tok/s, q8_0 745.4 / 748.1 against 735.2 / 727.6,
+// q5_1 855.0 / 858.7 against 841.3 / 827.8. At four and eight tokens R = 4 beat R = 2 on every type by 6-60 %.
 template <class Q>
 int rows_for(int m, int n, int k, int rows) {
   if (rows != 0) return rows;
   if (m == 1) return default_rows_at_m1<Q>(n, k);
   if (m == 2) {
-    if constexpr (cta_threads<Q>() == 64) return rows_by_waves<Q, 2>(n);
-    return type_of<Q>() == gguf::Q8_0 ? 2 : 4;
+    constexpr int type = type_of<Q>();
+    // Both H200 sweeps: Q5_1 on 4096x14336 fastest at R = 2 (13.34 against 14.40 us at R = 4; 13.02 against 14.17 at
+    // 8); batch-2 decode against the wave rule there (H100, session 49): 709.6 / 710.5 against 700.8 / 701.8 tok/s.
+    if (type == gguf::Q5_1 && k > 8192) return 2;
+    if constexpr (cta_threads<Q>() == 64 || type == gguf::Q5_0 || type == gguf::Q5_1 || type == gguf::Q8_0)
+      return rows_by_waves<Q, 2>(n);
+    return 4;
   }
   return 4;
 }
