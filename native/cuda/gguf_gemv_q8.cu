@@ -24,22 +24,27 @@ void launch_loop(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const u
                rows_m, N, K, row_bytes, GgufRopeCache{});
 }
 
-// The loop form (gguf_gemv_q8_kernel.cuh): Q2_K's one-token launches go row by row; Q4_K's one-token plain
-// launches over rows longer than one pass are pipelined; everything else decodes all rows of a slot at once.
+// The loop form (gguf_gemv_q8_kernel.cuh) but Q4_K's pipelined one: Q2_K's one-token launches and Q4_0/Q4_1's
+// two-token 8-row ones go row by row; everything else decodes all rows of a slot at once.
+template <class Q, int M, int R>
+constexpr Loop base_loop() {
+  constexpr int type = type_of<Q>();
+  const bool row_by_row =
+      (M == 1 && type == gguf::Q2_K) || (M == 2 && R == 8 && (type == gguf::Q4_0 || type == gguf::Q4_1));
+  return row_by_row ? Loop::kRowByRow : Loop::kDecodeAll;
+}
+
+// Q4_K's one-token plain launches over rows longer than one pass are pipelined; the others take base_loop.
 template <class Q, int M, int R>
 void launch_gemv(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int rows_m, int N, int K,
                  const GgufRopeCache* rope, cudaStream_t stream) {
-  if constexpr (M == 1 && type_of<Q>() == gguf::Q2_K) {
-    launch_loop<Q, M, R, Loop::kRowByRow>(y, bf16, xq, xb, w, rows_m, N, K, rope, stream);
-  } else {
-    if constexpr (M == 1 && type_of<Q>() == gguf::Q4_K) {
-      if (rope == nullptr && K / Q::kBlockElems * Q::kParts > cta_threads<Q>()) {
-        launch_loop<Q, M, R, Loop::kPipelined>(y, bf16, xq, xb, w, rows_m, N, K, rope, stream);
-        return;
-      }
+  if constexpr (M == 1 && type_of<Q>() == gguf::Q4_K) {
+    if (rope == nullptr && K / Q::kBlockElems * Q::kParts > cta_threads<Q>()) {
+      launch_loop<Q, M, R, Loop::kPipelined>(y, bf16, xq, xb, w, rows_m, N, K, rope, stream);
+      return;
     }
-    launch_loop<Q, M, R, Loop::kDecodeAll>(y, bf16, xq, xb, w, rows_m, N, K, rope, stream);
   }
+  launch_loop<Q, M, R, base_loop<Q, M, R>()>(y, bf16, xq, xb, w, rows_m, N, K, rope, stream);
 }
 
 // CTAs of the M-token R-row kernel resident per SM (its registers under its launch bounds). For Q4_K rows longer
@@ -50,7 +55,8 @@ int ctas_per_sm() {
   static std::atomic<int> cache[kMaxDevices];
   return per_device(cache, "gguf_gemv_q8: residency", [](int) {
     int n = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_q8_kernel<Q, M, R, false>, cta_threads<Q>(), 0),
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_q8_kernel<Q, M, R, false, base_loop<Q, M, R>()>,
+                                                             cta_threads<Q>(), 0),
                "gguf_gemv_q8: residency");
     return n;
   });
@@ -85,9 +91,8 @@ int default_rows_at_m1(int n, int k) {
   else return 4;
 }
 
-// Rows per CTA for M tokens: the caller's choice, else the one-token rule; at two tokens the K-quants, Q5_0, Q5_1 and
-// Q8_0 take the wave rule (8 where one wave of 8-row CTAs covers N, else 4; Q5_1 2 on rows longer than 8192), Q4_0
-// and Q4_1 4; 4 from three up.
+// Rows per CTA for M tokens: the caller's choice, else the one-token rule; at two tokens the wave rule (8 where one
+// wave of 8-row CTAs covers N, else 4; Q5_1 2 on rows longer than 8192); 4 from three up.
 // Session 33's sweep (--sweep-rows --m 2 4 8 --codes, us summed over the four 8B shapes): at two tokens, R = 2 -> 8,
 // q2k 71.4 -> 53.3, q3k 75.6 -> 55.1, q4k 67.9 -> 52.3, q5k 75.5 -> 63.1, q6k 80.6 -> 67.8. Per shape (session 38,
 // H100, --sweep-rows --m 2 --codes), R = 4 beat 8 on the weights of more than one wave: 6144x4096 q2k 7.59 / 9.06,
@@ -98,7 +103,11 @@ int default_rows_at_m1(int n, int k) {
 // per shape (sessions 48 and 49) put Q5_0, Q5_1 and Q8_0 at R = 8 on N = 4096 (one wave) and Q8_0 at R = 4 on
 // 6144x4096; the wave rule over the old one (Q8_0 2, the others 4), batch-2 decode on the H200 (session 49, two
 // alternating pairs): q5_0 866.4 / 870.6 against 839.3 / 848.0 tok/s, q8_0 745.4 / 748.1 against 735.2 / 727.6,
-// q5_1 855.0 / 858.7 against 841.3 / 827.8. At four and eight tokens R = 4 beat R = 2 on every type by 6-60 %.
+// q5_1 855.0 / 858.7 against 841.3 / 827.8. Q4_0 and Q4_1 joined once their 8-row launch ran row by row
+// (gguf_gemv_q8_kernel.cuh; H100, session 49, --sweep-rows --m 2, R = 4 / 8 us: 4096x4096 q4_0 6.01 / 5.53, q4_1
+// 6.19 / 5.26; 6144x4096 8.06 / 8.58, 7.69 / 7.96; the rule misses q4_0's 28672x4096, 28.07 / 27.07, and 4096x14336,
+// 13.56 / 13.91), batch-2 decode against R = 4: q4_0 778.0 / 774.7 against 777.4 / 767.0 tok/s, q4_1 778.5 / 778.4
+// against 765.8 / 769.4. At four and eight tokens R = 4 beat R = 2 on every type by 6-60 %.
 template <class Q>
 int rows_for(int m, int n, int k, int rows) {
   if (rows != 0) return rows;
@@ -108,9 +117,7 @@ int rows_for(int m, int n, int k, int rows) {
     // Both H200 sweeps: Q5_1 on 4096x14336 fastest at R = 2 (13.34 against 14.40 us at R = 4; 13.02 against 14.17 at
     // 8); batch-2 decode against the wave rule there (H100, session 49): 709.6 / 710.5 against 700.8 / 701.8 tok/s.
     if (type == gguf::Q5_1 && k > 8192) return 2;
-    if constexpr (cta_threads<Q>() == 64 || type == gguf::Q5_0 || type == gguf::Q5_1 || type == gguf::Q8_0)
-      return rows_by_waves<Q, 2>(n);
-    return 4;
+    return rows_by_waves<Q, 2>(n);
   }
   return 4;
 }

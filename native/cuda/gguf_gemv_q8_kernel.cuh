@@ -126,6 +126,9 @@ __global__ void __launch_bounds__(256) quantize_x_kernel(const T* x, int8_t* __r
 //     fetched as aligned words plus a tail; their CUDA layouts are aligned since sessions 28 and 29) took more (R = 4:
 //     128 -> 230, 128 -> 214) and ran 18-45 % slower; Q5_K up to 27 % slower, Q4_K even to 6 % slower (H200,
 //     session 27 in benches/RESULTS.md).
+//     Q4_0/Q4_1 at two tokens and R = 8 too: the decode-all loop spilled 112 / 152 bytes under the several-token
+//     bound of 128 registers, row by row spills none (H100, session 49: 4096x4096 5.53 / 5.26 against 6.65 / 6.72
+//     us, 28672x4096 27.07 / 27.50 against 35.87 / 38.51).
 enum class Loop { kDecodeAll, kPipelined, kRowByRow };
 
 template <class Q, int M, int R, bool ROPE, Loop LOOP = Loop::kDecodeAll>
@@ -194,19 +197,20 @@ __global__ void __launch_bounds__(cta_threads<Q>(), (LOOP == Loop::kPipelined ? 
     for (int r = 0; r < R; ++r) Q::fetch(raw[r], block(r, s), s % Q::kParts);
   };
   if constexpr (LOOP == Loop::kRowByRow) {
-    static_assert(M == 1, "the row-by-row loop is a one-token form");
     Raw raw[R];
     if (threadIdx.x < slots) fetch_rows(raw, threadIdx.x);
     pdl_wait();
     for (int s = threadIdx.x; s < slots; s += kThreads) {
       if (s != threadIdx.x) fetch_rows(raw, s);
-      typename Q::X xv;
-      load_x(xv, 0, s);
+      typename Q::X xv[M];
+#pragma unroll
+      for (int m = 0; m < M; ++m) load_x(xv[m], m, s);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         Q one;
         one.decode(raw[r], block(r, s), s % Q::kParts);
-        acc[r][0] += one.dot(xv);
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[r][m] += one.dot(xv[m]);
       }
     }
   } else if constexpr (LOOP == Loop::kPipelined) {

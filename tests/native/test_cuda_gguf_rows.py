@@ -41,20 +41,24 @@ H200_FASTER = {QT.Q4_K: (None, 8, 4, None), QT.Q5_K: (4, 8, 4, None)}
 # Q6_K (best or within 1 %). Q2_K: R = 8 on the small weights, 4 on those of more than 2^25 elements (the long grid
 # and the long rows stream better with more CTAs per SM).
 FIXED_ROWS = {QT.Q4_0: 4, QT.Q4_1: 4, QT.Q5_0: 4, QT.Q5_1: 4, QT.Q8_0: 4, QT.Q6_K: 4, QT.Q3_K: 4}
-# Two tokens on 4096x4096 (sessions 33, 48 and 49's sweeps): 8 rows for the K-quants, Q5_0, Q5_1 and Q8_0 (one wave of
-# 8-row CTAs covers N = 4096), 4 for Q4_0 and Q4_1.
-K_QUANTS = (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K)
-TWO_TOKEN_ROWS = {**{t: 4 for t in (QT.Q4_0, QT.Q4_1)}, **{t: 8 for t in (*K_QUANTS, QT.Q5_0, QT.Q5_1, QT.Q8_0)}}
+# Two tokens on 4096x4096 (sessions 33, 48 and 49's sweeps): 8 rows for every type (one wave of 8-row CTAs covers
+# N = 4096).
+TWO_TOKEN_ROWS = dict.fromkeys(DP4A_TYPES, 8)
 # The K-quants at two tokens, per shape (session 38's sweep, H100, 132 SMs: --sweep-rows --m 2 --codes): R = 4 ahead
 # of 8 on the weights of more than one wave of 8-row CTAs (6144x4096: q2k 7.59 / 9.06 us, q3k 8.44 / 8.82, q4k 8.89 /
 # 8.93, q5k 10.14 / 10.38, q6k 11.20 / 11.31; 28672x4096: q2k 25.16 / 26.70, q3k 28.08 / 31.47, q4k 28.53 / 29.97,
 # q6k 35.78 / 39.71), 8 on the others (4096x4096 q4k 5.84 / 7.12; 4096x14336 q4k 15.19 / 16.95); None where within
 # 2 % (q5k 28672x4096 37.66 / 37.12). Q5_0, Q5_1 and Q8_0 (sessions 48 and 49's H200 sweeps): 4 on 6144x4096, 8 on
 # 4096x4096; Q8_0 4 on 28672x4096 (30.26 against 31.38-33.07 at 8), Q5_0 8 on 4096x14336 (12.43 against 14.05 at 4),
-# Q5_1 2 on 4096x14336 (13.02 / 13.34 against 14.17 at 8 / 14.40 at 4).
+# Q5_1 2 on 4096x14336 (13.02 / 13.34 against 14.17 at 8 / 14.40 at 4). Q4_0 and Q4_1 with their 8-row launch row by
+# row (session 49, H100): 4 on 6144x4096 (8.06 / 8.58, 7.69 / 7.96), 8 on 4096x4096 (5.53 / 6.01, 5.26 / 6.19), Q4_1 8
+# on 4096x14336 (14.27 / 14.86); q4_1's 28672x4096 within 2 %, and q4_0's 28672x4096 and 4096x14336 miss (3.6 and
+# 2.6 %), so None.
+K_QUANTS = (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K)
 TWO_TOKEN_FASTER: dict[QT, tuple[int | None, ...]] = {
     **{t: (4, 8, 4, 8) for t in (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q6_K)}, QT.Q5_K: (4, 8, None, 8),
-    QT.Q8_0: (4, 8, 4, 8), QT.Q5_0: (4, 8, None, 8), QT.Q5_1: (4, 8, None, 2)}
+    QT.Q8_0: (4, 8, 4, 8), QT.Q5_0: (4, 8, None, 8), QT.Q5_1: (4, 8, None, 2),
+    QT.Q4_0: (4, 8, None, None), QT.Q4_1: (4, 8, None, 8)}
 
 
 def expected_rows(qtype: QT, n: int, k: int) -> int | None:
