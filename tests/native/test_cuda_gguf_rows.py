@@ -41,9 +41,6 @@ H200_FASTER = {QT.Q4_K: (None, 8, 4, None), QT.Q5_K: (4, 8, 4, None)}
 # Q6_K (best or within 1 %). Q2_K: R = 8 on the small weights, 4 on those of more than 2^25 elements (the long grid
 # and the long rows stream better with more CTAs per SM).
 FIXED_ROWS = {QT.Q4_0: 4, QT.Q4_1: 4, QT.Q5_0: 4, QT.Q5_1: 4, QT.Q8_0: 4, QT.Q6_K: 4, QT.Q3_K: 4}
-# Two tokens on 4096x4096 (sessions 33, 48 and 49's sweeps): 8 rows for every type (one wave of 8-row CTAs covers
-# N = 4096).
-TWO_TOKEN_ROWS = dict.fromkeys(DP4A_TYPES, 8)
 # The K-quants at two tokens, per shape (session 38's sweep, H100, 132 SMs: --sweep-rows --m 2 --codes): R = 4 ahead
 # of 8 on the weights of more than one wave of 8-row CTAs (6144x4096: q2k 7.59 / 9.06 us, q3k 8.44 / 8.82, q4k 8.89 /
 # 8.93, q5k 10.14 / 10.38, q6k 11.20 / 11.31; 28672x4096: q2k 25.16 / 26.70, q3k 28.08 / 31.47, q4k 28.53 / 29.97,
@@ -134,12 +131,16 @@ def test_unsupported_choices_are_refused() -> None:
 
 
 def test_gemv_rows_reports_the_launch() -> None:
-    """An explicit choice is what launches; by default two tokens take the measured per-type rows and three or more
-    4; one token takes the measured per-type rows, and R = 4 or 8 for Q4_K/Q5_K."""
+    """An explicit choice is what launches; by default two tokens take the wave rule (8 rows where one wave of 8-row
+    CTAs covers N, as it does a 64-row weight on any GPU, 4 where none does, as for the 128256-row LM head; Q5_1's rows
+    longer than 8192 take 2) and three or more 4; one token takes the measured per-type rows, and R = 4 or 8 for
+    Q4_K/Q5_K."""
     for qtype in DP4A_TYPES:
         assert [cuda_gguf.gemv_rows(qtype, m, 4096, 4096, rows=r) for m, r in ((1, 8), (2, 8), (2, 4), (8, 2))] == [
             8, 8, 4, 2]
-        assert [cuda_gguf.gemv_rows(qtype, m, 4096, 4096) for m in (2, 3, 8)] == [TWO_TOKEN_ROWS[qtype], 4, 4]
+        assert [cuda_gguf.gemv_rows(qtype, m, 4096, 4096) for m in (3, 8)] == [4, 4]
+        assert [cuda_gguf.gemv_rows(qtype, 2, n, 4096) for n in (64, 128256)] == [8, 4], qtype.name
+        assert cuda_gguf.gemv_rows(qtype, 2, 64, 14336) == (2 if qtype == QT.Q5_1 else 8), qtype.name
         for n, k in ((1, 256), (333, 768), *zip(H200_SHAPES_N, H200_SHAPES_K, strict=True), (128256, 4096)):
             want = expected_rows(qtype, n, k)
             got = cuda_gguf.gemv_rows(qtype, 1, n, k)
@@ -147,9 +148,9 @@ def test_gemv_rows_reports_the_launch() -> None:
 
 
 def test_wave_rule_picks_the_sweeps_faster_launch() -> None:
-    """Q4_K/Q5_K at one token, and every K-quant, Q5_0, Q5_1 and Q8_0 at two, take R = 8 when one wave of 8-row CTAs
-    covers N, else 4 (Q5_1's long rows 2); on a 132-SM Hopper (the H200's sweeps, the K-quants' at two tokens on an
-    H100) that must give the sweeps' faster launch."""
+    """Q4_K/Q5_K at one token, and every type at two, take R = 8 when one wave of 8-row CTAs covers N, else 4 (Q5_1's
+    long rows 2); on a 132-SM Hopper (the H200's sweeps; the K-quants', Q4_0's and Q4_1's at two tokens on an H100)
+    that must give the sweeps' faster launch."""
     if sm_count(torch.cuda.current_device()) != H200_SMS:
         pytest.skip(f"the sweeps were measured on {H200_SMS}-SM GPUs")
     for qtype, faster in H200_FASTER.items():
