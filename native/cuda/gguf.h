@@ -96,8 +96,9 @@ void gguf_mmq(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, in
               int staging = kMmqStagingAuto);
 
 // The rows per CTA gguf_gemv_q8 launches with for M tokens and an N x K weight on the current device (rows = 0
-// resolved by the default rule: per type, for Q2_K by the weight's size, and for Q4_K/Q5_K 8 rows when one wave of
-// 8-row CTAs covers N on the device's SMs, else 4).
+// resolved by the default rule: per type, for Q2_K by the weight's size, and for Q4_K/Q5_K at one token and every
+// type at two 8 rows when one wave of 8-row CTAs covers N on the device's SMs, else 4; Q5_1's two-token rows longer
+// than 8192 take 2).
 int gguf_gemv_q8_rows(int qtype, int64_t M, int64_t N, int64_t K, int rows);
 
 }  // namespace candle_vllm::cuda

@@ -1,6 +1,6 @@
 // Host side of the dp4a GGUF decode GEMV (kernels and design: gguf_gemv_q8_kernel.cuh): argument checks, the
-// launch choices (rows per CTA; the loop form: pipelined Q4_K, row-by-row Q2_K) and the entry points declared in
-// gguf.h.
+// launch choices (rows per CTA; the loop form: pipelined Q4_K, row-by-row Q2_K at one token and Q4_0/Q4_1 at two)
+// and the entry points declared in gguf.h.
 #include <type_traits>
 
 #include "cuda/gguf_gemv_q8_kernel.cuh"
@@ -29,7 +29,7 @@ void launch_loop(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const u
 template <class Q, int M, int R>
 constexpr Loop base_loop() {
   constexpr int type = type_of<Q>();
-  const bool row_by_row =
+  constexpr bool row_by_row =
       (M == 1 && type == gguf::Q2_K) || (M == 2 && R == 8 && (type == gguf::Q4_0 || type == gguf::Q4_1));
   return row_by_row ? Loop::kRowByRow : Loop::kDecodeAll;
 }
@@ -62,8 +62,8 @@ int ctas_per_sm() {
   });
 }
 
-// Q4_K/Q5_K at one token, every K-quant at two (rows_for): R = 8 when one wave of 8-row CTAs covers N (SMs x CTAs
-// per SM at R = 8), else R = 4.
+// Q4_K/Q5_K at one token, every type at two (rows_for; Q5_1's long rows aside): R = 8 when one wave of 8-row CTAs
+// covers N (SMs x CTAs per SM at R = 8), else R = 4.
 // Measured on the H200 (132 SMs, bench_quant_cuda.py --sweep-rows; 64-thread CTAs, R = 4: 120 / 123 registers,
 // 8 CTAs per SM; R = 8: 208 / 217 registers, 4 per SM, 528 slots):
 //   q4k: N 4096 (512 CTAs, one wave) -> 8: K 4096 4.96 vs 5.34 us, K 14336 12.71 vs 12.59 (even); N 6144 -> 4: 7.51

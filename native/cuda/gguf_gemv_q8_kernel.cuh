@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(256) quantize_x_kernel(const T* x, int8_t* __r
 //     CTA): q4k 12.10 vs 12.38 us, batch-1 decode 451.4 / 452.6 vs 449.3 / 450.0 tok/s; the other types lost
 //     (q8_0 20.1 vs 19.2 us, q4_0 13.0 vs 11.3, q6k 27.8 vs 21.5: the extra registers cost them more occupancy
 //     than the overlap gives).
-//   kRowByRow (Q2_K, one token): fetch all R rows' raw words, then decode and multiply one row at a time, so one
+//   kRowByRow (Q2_K at one token; Q4_0/Q4_1 at two tokens and R = 8, below): fetch all R rows' raw words, then decode and multiply one row at a time, so one
 //     decoded part is live instead of R. Q2_K's raw slot (7 words) is far smaller than its decoded one (24):
 //     ptxas, sm_90a: R = 8 246 -> 179 registers, R = 4 139 -> 109. Q6_K and Q3_K (then 2-byte aligned blocks,
 //     fetched as aligned words plus a tail; their CUDA layouts are aligned since sessions 28 and 29) took more (R = 4:

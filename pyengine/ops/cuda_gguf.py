@@ -322,8 +322,8 @@ def gemv_rope_cache(
 def gemv_rows(qtype: QT, m: int, out_features: int, in_features: int, rows: int = 0) -> int:
     """The weight rows per CTA the dp4a GEMV launches with for ``m`` tokens and an ``out_features`` x
     ``in_features`` weight on the current CUDA device (``rows = 0`` resolved by the kernel's default rule: per type,
-    for Q2_K by the weight's size, and for Q4_K/Q5_K by wave efficiency over the device's SMs), so benchmarks and
-    tests can tell which launch is the default."""
+    for Q2_K by the weight's size, and for Q4_K/Q5_K at one token and every type at two by wave efficiency over the
+    device's SMs), so benchmarks and tests can tell which launch is the default."""
     return native.loaded().cuda_gguf_gemv_q8_rows(int(qtype), m, out_features, in_features, rows)
 
 

@@ -115,11 +115,13 @@ def _reference(p: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # K = 8192: a one-token Q4_K GEMV over rows longer than one pass runs the pipelined loop, the fused kernel the plain
-# one; both must sum in the same order. Q2_K's one-token launches (fused or not) run the row-by-row loop.
+# one; both must sum in the same order. Q2_K's one-token launches (fused or not) and Q4_0/Q4_1's two-token 8-row ones
+# run the row-by-row loop (Q5_1's two-token default on rows longer than 8192, R = 2, is the rows = 2 case here).
 SHAPES = [(32, 8, 128, 4096), (6, 2, 64, 512), (3, 1, 256, 768), (4, 2, 64, 8192)]
 
 
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q8_0, QT.Q6_K, QT.Q3_K, QT.Q2_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q8_0, QT.Q6_K, QT.Q3_K, QT.Q2_K, QT.Q4_0, QT.Q4_1, QT.Q5_1],
+                         ids=lambda t: t.name)
 @pytest.mark.parametrize("m", [1, 2, 3, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("hq,hk,d,k", SHAPES)
