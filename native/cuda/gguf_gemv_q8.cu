@@ -1,5 +1,5 @@
 // Host side of the dp4a GGUF decode GEMV (kernels and design: gguf_gemv_q8_kernel.cuh): argument checks, the
-// launch choices (rows per CTA; the loop form: pipelined Q4_K, row-by-row Q2_K at one token and its and Q4_0/Q4_1's
+// launch choices (rows per CTA; the loop form: pipelined Q4_K, row-by-row Q2_K at one and two tokens and Q4_0/Q4_1's
 // two-token 8-row launches)
 // and the entry points declared in gguf.h.
 #include <type_traits>
@@ -25,13 +25,13 @@ void launch_loop(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const u
                rows_m, N, K, row_bytes, GgufRopeCache{});
 }
 
-// The loop form (gguf_gemv_q8_kernel.cuh) but Q4_K's pipelined one: Q2_K's one-token launches and the two-token
-// 8-row ones of Q2_K, Q4_0 and Q4_1 go row by row; everything else decodes all rows of a slot at once.
+// The loop form (gguf_gemv_q8_kernel.cuh) but Q4_K's pipelined one: Q2_K's one- and two-token launches and Q4_0/Q4_1's
+// two-token 8-row ones go row by row; everything else decodes all rows of a slot at once.
 template <class Q, int M, int R>
 constexpr Loop base_loop() {
   constexpr int type = type_of<Q>();
-  constexpr bool row_by_row = (M == 1 && type == gguf::Q2_K) ||
-                              (M == 2 && R == 8 && (type == gguf::Q2_K || type == gguf::Q4_0 || type == gguf::Q4_1));
+  constexpr bool row_by_row =
+      (M <= 2 && type == gguf::Q2_K) || (M == 2 && R == 8 && (type == gguf::Q4_0 || type == gguf::Q4_1));
   return row_by_row ? Loop::kRowByRow : Loop::kDecodeAll;
 }
 

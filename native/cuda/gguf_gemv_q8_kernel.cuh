@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(256) quantize_x_kernel(const T* x, int8_t* __r
 //     CTA): q4k 12.10 vs 12.38 us, batch-1 decode 451.4 / 452.6 vs 449.3 / 450.0 tok/s; the other types lost
 //     (q8_0 20.1 vs 19.2 us, q4_0 13.0 vs 11.3, q6k 27.8 vs 21.5: the extra registers cost them more occupancy
 //     than the overlap gives).
-//   kRowByRow (Q2_K at one token; Q2_K, Q4_0 and Q4_1 at two tokens and R = 8, below): fetch all R rows' raw
+//   kRowByRow (Q2_K at one and two tokens; Q4_0 and Q4_1 at two tokens and R = 8, below): fetch all R rows' raw
 //     words, then decode and multiply one row at a time, so one decoded part is live instead of R. Q2_K's raw
 //     slot (7 words) is far smaller than its decoded one (24): ptxas, sm_90a: R = 8 246 -> 179 registers, R = 4
 //     139 -> 109. Q6_K and Q3_K (then 2-byte aligned blocks, fetched as aligned words plus a tail; their CUDA
@@ -130,7 +130,11 @@ __global__ void __launch_bounds__(256) quantize_x_kernel(const T* x, int8_t* __r
 //     bound of 128 registers, row by row spills none (H100, session 49: 4096x4096 5.53 / 5.26 against 6.65 / 6.72
 //     us, 28672x4096 27.07 / 27.50 against 35.87 / 38.51). Q2_K's two-token 8-row launch as well (254 registers
 //     and no spill against 255 and 16 bytes; H100, session 50, us row by row / decode-all: 4096x4096 4.98 / 5.81,
-//     4096x14336 12.53 / 14.88, 28672x4096 24.39 / 27.44; batch-2 decode 798.1 / 786.1 against 753.1 / 757.7 tok/s).
+//     4096x14336 12.53 / 14.88, 28672x4096 24.39 / 27.44; batch-2 decode 798.1 / 786.1 against 753.1 / 757.7 tok/s),
+//     and its other two-token launches (R = 4: 153 against 168 registers; 6144x4096 7.06 against 7.64 us, batch-2
+//     decode 791.6 / 799.9 against 788.5 / 786.4 tok/s). From 3 tokens it gains nothing (Q2_K takes the tensor-core
+//     product there; at 8 tokens and R = 4 it spills), nor do the 32-element types at 4 tokens (registers even;
+//     batch-4 q4_0 decode 1,271.9 / 1,280.8 against 1,296.9 / 1,290.0 tok/s).
 enum class Loop { kDecodeAll, kPipelined, kRowByRow };
 
 template <class Q, int M, int R, bool ROPE, Loop LOOP = Loop::kDecodeAll>

@@ -354,6 +354,8 @@ GEMV_PASSES_MAX_ROWS = 16
 #     wide to 5 (4: 35.6 / 36.7) and q5_1 narrow to 9: its dp4a won at every count to 8 (8: 43.8 / 50.2). q4_0,
 #     q4_1, q5_0 and q8_0 narrow and q5_0 and q8_0 wide stay at 5 (4 / 5: q4_0 30.1 / 36.5, 42.6 / 37.3; q8_0 38.0 /
 #     42.3, 49.3 / 46.6).
+#   - q2k wide to 3 once its two-token launches ran row by row (session 50, H100, --types q2k --kernels dp4a mmq --m 2
+#     3 4 --codes; us dp4a / mmq on 28672x4096): 2: 23.23 / 27.43 (narrow 7.05 / 8.48, 5.04 / 5.85); 3: 37.60 / 27.62.
 #
 # MMQ_MIN_ROWS_REGISTERS, the register kernel alone (us, mmq / dp4a; --kernels mmq dp4a --codes --m 2 3 4 5 6 ...,
 # benches/RESULTS.md sessions 9, 10, 13; the same shape sums):
@@ -371,7 +373,7 @@ GEMV_PASSES_MAX_ROWS = 16
 # the product's two kernels give the same bits).
 MMQ_WIDE_FEATURES = 16384
 MMQ_MIN_ROWS: dict[QT, tuple[int, int]] = {  # (narrow, wide)
-    QT.Q4_K: (2, 3), QT.Q5_K: (2, 2), QT.Q6_K: (3, 3), QT.Q2_K: (3, 2), QT.Q3_K: (3, 3),
+    QT.Q4_K: (2, 3), QT.Q5_K: (2, 2), QT.Q6_K: (3, 3), QT.Q2_K: (3, 3), QT.Q3_K: (3, 3),
     QT.Q8_0: (5, 5), QT.Q4_0: (5, 5), QT.Q4_1: (5, 5), QT.Q5_1: (9, 5), QT.Q5_0: (5, 5),
 }
 MMQ_MIN_ROWS_REGISTERS: dict[QT, tuple[int, int]] = {

@@ -115,8 +115,8 @@ def _reference(p: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # K = 8192: a one-token Q4_K GEMV over rows longer than one pass runs the pipelined loop, the fused kernel the plain
-# one; both must sum in the same order. Q2_K's one-token launches (fused or not) and the two-token 8-row ones of Q2_K,
-# Q4_0 and Q4_1 run the row-by-row loop (Q5_1's two-token default on rows longer than 8192, R = 2, is the rows = 2
+# one; both must sum in the same order. Q2_K's one- and two-token launches (fused or not) and Q4_0/Q4_1's two-token
+# 8-row ones run the row-by-row loop (Q5_1's two-token default on rows longer than 8192, R = 2, is the rows = 2
 # case here).
 SHAPES = [(32, 8, 128, 4096), (6, 2, 64, 512), (3, 1, 256, 768), (4, 2, 64, 8192)]
 

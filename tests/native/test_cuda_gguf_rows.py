@@ -83,8 +83,8 @@ def test_every_launch_choice_equals_the_default(qtype: QT, k: int, m: int) -> No
 @pytest.mark.parametrize("qtype", DP4A_TYPES, ids=lambda t: t.name)
 def test_pipelined_one_token_rows_equal_the_plain_loop(qtype: QT) -> None:
     """One Q4_K token over rows longer than one pass of the CTA (K = 14336) runs the pipelined loop, which fetches
-    the next pass before using this one, and one Q2_K token the row-by-row loop; two tokens run the plain loop, but
-    the 8-row launch of Q2_K, Q4_0 and Q4_1 (N = 333 takes 8 rows) the row-by-row one. Each token's sums keep their
+    the next pass before using this one, and Q2_K the row-by-row loop at one and two tokens; two tokens run the plain
+    loop, but Q4_0/Q4_1's 8-row launch (N = 333 takes 8 rows) the row-by-row one. Each token's sums keep their
     order either way, so token 0 of a two-token launch has the one-token launch's bits."""
     n, k = 333, 14336
     raw = random_blocks(qtype, n, k, seed=11 * int(qtype))
