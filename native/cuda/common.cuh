@@ -72,8 +72,10 @@ inline int device_sm_count() {
 // The GGUF one-token GEMV is the exception: at entry for every type but Q8_0 (batch-1, two rounds each, after vs at
 // entry: q2k 436.9 / 434.3 vs 463.2 / 459.9, q3k 376.1 / 375.0 vs 391.0 / 394.8, q4k 449.1 / 445.8 vs 457.7 /
 // 459.8, q6k 318.0 / 317.9 vs 332.9 / 332.0, q4_0 +1.1 %, q5k +1.8 %; q8_0, which streams at 69-95 % of bandwidth,
-// 341.0 / 341.3 vs 335.6 / 336.7). The same at 8 tokens, or in the int8 tensor-core product, measured even or
-// slower (q4k batch 16 4,168 vs 3,918, q6k 2,796 vs 2,510).
+// 341.0 / 341.3 vs 335.6 / 336.7), and Q6_K's two-token one (+0.6 %; gguf_gemv_q8_kernel.cuh). The other two-token
+// GEMVs, the same at 8 tokens, or in the int8 tensor-core product, measured even or slower (q4_0 batch 2 -2.0 %, q4k
+// batch 16 4,168 vs 3,918, q6k 2,796 vs 2,510); so did the staged product's copying warp triggering once it has issued
+// its last copy (kernels and batch-4/8 decode within 1 %).
 // Both are no-ops before sm_90 and for kernels launched the ordinary way.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

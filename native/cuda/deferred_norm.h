@@ -10,7 +10,8 @@
 // following its end. Contract: the rows' writer has ended when the consumer starts. That holds when some kernel
 // between them takes an ordinary launch or triggers its dependents only after every one of its threads has passed
 // pdl_wait, as the linear reading the rows does: cuBLAS (no programmatic launch), skinny_gemm, skinny_gemm_kn and
-// wide_gemm. Kernels that trigger at entry (the small single-pass kernels, the one-token GGUF GEMV) do not count.
+// wide_gemm. Kernels that trigger at entry (the small single-pass kernels, the one-token GGUF GEMV, Q6_K's two-token
+// one) do not count.
 #pragma once
 #include <cstdint>
 #include <stdexcept>
