@@ -75,7 +75,7 @@ inline int device_sm_count() {
 // 341.0 / 341.3 vs 335.6 / 336.7), and Q6_K's two-token one (+0.6 %; gguf_gemv_q8_kernel.cuh). The other two-token
 // GEMVs, the same at 8 tokens, or in the int8 tensor-core product, measured even or slower (q4_0 batch 2 -2.0 %, q4k
 // batch 16 4,168 vs 3,918, q6k 2,796 vs 2,510); so did the staged product's copying warp triggering once it has issued
-// its last copy (kernels and batch-4/8 decode within 1 %).
+// its last copy (batch-4/8 decode within 1 %; its deep-ring kernels up to 43 % slower).
 // Both are no-ops before sm_90 and for kernels launched the ordinary way.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
