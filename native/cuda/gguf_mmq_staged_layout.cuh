@@ -1,0 +1,93 @@
+// The staged GGUF product's layout per type and weight shape (m-tiles, chunk, ring, where the tokens come from), each
+// choice with the measurements behind it. Included only by gguf_mmq_staged.cu, whose kernel takes these as template
+// arguments: a layout changes only the speed, never the bits.
+#pragma once
+#include <type_traits>
+
+#include "cuda/gguf_mmq_multiply.cuh"
+
+namespace candle_vllm::cuda {
+namespace {
+
+// The staging per type and weight shape, measured on the H200 (session 21, calls 2 and 3; benches/RESULTS.md: us over
+// 2, 4 and 8 tokens on the narrow 8B shapes (6144x4096, 4096x4096, 4096x14336) / the wide one (28672x4096), for
+// m-tiles x chunk x ring of 1 x 1024 x 64K, 1 x 512 x 32K, 1 x 512 x 16K, 2 x 1024 x 64K, 2 x 512 x 32K):
+//   q4k narrow 88 / 86 / 85 / 89 / 88, wide 97 / 86 / 85 / 99 / 78; q2k narrow 106 / 100 / 99 / 98 / 97, wide 112 /
+//   87 / 86 / 110 / 76; q6k narrow 147 / 146 / 145 / 157 / 157, wide 138 / 137 / 135 / 155 / 156; q8_0 narrow 138 /
+//   149 / 172 / 145 / 171, wide 156 / 145 / 140 / 148 / 133; q4_0 narrow 126 / 132 / 135 / 133 / 139, wide 138 / 110 /
+//   121 / 125 / 112.
+// So wide weights take two m-tiles (32 rows a CTA: a token load serves twice the rows), 512-byte chunks and a 32 KB
+// ring, except the types whose half-block units hold the most per row (Q6_K, Q3_K: one m-tile and a 16 KB ring);
+// narrow ones one m-tile, the K-quants 512-byte chunks in a 16 KB ring, the 32-element types 1 KB chunks in 64 KB.
+// (Q5_K follows Q4_K, Q3_K Q6_K, the other 32-element types Q8_0 and Q4_0: not measured separately.) In every one
+// the weights stream at 68-97 % of the copy ceiling when the warps only wait and release the stages (probe builds
+// of call 3): the multiplying warps set the pace.
+// The options, and two m-tiles in a 96 KB ring, against that (session 22, call 2: us summed over 2, 4 and 8 tokens,
+// option / without, where they gained 7.5 % or more; elsewhere within 5 % either way, or slower):
+//   - the tokens staged: q6k on 4096x14336 77 / 92, q4_0 there 55 / 67, q8_0 on the short narrow shapes 61 / 66
+//     (slower by up to 36 % for q4k, q5k and q2k, by 7-15 % for q6k elsewhere);
+//   - the min terms in two chains: q4k on 4096x14336 43 / 48, q5k 48 / 57 (q4k short narrow 9 % slower);
+//   - q2k in 2 x 512 x 96K (4 stages of 22 KB) on 4096x14336 48 / 55 (q8_0 there 30 % slower).
+// The four types left, the same way (session 23, call 4; the wide shape's sums 0.99-1.02 as the spread):
+//   - the tokens staged: q4_1 on 4096x14336 56 / 85, q5_1 there 75 / 86 (q3k 29 % slower on the short shapes);
+//   - 2 x 512 x 96K: q3k on 4096x14336 62 / 79, q5_0 there 70 / 94, q4_1 on the short narrow shapes 52 / 61 (q5_0
+//     and q5_1 there 6-7 % faster, kept as they were).
+//   (q4_1 and q5_1 narrow weights take the product from 5 rows since session 24: ops/quant.py MMQ_MIN_ROWS.)
+// The tokens resident for the whole of K instead (session 24, call 3, every type's short narrow and wide shapes, 1-8
+// tokens, two rounds): q8_0's short narrow rows 25.3 / 32.4 us on 4096x4096 and 35.4 / 40.7 on 6144x4096 over 2, 4
+// and 8 tokens against its per-chunk staging; the other 32-element types at best 8 % faster on one shape and mostly
+// slower, the K-quants 11-66 % slower on the short shapes (call 5 confirmed q8_0's in one build).
+// Two m-tiles in a 96 KB ring with held tokens (holds_tokens) for the short narrow rows instead (session 37, call 4,
+// on an H100: us summed over 2, 4 and 8 tokens on 6144x4096 / 4096x4096, two rounds within 1 %): q4_0 -16.7 / -16.0 %,
+// q5_1 -10.9 / -20.6 %, q5_0 -0.2 / -16.8 %, q3k +1.7 / -12.7 %; q2k -4.3 / +0.6 %, q6k -3.2 / +0.9 %, q5k -8.3 /
+// +10.4 %, q4k -2.0 / +13.4 % (kept as they were); on long rows q8_0 +22 %, q4k +7 %, q5k +9 %.
+// Long rows (K >= kLongRowsK): the narrow shape whose layouts differ.
+struct Layout {
+  int m_tiles, chunk, ring;
+  bool staged_tokens, split_low;
+  bool resident_tokens = false;  // narrow short rows only (launch()'s shared-memory bound)
+};
+constexpr int kStagedWideRows = 16384;
+constexpr int kLongRowsK = 8192;
+enum class Shape { kNarrow, kNarrowLong, kWide };
+
+template <class Q>
+constexpr Layout layout(Shape shape) {
+  constexpr bool kHeavyHalves = std::is_same_v<Q, mmq::MmqQ6K> || std::is_same_v<Q, mmq::MmqQ3K>;
+  if (shape == Shape::kWide)
+    return kHeavyHalves ? Layout{1, 512, 16384, false, false} : Layout{2, 512, 32768, false, false};
+  constexpr Layout kDeepRing{2, 512, 98304, false, false};
+  if (!Q::kUnitScales) {
+    const bool long_rows = shape == Shape::kNarrowLong;
+    if (std::is_same_v<Q, mmq::MmqQ5_0> || (!long_rows && !std::is_same_v<Q, mmq::MmqQ8_0>)) return kDeepRing;
+    if (std::is_same_v<Q, mmq::MmqQ8_0> && !long_rows) return Layout{1, 1024, 65536, false, false, true};
+    const bool staged = (std::is_same_v<Q, mmq::MmqQ4_0> || std::is_same_v<Q, mmq::MmqQ4_1> ||
+                         std::is_same_v<Q, mmq::MmqQ5_1>) && long_rows;
+    return Layout{1, 1024, 65536, staged, false};
+  }
+  if (shape == Shape::kNarrow)
+    return std::is_same_v<Q, mmq::MmqQ3K> ? kDeepRing : Layout{1, 512, 16384, false, false};
+  if (std::is_same_v<Q, mmq::MmqQ2K> || std::is_same_v<Q, mmq::MmqQ3K>) return kDeepRing;
+  return Layout{1, 512, 16384, std::is_same_v<Q, mmq::MmqQ6K>,
+                std::is_same_v<Q, mmq::MmqQ4K> || std::is_same_v<Q, mmq::MmqQ5K>};
+}
+
+// Whether the multiplying warps hold the next chunk's tokens in registers (kHold), where a layout reads them from
+// global memory, measured on an H100 (session 37, call 1: bench_quant_cuda.py --kernels mmq --m 2 4 8 --codes with
+// CANDLE_VLLM_STAGED_HOLD 1 and 0 in one build, two rounds, each within 2 % of the other except q2k): held, the wide
+// shape gains 2-15 % at 2-8 tokens (q4_0 -8..-15 %, q5_1 -9..-13 %, q5_0 -4..-7 %, q4k -2..-5 %, q6k's 8 tokens -5 %),
+// as do the two-m-tile deep rings (q4_1 short rows -5..-15 %, q3k long -5..-9 %, q5_0 long -6..-7 %) and q5k's long
+// rows (-2 %); the one-m-tile short narrow rows lose up to 15 % (q4k 6144x4096 +10 %, q5_0 and q5_1 +3..+14 %), long
+// rows of q4k, q8_0, q4_0 lose or tie, and q2k's (wide and long rows) and q3k's wide ones tie. So the short narrow
+// rows of the types that take a deep ring there (layout(), call 4) hold them, the others not.
+template <class Q>
+constexpr bool holds_tokens(Shape shape) {
+  using std::is_same_v;
+  if (shape == Shape::kWide)
+    return !is_same_v<Q, mmq::MmqQ2K> && !is_same_v<Q, mmq::MmqQ3K> && !is_same_v<Q, mmq::MmqQ8_0>;
+  if (shape == Shape::kNarrow) return layout<Q>(shape).m_tiles == 2;
+  return is_same_v<Q, mmq::MmqQ3K> || is_same_v<Q, mmq::MmqQ5_0> || is_same_v<Q, mmq::MmqQ5K>;
+}
+
+}  // namespace
+}  // namespace candle_vllm::cuda
