@@ -10,7 +10,8 @@ down [4096, 14336] shapes at M = 1. Attention: one sequence at a 4k context in t
 per-CTA streaming rate of the sweep). Each runs several times; the counters say what limits these small grids:
 achieved bandwidth, occupancy and why the warps stall. mmq: the int8 tensor-core product (q4k) at 8 and 16 rows on
 the o_proj and gate_up shapes next to the dp4a GEMV at 1 and 8 rows, and q8_0's dp4a GEMV at 1 and 8, all on codes
-an RMSNorm wrote (`-k regex:"gguf_mmq|gemv_q8_kernel"`). staged: the staged product at 4 and 8 rows (q4k, q8_0).
+an RMSNorm wrote (`-k regex:"gguf_mmq|gemv_q8_kernel"`). staged: the staged product at 4 and 8 rows (q4k, q8_0;
+o_proj, down and gate_up).
 """
 
 from __future__ import annotations
@@ -58,10 +59,10 @@ def mmq() -> None:
 
 
 def staged() -> None:
-    """The staged GGUF product (weights streamed through shared memory) at 4 and 8 rows, q4k and q8_0, on the down and
-    gate_up shapes (`-k regex:gguf_mmq_staged`; benches/RESULTS.md, session 22: where its warps stall)."""
+    """The staged GGUF product (weights streamed through shared memory) at 4 and 8 rows, q4k and q8_0, on the o_proj,
+    down and gate_up shapes (`-k regex:gguf_mmq_staged`; benches/RESULTS.md, session 22: where its warps stall)."""
     for qtype, name in ((QT.Q4_K, "q4k"), (QT.Q8_0, "q8_0")):
-        for n, k in ((4096, 14336), (28672, 4096)):
+        for n, k in ((4096, 4096), (4096, 14336), (28672, 4096)):
             blocks = quantize(torch.randn(n, k, device=DEV).to(torch.bfloat16), name)
             norm_w = torch.ones(k, device=DEV, dtype=torch.bfloat16)
             for m in (4, 8):
