@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(cta_threads<Q>(), (LOOP == Loop::kPipelined ? 
   // The one-token kernels of the latency-bound types trigger the next grid at entry (see pdl_wait in common.cuh):
   // its CTAs take the SM room this grid's last wave leaves and run their prologue while it streams. Of the
   // two-token kernels only Q6_K's (H100, session 51, batch-2 decode, four rounds: 613.1 / 611.6 / 612.8 / 612.6
-  // against 608.6 / 609.9 / 608.7 / 608.1 tok/s, +0.6 %). The others lose though their kernels gain 8-18 % in a
+  // against 608.6 / 609.9 / 608.7 / 608.1 tok/s, +0.6 %). The others lose though their narrow kernels gain 7-23 % in a
   // chain of their own kind: q4_0 -2.0 %, q2k -2.0 %, q3k -0.6 %, q5_1 -0.5 %.
   constexpr bool kTriggerAtEntry = (M == 1 && type_of<Q>() != gguf::Q8_0) || (M == 2 && type_of<Q>() == gguf::Q6_K);
   if constexpr (kTriggerAtEntry) pdl_launch_dependents();
