@@ -22,7 +22,9 @@
 // bulk-copied into the stage too (after the PDL wait), so no unit waits on a global load, or those of the whole of K
 // copied once into shared memory beside the ring (in four pieces on their own barriers); where neither, each
 // multiplying warp's tokens of its units of the next chunk held in registers while it multiplies this chunk's
-// (holds_tokens(): UnitTokens, one stage of lookahead, so no mma waits on an L2 load); and the Q4_K/Q5_K min terms
+// (holds_tokens(): UnitTokens, one stage of lookahead, so no mma waits on an L2 load), or else its tokens of the chunk
+// loaded into registers just before it waits for the chunk's weights (the load's L2 latency overlaps the wait, at no
+// more registers than the pointer form); and the Q4_K/Q5_K min terms
 // summed in two IMMA chains instead of one. None changes the bits.
 #include <atomic>
 #include <type_traits>
@@ -38,6 +40,11 @@ namespace candle_vllm::cuda {
 namespace {
 
 constexpr int kMaxStages = 8;
+
+// How the multiplying warps of a layout that reads its tokens from global memory (neither staged nor resident) take
+// them: through pointers as they multiply, loaded into registers (UnitTokens) before waiting for the chunk's weights,
+// or held there a chunk ahead.
+enum class TokenLoad { kPointers, kPrefetched, kHeldAhead };
 
 // A loader's staging with W warps multiplying (one more issues the copies) and MT m-tiles of 16 rows: units per
 // multiplying warp per stage (a row chunk of at least kChunkTarget bytes), the rows' stride, the stages (a ring of
@@ -82,7 +89,7 @@ __host__ __device__ constexpr int resident_stride(int K, int words) {
 }
 
 template <class Q, int W, int MT, int kChunk, int kRing, bool kStagedTokens, bool kSplitLow, bool kRope,
-          bool kResident, bool kHold>
+          bool kResident, TokenLoad kLoad>
 __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens>::kThreads)
     gguf_mmq_staged_kernel(void* __restrict__ y, bool bf16, const int8_t* xq, const XBlock* xb,
                            const uint8_t* __restrict__ w, int M, int N, int K, int64_t row_bytes,
@@ -90,6 +97,7 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
 #ifdef CANDLE_VLLM_MBARRIER
   using S = Staging<Q, W, MT, kChunk, kRing, kStagedTokens>;
   static_assert(!(kResident && kStagedTokens), "the tokens are either resident or staged per chunk");
+  constexpr bool kHold = kLoad != TokenLoad::kPointers;
   static_assert(!kHold || !(kResident || kStagedTokens), "only tokens read from global memory are held");
   constexpr int kRows = S::kRows;
   extern __shared__ __align__(16) uint8_t ring[];
@@ -177,19 +185,21 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
     TokenRows xg[1] = {};
     if constexpr (!kStagedTokens && !kResident) token_rows<Q>(xg, xq, xb, M, K, warp * Q::kBlockElems, g, t);
     pdl_wait();  // xq/xb (resident: their copies) are the kernel before's; y may still be read by it
-    // kHold: held[i] holds the tokens of the warp's unit i of the chunk being multiplied (UnitTokens), and after its
-    // use there those of unit i of the next chunk, which next_x points at.
+    // kHold: held[i] holds the tokens of the warp's unit i of the chunk being multiplied (UnitTokens); held a chunk
+    // ahead, after its use there those of unit i of the next chunk. next_x points at the next chunk to load.
     UnitTokens<Q> held[kHold ? S::kUnitsPerWarp : 1];
     TokenRows next_x = xg[0];
     auto hold = [&](int c, int i) {
       if (warp + W * i < units_in(c)) held[i].load(next_x.shifted(W * i * Q::kBlockElems));
     };
-    if constexpr (kHold) {
+    auto hold_chunk = [&](int c) {
 #pragma unroll
-      for (int i = 0; i < S::kUnitsPerWarp; ++i) hold(0, i);
+      for (int i = 0; i < S::kUnitsPerWarp; ++i) hold(c, i);
       next_x.advance(S::kTokenElems);
-    }
+    };
+    if constexpr (kLoad == TokenLoad::kHeldAhead) hold_chunk(0);
     for (int c = 0; c < chunks; ++c) {
+      if constexpr (kLoad == TokenLoad::kPrefetched) hold_chunk(c);
       if constexpr (kResident)
         if (c % seg_chunks == 0) mbar_wait(smem_addr(&resident[c / seg_chunks]), 0);
       const int s = c % S::kStages;
@@ -222,7 +232,7 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
             multiply_any<Q, MT, 1, kSplitLow>(q, t, x, acc);
           } else if constexpr (kHold) {
             const UnitTokens<Q> x[1] = {held[i]};
-            hold(c + 1, i);
+            if constexpr (kLoad == TokenLoad::kHeldAhead) hold(c + 1, i);
             multiply_any<Q, MT, 1, kSplitLow>(q, t, x, acc);
           } else {
             multiply_any<Q, MT, 1, kSplitLow>(q, t, xg, acc);
@@ -230,7 +240,7 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
           }
         }
       }
-      if constexpr (kHold) next_x.advance(S::kTokenElems);
+      if constexpr (kLoad == TokenLoad::kHeldAhead) next_x.advance(S::kTokenElems);
       __syncwarp();
       if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
     }
@@ -251,18 +261,19 @@ bool staged_kernels_run() {
            int major = 0;
            check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "gguf_mmq_staged");
            cudaFuncAttributes attr{};
-           auto probe = gguf_mmq_staged_kernel<mmq::MmqQ4K, 4, 1, 512, 16384, false, false, false, false, false>;
+           auto probe = gguf_mmq_staged_kernel<mmq::MmqQ4K, 4, 1, 512, 16384, false, false, false, false,
+                                               TokenLoad::kPointers>;
            check_cuda(cudaFuncGetAttributes(&attr, probe), "gguf_mmq_staged");
            return major == 9 && attr.binaryVersion == 90 ? 1 : 2;
          }) == 1;
 }
 
 template <class Q, int W, int MT, int kChunk, int kRing, bool kStagedTokens, bool kSplitLow, bool kRope,
-          bool kResident, bool kHold>
+          bool kResident, TokenLoad kLoad>
 void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
             const GgufRopeCache& rope, cudaStream_t s) {
   using S = Staging<Q, W, MT, kChunk, kRing, kStagedTokens>;
-  auto kernel = gguf_mmq_staged_kernel<Q, W, MT, kChunk, kRing, kStagedTokens, kSplitLow, kRope, kResident, kHold>;
+  auto kernel = gguf_mmq_staged_kernel<Q, W, MT, kChunk, kRing, kStagedTokens, kSplitLow, kRope, kResident, kLoad>;
   // Resident tokens: up to kGgufMmqStagedMaxM rows of K < kLongRowsK (narrow short rows, layout()).
   constexpr int kMaxSmem =
       S::kSmemBytes +
@@ -281,11 +292,16 @@ void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_
              dim3(S::kThreads), smem, s, y, bf16, xq, xb, w, M, N, K, row_bytes, rope);
 }
 
-// Whether the layouts that hold their tokens (holds_tokens) do: CANDLE_VLLM_STAGED_HOLD=0 keeps the pointer form, for
-// an A/B of the two in one build.
+// Whether the layouts that hold their tokens (holds_tokens) do, and the other layouts that read them from global
+// memory prefetch them: CANDLE_VLLM_STAGED_HOLD=0 / CANDLE_VLLM_STAGED_PREFETCH=0 keep the pointer form, for an A/B
+// in one build.
 bool hold_tokens() {
   static const bool hold = env_switch_on("CANDLE_VLLM_STAGED_HOLD");
   return hold;
+}
+bool prefetch_tokens() {
+  static const bool prefetch = env_switch_on("CANDLE_VLLM_STAGED_PREFETCH");
+  return prefetch;
 }
 
 }  // namespace
@@ -312,14 +328,19 @@ void launch_gguf_mmq_staged(void* y, bool bf16, const int8_t* xq, const gguf::XB
       constexpr Layout L = layout<Q>(kShape);
       // run_mmq admits K % 256 == 0 only, so the resident copies are whole 16-byte granules.
       using Resident = std::integral_constant<bool, L.resident_tokens>;
-      auto with = [&](auto rope_tag, auto hold_tag) {
+      auto with = [&](auto rope_tag, auto load_tag) {
         launch<Q, kW, L.m_tiles, L.chunk, L.ring, L.staged_tokens, L.split_low, decltype(rope_tag)::value,
-               Resident::value, decltype(hold_tag)::value>(y, bf16, xq, xb, w, M, N, K, r, stream);
+               Resident::value, decltype(load_tag)::value>(y, bf16, xq, xb, w, M, N, K, r, stream);
       };
       auto held = [&](auto rope_tag) {
-        constexpr bool kHeld = !L.staged_tokens && !L.resident_tokens && holds_tokens<Q>(kShape);
-        if (kHeld && hold_tokens()) with(rope_tag, std::bool_constant<kHeld>{});
-        else with(rope_tag, std::false_type{});
+        constexpr bool kGlobal = !L.staged_tokens && !L.resident_tokens, kAhead = kGlobal && holds_tokens<Q>(kShape);
+        using Pointers = std::integral_constant<TokenLoad, TokenLoad::kPointers>;
+        using Ahead = std::integral_constant<TokenLoad, kAhead ? TokenLoad::kHeldAhead : TokenLoad::kPointers>;
+        using Prefetched =
+            std::integral_constant<TokenLoad, kGlobal && !kAhead ? TokenLoad::kPrefetched : TokenLoad::kPointers>;
+        if (kAhead && hold_tokens()) with(rope_tag, Ahead{});
+        else if (kGlobal && !kAhead && prefetch_tokens()) with(rope_tag, Prefetched{});
+        else with(rope_tag, Pointers{});
       };
       if (rope != nullptr) held(std::true_type{});
       else held(std::false_type{});
