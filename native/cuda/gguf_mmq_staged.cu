@@ -335,7 +335,7 @@ void launch_gguf_mmq_staged(void* y, bool bf16, const int8_t* xq, const gguf::XB
         constexpr bool kGlobal = !L.staged_tokens && !L.resident_tokens, kAhead = kGlobal && holds_tokens<Q>(kShape);
         using Pointers = std::integral_constant<TokenLoad, TokenLoad::kPointers>;
         using Ahead = std::integral_constant<TokenLoad, kAhead ? TokenLoad::kHeldAhead : TokenLoad::kPointers>;
-        constexpr bool kPrefetch = kGlobal && !kAhead && prefetches_tokens<Q>(kShape);
+        constexpr bool kPrefetch = kGlobal && !kAhead && prefetches_tokens<Q>();
         using Prefetched =
             std::integral_constant<TokenLoad, kPrefetch ? TokenLoad::kPrefetched : TokenLoad::kPointers>;
         if (kAhead && hold_tokens()) with(rope_tag, Ahead{});
