@@ -22,10 +22,10 @@
 // bulk-copied into the stage too (after the PDL wait), so no unit waits on a global load, or those of the whole of K
 // copied once into shared memory beside the ring (in four pieces on their own barriers); where neither, each
 // multiplying warp's tokens of its units of the next chunk held in registers while it multiplies this chunk's
-// (holds_tokens(): UnitTokens, one stage of lookahead, so no mma waits on an L2 load), or else loaded into registers
-// just before it waits for the chunk's weights (prefetches_tokens(): their L2 latency overlaps that wait, in fewer
-// registers than a stage of lookahead); and the Q4_K/Q5_K min terms summed in two IMMA chains instead of one. None
-// changes the bits.
+// (holds_tokens(): UnitTokens, one stage of lookahead, so no mma waits on an L2 load), or else, for every loader but
+// Q2_K (prefetches_tokens()), loaded into registers just before it waits for the chunk's weights, so their L2 latency
+// overlaps that wait (Q2_K's read them through pointers as it multiplies); and the Q4_K/Q5_K min terms summed in two
+// IMMA chains instead of one. None changes the bits.
 #include <atomic>
 #include <type_traits>
 
@@ -292,8 +292,9 @@ void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_
              dim3(S::kThreads), smem, s, y, bf16, xq, xb, w, M, N, K, row_bytes, rope);
 }
 
-// Whether the layouts that hold their tokens (holds_tokens) do, and those that prefetch them (prefetches_tokens) do:
-// CANDLE_VLLM_STAGED_HOLD=0 / CANDLE_VLLM_STAGED_PREFETCH=0 keep the pointer form, for an A/B in one build.
+// Whether the layouts that hold their tokens a chunk ahead (holds_tokens) do, and the other global-token layouts of a
+// loader that prefetches (prefetches_tokens) do: CANDLE_VLLM_STAGED_HOLD=0 / CANDLE_VLLM_STAGED_PREFETCH=0 keep the
+// pointer form, for an A/B in one build.
 bool hold_tokens() {
   static const bool hold = env_switch_on("CANDLE_VLLM_STAGED_HOLD");
   return hold;

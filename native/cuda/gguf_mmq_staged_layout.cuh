@@ -89,12 +89,13 @@ constexpr bool holds_tokens(Shape shape) {
   return is_same_v<Q, mmq::MmqQ3K> || is_same_v<Q, mmq::MmqQ5_0> || is_same_v<Q, mmq::MmqQ5K>;
 }
 
-// Whether loader Q's layouts that read their tokens from global memory and do not hold them a chunk ahead load each
-// chunk's into registers before waiting for its weights (TokenLoad::kPrefetched), measured on an H100 (session 52, call 2:
-// bench_decode.py at batch 8 / 4 with CANDLE_VLLM_STAGED_PREFETCH 1 and 0 in one build, two rounds): q4k batch 8
-// +1.4 / +2.2 %, batch 4 +2.9 / +3.1 %, q8_0 +2.7 / +2.9 %, q5k +1.7 / +2.2 %, q6k +0.3 / +0.3 %; q2k -5.3 / -6.2 %.
-// So Q2_K keeps the pointer form. Its kernels prefetched: 6144x4096 and 28672x4096 3-7 % slower at 8 tokens,
-// 4096x14336 10-11 % faster at 4 and 8 (long rows alone prefetched: not measured in decode yet).
+// Whether loader Q's layouts that read their tokens from global memory and do not hold them a chunk ahead load
+// each chunk's into registers before waiting for its weights (TokenLoad::kPrefetched), measured on an H100 (session
+// 52, call 2: bench_decode.py at batch 8 / 4 with CANDLE_VLLM_STAGED_PREFETCH 1 and 0 in one build, two rounds): q4k
+// batch 8 +1.4 / +2.2 %, batch 4 +2.9 / +3.1 %, q8_0 +2.7 / +2.9 %, q5k +1.7 / +2.2 %, q6k +0.3 / +0.3 %; q2k -5.3 /
+// -6.2 %. So Q2_K keeps the pointer form. Its kernels prefetched: 6144x4096 and 28672x4096 3-7 % slower at 8 tokens,
+// 4096x14336 10-11 % faster at 4 and 8 (long rows alone prefetched: not measured in decode yet). Q3_K's wide layout
+// (its only one that reads global tokens without holding them) was measured as a kernel only: a tie, +0.6 / -0.1 %.
 template <class Q>
 constexpr bool prefetches_tokens() {
   return !std::is_same_v<Q, mmq::MmqQ2K>;

@@ -97,7 +97,7 @@ needs_hopper = pytest.mark.skipif(
 
 
 # K values whose last chunk is partial in a ring that wraps: long rows whose tokens are staged (2-stage rings), Q8_0's
-# short rows (tokens resident for the whole of K, a 3-stage ring) and long ones (tokens held in registers), Q4_1's
+# short rows (tokens resident for the whole of K, a 3-stage ring) and long ones (tokens prefetched), Q4_1's
 # (2 x 512 x 96K, 4 stages; 4352 = 5 chunks, tokens held in registers); a partial last chunk for the other loops too
 # (Q4_K 4352, Q5_K's long rows 8448 with held tokens, Q2_K 3072, Q4_0 4352, Q8_0's long rows 8448), fewer units than
 # warps (256), a second chunk for Q6_K and Q3_K (4096)
