@@ -1,0 +1,76 @@
+"""Issue 6's kernel bar from one run of benches/bench_quant_cuda.py --json, as the table benches/RESULTS.md keeps:
+one row per type, one column per token count, each cell the four Llama-3-8B shapes' best kernel as a percentage of
+the copy ceiling, bold at or above the bar, starred where the best kernel is not the dp4a GEMV.
+
+    python tests/tools/kernel_bar.py bar.json                       # the H200's 4.26 TB/s ceiling (the bench's)
+    python tests/tools/kernel_bar.py bar.json --ceiling-gbs 2960    # an H100: its own copy ceiling
+
+Why a ceiling option: the bench's fraction is of the H200's copy rate, so a run on an H100 must be rescaled to its
+own (measured in the same session, e.g. 2.96 TB/s) before the bar means the same thing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from tests.tools.compare_kernels import BAR_TOKENS, NOT_GGUF
+
+TABLE_SHAPES = [(4096, 4096), (6144, 4096), (4096, 14336), (28672, 4096)]  # RESULTS.md's column order
+TYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2k", "q3k", "q4k", "q5k", "q6k"]
+BENCH_CEILING_GBS = 4260.0
+
+Best = dict[tuple[str, int, int, int], tuple[float, str]]  # (type, m, n, k) -> (fraction, kernel)
+
+
+def best_fractions(rows: list[dict[str, object]], ceiling_gbs: float) -> Best:
+    """Per (type, tokens, n, k) of the table's shapes at 1-8 tokens: the best kernel's GB/s over ``ceiling_gbs``, and the kernel."""
+    best: Best = {}
+    for r in rows:
+        kind, n, k, m = str(r["kind"]), int(r["n"]), int(r["k"]), int(r["m"])  # type: ignore[call-overload]
+        if kind in NOT_GGUF or (n, k) not in TABLE_SHAPES or m not in BAR_TOKENS:
+            continue
+        key = (str(r["type"]), m, n, k)
+        fraction = float(r["gb_s"]) / ceiling_gbs  # type: ignore[arg-type]
+        if key not in best or fraction > best[key][0]:
+            best[key] = (fraction, kind)
+    return best
+
+
+def table(best: Best, bar: float) -> tuple[list[str], int, int]:
+    """The markdown table's lines, the cells at or above ``bar`` and the cells timed."""
+    lines = ["| type | " + " | ".join(f"M = {m}" for m in sorted(BAR_TOKENS)) + " |",
+             "|---|" + "---|" * len(BAR_TOKENS)]
+    met = timed = 0
+    for qtype in [t for t in TYPES if any(key[0] == t for key in best)]:
+        cells = []
+        for m in sorted(BAR_TOKENS):
+            parts = []
+            for n, k in TABLE_SHAPES:
+                if (qtype, m, n, k) not in best:
+                    parts.append("-")
+                    continue
+                fraction, kind = best[(qtype, m, n, k)]
+                timed += 1
+                met += fraction >= bar
+                text = f"{100 * fraction:.1f}" + ("" if kind == "dp4a" else "*")
+                parts.append(f"**{text}**" if fraction >= bar else text)
+            cells.append(" / ".join(parts))
+        lines.append(f"| {qtype} | " + " | ".join(cells) + " |")
+    return lines, met, timed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", type=Path, help="a bench_quant_cuda.py --json file")
+    ap.add_argument("--ceiling-gbs", type=float, default=BENCH_CEILING_GBS, help="the machine's copy rate, GB/s")
+    ap.add_argument("--bar", type=float, default=0.75, help="issue 6's bar, a fraction of the copy ceiling")
+    args = ap.parse_args()
+    lines, met, timed = table(best_fractions(json.loads(args.run.read_text()), args.ceiling_gbs), args.bar)
+    print("\n".join(lines))
+    print(f"{met} of {timed} cells at >= {100 * args.bar:.0f} % of {args.ceiling_gbs:.0f} GB/s")
+
+
+if __name__ == "__main__":
+    main()

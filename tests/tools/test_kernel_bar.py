@@ -1,0 +1,53 @@
+"""kernel_bar.py on bench_quant_cuda-shaped --json rows (the real runs need the GPU machine)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.tools.kernel_bar import best_fractions, table
+
+
+def _row(kind: str, qtype: str, n: int, k: int, m: int, gb_s: float) -> dict[str, object]:
+    return {"kind": kind, "type": qtype, "n": n, "k": k, "m": m, "us": 1.0, "gb_s": gb_s, "fraction": gb_s / 4260.0}
+
+
+ROWS = [
+    _row("dp4a", "q4k", 4096, 4096, 1, 2400.0),
+    _row("mmq/autoxauto/auto", "q4k", 4096, 4096, 1, 2000.0),  # slower than dp4a: not the cell's kernel
+    _row("dp4a", "q4k", 28672, 4096, 8, 1500.0),
+    _row("mmq/autoxauto/auto", "q4k", 28672, 4096, 8, 2300.0),  # the tensor-core product wins: starred
+    _row("dp4a", "q4k", 128256, 4096, 1, 4000.0),  # the LM head: outside the table
+    _row("bf16", "bf16", 4096, 4096, 1, 4100.0),  # the dense baseline: never a cell
+    _row("dp4a", "q4k", 4096, 4096, 16, 4000.0),  # 16 tokens: outside the table
+    _row("dp4a", "q2k", 4096, 14336, 2, 1000.0),
+]
+
+
+def test_best_kernel_per_cell_over_the_given_ceiling() -> None:
+    best = best_fractions(ROWS, 2960.0)
+    assert best[("q4k", 1, 4096, 4096)] == (2400.0 / 2960.0, "dp4a")
+    assert best[("q4k", 8, 28672, 4096)] == (2300.0 / 2960.0, "mmq/autoxauto/auto")
+    assert len(best) == 3  # the LM head, the dense baseline and 16 tokens are left out
+
+
+def test_table_marks_the_bar_and_the_tensor_core_product() -> None:
+    lines, met, timed = table(best_fractions(ROWS, 2960.0), 0.75)
+    assert lines[0] == "| type | M = 1 | M = 2 | M = 4 | M = 8 |"
+    q2k, q4k = lines[2], lines[3]  # the table's type order: q2k before q4k
+    assert q2k == "| q2k | - / - / - / - | - / - / 33.8 / - | - / - / - / - | - / - / - / - |"
+    assert q4k == "| q4k | **81.1** / - / - / - | - / - / - / - | - / - / - / - | - / - / - / **77.7*** |"
+    assert (met, timed) == (2, 3)
+    # The same run read against the H200's ceiling: nothing reaches 75 %.
+    assert table(best_fractions(ROWS, 4260.0), 0.75)[1] == 0
+
+
+def test_the_command_line_prints_the_table_and_the_count(tmp_path: Path) -> None:
+    run = tmp_path / "bar.json"
+    run.write_text(json.dumps(ROWS))
+    tool = Path(__file__).with_name("kernel_bar.py")
+    out = subprocess.run([sys.executable, str(tool), str(run), "--ceiling-gbs", "2960"],
+                         check=True, capture_output=True, text=True).stdout.splitlines()
+    assert out[-1] == "2 of 3 cells at >= 75 % of 2960 GB/s" and len(out) == 5
