@@ -24,9 +24,9 @@
 #              default_row_tiles), and every type's dp4a GEMV against the product at 2-8 (ops/quant.py MMQ_MIN_ROWS)
 #   rows       the dp4a GEMV's rows-per-CTA sweep at one and two tokens (the wave rules of gguf_gemv_q8.cu rows_for;
 #              the summary's "best rows" lines against the default)
-#   hold       the staged product's held tokens against its pointer loop (CANDLE_VLLM_STAGED_HOLD=0) in this build:
-#              every type at 2-8 tokens, two rounds in opposite order (hold_<on>_<round>.json; compare_kernels.py
-#              hold_0_1.json hold_1_1.json --sums)
+#   prefetch   the staged product's prefetched tokens against its pointer loop (CANDLE_VLLM_STAGED_PREFETCH=0) in
+#              this build: every type at 2-8 tokens, two rounds in opposite order (prefetch_<on>_<round>.json;
+#              compare_kernels.py prefetch_0_1.json prefetch_1_1.json --sums)
 #   decode     bench_decode.py: bf16 and --isq q4k / q8_0 decode at batch 1 (4k) and 16 / 64 (1k); bf16 with
 #              --kvcache-dtype fp8 (an e4m3 cache) at batch 64
 set -uo pipefail
@@ -79,13 +79,13 @@ for stage in "$@"; do
     rows)
       run_stage rows python3 benches/bench_quant_cuda.py --sweep-rows --types q4_0 q4_1 q5_0 q5_1 q8_0 q2k q3k q4k q5k \
         q6k --m 1 2 --codes --json "$OUT/rows.json" ;;
-    hold)
+    prefetch)
       for round in 1 2; do
         order="1 0"; [[ $round == 2 ]] && order="0 1"
         for on in $order; do
-          CANDLE_VLLM_STAGED_HOLD=$on run_stage "hold_${on}_$round" python3 benches/bench_quant_cuda.py --types q4_0 \
-            q4_1 q5_0 q5_1 q8_0 q2k q3k q4k q5k q6k --kernels mmq --m 2 4 8 --m8-types --codes --no-dequant \
-            --no-dense --json "$OUT/hold_${on}_$round.json"
+          CANDLE_VLLM_STAGED_PREFETCH=$on run_stage "prefetch_${on}_$round" python3 benches/bench_quant_cuda.py \
+            --types q4_0 q4_1 q5_0 q5_1 q8_0 q2k q3k q4k q5k q6k --kernels mmq --m 2 4 8 --m8-types --codes \
+            --no-dequant --no-dense --json "$OUT/prefetch_${on}_$round.json"
         done
       done ;;
     decode)
@@ -97,7 +97,7 @@ for stage in "$@"; do
         run_stage "decode_$isq" "${DECODE[@]}" --isq "$isq" --output-len 128 --batch 16 --batch-context 1024 \
           --batch-output-len 32 --ttft-repeats 0
       done ;;
-    *) say "unknown stage $stage (tests, memcheck, racecheck, kernels, mmq, rows, hold, decode)" ;;
+    *) say "unknown stage $stage (tests, memcheck, racecheck, kernels, mmq, rows, prefetch, decode)" ;;
   esac
 done
 # The device tool brings back only a few files per call: everything in one archive.

@@ -21,11 +21,10 @@
 // Options per type and row length (layout(), gguf_mmq_staged_layout.cuh): the tokens' codes and XBlocks of each chunk
 // bulk-copied into the stage too (after the PDL wait), so no unit waits on a global load, or those of the whole of K
 // copied once into shared memory beside the ring (in four pieces on their own barriers); where neither, each
-// multiplying warp's tokens of its units of the next chunk held in registers while it multiplies this chunk's
-// (holds_tokens(): UnitTokens, one stage of lookahead, so no mma waits on an L2 load), or else, for every loader but
-// Q2_K (prefetches_tokens()), loaded into registers just before it waits for the chunk's weights, so their L2 latency
-// overlaps that wait (Q2_K's read them through pointers as it multiplies); and the Q4_K/Q5_K min terms summed in two
-// IMMA chains instead of one. None changes the bits.
+// multiplying warp's tokens of its units of a chunk loaded into registers (UnitTokens) just before it waits for the
+// chunk's weights, so their L2 latency overlaps that wait (prefetches_tokens(): all but Q2_K's short rows and wide
+// weights, which read them through pointers as they multiply); and the Q4_K/Q5_K min terms summed in two IMMA chains
+// instead of one. None changes the bits.
 #include <atomic>
 #include <type_traits>
 
@@ -42,9 +41,9 @@ namespace {
 constexpr int kMaxStages = 8;
 
 // How the multiplying warps of a layout that reads its tokens from global memory (neither staged nor resident) take
-// them: through pointers as they multiply, loaded into registers (UnitTokens) before waiting for the chunk's weights,
-// or held there a chunk ahead.
-enum class TokenLoad { kPointers, kPrefetched, kHeldAhead };
+// them: through pointers as they multiply, or loaded into registers (UnitTokens) before waiting for the chunk's
+// weights.
+enum class TokenLoad { kPointers, kPrefetched };
 
 // A loader's staging with W warps multiplying (one more issues the copies) and MT m-tiles of 16 rows: units per
 // multiplying warp per stage (a row chunk of at least kChunkTarget bytes), the rows' stride, the stages (a ring of
@@ -97,8 +96,8 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
 #ifdef CANDLE_VLLM_MBARRIER
   using S = Staging<Q, W, MT, kChunk, kRing, kStagedTokens>;
   static_assert(!(kResident && kStagedTokens), "the tokens are either resident or staged per chunk");
-  constexpr bool kHold = kLoad != TokenLoad::kPointers;
-  static_assert(!kHold || !(kResident || kStagedTokens), "only tokens read from global memory are held");
+  constexpr bool kPrefetch = kLoad == TokenLoad::kPrefetched;
+  static_assert(!kPrefetch || !(kResident || kStagedTokens), "only tokens read from global memory are prefetched");
   constexpr int kRows = S::kRows;
   extern __shared__ __align__(16) uint8_t ring[];
   // The resident tokens arrive in kResidentSegments pieces of whole chunks, each on its own barrier, so the
@@ -185,21 +184,20 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
     TokenRows xg[1] = {};
     if constexpr (!kStagedTokens && !kResident) token_rows<Q>(xg, xq, xb, M, K, warp * Q::kBlockElems, g, t);
     pdl_wait();  // xq/xb (resident: their copies) are the kernel before's; y may still be read by it
-    // kHold: held[i] holds the tokens of the warp's unit i of the chunk being multiplied (UnitTokens); held a chunk
-    // ahead, after its use there those of unit i of the next chunk. next_x points at the next chunk to load.
-    UnitTokens<Q> held[kHold ? S::kUnitsPerWarp : 1];
+    // kPrefetch: ahead[i] holds the tokens of the warp's unit i of the chunk being multiplied (UnitTokens), loaded
+    // before the wait for its weights. next_x points at the next chunk to load.
+    UnitTokens<Q> ahead[kPrefetch ? S::kUnitsPerWarp : 1];
     TokenRows next_x = xg[0];
-    auto hold = [&](int c, int i) {
-      if (warp + W * i < units_in(c)) held[i].load(next_x.shifted(W * i * Q::kBlockElems));
+    auto prefetch = [&](int c, int i) {
+      if (warp + W * i < units_in(c)) ahead[i].load(next_x.shifted(W * i * Q::kBlockElems));
     };
-    auto hold_chunk = [&](int c) {
+    auto prefetch_chunk = [&](int c) {
 #pragma unroll
-      for (int i = 0; i < S::kUnitsPerWarp; ++i) hold(c, i);
+      for (int i = 0; i < S::kUnitsPerWarp; ++i) prefetch(c, i);
       next_x.advance(S::kTokenElems);
     };
-    if constexpr (kLoad == TokenLoad::kHeldAhead) hold_chunk(0);
     for (int c = 0; c < chunks; ++c) {
-      if constexpr (kLoad == TokenLoad::kPrefetched) hold_chunk(c);
+      if constexpr (kPrefetch) prefetch_chunk(c);
       if constexpr (kResident)
         if (c % seg_chunks == 0) mbar_wait(smem_addr(&resident[c / seg_chunks]), 0);
       const int s = c % S::kStages;
@@ -230,9 +228,8 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
               x[0].blocks[k] = reinterpret_cast<const XBlock*>(blocks + min(2 * t + k, M - 1) * block_stride) +
                                u * Q::kBlockElems / 32;
             multiply_any<Q, MT, 1, kSplitLow>(q, t, x, acc);
-          } else if constexpr (kHold) {
-            const UnitTokens<Q> x[1] = {held[i]};
-            if constexpr (kLoad == TokenLoad::kHeldAhead) hold(c + 1, i);
+          } else if constexpr (kPrefetch) {
+            const UnitTokens<Q> x[1] = {ahead[i]};
             multiply_any<Q, MT, 1, kSplitLow>(q, t, x, acc);
           } else {
             multiply_any<Q, MT, 1, kSplitLow>(q, t, xg, acc);
@@ -240,7 +237,6 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
           }
         }
       }
-      if constexpr (kLoad == TokenLoad::kHeldAhead) next_x.advance(S::kTokenElems);
       __syncwarp();
       if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
     }
@@ -292,13 +288,8 @@ void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_
              dim3(S::kThreads), smem, s, y, bf16, xq, xb, w, M, N, K, row_bytes, rope);
 }
 
-// Whether the layouts that hold their tokens a chunk ahead (holds_tokens) do, and the other global-token layouts of a
-// loader that prefetches (prefetches_tokens) do: CANDLE_VLLM_STAGED_HOLD=0 / CANDLE_VLLM_STAGED_PREFETCH=0 keep the
+// Whether the global-token layouts that prefetch (prefetches_tokens) do: CANDLE_VLLM_STAGED_PREFETCH=0 keeps the
 // pointer form, for an A/B in one build.
-bool hold_tokens() {
-  static const bool hold = env_switch_on("CANDLE_VLLM_STAGED_HOLD");
-  return hold;
-}
 bool prefetch_tokens() {
   static const bool prefetch = env_switch_on("CANDLE_VLLM_STAGED_PREFETCH");
   return prefetch;
@@ -332,19 +323,15 @@ void launch_gguf_mmq_staged(void* y, bool bf16, const int8_t* xq, const gguf::XB
         launch<Q, kW, L.m_tiles, L.chunk, L.ring, L.staged_tokens, L.split_low, decltype(rope_tag)::value,
                Resident::value, decltype(load_tag)::value>(y, bf16, xq, xb, w, M, N, K, r, stream);
       };
-      auto held = [&](auto rope_tag) {
-        constexpr bool kGlobal = !L.staged_tokens && !L.resident_tokens, kAhead = kGlobal && holds_tokens<Q>(kShape);
-        using Pointers = std::integral_constant<TokenLoad, TokenLoad::kPointers>;
-        using Ahead = std::integral_constant<TokenLoad, kAhead ? TokenLoad::kHeldAhead : TokenLoad::kPointers>;
-        constexpr bool kPrefetch = kGlobal && !kAhead && prefetches_tokens<Q>();
+      auto loaded = [&](auto rope_tag) {
+        constexpr bool kPrefetch = !L.staged_tokens && !L.resident_tokens && prefetches_tokens<Q>(kShape);
         using Prefetched =
             std::integral_constant<TokenLoad, kPrefetch ? TokenLoad::kPrefetched : TokenLoad::kPointers>;
-        if (kAhead && hold_tokens()) with(rope_tag, Ahead{});
-        else if (kPrefetch && prefetch_tokens()) with(rope_tag, Prefetched{});
-        else with(rope_tag, Pointers{});
+        if (kPrefetch && prefetch_tokens()) with(rope_tag, Prefetched{});
+        else with(rope_tag, std::integral_constant<TokenLoad, TokenLoad::kPointers>{});
       };
-      if (rope != nullptr) held(std::true_type{});
-      else held(std::false_type{});
+      if (rope != nullptr) loaded(std::true_type{});
+      else loaded(std::false_type{});
     };
     auto shaped = [&](auto w_tag) {
       using Wide = std::integral_constant<Shape, Shape::kWide>;

@@ -37,10 +37,11 @@ namespace {
 // tokens, two rounds): q8_0's short narrow rows 25.3 / 32.4 us on 4096x4096 and 35.4 / 40.7 on 6144x4096 over 2, 4
 // and 8 tokens against its per-chunk staging; the other 32-element types at best 8 % faster on one shape and mostly
 // slower, the K-quants 11-66 % slower on the short shapes (call 5 confirmed q8_0's in one build).
-// Two m-tiles in a 96 KB ring with held tokens (holds_tokens) for the short narrow rows instead (session 37, call 4,
-// on an H100: us summed over 2, 4 and 8 tokens on 6144x4096 / 4096x4096, two rounds within 1 %): q4_0 -16.7 / -16.0 %,
-// q5_1 -10.9 / -20.6 %, q5_0 -0.2 / -16.8 %, q3k +1.7 / -12.7 %; q2k -4.3 / +0.6 %, q6k -3.2 / +0.9 %, q5k -8.3 /
-// +10.4 %, q4k -2.0 / +13.4 % (kept as they were); on long rows q8_0 +22 %, q4k +7 %, q5k +9 %.
+// Two m-tiles in a 96 KB ring with held tokens (since session 53 prefetched instead: prefetches_tokens) for the short
+// narrow rows instead (session 37, call 4, on an H100: us summed over 2, 4 and 8 tokens on 6144x4096 / 4096x4096, two
+// rounds within 1 %): q4_0 -16.7 / -16.0 %, q5_1 -10.9 / -20.6 %, q5_0 -0.2 / -16.8 %, q3k +1.7 / -12.7 %; q2k -4.3 /
+// +0.6 %, q6k -3.2 / +0.9 %, q5k -8.3 / +10.4 %, q4k -2.0 / +13.4 % (kept as they were); on long rows q8_0 +22 %, q4k
+// +7 %, q5k +9 %.
 // Long rows (K >= kLongRowsK): the narrow shape whose layouts differ.
 struct Layout {
   int m_tiles, chunk, ring;
@@ -72,33 +73,21 @@ constexpr Layout layout(Shape shape) {
                 std::is_same_v<Q, mmq::MmqQ4K> || std::is_same_v<Q, mmq::MmqQ5K>};
 }
 
-// Whether the multiplying warps hold the next chunk's tokens in registers (kHold), where a layout reads them from
-// global memory, measured on an H100 (session 37, call 1: bench_quant_cuda.py --kernels mmq --m 2 4 8 --codes with
-// CANDLE_VLLM_STAGED_HOLD 1 and 0 in one build, two rounds, each within 2 % of the other except q2k): held, the wide
-// shape gains 2-15 % at 2-8 tokens (q4_0 -8..-15 %, q5_1 -9..-13 %, q5_0 -4..-7 %, q4k -2..-5 %, q6k's 8 tokens -5 %),
-// as do the two-m-tile deep rings (q4_1 short rows -5..-15 %, q3k long -5..-9 %, q5_0 long -6..-7 %) and q5k's long
-// rows (-2 %); the one-m-tile short narrow rows lose up to 15 % (q4k 6144x4096 +10 %, q5_0 and q5_1 +3..+14 %), long
-// rows of q4k, q8_0, q4_0 lose or tie, and q2k's (wide and long rows) and q3k's wide ones tie. So the short narrow
-// rows of the types that take a deep ring there (layout(), call 4) hold them, the others not.
+// Whether a layout of loader Q that reads its tokens from global memory (neither staged nor resident) loads each
+// chunk's into registers just before it waits for the chunk's weights (TokenLoad::kPrefetched), so their L2 latency
+// overlaps that wait, instead of reading them through pointers as it multiplies. Measured on H100s with
+// bench_decode.py at batch 8 (4) and the switch read at launch, both settings in one build, two rounds:
+//   - session 52, the layouts that read through pointers then: q4k +1.4 / +2.2 % (batch 4: +2.9 / +3.1 %), q8_0
+//     +2.7 / +2.9 %, q5k +1.7 / +2.2 %, q6k +0.3 / +0.3 %; q2k -5.3 / -6.2 %, whose kernels were 3-7 % slower at 8
+//     tokens on 6144x4096 and 28672x4096 but 10-11 % faster on its long rows (4096x14336) at 4 and 8;
+//   - session 53: Q2_K's long rows alone, q2k +1.0 / +1.3 %; and the layouts that held a chunk's tokens in registers
+//     while multiplying the chunk before (session 37's form: the wide shape but for Q2_K, Q3_K and Q8_0, the two-m-tile
+//     short narrow rows, Q3_K/Q5_0/Q5_K long rows) prefetched instead: q4k +4.2 / +5.0 %, q6k +3.4 %, q4_0 +2.2 %,
+//     q5_1 +1.4 % (q4k two rounds, the others one; q4_1, q5_0, q3k and q5k tested, not timed).
+// So every such layout prefetches except Q2_K's short narrow rows and wide weights.
 template <class Q>
-constexpr bool holds_tokens(Shape shape) {
-  using std::is_same_v;
-  if (shape == Shape::kWide)
-    return !is_same_v<Q, mmq::MmqQ2K> && !is_same_v<Q, mmq::MmqQ3K> && !is_same_v<Q, mmq::MmqQ8_0>;
-  if (shape == Shape::kNarrow) return layout<Q>(shape).m_tiles == 2;
-  return is_same_v<Q, mmq::MmqQ3K> || is_same_v<Q, mmq::MmqQ5_0> || is_same_v<Q, mmq::MmqQ5K>;
-}
-
-// Whether loader Q's layouts that read their tokens from global memory and do not hold them a chunk ahead load
-// each chunk's into registers before waiting for its weights (TokenLoad::kPrefetched), measured on an H100 (session
-// 52, call 2: bench_decode.py at batch 8 / 4 with CANDLE_VLLM_STAGED_PREFETCH 1 and 0 in one build, two rounds): q4k
-// batch 8 +1.4 / +2.2 %, batch 4 +2.9 / +3.1 %, q8_0 +2.7 / +2.9 %, q5k +1.7 / +2.2 %, q6k +0.3 / +0.3 %; q2k -5.3 /
-// -6.2 %. So Q2_K keeps the pointer form. Its kernels prefetched: 6144x4096 and 28672x4096 3-7 % slower at 8 tokens,
-// 4096x14336 10-11 % faster at 4 and 8 (long rows alone prefetched: not measured in decode yet). Q3_K's wide layout
-// (its only one that reads global tokens without holding them) was measured as a kernel only: a tie, +0.6 / -0.1 %.
-template <class Q>
-constexpr bool prefetches_tokens() {
-  return !std::is_same_v<Q, mmq::MmqQ2K>;
+constexpr bool prefetches_tokens(Shape shape) {
+  return !std::is_same_v<Q, mmq::MmqQ2K> || shape == Shape::kNarrowLong;
 }
 
 }  // namespace
