@@ -19,7 +19,9 @@ import argparse
 import json
 from pathlib import Path
 
-BAR_SHAPES = {(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)}  # bench_quant_cuda.SHAPES (not the LM head)
+# bench_quant_cuda.SHAPES (not the LM head), in benches/RESULTS.md's column order
+BAR_SHAPE_ORDER = [(4096, 4096), (6144, 4096), (4096, 14336), (28672, 4096)]
+BAR_SHAPES = set(BAR_SHAPE_ORDER)
 BAR_TOKENS = {1, 2, 4, 8}
 NOT_GGUF = {"bf16", "dequant"}
 

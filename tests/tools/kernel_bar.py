@@ -15,9 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
-from tests.tools.compare_kernels import BAR_TOKENS, NOT_GGUF
+from tests.tools.compare_kernels import BAR_SHAPE_ORDER, BAR_SHAPES, BAR_TOKENS, NOT_GGUF
 
-TABLE_SHAPES = [(4096, 4096), (6144, 4096), (4096, 14336), (28672, 4096)]  # RESULTS.md's column order
 TYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2k", "q3k", "q4k", "q5k", "q6k"]
 BENCH_CEILING_GBS = 4260.0
 
@@ -29,7 +28,7 @@ def best_fractions(rows: list[dict[str, object]], ceiling_gbs: float) -> Best:
     best: Best = {}
     for r in rows:
         kind, n, k, m = str(r["kind"]), int(r["n"]), int(r["k"]), int(r["m"])  # type: ignore[call-overload]
-        if kind in NOT_GGUF or (n, k) not in TABLE_SHAPES or m not in BAR_TOKENS:
+        if kind in NOT_GGUF or (n, k) not in BAR_SHAPES or m not in BAR_TOKENS:
             continue
         key = (str(r["type"]), m, n, k)
         fraction = float(r["gb_s"]) / ceiling_gbs  # type: ignore[arg-type]
@@ -47,7 +46,7 @@ def table(best: Best, bar: float) -> tuple[list[str], int, int]:
         cells = []
         for m in sorted(BAR_TOKENS):
             parts = []
-            for n, k in TABLE_SHAPES:
+            for n, k in BAR_SHAPE_ORDER:
                 if (qtype, m, n, k) not in best:
                     parts.append("-")
                     continue
