@@ -24,7 +24,8 @@ Best = dict[tuple[str, int, int, int], tuple[float, str]]  # (type, m, n, k) -> 
 
 
 def best_fractions(rows: list[dict[str, object]], ceiling_gbs: float) -> Best:
-    """Per (type, tokens, n, k) of the table's shapes at 1-8 tokens: the best kernel's GB/s over ``ceiling_gbs``, and the kernel."""
+    """Per (type, tokens, n, k) of the table's shapes at 1-8 tokens: the best kernel's GB/s over ``ceiling_gbs``,
+    and the kernel."""
     best: Best = {}
     for r in rows:
         kind, n, k, m = str(r["kind"]), int(r["n"]), int(r["k"]), int(r["m"])  # type: ignore[call-overload]
