@@ -19,12 +19,11 @@
 // whole blocks for the half-block units, so a row's bytes keep their offsets mod 16 and the loaders' alignment rules
 // hold; hence rows must be a multiple of 16 bytes long (gguf_mmq_staged_fits).
 // Options per type and row length (layout(), gguf_mmq_staged_layout.cuh): the tokens' codes and XBlocks of each chunk
-// bulk-copied into the stage too (after the PDL wait), so no unit waits on a global load, or those of the whole of K
-// copied once into shared memory beside the ring (in four pieces on their own barriers); where neither, each
-// multiplying warp's tokens of its units of a chunk loaded into registers (UnitTokens) just before it waits for the
-// chunk's weights, so their L2 latency overlaps that wait (prefetches_tokens(): all but Q2_K's short rows and wide
-// weights, which read them through pointers as they multiply); and the Q4_K/Q5_K min terms summed in two IMMA chains
-// instead of one. None changes the bits.
+// bulk-copied into the stage too (after the PDL wait), so no unit waits on a global load; where not, each multiplying
+// warp's tokens of its units of a chunk loaded into registers (UnitTokens) just before it waits for the chunk's
+// weights, so their L2 latency overlaps that wait (prefetches_tokens(): all but Q2_K's short rows and wide weights,
+// which read them through pointers as they multiply); and the Q4_K/Q5_K min terms summed in two IMMA chains instead
+// of one. None changes the bits.
 #include <atomic>
 #include <type_traits>
 
@@ -40,8 +39,7 @@ namespace {
 
 constexpr int kMaxStages = 8;
 
-// How the multiplying warps of a layout that reads its tokens from global memory (neither staged nor resident) take
-// them: through pointers as they multiply, or loaded into registers (UnitTokens) before waiting for the chunk's
+// How the multiplying warps of a layout that reads its tokens from global memory (not staged) take them: through pointers as they multiply, or loaded into registers (UnitTokens) before waiting for the chunk's
 // weights.
 enum class TokenLoad { kPointers, kPrefetched };
 
@@ -79,34 +77,19 @@ struct Staging {
   static constexpr int kSmemBytes = kStages * kStageBytes;
 };
 
-// With kResident the tokens' codes and XBlocks for the whole of K sit in shared memory after the ring, copied once
-// after the PDL wait: code rows resident_stride(K, kTokenWords) bytes apart (kTokenWords (mod 32) words, as the
-// stages' kTokenStride), then XBlock rows K / 4 + 16 bytes apart. Only narrow weights with short rows take it
-// (layout()), which bounds the shared memory (launch()).
-__host__ __device__ constexpr int resident_stride(int K, int words) {
-  return K + ((words - (K / 4) % 32 + 32) % 32) * 4;
-}
-
 template <class Q, int W, int MT, int kChunk, int kRing, bool kStagedTokens, bool kSplitLow, bool kRope,
-          bool kResident, TokenLoad kLoad>
+          TokenLoad kLoad>
 __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens>::kThreads)
     gguf_mmq_staged_kernel(void* __restrict__ y, bool bf16, const int8_t* xq, const XBlock* xb,
                            const uint8_t* __restrict__ w, int M, int N, int K, int64_t row_bytes,
                            const GgufRopeCache rope) {
 #ifdef CANDLE_VLLM_MBARRIER
   using S = Staging<Q, W, MT, kChunk, kRing, kStagedTokens>;
-  static_assert(!(kResident && kStagedTokens), "the tokens are either resident or staged per chunk");
   constexpr bool kPrefetch = kLoad == TokenLoad::kPrefetched;
-  static_assert(!kPrefetch || !(kResident || kStagedTokens), "only tokens read from global memory are prefetched");
+  static_assert(!kPrefetch || !kStagedTokens, "only tokens read from global memory are prefetched");
   constexpr int kRows = S::kRows;
   extern __shared__ __align__(16) uint8_t ring[];
-  // The resident tokens arrive in kResidentSegments pieces of whole chunks, each on its own barrier, so the
-  // multiplying warps start on the first piece while the rest is in flight (q8_0 4096x4096 at 4 tokens: 10.39 us in
-  // one piece, 9.24 in four; benches/RESULTS.md, session 25).
-  constexpr int kResidentSegments = 4;
-  __shared__ alignas(8) uint64_t full[S::kStages], empty[S::kStages], resident[kResidentSegments];
-  uint8_t* const tok = ring + S::kSmemBytes;
-  const int res_stride = resident_stride(K, S::kTokenWords), res_block_stride = K / 4 + 16;
+  __shared__ alignas(8) uint64_t full[S::kStages], empty[S::kStages];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row0 = blockIdx.x * kRows, units = K / Q::kBlockElems;
   const int chunks = (units + S::kChunkUnits - 1) / S::kChunkUnits;
@@ -115,15 +98,12 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
       mbar_init(smem_addr(&full[s]), kStagedTokens ? 2 : 1);  // the weights', then the tokens' (after the wait)
       mbar_init(smem_addr(&empty[s]), W);
     }
-    if constexpr (kResident)
-      for (int r = 0; r < kResidentSegments; ++r) mbar_init(smem_addr(&resident[r]), 1);
     mbar_fence_init();
   }
   __syncthreads();
 
   float acc[MT][1][4] = {};
   auto units_in = [&](int c) { return min(S::kChunkUnits, units - c * S::kChunkUnits); };
-  const int seg_chunks = (chunks + kResidentSegments - 1) / kResidentSegments;
   auto stage_at = [&](int c) { return ring + (c % S::kStages) * S::kStageBytes; };
   if (warp == W) {
     // Lane r < kRows copies row r's chunks (rows past N copy the last row; their sums are dropped); lanes m and 8 + m
@@ -156,34 +136,18 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
       pdl_wait();  // the codes are the kernel before's output, and y may still be read by it
       for (int c = 0; c < first; ++c) tokens(c);
     }
-    if constexpr (kResident) {
-      pdl_wait();
-      const int m = lane & 7;
-      for (int r = 0; r < kResidentSegments; ++r) {
-        const int e0 = min(r * seg_chunks * S::kTokenElems, K), e1 = min((r + 1) * seg_chunks * S::kTokenElems, K);
-        const uint32_t bar = smem_addr(&resident[r]), elems = e1 - e0;
-        if (elems == 0) break;
-        if (lane == 0) mbar_expect_tx(bar, M * (elems + elems / 4));
-        __syncwarp();
-        if (lane < 8 && m < M)
-          bulk_copy(smem_addr(tok + m * res_stride + e0), xq + static_cast<int64_t>(m) * K + e0, elems, bar);
-        else if (lane < 16 && m < M)
-          bulk_copy(smem_addr(tok + M * res_stride + m * res_block_stride + e0 / 4),
-                    xb + static_cast<int64_t>(m) * (K / 32) + e0 / 32, elems / 4, bar);
-      }
-    }
     for (int c = first; c < chunks; ++c) {
       mbar_wait(smem_addr(&empty[c % S::kStages]), (c / S::kStages - 1) & 1);
       weights(c);
       if constexpr (kStagedTokens) tokens(c);
     }
     // With no tokens to copy: wait before the store below writes y, which the kernel before may read.
-    if constexpr (!kStagedTokens && !kResident) pdl_wait();
+    if constexpr (!kStagedTokens) pdl_wait();
   } else {
     const int g = lane >> 2, t = lane & 3;
     TokenRows xg[1] = {};
-    if constexpr (!kStagedTokens && !kResident) token_rows<Q>(xg, xq, xb, M, K, warp * Q::kBlockElems, g, t);
-    pdl_wait();  // xq/xb (resident: their copies) are the kernel before's; y may still be read by it
+    if constexpr (!kStagedTokens) token_rows<Q>(xg, xq, xb, M, K, warp * Q::kBlockElems, g, t);
+    pdl_wait();  // xq/xb are the kernel before's; y may still be read by it
     // kPrefetch: ahead[i] holds the tokens of the warp's unit i of the chunk being multiplied (UnitTokens), loaded
     // before the wait for its weights. next_x points at the next chunk to load.
     UnitTokens<Q> ahead[kPrefetch ? S::kUnitsPerWarp : 1];
@@ -198,18 +162,14 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
     };
     for (int c = 0; c < chunks; ++c) {
       if constexpr (kPrefetch) prefetch_chunk(c);
-      if constexpr (kResident)
-        if (c % seg_chunks == 0) mbar_wait(smem_addr(&resident[c / seg_chunks]), 0);
       const int s = c % S::kStages;
       mbar_wait(smem_addr(&full[s]), (c / S::kStages) & 1);
       const int in_chunk = units_in(c);
       const uint8_t* stage = stage_at(c);
       const int lane_off = (Q::kSplitLanes ? 4 : 8) * t;
-      const uint8_t* codes = kResident ? tok + min(g, M - 1) * res_stride + lane_off + c * S::kTokenElems
-                                       : stage + S::kWeightBytes + min(g, M - 1) * S::kTokenStride + lane_off;
-      const uint8_t* blocks = kResident ? tok + M * res_stride + c * (S::kTokenElems / 4)
-                                        : stage + S::kWeightBytes + 8 * S::kTokenStride;
-      const int block_stride = kResident ? res_block_stride : S::kBlockStride;
+      const uint8_t* codes = stage + S::kWeightBytes + min(g, M - 1) * S::kTokenStride + lane_off;
+      const uint8_t* blocks = stage + S::kWeightBytes + 8 * S::kTokenStride;
+      const int block_stride = S::kBlockStride;
 #pragma unroll
       for (int i = 0; i < S::kUnitsPerWarp; ++i) {
         const int u = warp + W * i;
@@ -220,7 +180,7 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
 #pragma unroll
             for (int r = 0; r < 2; ++r)
               q[mt][r].fetch(gguf::StagedBytes{stage + (16 * mt + 8 * r + g) * S::kRowStride}, u, t);
-          if constexpr (kStagedTokens || kResident) {
+          if constexpr (kStagedTokens) {
             TokenRowsOf<true> x[1];
             x[0].codes = reinterpret_cast<const int8_t*>(codes) + u * Q::kBlockElems;
 #pragma unroll
@@ -257,35 +217,29 @@ bool staged_kernels_run() {
            int major = 0;
            check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "gguf_mmq_staged");
            cudaFuncAttributes attr{};
-           auto probe = gguf_mmq_staged_kernel<mmq::MmqQ4K, 4, 1, 512, 16384, false, false, false, false,
-                                               TokenLoad::kPointers>;
+           auto probe =
+               gguf_mmq_staged_kernel<mmq::MmqQ4K, 4, 1, 512, 16384, false, false, false, TokenLoad::kPointers>;
            check_cuda(cudaFuncGetAttributes(&attr, probe), "gguf_mmq_staged");
            return major == 9 && attr.binaryVersion == 90 ? 1 : 2;
          }) == 1;
 }
 
 template <class Q, int W, int MT, int kChunk, int kRing, bool kStagedTokens, bool kSplitLow, bool kRope,
-          bool kResident, TokenLoad kLoad>
+          TokenLoad kLoad>
 void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
             const GgufRopeCache& rope, cudaStream_t s) {
   using S = Staging<Q, W, MT, kChunk, kRing, kStagedTokens>;
-  auto kernel = gguf_mmq_staged_kernel<Q, W, MT, kChunk, kRing, kStagedTokens, kSplitLow, kRope, kResident, kLoad>;
-  // Resident tokens: up to kGgufMmqStagedMaxM rows of K < kLongRowsK (narrow short rows, layout()).
-  constexpr int kMaxSmem =
-      S::kSmemBytes +
-      (kResident ? kGgufMmqStagedMaxM * (resident_stride(kLongRowsK, S::kTokenWords) + kLongRowsK / 4 + 16) : 0);
-  static_assert(kMaxSmem <= 227 * 1024, "more shared memory than a Hopper CTA can have");
+  auto kernel = gguf_mmq_staged_kernel<Q, W, MT, kChunk, kRing, kStagedTokens, kSplitLow, kRope, kLoad>;
+  static_assert(S::kSmemBytes <= 227 * 1024, "more shared memory than a Hopper CTA can have");
   static std::atomic<int> sized[kMaxDevices];  // more than 48 KB of dynamic shared memory, once per device
   per_device(sized, "gguf_mmq_staged", [&](int) {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem),
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
                "gguf_mmq_staged: shared-memory limit");
     return 1;
   });
-  const int smem = S::kSmemBytes + (kResident ? M * (resident_stride(K, S::kTokenWords) + K / 4 + 16) : 0);
-  if (smem > kMaxSmem) throw std::invalid_argument("gguf_mmq_staged: resident tokens take rows shorter than 8192");
   const int64_t row_bytes = mmq::loader_row_bytes<Q>(K);
   launch_pdl(kRope ? "gguf_mmq_staged_rope_cache" : "gguf_mmq_staged", kernel, dim3((N + S::kRows - 1) / S::kRows),
-             dim3(S::kThreads), smem, s, y, bf16, xq, xb, w, M, N, K, row_bytes, rope);
+             dim3(S::kThreads), S::kSmemBytes, s, y, bf16, xq, xb, w, M, N, K, row_bytes, rope);
 }
 
 // Whether the global-token layouts that prefetch (prefetches_tokens) do: CANDLE_VLLM_STAGED_PREFETCH=0 keeps the
@@ -317,14 +271,12 @@ void launch_gguf_mmq_staged(void* y, bool bf16, const int8_t* xq, const gguf::XB
       constexpr int kW = decltype(w_tag)::value;
       constexpr Shape kShape = decltype(shape_tag)::value;
       constexpr Layout L = layout<Q>(kShape);
-      // run_mmq admits K % 256 == 0 only, so the resident copies are whole 16-byte granules.
-      using Resident = std::integral_constant<bool, L.resident_tokens>;
       auto with = [&](auto rope_tag, auto load_tag) {
         launch<Q, kW, L.m_tiles, L.chunk, L.ring, L.staged_tokens, L.split_low, decltype(rope_tag)::value,
-               Resident::value, decltype(load_tag)::value>(y, bf16, xq, xb, w, M, N, K, r, stream);
+               decltype(load_tag)::value>(y, bf16, xq, xb, w, M, N, K, r, stream);
       };
       auto loaded = [&](auto rope_tag) {
-        constexpr bool kPrefetch = !L.staged_tokens && !L.resident_tokens && prefetches_tokens<Q>(kShape);
+        constexpr bool kPrefetch = !L.staged_tokens && prefetches_tokens<Q>(kShape);
         using Prefetched =
             std::integral_constant<TokenLoad, kPrefetch ? TokenLoad::kPrefetched : TokenLoad::kPointers>;
         if (kPrefetch && prefetch_tokens()) with(rope_tag, Prefetched{});

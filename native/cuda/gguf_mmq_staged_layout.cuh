@@ -33,10 +33,17 @@ namespace {
 //   - 2 x 512 x 96K: q3k on 4096x14336 62 / 79, q5_0 there 70 / 94, q4_1 on the short narrow shapes 52 / 61 (q5_0
 //     and q5_1 there 6-7 % faster, kept as they were).
 //   (q4_1 and q5_1 narrow weights take the product from 5 rows since session 24: ops/quant.py MMQ_MIN_ROWS.)
-// The tokens resident for the whole of K instead (session 24, call 3, every type's short narrow and wide shapes, 1-8
-// tokens, two rounds): q8_0's short narrow rows 25.3 / 32.4 us on 4096x4096 and 35.4 / 40.7 on 6144x4096 over 2, 4
-// and 8 tokens against its per-chunk staging; the other 32-element types at best 8 % faster on one shape and mostly
-// slower, the K-quants 11-66 % slower on the short shapes (call 5 confirmed q8_0's in one build).
+// The tokens resident in shared memory for the whole of K (session 24) served q8_0's short narrow rows until session
+// 54 measured them against prefetched tokens (below; H100, bench_quant_cuda.py --kernels mmq, two rounds, switch read
+// at launch): prefetched was 17-18 % faster at 2 tokens, 7-11 % at 4 and 7-27 % at 8 on 4096x4096 / 6144x4096, and
+// q8_0 batch-8 decode +3.4 / +4.1 %. The staged tokens kept their place: read from global memory and prefetched
+// instead, q4_0's and q4_1's long rows were 6-30 % slower at 8 tokens and q6k's at 2 (q4_0 batch-8 decode -7.2 /
+// -7.5 %, q4_1 -4.8 / -4.7 %, q6k -3.8 / -3.7 %); q5_1's long rows 9-12 % faster, but its narrow weights never take
+// the product (ops/quant.py MMQ_MIN_ROWS). The min terms in two chains in every K-quant layout with mins, the same
+// way: slower on most shapes (q5k wide 4-7 %, q2k wide 10 % at 8 tokens, q2k 4096x4096 4-5 % at 2-4, q4k 4096x4096
+// 3 % at 8; batch-8 decode with all of them: q4k even, q5k -3.5 / -4.0 %, q2k -7.3 / -7.4 %), but Q5_K's short narrow
+// rows 12-14 % faster on 4096x4096 (8 warps) and even on 6144x4096 (4 warps). Those alone in two chains, against
+// main in one call: q5k decode +0.9 / +1.0 % at batch 2, +1.0 / +1.6 % at 4, -0.9 / -0.7 % at 8; not kept.
 // Two m-tiles in a 96 KB ring with held tokens (since session 53 prefetched instead: prefetches_tokens) for the short
 // narrow rows instead (session 37, call 4, on an H100: us summed over 2, 4 and 8 tokens on 6144x4096 / 4096x4096, two
 // rounds within 1 %): q4_0 -16.7 / -16.0 %, q5_1 -10.9 / -20.6 %, q5_0 -0.2 / -16.8 %, q3k +1.7 / -12.7 %; q2k -4.3 /
@@ -46,7 +53,6 @@ namespace {
 struct Layout {
   int m_tiles, chunk, ring;
   bool staged_tokens, split_low;
-  bool resident_tokens = false;  // narrow short rows only (launch()'s shared-memory bound)
 };
 constexpr int kStagedWideRows = 16384;
 constexpr int kLongRowsK = 8192;
@@ -61,7 +67,6 @@ constexpr Layout layout(Shape shape) {
   if (!Q::kUnitScales) {
     const bool long_rows = shape == Shape::kNarrowLong;
     if (std::is_same_v<Q, mmq::MmqQ5_0> || (!long_rows && !std::is_same_v<Q, mmq::MmqQ8_0>)) return kDeepRing;
-    if (std::is_same_v<Q, mmq::MmqQ8_0> && !long_rows) return Layout{1, 1024, 65536, false, false, true};
     const bool staged = (std::is_same_v<Q, mmq::MmqQ4_0> || std::is_same_v<Q, mmq::MmqQ4_1> ||
                          std::is_same_v<Q, mmq::MmqQ5_1>) && long_rows;
     return Layout{1, 1024, 65536, staged, false};
@@ -73,7 +78,7 @@ constexpr Layout layout(Shape shape) {
                 std::is_same_v<Q, mmq::MmqQ4K> || std::is_same_v<Q, mmq::MmqQ5K>};
 }
 
-// Whether a layout of loader Q that reads its tokens from global memory (neither staged nor resident) loads each
+// Whether a layout of loader Q that reads its tokens from global memory (not staged) loads each
 // chunk's into registers just before it waits for the chunk's weights (TokenLoad::kPrefetched), so their L2 latency
 // overlaps that wait, instead of reading them through pointers as it multiplies. Measured on H100s with
 // bench_decode.py at batch 8 (4) and the switch read at launch, both settings in one build, two rounds:
