@@ -17,7 +17,8 @@ namespace {
 //   149 / 172 / 145 / 171, wide 156 / 145 / 140 / 148 / 133; q4_0 narrow 126 / 132 / 135 / 133 / 139, wide 138 / 110 /
 //   121 / 125 / 112.
 // So wide weights take two m-tiles (32 rows a CTA: a token load serves twice the rows), 512-byte chunks and a 32 KB
-// ring, except the types whose half-block units hold the most per row (Q6_K, Q3_K: one m-tile and a 16 KB ring);
+// ring, except the types whose half-block units hold the most per row (Q6_K, Q3_K: one m-tile and a 16 KB ring; Q3_K
+// two since session 54, below);
 // narrow ones one m-tile, the K-quants 512-byte chunks in a 16 KB ring, the 32-element types 1 KB chunks in 64 KB.
 // (Q5_K follows Q4_K, Q3_K Q6_K, the other 32-element types Q8_0 and Q4_0: not measured separately.) In every one
 // the weights stream at 68-97 % of the copy ceiling when the warps only wait and release the stages (probe builds
@@ -44,6 +45,15 @@ namespace {
 // 3 % at 8; batch-8 decode with all of them: q4k even, q5k -3.5 / -4.0 %, q2k -7.3 / -7.4 %), but Q5_K's short narrow
 // rows 12-14 % faster on 4096x4096 (8 warps) and even on 6144x4096 (4 warps). Those alone in two chains, against
 // main in one call: q5k decode +0.9 / +1.0 % at batch 2, +1.0 / +1.6 % at 4, -0.9 / -0.7 % at 8; not kept.
+// Then, with prefetched tokens, two m-tiles where one served (session 54, call 4, the same way; us at 2 / 4 / 8 tokens,
+// round 1's change, then round 2's; batch-8 decode two rounds):
+//   - q3k wide (28672x4096): +5.7 / +5.7 %, +2.3 / +2.1 %, -7.0 / -5.2 % (it takes the product from 3 tokens);
+//     decode +2.2 / +3.2 %: taken.
+//   - q8_0 short narrow rows in a 96 KB ring: at 8 tokens (it takes the product from 5) +6.1 / +9.1 % on 4096x4096,
+//     -2.7 / -2.2 % on 6144x4096; decode +1.4 / +1.1 %: taken, by the decode.
+//   - q4k short narrow rows in a 96 KB ring: 4096x4096 -1.4 / -1.2 %, -3.7 / -3.7 %, -6.7 / -6.3 %; 6144x4096 -15.2 /
+//     -13.8 %, -15.5 / -14.5 %, -10.7 / -8.7 %; decode +1.1 / -0.6 % (batch 4, one round: +1.1 %): taken.
+//   - q5k the same: within +3.5 / -3.7 %, decode -0.3 / -0.5 %; q6k wide: +9 % at 2-4 tokens, decode -0.5 / -1.1 %.
 // Two m-tiles in a 96 KB ring with held tokens (since session 53 prefetched instead: prefetches_tokens) for the short
 // narrow rows instead (session 37, call 4, on an H100: us summed over 2, 4 and 8 tokens on 6144x4096 / 4096x4096, two
 // rounds within 1 %): q4_0 -16.7 / -16.0 %, q5_1 -10.9 / -20.6 %, q5_0 -0.2 / -16.8 %, q3k +1.7 / -12.7 %; q2k -4.3 /
@@ -60,19 +70,19 @@ enum class Shape { kNarrow, kNarrowLong, kWide };
 
 template <class Q>
 constexpr Layout layout(Shape shape) {
-  constexpr bool kHeavyHalves = std::is_same_v<Q, mmq::MmqQ6K> || std::is_same_v<Q, mmq::MmqQ3K>;
   if (shape == Shape::kWide)
-    return kHeavyHalves ? Layout{1, 512, 16384, false, false} : Layout{2, 512, 32768, false, false};
+    return std::is_same_v<Q, mmq::MmqQ6K> ? Layout{1, 512, 16384, false, false} : Layout{2, 512, 32768, false, false};
   constexpr Layout kDeepRing{2, 512, 98304, false, false};
   if (!Q::kUnitScales) {
     const bool long_rows = shape == Shape::kNarrowLong;
-    if (std::is_same_v<Q, mmq::MmqQ5_0> || (!long_rows && !std::is_same_v<Q, mmq::MmqQ8_0>)) return kDeepRing;
+    if (std::is_same_v<Q, mmq::MmqQ5_0> || !long_rows) return kDeepRing;
     const bool staged = (std::is_same_v<Q, mmq::MmqQ4_0> || std::is_same_v<Q, mmq::MmqQ4_1> ||
                          std::is_same_v<Q, mmq::MmqQ5_1>) && long_rows;
     return Layout{1, 1024, 65536, staged, false};
   }
   if (shape == Shape::kNarrow)
-    return std::is_same_v<Q, mmq::MmqQ3K> ? kDeepRing : Layout{1, 512, 16384, false, false};
+    return std::is_same_v<Q, mmq::MmqQ3K> || std::is_same_v<Q, mmq::MmqQ4K> ? kDeepRing
+                                                                             : Layout{1, 512, 16384, false, false};
   if (std::is_same_v<Q, mmq::MmqQ2K> || std::is_same_v<Q, mmq::MmqQ3K>) return kDeepRing;
   return Layout{1, 512, 16384, std::is_same_v<Q, mmq::MmqQ6K>,
                 std::is_same_v<Q, mmq::MmqQ4K> || std::is_same_v<Q, mmq::MmqQ5K>};

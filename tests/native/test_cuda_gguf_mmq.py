@@ -97,9 +97,9 @@ needs_hopper = pytest.mark.skipif(
 
 
 # K values whose last chunk is partial in a ring that wraps: long rows whose tokens are staged (2-stage rings), Q8_0's
-# short and long rows (3-stage rings, tokens prefetched), Q4_1's short ones (2 x 512 x 96K, 4 stages; 4352 = 5
-# chunks); a partial last chunk for the other loops too (Q4_K 4352, Q5_K 8448, Q2_K 3072, Q4_0 4352), fewer units
-# than warps (256), a second chunk for Q6_K and Q3_K (4096)
+# long rows (a 3-stage ring, tokens prefetched), the short rows of Q4_1 and Q8_0 (2 x 512 x 96K, 4 and 5 stages;
+# 4352 = 5 and 9 chunks) and Q4_K's (2 stages with 8 warps); a partial last chunk for the other loops too (Q5_K 8448,
+# Q2_K 3072, Q4_0 4352), fewer units than warps (256), a second chunk for Q6_K and Q3_K (4096)
 PARTIAL_CHUNK_K = {QT.Q8_0: (4352, 8448), QT.Q4_0: (8448, 4352), QT.Q4_1: (8448, 4352), QT.Q5_1: (8448,),
                    QT.Q4_K: (4352, 256), QT.Q5_K: (8448, 256), QT.Q2_K: (3072,), QT.Q6_K: (4096,), QT.Q3_K: (4096,)}
 
