@@ -19,6 +19,12 @@ its quantizer launch included; --mmq-row-tiles / --mmq-warps / --mmq-staging tim
 its two kernels: weights in flight in registers or streamed through shared memory); dp4a and mma run batches
 above 8 rows in 8-row passes, as ops.quant does.
 
+--behind-norm launches each GEMV right behind the RMSNorm that writes its activations and subtracts the norm's time
+(timed alone): in a decode step a kernel that streams its weights through shared memory starts filling its ring
+while the kernel before it runs (programmatic dependent launch), which back-to-back launches of one GEMV, each
+waiting for the last one's end, leave out. (Session 54 found back-to-back figures and decode at odds on two staged
+layouts, RESULTS.md; this mode is there to tell whether that overlap is why.)
+
 --sweep-rows times the dp4a GEMV at each --m for every launch choice (weight rows per CTA 2/4/8, 2/4 from three
 tokens; all give the same bits) on the four 8B shapes, marks the default launch, prints the best per (type, tokens,
 shape) and what the best choices would save per Llama-3-8B decode step (32 layers of the four shapes).
@@ -90,36 +96,51 @@ def copies_for(nbytes: int) -> int:
     return max(2, -(-256 * 2**20 // nbytes))
 
 
+Activations = torch.Tensor | Q8Activation
+
+
 def bench_gemv(
     qtype: QT, n: int, k: int, m: int, kernel: Literal["dp4a", "mma", "mmq"], gen: torch.Generator,
-    row_tiles: int = 0, warps: int = 0, codes: bool = False, staging: int = 0,
+    row_tiles: int = 0, warps: int = 0, codes: bool = False, staging: int = 0, behind_norm: bool = False,
 ) -> dict[str, float]:
     """One GEMV kernel: "dp4a" / "mma" (above 8 rows in 8-row passes, as ops.quant runs them) or "mmq" (with
     ``row_tiles`` 16-row tiles, ``warps`` warps per CTA and ``staging`` its kernel, 0 = its default rules); ``codes``:
-    the int8 kernels read
-    codes an RMSNorm wrote before the timed graph (no quantizer launch), of the scale group the kernel takes."""
+    the int8 kernels read codes an RMSNorm wrote before the timed graph (no quantizer launch), of the scale group the
+    kernel takes; ``behind_norm``: every launch reads what an RMSNorm launched just before it wrote (codes, or bf16
+    for "mma"), as in a decode step, where a kernel that streams its weights can start on them while the norm runs
+    (programmatic dependent launch); the norm's own time, timed alone, is subtracted."""
     w = [random_blocks(qtype, n, k, gen) for _ in range(copies_for(n * k // 2))]
     dense = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=gen)
-    x: torch.Tensor | Q8Activation = dense
-    if codes and kernel != "mma":
-        group = cuda_gguf.x_group(qtype) if kernel == "mmq" else 32
-        x = rms_norm(dense, torch.ones(k, device=DEV, dtype=torch.bfloat16), 1e-5, q8=group)
-        assert isinstance(x, Q8Activation), "RMSNorm wrote no int8 codes for this shape"
-    if kernel == "mmq":
-        return figures(w, lambda d: cuda_gguf.mmq(x, d, qtype, n, k, row_tiles=row_tiles, warps=warps,
-                                                  staging=staging))
-    per_pass = 8
-    parts = ([x.row_slice(i, i + per_pass) for i in range(0, m, per_pass)] if isinstance(x, Q8Activation)
-             else [x[i : i + per_pass] for i in range(0, m, per_pass)])
-    return figures(w, lambda d: [cuda_gguf.gemv(p, d, qtype, n, k, kernel=kernel) for p in parts])
+    norm_weight = torch.ones(k, device=DEV, dtype=torch.bfloat16)
+    group = 0 if kernel == "mma" else cuda_gguf.x_group(qtype) if kernel == "mmq" else 32
+
+    def normed() -> Activations:
+        out = rms_norm(dense, norm_weight, 1e-5, q8=group)
+        assert group == 0 or isinstance(out, Q8Activation), "RMSNorm wrote no int8 codes for this shape"
+        return out
+
+    def run(x: Activations, d: torch.Tensor) -> object:
+        if kernel == "mmq":
+            return cuda_gguf.mmq(x, d, qtype, n, k, row_tiles=row_tiles, warps=warps, staging=staging)
+        parts = ([x.row_slice(i, i + 8) for i in range(0, m, 8)] if isinstance(x, Q8Activation)
+                 else [x[i : i + 8] for i in range(0, m, 8)])
+        return [cuda_gguf.gemv(p, d, qtype, n, k, kernel=kernel) for p in parts]
+
+    if behind_norm:
+        return figures(w, lambda d: run(normed(), d), before=normed)
+    x = normed() if codes and kernel != "mma" else dense
+    return figures(w, lambda d: run(x, d))
 
 
-def figures(w: list[torch.Tensor], launch: Callable[[torch.Tensor], object]) -> dict[str, float]:
-    """us / GB/s / fraction of one launch(weight) over the weight copies ``w``."""
+def figures(w: list[torch.Tensor], launch: Callable[[torch.Tensor], object],
+            before: Callable[[], object] | None = None) -> dict[str, float]:
+    """us / GB/s / fraction of one launch(weight) over the weight copies ``w``, less the time of ``before`` (a
+    kernel each launch runs first, timed alone as often)."""
     sec = time_per_launch([lambda d=d: launch(d) for d in w])
+    if before is not None:
+        sec -= time_per_launch([before] * len(w))
     nbytes = w[0].numel()
     return {"us": sec * 1e6, "gb_s": nbytes / sec / 1e9, "fraction": nbytes / sec / CEILING_BYTES_PER_S}
-
 
 
 
@@ -210,6 +231,9 @@ def main() -> None:
                          "(up to 8 rows, Hopper); 0 = default rule")
     ap.add_argument("--codes", action="store_true",
                     help="dp4a/mmq on int8 codes written beforehand (as the decode path's producers write them)")
+    ap.add_argument("--behind-norm", action="store_true",
+                    help="each GEMV launch behind the RMSNorm that writes its activations, as in decode (the norm's "
+                         "time, timed alone, subtracted): weights the kernel streams while the norm runs count")
     ap.add_argument("--no-dequant", action="store_true", help="skip the dequantize throughput rows")
     ap.add_argument("--no-dense", action="store_true", help="skip the bf16 skinny-GEMM baseline rows")
     ap.add_argument("--sweep-rows", action="store_true",
@@ -248,7 +272,7 @@ def main() -> None:
                         label = (f"mmq/{rt or 'auto'}x{ws or 'auto'}/{STAGING_LABELS[st]}" if kernel == "mmq"
                                  else kernel)
                         emit(label, name, (n, k), m,
-                             bench_gemv(qtype, n, k, m, kernel, gen, rt, ws, args.codes, st))
+                             bench_gemv(qtype, n, k, m, kernel, gen, rt, ws, args.codes, st, args.behind_norm))
         if not args.no_dequant:
             emit("dequant", name, (28672, 4096), 0, bench_dequant(qtype, 28672, 4096, gen))
     if args.json:
