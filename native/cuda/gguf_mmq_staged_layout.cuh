@@ -35,15 +35,15 @@ namespace {
 //     and q5_1 there 6-7 % faster, kept as they were).
 //   (q4_1 and q5_1 narrow weights take the product from 5 rows since session 24: ops/quant.py MMQ_MIN_ROWS.)
 // The tokens resident in shared memory for the whole of K (session 24) served q8_0's short narrow rows until session
-// 54 measured them against prefetched tokens (below; H100, bench_quant_cuda.py --kernels mmq, two rounds, switch read
-// at launch): prefetched was 17-18 % faster at 2 tokens, 7-11 % at 4 and 7-27 % at 8 on 4096x4096 / 6144x4096, and
+// 54 measured them against prefetched tokens (H100, bench_quant_cuda.py --kernels mmq, two rounds, a switch read at
+// launch): prefetched was 17-18 % faster at 2 tokens, 7-11 % at 4 and 7-27 % at 8 on 4096x4096 / 6144x4096, and
 // q8_0 batch-8 decode +3.4 / +4.1 %. The staged tokens kept their place: read from global memory and prefetched
 // instead, q4_0's and q4_1's long rows were 6-30 % slower at 8 tokens and q6k's at 2 (q4_0 batch-8 decode -7.2 /
 // -7.5 %, q4_1 -4.8 / -4.7 %, q6k -3.8 / -3.7 %); q5_1's long rows 9-12 % faster, but its narrow weights never take
 // the product (ops/quant.py MMQ_MIN_ROWS). The min terms in two chains in every K-quant layout with mins, the same
 // way: slower on most shapes (q5k wide 4-7 %, q2k wide 10 % at 8 tokens, q2k 4096x4096 4-5 % at 2-4, q4k 4096x4096
 // 3 % at 8; batch-8 decode with all of them: q4k even, q5k -3.5 / -4.0 %, q2k -7.3 / -7.4 %), but Q5_K's short narrow
-// rows 12-14 % faster on 4096x4096 (8 warps) and even on 6144x4096 (4 warps). Those alone in two chains, against
+// rows 11-14 % faster on 4096x4096 (8 warps) and even on 6144x4096 (4 warps). Those alone in two chains, against
 // main in one call: q5k decode +0.9 / +1.0 % at batch 2, +1.0 / +1.6 % at 4, -0.9 / -0.7 % at 8; not kept.
 // Then, with prefetched tokens, two m-tiles where one served (session 54, call 4, the same way; us at 2 / 4 / 8 tokens,
 // round 1's change, then round 2's; batch-8 decode two rounds):
@@ -74,11 +74,10 @@ constexpr Layout layout(Shape shape) {
     return std::is_same_v<Q, mmq::MmqQ6K> ? Layout{1, 512, 16384, false, false} : Layout{2, 512, 32768, false, false};
   constexpr Layout kDeepRing{2, 512, 98304, false, false};
   if (!Q::kUnitScales) {
-    const bool long_rows = shape == Shape::kNarrowLong;
-    if (std::is_same_v<Q, mmq::MmqQ5_0> || !long_rows) return kDeepRing;
-    const bool staged = (std::is_same_v<Q, mmq::MmqQ4_0> || std::is_same_v<Q, mmq::MmqQ4_1> ||
-                         std::is_same_v<Q, mmq::MmqQ5_1>) && long_rows;
-    return Layout{1, 1024, 65536, staged, false};
+    if (std::is_same_v<Q, mmq::MmqQ5_0> || shape != Shape::kNarrowLong) return kDeepRing;
+    constexpr bool kStaged =
+        std::is_same_v<Q, mmq::MmqQ4_0> || std::is_same_v<Q, mmq::MmqQ4_1> || std::is_same_v<Q, mmq::MmqQ5_1>;
+    return Layout{1, 1024, 65536, kStaged, false};
   }
   if (shape == Shape::kNarrow)
     return std::is_same_v<Q, mmq::MmqQ3K> || std::is_same_v<Q, mmq::MmqQ4K> ? kDeepRing
@@ -88,9 +87,9 @@ constexpr Layout layout(Shape shape) {
                 std::is_same_v<Q, mmq::MmqQ4K> || std::is_same_v<Q, mmq::MmqQ5K>};
 }
 
-// Whether a layout of loader Q that reads its tokens from global memory (not staged) loads each
-// chunk's into registers just before it waits for the chunk's weights (TokenLoad::kPrefetched), so their L2 latency
-// overlaps that wait, instead of reading them through pointers as it multiplies. Measured on H100s with
+// Whether a layout of loader Q that reads its tokens from global memory (not staged) loads each chunk's into
+// registers just before it waits for the chunk's weights (TokenLoad::kPrefetched), so their L2 latency overlaps that
+// wait, instead of reading them through pointers as it multiplies. Measured on H100s with
 // bench_decode.py at batch 8 (4) and the switch read at launch, both settings in one build, two rounds:
 //   - session 52, the layouts that read through pointers then: q4k +1.4 / +2.2 % (batch 4: +2.9 / +3.1 %), q8_0
 //     +2.7 / +2.9 %, q5k +1.7 / +2.2 %, q6k +0.3 / +0.3 %; q2k -5.3 / -6.2 %, whose kernels were 3-7 % slower at 8
