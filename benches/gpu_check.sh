@@ -20,9 +20,10 @@
 #   racecheck  racecheck over the GGUF tensor-core product, the paged attention and the flash prefill tests
 #   kernels    bench_quant_cuda.py: every GGUF type's dp4a GEMV and tensor-core product on the 8B shapes (two runs'
 #              kernels.json side by side, and issue 6's bar in each: tests/tools/compare_kernels.py)
-#   behind     issue 6's bar (dp4a and the product at 1, 2, 4 and 8 tokens) with every launch behind the RMSNorm
-#              that writes its activations (--behind-norm, as in decode: a staged product fills its ring while the
-#              norm runs): behind.json, for tests/tools/kernel_bar.py and compare_kernels.py
+#   behind     issue 6's bar (dp4a and the product at 1, 2, 4 and 8 tokens) twice: launches back to back on codes
+#              written beforehand (bar.json), then each behind the RMSNorm that writes its activations (--behind-norm,
+#              as in decode: a staged product fills its ring while the norm runs; behind.json). Read each with
+#              tests/tools/kernel_bar.py, the pair with compare_kernels.py bar.json behind.json
 #   mmq        the K-quants' tensor-core launch choices (one / two row tiles at 2-32 tokens: gguf_mmq.cu
 #              default_row_tiles), and every type's dp4a GEMV against the product at 2-8 (ops/quant.py MMQ_MIN_ROWS)
 #   rows       the dp4a GEMV's rows-per-CTA sweep at one and two tokens (the wave rules of gguf_gemv_q8.cu rows_for;
@@ -75,8 +76,10 @@ for stage in "$@"; do
       run_stage kernels python3 benches/bench_quant_cuda.py --types q4_0 q4_1 q5_0 q5_1 q8_0 q2k q3k q4k q5k q6k \
         --kernels dp4a mmq --m 1 4 8 16 --m8-types --codes --no-dequant --no-dense --json "$OUT/kernels.json" ;;
     behind)
-      run_stage behind python3 benches/bench_quant_cuda.py --types q4_0 q4_1 q5_0 q5_1 q8_0 q2k q3k q4k q5k q6k \
-        --kernels dp4a mmq --m 1 2 4 8 --m8-types --behind-norm --no-dequant --no-dense --json "$OUT/behind.json" ;;
+      BAR=(python3 benches/bench_quant_cuda.py --types q4_0 q4_1 q5_0 q5_1 q8_0 q2k q3k q4k q5k q6k --kernels dp4a mmq
+           --m 1 2 4 8 --m8-types --no-dequant --no-dense)
+      run_stage bar "${BAR[@]}" --codes --json "$OUT/bar.json"
+      run_stage behind "${BAR[@]}" --behind-norm --json "$OUT/behind.json" ;;
     mmq)
       run_stage mmq_tiles python3 benches/bench_quant_cuda.py --types q2k q3k q4k q5k q6k --kernels mmq \
         --m 2 4 8 16 32 --codes --no-dequant --no-dense --mmq-row-tiles 1 2 --json "$OUT/mmq_tiles.json"
