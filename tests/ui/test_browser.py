@@ -337,6 +337,32 @@ def test_cut_streams_failed_turns_settings_and_new_chats(ui_stack: UIStack, page
     assert sorted(titles) == [0, 4], titles
 
 
+def test_a_prompt_sent_right_after_save_takes_the_new_settings(ui_stack: UIStack, page: Any) -> None:
+    """Save, then Enter in the same task: the request carries the saved temperature and max tokens (they were stored
+    on the dialog's close event, a task later, and the real-model chat test once went out at the defaults)."""
+    bodies: list[dict[str, Any]] = []
+
+    def answer(route: Any) -> None:
+        bodies.append(json.loads(route.request.post_data))
+        route.fulfill(status=200, headers={"Access-Control-Allow-Origin": "*", "Content-Type": "text/event-stream"},
+                      body=sse(delta(content="fine"), delta()))
+
+    page.route("**/v1/chat/completions", answer)
+    page.goto(ui_stack.ui_url)
+    expect(page.locator("#model-name")).to_have_text("fake-model")
+    page.click("#settings-button")
+    page.fill("#set-temperature", "0.25")
+    page.fill("#set-max-tokens", "7")
+    page.evaluate("""() => {
+        document.getElementById("save-settings").click();
+        const prompt = document.getElementById("prompt");
+        prompt.value = "Right away";
+        prompt.dispatchEvent(new KeyboardEvent("keydown", { key: "Enter", bubbles: true, cancelable: true }));
+    }""")
+    wait_idle(page)
+    assert [(b["temperature"], b.get("max_tokens")) for b in bodies] == [(0.25, 7)]
+
+
 @pytest.mark.parametrize(
     ("text", "reasoning", "answer", "thinking"),
     [

@@ -331,7 +331,11 @@ function wire() {
   window.addEventListener("pagehide", () => { leaving = true; save(); });
   $("toggle-sidebar").addEventListener("click", () => document.body.classList.toggle("no-sidebar"));
   $("settings-button").addEventListener("click", openSettings);
-  $("settings").addEventListener("close", () => { if ($("settings").returnValue === "save") saveSettings(); });
+  // Saved as the form submits: the dialog's close event comes a task later, and a prompt sent in between (Save, then
+  // Enter at once) went out with the old settings.
+  $("settings").querySelector("form").addEventListener("submit", (event) => {
+    if (event.submitter?.value === "save") saveSettings();
+  });
   $("info-button").addEventListener("click", () => $("info").showModal());
   $("messages").addEventListener("click", async (event) => {
     const button = event.target.closest("button.copy");
