@@ -39,8 +39,8 @@ namespace {
 
 constexpr int kMaxStages = 8;
 
-// How the multiplying warps of a layout that reads its tokens from global memory (not staged) take them: through pointers as they multiply, or loaded into registers (UnitTokens) before waiting for the chunk's
-// weights.
+// How the multiplying warps of a layout that reads its tokens from global memory (not staged) take them: through
+// pointers as they multiply, or loaded into registers (UnitTokens) before waiting for the chunk's weights.
 enum class TokenLoad { kPointers, kPrefetched };
 
 // A loader's staging with W warps multiplying (one more issues the copies) and MT m-tiles of 16 rows: units per
