@@ -136,9 +136,9 @@ def test_staged_kernel_gives_the_register_kernels_bits(qtype: QT) -> None:
 @needs_hopper
 @pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
 def test_staged_kernel_on_wide_weights(qtype: QT) -> None:
-    """Weights of 16384 rows or more take the wide staging (32-row CTAs for most types, most holding their tokens):
-    N = 16400 leaves a partial tile, K = 4096 is two chunks or more; still the register kernel's bits, and rows
-    sampled across the weight within the float64 bounds."""
+    """Weights of 16384 rows or more take the wide staging (32-row CTAs for all types but Q6_K, most prefetching their
+    tokens): N = 16400 leaves a partial tile, K = 4096 is two chunks or more; still the register kernel's bits, and
+    rows sampled across the weight within the float64 bounds."""
     n, k = 16400, 4096
     raw = random_blocks(qtype, n, k, seed=70 + int(qtype))
     data = device_blocks(raw, qtype)
