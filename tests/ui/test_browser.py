@@ -363,6 +363,31 @@ def test_a_prompt_sent_right_after_save_takes_the_new_settings(ui_stack: UIStack
     assert [(b["temperature"], b.get("max_tokens")) for b in bodies] == [(0.25, 7)]
 
 
+def test_a_prompt_sent_before_the_page_connects_waits_for_the_api(ui_stack: UIStack, page: Any) -> None:
+    """A prompt sent while the page still reads /config.json (where the API is) goes to the API once it is known,
+    not to the UI server's own origin."""
+    held: list[Any] = []
+    urls: list[str] = []
+
+    def answer(route: Any) -> None:
+        urls.append(route.request.url)
+        route.fulfill(status=200, headers={"Access-Control-Allow-Origin": "*", "Content-Type": "text/event-stream"},
+                      body=sse(delta(content="fine"), delta()))
+
+    page.route("**/config.json", lambda route: held.append(route))
+    page.route("**/v1/chat/completions", answer)
+    page.goto(ui_stack.ui_url)
+    send(page, "Early")
+    for _ in range(500):  # the route's handler runs as Playwright dispatches events, which its waits do
+        if held:
+            break
+        page.wait_for_timeout(20)
+    held[0].continue_()
+    wait_idle(page)
+    assert urls == [f"{ui_stack.urls[0]}/v1/chat/completions"]
+    expect(page.locator(".message.assistant .content")).to_have_text("fine")
+
+
 @pytest.mark.parametrize(
     ("text", "reasoning", "answer", "thinking"),
     [

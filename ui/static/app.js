@@ -19,6 +19,7 @@ const state = {
   settings: { ...DEFAULT_SETTINGS, ...load(KEYS.settings, {}) },
   apiBase: "",
   model: null,
+  connection: Promise.resolve(), // the last connect(): a reply waits for it, to know where the API is
   running: null, // {controller, conversation}
 };
 
@@ -207,6 +208,8 @@ async function generate(conversation) {
   renderAll();
   const box = $("messages");
   try {
+    await state.connection;
+    if (!state.apiBase) throw new Error("the UI server did not say where the API is");
     await streamChat({
       apiBase: state.apiBase, apiKey: state.settings.api_key, body: requestBody(history), signal: controller.signal,
       onDelta({ content, reasoning, toolCalls, finish }) {
@@ -273,7 +276,7 @@ function saveSettings() {
     api_key: $("set-api-key").value.trim(),
   };
   localStorage.setItem(KEYS.settings, JSON.stringify(state.settings));
-  connect();
+  state.connection = connect();
 }
 
 function showInfo(facts) {
@@ -349,4 +352,4 @@ function wire() {
 wire();
 setRunning(false);
 renderAll();
-connect();
+state.connection = connect();
