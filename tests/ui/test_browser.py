@@ -363,6 +363,38 @@ def test_a_prompt_sent_right_after_save_takes_the_new_settings(ui_stack: UIStack
     assert [(b["temperature"], b.get("max_tokens")) for b in bodies] == [(0.25, 7)]
 
 
+def test_enter_in_a_settings_field_saves_and_cancel_does_not(ui_stack: UIStack, page: Any) -> None:
+    """Enter in a field submits the settings form with Save, its one submit button (it used to take Cancel, the
+    first); Cancel closes the dialog and keeps what was saved."""
+    page.goto(ui_stack.ui_url)
+    expect(page.locator("#model-name")).to_have_text("fake-model")
+    stored = "JSON.parse(localStorage.getItem('candle-vllm.settings'))"
+    page.click("#settings-button")
+    page.fill("#set-temperature", "0.4")
+    page.press("#set-temperature", "Enter")
+    expect(page.locator("#settings")).not_to_be_visible()
+    assert page.evaluate(stored)["temperature"] == 0.4
+    page.click("#settings-button")
+    page.fill("#set-temperature", "1.5")
+    page.click("#cancel-settings")
+    expect(page.locator("#settings")).not_to_be_visible()
+    assert page.evaluate(stored)["temperature"] == 0.4
+
+
+def test_stop_works_while_the_page_connects(ui_stack: UIStack, page: Any) -> None:
+    """A reply waiting for the page's connection to the API stops on Stop, without sending anything."""
+    held: list[Any] = []
+    sent: list[str] = []
+    page.route("**/config.json", lambda route: held.append(route))
+    page.route("**/v1/chat/completions", lambda route: (sent.append(route.request.url), route.abort()))
+    page.goto(ui_stack.ui_url)
+    send(page, "Early")
+    page.click("#stop")
+    wait_idle(page)
+    expect(page.locator(".message.assistant .status")).to_have_text("Stopped.")
+    assert held and sent == []
+
+
 def test_a_prompt_sent_before_the_page_connects_waits_for_the_api(ui_stack: UIStack, page: Any) -> None:
     """A prompt sent while the page still reads /config.json (where the API is) goes to the API once it is known,
     not to the UI server's own origin."""

@@ -197,6 +197,13 @@ function requestBody(messages) {
   return body;
 }
 
+// Rejects with an AbortError when the signal aborts, as fetch does.
+function aborted(signal) {
+  return new Promise((_, reject) => {
+    signal.addEventListener("abort", () => reject(new DOMException("stopped", "AbortError")));
+  });
+}
+
 async function generate(conversation) {
   const message = { role: "assistant", content: "", reasoning: "", tool_calls: [], finish: null, error: null };
   const history = conversation.messages.slice();
@@ -208,7 +215,7 @@ async function generate(conversation) {
   renderAll();
   const box = $("messages");
   try {
-    await state.connection;
+    await Promise.race([state.connection, aborted(controller.signal)]); // Stop works while the page connects
     if (!state.apiBase) throw new Error("the UI server did not say where the API is");
     await streamChat({
       apiBase: state.apiBase, apiKey: state.settings.api_key, body: requestBody(history), signal: controller.signal,
@@ -334,11 +341,10 @@ function wire() {
   window.addEventListener("pagehide", () => { leaving = true; save(); });
   $("toggle-sidebar").addEventListener("click", () => document.body.classList.toggle("no-sidebar"));
   $("settings-button").addEventListener("click", openSettings);
-  // Saved as the form submits: the dialog's close event comes a task later, and a prompt sent in between (Save, then
-  // Enter at once) went out with the old settings.
-  $("settings").querySelector("form").addEventListener("submit", (event) => {
-    if (event.submitter?.value === "save") saveSettings();
-  });
+  // Saved as the form submits (Save, or Enter in a field: Save is the form's one submit button): the dialog's close
+  // event comes a task later, and a prompt sent in between went out with the old settings.
+  $("settings").querySelector("form").addEventListener("submit", saveSettings);
+  $("cancel-settings").addEventListener("click", () => $("settings").close());
   $("info-button").addEventListener("click", () => $("info").showModal());
   $("messages").addEventListener("click", async (event) => {
     const button = event.target.closest("button.copy");
