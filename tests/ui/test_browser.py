@@ -258,6 +258,12 @@ def delta(**fields: Any) -> dict[str, Any]:
     return {"choices": [{"index": 0, "delta": fields, "finish_reason": "stop" if not fields else None}]}
 
 
+def fulfill_stream(route: Any, body: str) -> None:
+    """Answer an intercepted chat request with an event stream, as the API would (CORS included)."""
+    route.fulfill(status=200, headers={"Access-Control-Allow-Origin": "*", "Content-Type": "text/event-stream"},
+                  body=body)
+
+
 def test_reasoning_deltas_thinking_switch_and_api_errors(ui_stack: UIStack, page: Any) -> None:
     """The page against hand-written API answers: ``reasoning_content`` deltas, an error body."""
     bodies: list[dict[str, Any]] = []
@@ -266,9 +272,8 @@ def test_reasoning_deltas_thinking_switch_and_api_errors(ui_stack: UIStack, page
     def answer(route: Any) -> None:
         bodies.append(json.loads(route.request.post_data))
         if len(bodies) == 1:
-            route.fulfill(status=200, headers={**cors, "Content-Type": "text/event-stream"},
-                          body=sse(delta(role="assistant", reasoning_content="Step **one**."),
-                                   delta(content="Answer `x`"), delta()))
+            fulfill_stream(route, sse(delta(role="assistant", reasoning_content="Step **one**."),
+                                      delta(content="Answer `x`"), delta()))
         else:
             route.fulfill(status=401, headers={**cors, "Content-Type": "application/json"},
                           body=json.dumps({"error": {"message": "missing or wrong API key"}}))
@@ -310,14 +315,13 @@ def test_cut_streams_failed_turns_settings_and_new_chats(ui_stack: UIStack, page
     request with the user turn it answered (no two user turns in a row); temperatures between the spinner's steps
     are kept; "New chat" twice leaves one empty conversation."""
     bodies: list[dict[str, Any]] = []
-    cors = {"Access-Control-Allow-Origin": "*"}
 
     def answer(route: Any) -> None:
         bodies.append(json.loads(route.request.post_data))
         body = sse(delta(content="fine"), delta())
         if len(bodies) == 1:
             body = f"data: {json.dumps(delta(content='cut off here'))}\n\n"  # no finish, no [DONE]
-        route.fulfill(status=200, headers={**cors, "Content-Type": "text/event-stream"}, body=body)
+        fulfill_stream(route, body)
 
     page.route("**/v1/chat/completions", answer)
     page.goto(ui_stack.ui_url)
@@ -344,8 +348,7 @@ def test_a_prompt_sent_right_after_save_takes_the_new_settings(ui_stack: UIStack
 
     def answer(route: Any) -> None:
         bodies.append(json.loads(route.request.post_data))
-        route.fulfill(status=200, headers={"Access-Control-Allow-Origin": "*", "Content-Type": "text/event-stream"},
-                      body=sse(delta(content="fine"), delta()))
+        fulfill_stream(route, sse(delta(content="fine"), delta()))
 
     page.route("**/v1/chat/completions", answer)
     page.goto(ui_stack.ui_url)
@@ -403,8 +406,7 @@ def test_a_prompt_sent_before_the_page_connects_waits_for_the_api(ui_stack: UISt
 
     def answer(route: Any) -> None:
         urls.append(route.request.url)
-        route.fulfill(status=200, headers={"Access-Control-Allow-Origin": "*", "Content-Type": "text/event-stream"},
-                      body=sse(delta(content="fine"), delta()))
+        fulfill_stream(route, sse(delta(content="fine"), delta()))
 
     page.route("**/config.json", lambda route: held.append(route))
     page.route("**/v1/chat/completions", answer)
