@@ -54,6 +54,8 @@ static Registrar registrar([](py::module_& m) {
       "cuda_gguf_gemv_q8 on activations a norm/SiLU kernel already quantized into xq/xb (no quantizer launch)");
   m.def("cuda_gguf_mmq_x_group", &cuda::gguf_mmq_x_group, py::arg("qtype"),
         "values per activation scale cuda_gguf_mmq takes for the GGUF type (256 for the K-quants, 32 for the others)");
+  m.def("cuda_gguf_mmq_warps", &cuda::gguf_mmq_warps, py::arg("qtype"), py::arg("M"), py::arg("N"), py::arg("K"),
+        "warps splitting K in cuda_gguf_mmq's default launch of M tokens on an N x K weight (its f32 summation order)");
   m.def("cuda_gguf_mmq_supported", &cuda::gguf_mmq_supported,
         "whether cuda_gguf_mmq (int8 tensor cores, decode batches up to cuda_gguf_mmq_max_m) decodes this GGUF type");
   m.attr("cuda_gguf_mmq_max_m") = cuda::kGgufMmqMaxM;

@@ -81,16 +81,22 @@ bool gguf_mmq_supported(int qtype);
 // K-quants (Q2_K..Q6_K: a unit's sums stay integer), 32 for the others (those of gguf_gemv_q8).
 int gguf_mmq_x_group(int qtype);
 
+// The warps splitting K a default gguf_mmq launch of M tokens takes on an N x K weight of the type on the current
+// device (the rules of gguf_mmq.cu: default_warps, and staged_warps where the staged kernel runs).
+int gguf_mmq_warps(int qtype, int M, int N, int K);
+
 // The int8 product of gguf_gemv_q8 for decode batches of up to 32 tokens on tensor cores (gguf_mmq.cu): each
 // weight is decoded once for all tokens instead of once per token. x non-null: quantized first into xq/xb with
 // gguf_mmq_x_group(qtype)'s scale group; null: xq/xb already hold codes of that group (the caller's duty: other
 // codes give wrong results). Same argument rules as gguf_gemv_q8 with 1 <= M <= kGgufMmqMaxM, K a multiple of 256
-// and xb 16-byte aligned. Each token's result does not depend on the other tokens. For the 32-element types it
+// and xb 16-byte aligned. Each token's result does not depend on the other tokens of a batch of 1-8 or of 9-32 (for
+// the types gguf_mmq_warps gives 16 warps at up to 8 tokens, a batch's size class sets the f32 summation order, as
+// the dp4a GEMV's batches and the product's do for every type). For the 32-element types it
 // differs from the dp4a GEMV's by f32 rounding only (the same integer dot products, scaled and summed in another
 // order); the K-quants' activations are rounded per 256 values. row_tiles, warps and staging are launch choices for
-// benchmarks (16-row tiles per CTA, 1 or 2; warps per CTA splitting K, 4 or 8; 0: the default rules; staging: the
-// kernel, MmqStaging; the staged kernel takes no row_tiles): row_tiles changes only the speed, warps also the f32
-// summation order; the staged kernel sums as the register kernel with the same warps does.
+// benchmarks (16-row tiles per CTA, 1 or 2; warps per CTA splitting K, 4, 8, or 16 with one row tile; 0: the default
+// rules; staging: the kernel, MmqStaging; the staged kernel takes no row_tiles): row_tiles changes only the speed,
+// warps also the f32 summation order; the staged kernel sums as the register kernel with the same warps does.
 void gguf_mmq(void* y, const void* x, int8_t* xq, void* xb, const uint8_t* w, int64_t M, int64_t N, int64_t K,
               int qtype, DType dtype, std::uintptr_t stream, int row_tiles = 0, int warps = 0,
               int staging = kMmqStagingAuto);

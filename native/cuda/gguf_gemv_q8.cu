@@ -224,8 +224,10 @@ void run_mmq(const char* what, void* y, const void* x, int8_t* xq, void* xb, con
     throw std::invalid_argument(std::string(what) + ": xb must be 16-byte aligned (two XBlocks are read as one load)");
   if (row_tiles != 0 && row_tiles != 1 && row_tiles != 2)
     throw std::invalid_argument(std::string(what) + ": row_tiles must be 0 (the default rule), 1 or 2");
-  if (warps != 0 && warps != 4 && warps != 8)
-    throw std::invalid_argument(std::string(what) + ": warps must be 0 (the default rule), 4 or 8");
+  if (warps != 0 && warps != 4 && warps != 8 && warps != 16)
+    throw std::invalid_argument(std::string(what) + ": warps must be 0 (the default rule), 4, 8 or 16");
+  if (warps == 16 && row_tiles == 2)
+    throw std::invalid_argument(std::string(what) + ": 16 warps take one row tile (row_tiles 0 or 1)");
   if (staging != kMmqStagingAuto && staging != kMmqStagingRegisters && staging != kMmqStagingShared)
     throw std::invalid_argument(std::string(what) + ": staging must be 0 (the default rule), 1 (registers) or 2 "
                                 "(shared memory)");

@@ -16,14 +16,14 @@
 //
 // Types: every block type the GGUF kernels decode (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K), each through its tile
 // loader (gguf_mmq_tile.cuh). A CTA owns 16 or 32 weight rows (one or two 16-row tiles per warp: an activation load
-// then serves 32 rows) and its 4 or 8 warps split K by the loader's units (a Q4_K/Q5_K block, half a Q2_K/Q3_K/Q6_K
+// then serves 32 rows) and its 4, 8 or 16 warps split K by the loader's units (a Q4_K/Q5_K block, half a Q2_K/Q3_K/Q6_K
 // block, two blocks of a 32-element type; warp w takes units w, w + W, ...), each keeping the next units' weights in
 // flight in registers while it multiplies one (the first before griddepcontrol.wait: weights do not depend on the
 // kernel before); partial sums meet in shared memory and warp order is fixed, so results are deterministic and a
 // token's result does not depend on the other tokens or on the row tiling (the warp count sets the summation order;
 // its rule depends on N and the device only). Batches of up to 8 tokens on Hopper take gguf_mmq_staged.cu's kernel
-// instead (launch_gguf_mmq), which streams the weights through shared memory and gives the same bits. The arithmetic
-// both kernels share is in gguf_mmq_multiply.cuh.
+// instead (launch_gguf_mmq), which streams the weights through shared memory and gives the same bits with the same
+// warps (its rule, staged_warps, gives some types 16). The arithmetic both kernels share is in gguf_mmq_multiply.cuh.
 //
 // The k order inside an mma is free as long as A and B agree: lane t of a quad (threadID_in_group) holds k slots
 // 4t..4t+3 and 16+4t..16+4t+3. Where a type's codes are bytes in element order (Q8_0, Q4_K, Q5_K) they are given the
@@ -127,8 +127,37 @@ void launch_tokens(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const
 //    one warp per scheduler waiting on memory): 2x8 17.3 / 10.1 / 59.1 / 27.6. 4096x14336 at 8 tokens: q4k 32.3 ->
 //    22.9, q8_0 60.5 -> 40.0 us. Elsewhere 4 warps (6144x4096 at 8 tokens: 12.8 against 14.7).
 // The warps split K, so they set the f32 summation order: the rule depends on N and the device's SM count only, so
-// a token's result does not depend on how many tokens share its launch (it may differ between GPU models).
+// a token's result does not depend on how many tokens share the register kernel's launch (it may differ between GPU
+// models).
+constexpr int kWideRows = 16384;  // a grid of 16-row CTAs this tall is many waves deep
 int default_warps(int N) { return (N + 31) / 32 < device_sm_count() ? 8 : 4; }
+
+// The staged kernel (batches of up to 8 tokens on Hopper) takes 16 warps where they measured faster (H100, session
+// 55: bench_quant_cuda.py --kernels mmq --m 2 4 8 --mmq-warps 0 16 --codes, us at 8 tokens, default_warps -> 16, back
+// to back / behind the RMSNorm that writes the codes): where default_warps gives 8, q8_0 4096x4096 10.13 -> 8.33 /
+// 8.39 -> 9.40 and 4096x14336 29.35 -> 26.52 / 29.21 -> 26.68, q4_0 4096x4096 7.35 -> 6.41 / 8.81 -> 8.01, q2k
+// 4096x14336 16.12 -> 15.24 / 23.60 -> 14.42, q3k 19.01 -> 17.41 / 18.73 -> 17.85; where it gives 4 (6144x4096), q4_0
+// 11.82 -> 9.05 / 11.70 -> 8.68, q5_0 11.68 -> 10.87 / 11.14 -> 10.49, q8_0 12.80 -> 11.71 / 12.64 -> 12.22. The
+// half-block K-quants lose on 6144x4096 (q3k +13 / +10 %), every type but q5_1 and q4_1 on the wide weights, Q4_K,
+// Q5_K and Q6_K everywhere (+18..+41 %: a chunk of 16 units holds a whole 4096-element Q4_K row), Q4_0 and Q4_1's
+// long rows, which stage their tokens, +8 / +6 %. Batch-8 decode against default_warps (session 55, call 3): q8_0
+// +2.1 %, q4_0 +3.0 %, q5_0 +1.3 %, q2k +2.2 %; batch-4 q3k +1.0 %. The register kernel keeps default_warps: with 16
+// warps (one row tile; two spill) batch-16 decode ran q8_0 -11 % and q4_0 -3.7 %. So for these types a batch of 1-8
+// tokens and one of 9-32 sum a token in another order, as batches below and above ops/quant.py's MMQ_MIN_ROWS do.
+int staged_warps(int qtype, int N, int K) {
+  const int warps = default_warps(N);
+  if (N >= kWideRows) return warps;
+  const bool long_rows = K >= 8192, few_ctas = warps == 8;
+  switch (qtype) {
+    case gguf::Q8_0: return 16;
+    case gguf::Q4_0:
+    case gguf::Q4_1: return long_rows ? warps : 16;
+    case gguf::Q5_0: return long_rows || few_ctas ? warps : 16;
+    case gguf::Q2_K:
+    case gguf::Q3_K: return few_ctas ? 16 : warps;
+    default: return warps;
+  }
+}
 
 // Row tiles change only the speed (each row's sums are the same), so their rule may depend on the tokens and the
 // shape. On the K-quant product (session 13, call 8: --mmq-row-tiles 1 2 --m 2 4 8 16; us one / two tiles, narrow =
@@ -142,7 +171,6 @@ int default_warps(int N) { return (N + 31) / 32 < device_sm_count() ? 8 : 4; }
 // (the old rule patched in) batch 32 5,034.8 vs 4,955.4 tok/s, batch 8 2,683.3 / 2,680.5 vs 2,644.1 / 2,682.8.
 // Q5_K's kernel times moved the same way (8: 35.0 / 36.4, 32: 72.7 / 81.0 us) but its decode did not: batch 8
 // 2,320.6 / 2,313.8 vs 2,376.5 / 2,374.7, batch 24 and 32 even; so it keeps the rule above.
-constexpr int kWideRows = 16384;  // a grid of 16-row CTAs this tall is many waves deep
 
 template <class Q>
 int default_row_tiles(int M, int N) {
@@ -159,21 +187,29 @@ int default_row_tiles(int M, int N) {
   return M <= one_tile_max ? 1 : 2;
 }
 
+// warps: 4, 8 or 16 (16, which only a launch choice takes, with one row tile: run_mmq refuses two).
 template <class Q>
 void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
             int row_tiles, int warps, const GgufRopeCache* rope, cudaStream_t s) {
-  const int ws = warps != 0 ? warps : default_warps(N);
-  const int mt = row_tiles != 0 ? row_tiles : default_row_tiles<Q>(M, N);
-  if (mt == 1 && ws == 4) launch_tokens<Q, 1, 4>(y, bf16, xq, xb, w, M, N, K, rope, s);
-  else if (mt == 1) launch_tokens<Q, 1, 8>(y, bf16, xq, xb, w, M, N, K, rope, s);
-  else if (ws == 4) launch_tokens<Q, 2, 4>(y, bf16, xq, xb, w, M, N, K, rope, s);
-  else launch_tokens<Q, 2, 8>(y, bf16, xq, xb, w, M, N, K, rope, s);
+  const int mt = row_tiles != 0 ? row_tiles : warps == 16 ? 1 : default_row_tiles<Q>(M, N);
+  auto by_warps = [&](auto tiles) {
+    constexpr int kMt = decltype(tiles)::value;
+    if (warps == 4) launch_tokens<Q, kMt, 4>(y, bf16, xq, xb, w, M, N, K, rope, s);
+    else if (warps == 8) launch_tokens<Q, kMt, 8>(y, bf16, xq, xb, w, M, N, K, rope, s);
+    else if constexpr (kMt == 1) launch_tokens<Q, 1, 16>(y, bf16, xq, xb, w, M, N, K, rope, s);
+  };
+  if (mt == 1) by_warps(std::integral_constant<int, 1>{});
+  else by_warps(std::integral_constant<int, 2>{});
 }
 
 }  // namespace
 
 bool gguf_mmq_supported(int qtype) {
   return mmq::dispatch(qtype, [](auto) {});
+}
+
+int gguf_mmq_warps(int qtype, int M, int N, int K) {
+  return gguf_mmq_staged_fits(qtype, M, K) ? staged_warps(qtype, N, K) : default_warps(N);
 }
 
 int gguf_mmq_x_group(int qtype) {
@@ -188,11 +224,13 @@ void launch_gguf_mmq(void* y, bool bf16, const int8_t* xq, const gguf::XBlock* x
                      cudaStream_t stream) {
   if (staging == kMmqStagingShared ||
       (staging == kMmqStagingAuto && row_tiles == 0 && gguf_mmq_staged_fits(qtype, M, K))) {
-    launch_gguf_mmq_staged(y, bf16, xq, xb, w, M, N, K, qtype, warps != 0 ? warps : default_warps(N), rope, stream);
+    launch_gguf_mmq_staged(y, bf16, xq, xb, w, M, N, K, qtype, warps != 0 ? warps : staged_warps(qtype, N, K), rope,
+                           stream);
     return;
   }
   if (!mmq::dispatch(qtype, [&](auto loader) {
-        launch<decltype(loader)>(y, bf16, xq, xb, w, M, N, K, row_tiles, warps, rope, stream);
+        launch<decltype(loader)>(y, bf16, xq, xb, w, M, N, K, row_tiles, warps != 0 ? warps : default_warps(N), rope,
+                                 stream);
       }))
     throw std::invalid_argument("gguf_mmq: no tensor-core kernel for GGUF type " + std::to_string(qtype));
 }

@@ -6,14 +6,14 @@
 // session 20). Here the bytes in flight live in shared memory: a CTA owns 16 or 32 weight rows (layout(),
 // gguf_mmq_staged_layout.cuh), one warp only issues bulk copies of the rows' next chunks into a ring of stages (each
 // row's chunk one contiguous copy, completing on the stage's mbarrier; a stage is refilled as soon as the multiplying
-// warps release it), and 4 or 8 warps multiply each stage as gguf_mmq.cu does (the same tile loaders, reading shared
-// memory through gguf::StagedBytes, and the same unit arithmetic, gguf_mmq_multiply.cuh). Weights do not depend on the
-// kernel before, so under programmatic dependent launch the ring fills while that kernel still runs; the codes are read
-// only after waiting for it (by the multiplying warps, or by the copying warp where it stages them).
-// With W multiplying warps (4 or 8: gguf_mmq.cu's rule or launch choice), warp w takes units w, w + W, ... of K as
-// the register kernel's warps do, and the warps' sums meet in the same order, so a row's result equals that
-// kernel's with the same warps, bit for bit (the tests compare them): which of the two a batch takes does not change
-// a token's result.
+// warps release it), and 4, 8 or 16 warps multiply each stage as gguf_mmq.cu does (the same tile loaders, reading
+// shared memory through gguf::StagedBytes, and the same unit arithmetic, gguf_mmq_multiply.cuh). Weights do not
+// depend on the kernel before, so under programmatic dependent launch the ring fills while that kernel still runs; the
+// codes are read only after waiting for it (by the multiplying warps, or by the copying warp where it stages them).
+// With W multiplying warps (4, 8 or 16: gguf_mmq.cu's staged_warps or a launch choice), warp w takes units w, w + W,
+// ... of K as the register kernel's warps do, and the warps' sums meet in the same order, so a row's result equals
+// that kernel's with the same warps, bit for bit (the tests compare them). Where staged_warps gives 16 and the
+// register kernel's rule 8 or 4, which of the two a batch takes changes a token's f32 rounding.
 // Rows sit kRowStride bytes apart in a stage, a stride of 4 (mod 8) words, so the 8 rows a warp's lanes read at once
 // fall on distinct groups of 4 banks. A stage's row chunk is a multiple of 16 bytes (a bulk copy's granule) and of
 // whole blocks for the half-block units, so a row's bytes keep their offsets mod 16 and the loaders' alignment rules
@@ -293,7 +293,8 @@ void launch_gguf_mmq_staged(void* y, bool bf16, const int8_t* xq, const gguf::XB
       else if (K >= kLongRowsK) go(w_tag, Long{});
       else go(w_tag, Narrow{});
     };
-    if (warps == 8) shaped(std::integral_constant<int, 8>{});
+    if (warps == 16) shaped(std::integral_constant<int, 16>{});
+    else if (warps == 8) shaped(std::integral_constant<int, 8>{});
     else shaped(std::integral_constant<int, 4>{});
   });
 }

@@ -369,8 +369,9 @@ GEMV_PASSES_MAX_ROWS = 16
 #     four shapes 194.2 / 202.6).
 #   - q5_0 at 16 on both (9: 204.7 / 194.4 over the four shapes; 12 and 16 measured with an earlier kernel, 256.1 /
 #     248.8 and 262.0 / 279.0).
-# A token's bits depend on which kernel its batch takes (dp4a or the product; not on the other tokens within one, and
-# the product's two kernels give the same bits).
+# A token's bits depend on which kernel its batch takes (dp4a or the product, and for some types the product's staged
+# kernel, which takes 16 warps there, or its register kernel: gguf_mmq.cu staged_warps), not on the other tokens
+# within one.
 MMQ_WIDE_FEATURES = 16384
 MMQ_MIN_ROWS: dict[QT, tuple[int, int]] = {  # (narrow, wide)
     QT.Q4_K: (2, 3), QT.Q5_K: (2, 2), QT.Q6_K: (3, 3), QT.Q2_K: (3, 3), QT.Q3_K: (3, 3),

@@ -58,34 +58,75 @@ def test_mmq_matches_float64(qtype: QT, dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
 def test_a_token_does_not_depend_on_its_batch(qtype: QT) -> None:
-    """The rows of a 32-token launch equal the same rows launched in 9-, 17- and 1-token batches, bit for bit."""
+    """The rows of a 32-token launch equal the same rows launched in 9- and 17-token batches, and those of an 8-token
+    launch the same rows in 1- and 3-token batches, bit for bit (batches of up to 8 tokens may take other warps:
+    gguf_mmq.cu's staged_warps)."""
     n, k = 1000, 4096
     data, _ = _weight(qtype, n, k, seed=3)
     x = torch.randn(32, k, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).to(DEV)
     full = cuda_gguf.mmq(x, data, qtype, n, k)
-    for lo, hi in ((0, 9), (5, 22), (31, 32), (12, 28)):
+    for lo, hi in ((0, 9), (5, 22), (12, 28)):
         assert torch.equal(cuda_gguf.mmq(x[lo:hi], data, qtype, n, k), full[lo:hi]), f"rows {lo}..{hi}"
+    eight = cuda_gguf.mmq(x[24:], data, qtype, n, k)
+    for lo, hi in ((31, 32), (26, 29)):
+        assert torch.equal(cuda_gguf.mmq(x[lo:hi], data, qtype, n, k), eight[lo - 24 : hi - 24]), f"rows {lo}..{hi}"
 
 
 @pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
 def test_row_tiling_keeps_the_bits_and_warps_keep_the_bounds(qtype: QT) -> None:
-    """16 or 32 weight rows per CTA (N = 200 leaves each a partial last tile) change only the speed; 4 or 8 warps
-    splitting K sum in another order, within the same bounds."""
+    """16 or 32 weight rows per CTA (N = 200 leaves each a partial last tile) change only the speed; 4, 8 or 16 warps
+    splitting K sum in another order, within the same bounds (16 with one row tile only: two are refused)."""
     n, k = 200, 3 * 256
     data, w64 = _weight(qtype, n, k, seed=6)
     g = torch.Generator().manual_seed(6)
     for m in (5, 16, 29):
         x = torch.randn(m, k, generator=g).to(torch.bfloat16)
-        for warps in (4, 8):
+        for warps in (4, 8, 16):
             want = cuda_gguf.mmq(x.to(DEV), data, qtype, n, k, row_tiles=1, warps=warps)
             assert_dp4a_within(want, x, w64, GROUP[qtype])
-            got = cuda_gguf.mmq(x.to(DEV), data, qtype, n, k, row_tiles=2, warps=warps)
-            assert torch.equal(got, want), (m, warps)
+            if warps != 16:
+                got = cuda_gguf.mmq(x.to(DEV), data, qtype, n, k, row_tiles=2, warps=warps)
+                assert torch.equal(got, want), (m, warps)
     x = torch.randn(4, k, device=DEV, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="row_tiles must be"):
         cuda_gguf.mmq(x, data, qtype, n, k, row_tiles=4)
     with pytest.raises(ValueError, match="warps must be"):
         cuda_gguf.mmq(x, data, qtype, n, k, warps=2)
+    with pytest.raises(ValueError, match="16 warps take one row tile"):
+        cuda_gguf.mmq(x, data, qtype, n, k, row_tiles=2, warps=16)
+
+
+def _rule_warps(qtype: QT, n: int, k: int) -> int:
+    """gguf_mmq.cu's staged_warps, restated: 8 where the 32-row grid has fewer CTAs than the device has SMs, else 4;
+    16 for Q8_0 on narrow weights, Q4_0/Q4_1 on short narrow rows, Q5_0 on short narrow rows of a full grid, Q2_K/Q3_K
+    on narrow weights of a small grid."""
+    few = (n + 31) // 32 < torch.cuda.get_device_properties(DEV).multi_processor_count
+    warps = 8 if few else 4
+    if n >= 16384:
+        return warps
+    long_rows = k >= 8192
+    sixteen = {QT.Q8_0: True, QT.Q4_0: not long_rows, QT.Q4_1: not long_rows, QT.Q5_0: not long_rows and not few,
+               QT.Q2_K: few, QT.Q3_K: few}
+    return 16 if sixteen.get(qtype, False) else warps
+
+
+@pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
+def test_the_default_warps_per_type_and_shape(qtype: QT) -> None:
+    """The warps of a default launch: gguf_mmq.cu's rule (_rule_warps) for the staged kernel's batches of up to 8
+    tokens on a Hopper GPU, the register kernel's (8 on a small grid, else 4) elsewhere; and a default launch sums as
+    an explicit one with those warps, bit for bit."""
+    g = torch.Generator().manual_seed(9)
+    for n, k in ((1000, 4096), (4352, 4096), (1000, 8448), (16400, 4096)):
+        few = (n + 31) // 32 < torch.cuda.get_device_properties(DEV).multi_processor_count
+        for m in (3, 12):
+            want = _rule_warps(qtype, n, k) if quant.staged_mmq_runs(qtype, k) and m <= 8 else 8 if few else 4
+            assert native.loaded().cuda_gguf_mmq_warps(int(qtype), m, n, k) == want, (n, k, m)
+    n, k = 1000, 4096
+    data, _ = _weight(qtype, n, k, seed=9)
+    for m in (3, 12):
+        x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(DEV)
+        warps = native.loaded().cuda_gguf_mmq_warps(int(qtype), m, n, k)
+        assert torch.equal(cuda_gguf.mmq(x, data, qtype, n, k), cuda_gguf.mmq(x, data, qtype, n, k, warps=warps))
 
 
 # The staged kernel runs on Hopper only (elsewhere the register kernel takes every batch); on a Hopper these tests
@@ -125,7 +166,7 @@ def test_staged_kernel_gives_the_register_kernels_bits(qtype: QT) -> None:
         data, w64 = _weight(qtype, n, k, seed=int(qtype) + k)
         for m in (1, 2, 3, 5, 8):
             x = torch.randn(m, k, generator=g).to(torch.bfloat16)
-            for warps in (4, 8):
+            for warps in (4, 8, 16):
                 poison_allocator(DEV, 8 * n * 4)
                 got = cuda_gguf.mmq(x.to(DEV), data, qtype, n, k, warps=warps, staging=2)
                 want = cuda_gguf.mmq(x.to(DEV), data, qtype, n, k, row_tiles=1, warps=warps, staging=1)
@@ -291,7 +332,7 @@ def test_mmq_refuses_what_it_cannot_do() -> None:
     with pytest.raises(ValueError, match="row_tiles must be"):
         call(512, xb.data_ptr(), row_tiles=3)
     with pytest.raises(ValueError, match="warps must be"):
-        call(512, xb.data_ptr(), warps=16)
+        call(512, xb.data_ptr(), warps=12)
     call(512, xb.data_ptr())  # the same operands, accepted
     torch.cuda.synchronize()
 
