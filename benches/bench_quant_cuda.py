@@ -225,7 +225,7 @@ def main() -> None:
     ap.add_argument("--mmq-row-tiles", nargs="+", type=int, default=[0],
                     help="mmq launches to time: 16-row tiles per CTA (1, 2; 0 = default rule)")
     ap.add_argument("--mmq-warps", nargs="+", type=int, default=[0],
-                    help="mmq launches to time: warps per CTA splitting K (4, 8; 0 = default rule)")
+                    help="mmq launches to time: warps per CTA splitting K (4, 8, 16 with one row tile; 0 = default rule)")
     ap.add_argument("--mmq-staging", nargs="+", type=int, default=[0],
                     help="mmq kernels to time: 1 weights in flight in registers, 2 streamed through shared memory "
                          "(up to 8 rows, Hopper); 0 = default rule")

@@ -209,11 +209,11 @@ def mmq(
     quantized again from its dense ``x``.
 
     ``row_tiles``, ``warps`` and ``staging`` exist so benchmarks can compare launches: 16-row weight tiles per CTA
-    (1 or 2), warps per CTA splitting K (4 or 8) and the kernel (1: weights in flight in registers; 2: streamed
-    through shared memory, up to ``cuda_gguf_mmq_staged_max_m`` rows on Hopper, no ``row_tiles``); 0 = the default
-    rules (warps: by the weight's shape only; row tiles: also by type and rows; the kernel: the staged one where it
-    fits and no row tiles are given). ``row_tiles`` and ``staging`` change only the speed, ``warps`` also the f32
-    summation order."""
+    (1 or 2), warps per CTA splitting K (4, 8, or 16 with one row tile) and the kernel (1: weights in flight in
+    registers; 2: streamed through shared memory, up to ``cuda_gguf_mmq_staged_max_m`` rows on Hopper, no
+    ``row_tiles``); 0 = the default rules (warps: by the weight's shape, and for the staged kernel by type too:
+    ``cuda_gguf_mmq_warps``; row tiles: also by type and rows; the kernel: the staged one where it fits and no row
+    tiles are given). ``row_tiles`` and ``staging`` change only the speed, ``warps`` also the f32 summation order."""
     q8 = x if isinstance(x, Q8Activation) else None
     x = dense(x)
     q8 = _codes_taken(q8, qtype)
