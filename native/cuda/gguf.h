@@ -82,7 +82,8 @@ bool gguf_mmq_supported(int qtype);
 int gguf_mmq_x_group(int qtype);
 
 // The warps splitting K a default gguf_mmq launch of M tokens takes on an N x K weight of the type on the current
-// device (the rules of gguf_mmq.cu: default_warps, and staged_warps where the staged kernel runs).
+// device (the rules of gguf_mmq.cu: default_warps, and staged_warps where the staged kernel runs); throws
+// std::invalid_argument for a type without a kernel, M outside 1..kGgufMmqMaxM or a non-positive N or K.
 int gguf_mmq_warps(int qtype, int M, int N, int K);
 
 // The int8 product of gguf_gemv_q8 for decode batches of up to 32 tokens on tensor cores (gguf_mmq.cu): each

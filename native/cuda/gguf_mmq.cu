@@ -21,9 +21,10 @@
 // flight in registers while it multiplies one (the first before griddepcontrol.wait: weights do not depend on the
 // kernel before); partial sums meet in shared memory and warp order is fixed, so results are deterministic and a
 // token's result does not depend on the other tokens or on the row tiling (the warp count sets the summation order;
-// its rule depends on N and the device only). Batches of up to 8 tokens on Hopper take gguf_mmq_staged.cu's kernel
-// instead (launch_gguf_mmq), which streams the weights through shared memory and gives the same bits with the same
-// warps (its rule, staged_warps, gives some types 16). The arithmetic both kernels share is in gguf_mmq_multiply.cuh.
+// this kernel's rule depends on N and the device only). Batches of up to 8 tokens on Hopper take gguf_mmq_staged.cu's
+// kernel instead (launch_gguf_mmq), which streams the weights through shared memory and gives the same bits with the
+// same warps (its rule, staged_warps, gives some types 16). The arithmetic both kernels share is in
+// gguf_mmq_multiply.cuh.
 //
 // The k order inside an mma is free as long as A and B agree: lane t of a quad (threadID_in_group) holds k slots
 // 4t..4t+3 and 16+4t..16+4t+3. Where a type's codes are bytes in element order (Q8_0, Q4_K, Q5_K) they are given the
@@ -209,6 +210,11 @@ bool gguf_mmq_supported(int qtype) {
 }
 
 int gguf_mmq_warps(int qtype, int M, int N, int K) {
+  if (!gguf_mmq_supported(qtype))
+    throw std::invalid_argument("gguf_mmq_warps: no tensor-core kernel for GGUF type " + std::to_string(qtype));
+  if (M < 1 || M > kGgufMmqMaxM || N < 1 || K < 1)
+    throw std::invalid_argument("gguf_mmq_warps: M must be in 1.." + std::to_string(kGgufMmqMaxM) +
+                                " and N, K positive");
   return gguf_mmq_staged_fits(qtype, M, K) ? staged_warps(qtype, N, K) : default_warps(N);
 }
 

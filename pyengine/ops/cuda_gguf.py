@@ -203,9 +203,10 @@ def mmq(
     """y [M, N] = x [M, K] @ W.T for decode batches up to 32 rows on int8 tensor cores: x rounded to int8 with one
     scale per :func:`x_group` values (or a :class:`Q8Activation`'s codes of that group), each weight decoded once
     for all rows (the dp4a GEMV decodes it once per row, which bounds it by instruction issue from about 8 rows). A
-    row's result does not depend on the other rows. For the 32-element types it differs from the dp4a GEMV's by f32
-    rounding only (the same integer dot products, scaled and summed in another order); the K-quants' activations
-    are rounded per 256 values. A :class:`Q8Activation` whose codes the kernel cannot read (``_codes_taken``) is
+    row's result does not depend on the other rows of a batch of 1-8 rows, nor of one of 9-32 (for some types the
+    two sizes sum in other orders on Hopper: ``cuda_gguf_mmq_warps``). For the 32-element types it differs from the
+    dp4a GEMV's by f32 rounding only (the same integer dot products, scaled and summed in another order); the
+    K-quants' activations are rounded per 256 values. A :class:`Q8Activation` whose codes the kernel cannot read (``_codes_taken``) is
     quantized again from its dense ``x``.
 
     ``row_tiles``, ``warps`` and ``staging`` exist so benchmarks can compare launches: 16-row weight tiles per CTA

@@ -70,6 +70,9 @@ def test_a_token_does_not_depend_on_its_batch(qtype: QT) -> None:
     eight = cuda_gguf.mmq(x[24:], data, qtype, n, k)
     for lo, hi in ((31, 32), (26, 29)):
         assert torch.equal(cuda_gguf.mmq(x[lo:hi], data, qtype, n, k), eight[lo - 24 : hi - 24]), f"rows {lo}..{hi}"
+    warps = native.loaded().cuda_gguf_mmq_warps
+    if warps(int(qtype), 8, n, k) == warps(int(qtype), 32, n, k):  # then both sizes sum in one order
+        assert torch.equal(eight, full[24:])
 
 
 @pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
@@ -113,8 +116,8 @@ def _rule_warps(qtype: QT, n: int, k: int) -> int:
 @pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
 def test_the_default_warps_per_type_and_shape(qtype: QT) -> None:
     """The warps of a default launch: gguf_mmq.cu's rule (_rule_warps) for the staged kernel's batches of up to 8
-    tokens on a Hopper GPU, the register kernel's (8 on a small grid, else 4) elsewhere; and a default launch sums as
-    an explicit one with those warps, bit for bit."""
+    tokens on a Hopper GPU, the register kernel's (8 on a small grid, else 4) elsewhere; a default launch sums as
+    an explicit one with those warps, bit for bit; a type without a kernel or more than 32 tokens is refused."""
     g = torch.Generator().manual_seed(9)
     for n, k in ((1000, 4096), (4352, 4096), (1000, 8448), (16400, 4096)):
         few = (n + 31) // 32 < torch.cuda.get_device_properties(DEV).multi_processor_count
@@ -127,6 +130,10 @@ def test_the_default_warps_per_type_and_shape(qtype: QT) -> None:
         x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(DEV)
         warps = native.loaded().cuda_gguf_mmq_warps(int(qtype), m, n, k)
         assert torch.equal(cuda_gguf.mmq(x, data, qtype, n, k), cuda_gguf.mmq(x, data, qtype, n, k, warps=warps))
+    with pytest.raises(ValueError, match=r"M must be in 1\.\.32"):
+        native.loaded().cuda_gguf_mmq_warps(int(qtype), 33, n, k)
+    with pytest.raises(ValueError, match="no tensor-core kernel"):
+        native.loaded().cuda_gguf_mmq_warps(int(QT.IQ4_NL), 1, n, k)
 
 
 # The staged kernel runs on Hopper only (elsewhere the register kernel takes every batch); on a Hopper these tests
