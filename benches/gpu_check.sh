@@ -26,6 +26,10 @@
 #              tests/tools/kernel_bar.py, the pair with compare_kernels.py bar.json behind.json
 #   mmq        the K-quants' tensor-core launch choices (one / two row tiles at 2-32 tokens: gguf_mmq.cu
 #              default_row_tiles), and every type's dp4a GEMV against the product at 2-8 (ops/quant.py MMQ_MIN_ROWS)
+#   warps      the staged product's warps (session 55: gguf_mmq.cu staged_warps): every type at 2-8 tokens with the
+#              rule's warps and with each of 4, 8 and 16, back to back (warps.json) and behind the norm
+#              (warps_behind.json); read with compare_kernels.py warps.json warps.json --kinds
+#              mmq/autoxauto/auto mmq/autox16/auto (the rule's launch against 16 warps)
 #   rows       the dp4a GEMV's rows-per-CTA sweep at one and two tokens (the wave rules of gguf_gemv_q8.cu rows_for;
 #              the summary's "best rows" lines against the default)
 #   prefetch   the staged product's prefetched tokens against its pointer loop (CANDLE_VLLM_STAGED_PREFETCH=0) in
@@ -85,6 +89,11 @@ for stage in "$@"; do
         --m 2 4 8 16 32 --codes --no-dequant --no-dense --mmq-row-tiles 1 2 --json "$OUT/mmq_tiles.json"
       run_stage mmq_thresholds python3 benches/bench_quant_cuda.py --types q4_0 q4_1 q5_0 q5_1 q8_0 q2k q3k q4k q5k \
         q6k --kernels dp4a mmq --m 2 3 4 5 6 8 --codes --no-dequant --no-dense --json "$OUT/mmq_thresholds.json" ;;
+    warps)
+      WARPS=(python3 benches/bench_quant_cuda.py --types q4_0 q4_1 q5_0 q5_1 q8_0 q2k q3k q4k q5k q6k --kernels mmq
+             --m 2 4 8 --m8-types --mmq-warps 0 4 8 16 --codes --no-dequant --no-dense)
+      run_stage warps "${WARPS[@]}" --json "$OUT/warps.json"
+      run_stage warps_behind "${WARPS[@]}" --behind-norm --json "$OUT/warps_behind.json" ;;
     rows)
       run_stage rows python3 benches/bench_quant_cuda.py --sweep-rows --types q4_0 q4_1 q5_0 q5_1 q8_0 q2k q3k q4k q5k \
         q6k --m 1 2 --codes --json "$OUT/rows.json" ;;
@@ -106,7 +115,7 @@ for stage in "$@"; do
         run_stage "decode_$isq" "${DECODE[@]}" --isq "$isq" --output-len 128 --batch 16 --batch-context 1024 \
           --batch-output-len 32 --ttft-repeats 0
       done ;;
-    *) say "unknown stage $stage (tests, memcheck, racecheck, kernels, behind, mmq, rows, prefetch, decode)" ;;
+    *) say "unknown stage $stage (tests, memcheck, racecheck, kernels, behind, mmq, warps, rows, prefetch, decode)" ;;
   esac
 done
 # The device tool brings back only a few files per call: everything in one archive.

@@ -4,11 +4,13 @@ main rebuilt in the same call) is read, and where issue 6's kernel bar stands in
     python tests/tools/compare_kernels.py main.json branch.json              # every cell both runs timed
     python tests/tools/compare_kernels.py main.json branch.json --types q5_0 --best
     python tests/tools/compare_kernels.py hold0.json hold1.json --sums      # per shape, summed over the tokens
+    python tests/tools/compare_kernels.py warps.json warps.json --kinds mmq/autoxauto/auto mmq/autox16/auto
 
 Each line is one cell (kernel, type, shape, tokens): A's and B's microseconds and B's change. --best compares the
 better kernel per cell instead (the decode path takes whichever its thresholds pick; the bar counts the better one).
 --sums sums each (kernel, type, shape) over the tokens both runs timed, one line per shape: how a kernel's layout
-choice (one per type and shape) is read from an A/B.
+choice (one per type and shape) is read from an A/B. --kinds KIND_A KIND_B compares two launch choices instead: A's
+cells of one kernel kind against B's of another (both files may be the same run, e.g. gpu_check.sh's warps stage).
 The last lines count each run's bar cells: >= --bar of the copy ceiling (bench_quant_cuda's fraction) at 1-8 tokens
 on the four Llama-3-8B shapes, the better kernel per cell.
 """
@@ -54,6 +56,11 @@ def bar_cells(cells: dict[Cell, Timing], bar: float) -> list[Cell]:
                   if (c[2], c[3]) in BAR_SHAPES and c[4] in BAR_TOKENS and fraction >= bar)
 
 
+def of_kind(cells: dict[Cell, Timing], kind: str) -> dict[Cell, Timing]:
+    """The cells of one kernel ``kind``, keyed with the kernel "kinds", so that two launch choices pair up."""
+    return {("kinds", *c[1:]): t for c, t in cells.items() if c[0] == kind}
+
+
 def compare(a: dict[Cell, Timing], b: dict[Cell, Timing]) -> list[tuple[Cell, float, float, float]]:
     """Cells both runs timed: (cell, A's us, B's us, B's change in percent), in cell order."""
     return [(c, a[c][0], b[c][0], 100.0 * (b[c][0] / a[c][0] - 1.0)) for c in sorted(a.keys() & b.keys())]
@@ -78,8 +85,12 @@ def main() -> None:
     ap.add_argument("--best", action="store_true", help="the better kernel per cell instead of every kernel")
     ap.add_argument("--bar", type=float, default=0.75, help="issue 6's bar, a fraction of the copy ceiling")
     ap.add_argument("--sums", action="store_true", help="one line per kernel, type and shape, summed over tokens")
+    ap.add_argument("--kinds", nargs=2, metavar=("KIND_A", "KIND_B"), default=None,
+                    help="A's cells of KIND_A against B's of KIND_B (e.g. mmq/autoxauto/auto mmq/autox16/auto)")
     args = ap.parse_args()
     a, b = load(args.a), load(args.b)
+    if args.kinds:
+        a, b = of_kind(a, args.kinds[0]), of_kind(b, args.kinds[1])
     if args.types:
         a = {c: t for c, t in a.items() if c[1] in args.types}
         b = {c: t for c, t in b.items() if c[1] in args.types}

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.tools.compare_kernels import bar_cells, best_per_cell, compare, load, summed
+from tests.tools.compare_kernels import bar_cells, best_per_cell, compare, load, of_kind, summed
 
 
 def _row(kind: str, qtype: str, n: int, k: int, m: int, us: float, fraction: float) -> dict[str, object]:
@@ -79,3 +79,20 @@ def test_sums_per_shape_take_only_the_tokens_both_runs_timed(tmp_path: Path) -> 
     got = {shape: (ua, ub, round(pct, 6)) for shape, ua, ub, pct in summed(a, b)}
     assert got == {("mmq", "q4_0", 4096, 4096): (11.0, 9.5, round(100 * (9.5 / 11.0 - 1), 6)),
                    ("mmq", "q4_0", 28672, 4096): (30.0, 33.0, round(100 * (33.0 / 30.0 - 1), 6))}
+
+
+def test_kinds_pair_two_launch_choices_of_one_run(tmp_path: Path) -> None:
+    rows = [_row("mmq/autoxauto/auto", "q8_0", 4096, 4096, 8, 10.0, 0.5),
+            _row("mmq/autox16/auto", "q8_0", 4096, 4096, 8, 8.0, 0.6),
+            _row("mmq/autox16/auto", "q8_0", 4096, 4096, 4, 7.0, 0.6),  # the rule's launch did not time it
+            _row("dp4a", "q8_0", 4096, 4096, 8, 20.0, 0.3)]
+    run = _write(tmp_path, "warps.json", rows)
+    cells = load(run)
+    assert of_kind(cells, "dp4a") == {("kinds", "q8_0", 4096, 4096, 8): (20.0, 0.3)}
+    changes = compare(of_kind(cells, "mmq/autoxauto/auto"), of_kind(cells, "mmq/autox16/auto"))
+    assert [(c, ua, ub, round(pct, 6)) for c, ua, ub, pct in changes] == [
+        (("kinds", "q8_0", 4096, 4096, 8), 10.0, 8.0, -20.0)]
+    tool = Path(__file__).with_name("compare_kernels.py")
+    out = subprocess.run([sys.executable, str(tool), str(run), str(run), "--kinds", "mmq/autoxauto/auto",
+                          "mmq/autox16/auto"], check=True, capture_output=True, text=True).stdout.splitlines()
+    assert out[0].split()[:4] == ["kinds", "q8_0", "4096x4096", "M=8"] and out[0].endswith("-20.0 %")
