@@ -7,6 +7,11 @@ the copy ceiling, bold at or above the bar, starred where the best kernel is not
 
 Why a ceiling option: the bench's fraction is of the H200's copy rate, so a run on an H100 must be rescaled to its
 own (measured in the same session, e.g. 2.96 TB/s) before the bar means the same thing.
+
+    python tests/tools/kernel_bar.py bar.json --ceiling-gbs 2960 --step   # per type and token count, the 4 shapes
+
+--step adds one figure per type and token count: the four shapes' bytes over their best kernels' summed time, what
+a Llama-3-8B decode step's linears see (the wide gate/up weight weighs most).
 """
 
 from __future__ import annotations
@@ -38,6 +43,38 @@ def best_fractions(rows: list[dict[str, object]], ceiling_gbs: float) -> Best:
     return best
 
 
+def step_fractions(rows: list[dict[str, object]], ceiling_gbs: float) -> dict[tuple[str, int], float]:
+    """Per (type, tokens) timed on all four of the table's shapes: their bytes over the summed time of each shape's
+    fastest kernel, as a fraction of ``ceiling_gbs``."""
+    fastest: dict[tuple[str, int, int, int], tuple[float, float]] = {}  # (type, m, n, k) -> (us, bytes)
+    for r in rows:
+        kind, n, k, m = str(r["kind"]), int(r["n"]), int(r["k"]), int(r["m"])  # type: ignore[call-overload]
+        if kind in NOT_GGUF or (n, k) not in BAR_SHAPES or m not in BAR_TOKENS:
+            continue
+        us = float(r["us"])  # type: ignore[arg-type]
+        key = (str(r["type"]), m, n, k)
+        if key not in fastest or us < fastest[key][0]:
+            fastest[key] = (us, float(r["gb_s"]) * us * 1e3)  # type: ignore[arg-type]
+    out: dict[tuple[str, int], float] = {}
+    for qtype, m in {(key[0], key[1]) for key in fastest}:
+        cells = [fastest.get((qtype, m, n, k)) for n, k in BAR_SHAPE_ORDER]
+        if all(c is not None for c in cells):
+            us = sum(c[0] for c in cells if c is not None)
+            nbytes = sum(c[1] for c in cells if c is not None)
+            out[(qtype, m)] = nbytes / (us * 1e3) / ceiling_gbs
+    return out
+
+
+def step_table(step: dict[tuple[str, int], float]) -> list[str]:
+    """The --step table's lines: a type's row, its tokens' fractions in percent ("-" where a shape is missing)."""
+    lines = ["| type | " + " | ".join(f"M = {m}" for m in sorted(BAR_TOKENS)) + " |",
+             "|---|" + "---|" * len(BAR_TOKENS)]
+    for qtype in [t for t in TYPES if any(key[0] == t for key in step)]:
+        cells = [f"{100 * step[(qtype, m)]:.1f}" if (qtype, m) in step else "-" for m in sorted(BAR_TOKENS)]
+        lines.append(f"| {qtype} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def table(best: Best, bar: float) -> tuple[list[str], int, int]:
     """The markdown table's lines, the cells at or above ``bar`` and the cells timed."""
     lines = ["| type | " + " | ".join(f"M = {m}" for m in sorted(BAR_TOKENS)) + " |",
@@ -66,10 +103,15 @@ def main() -> None:
     ap.add_argument("run", type=Path, help="a bench_quant_cuda.py --json file")
     ap.add_argument("--ceiling-gbs", type=float, default=BENCH_CEILING_GBS, help="the machine's copy rate, GB/s")
     ap.add_argument("--bar", type=float, default=0.75, help="issue 6's bar, a fraction of the copy ceiling")
+    ap.add_argument("--step", action="store_true", help="also the four shapes together per type and token count")
     args = ap.parse_args()
-    lines, met, timed = table(best_fractions(json.loads(args.run.read_text()), args.ceiling_gbs), args.bar)
+    rows = json.loads(args.run.read_text())
+    lines, met, timed = table(best_fractions(rows, args.ceiling_gbs), args.bar)
     print("\n".join(lines))
     print(f"{met} of {timed} cells at >= {100 * args.bar:.0f} % of {args.ceiling_gbs:.0f} GB/s")
+    if args.step:
+        print("\nThe four shapes together (bytes over the summed time of each shape's fastest kernel), %:")
+        print("\n".join(step_table(step_fractions(rows, args.ceiling_gbs))))
 
 
 if __name__ == "__main__":

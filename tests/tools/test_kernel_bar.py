@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.tools.kernel_bar import best_fractions, table
+from tests.tools.kernel_bar import best_fractions, step_fractions, step_table, table
 
 
 def _row(kind: str, qtype: str, n: int, k: int, m: int, gb_s: float) -> dict[str, object]:
@@ -51,3 +51,20 @@ def test_the_command_line_prints_the_table_and_the_count(tmp_path: Path) -> None
     out = subprocess.run([sys.executable, str(tool), str(run), "--ceiling-gbs", "2960"],
                          check=True, capture_output=True, text=True).stdout.splitlines()
     assert out[-1] == "2 of 3 cells at >= 75 % of 2960 GB/s" and len(out) == 5
+
+
+def test_step_takes_the_four_shapes_fastest_kernels_bytes_over_their_time() -> None:
+    shapes = [(4096, 4096, 2.0, 1000.0), (6144, 4096, 3.0, 1500.0), (4096, 14336, 7.0, 2000.0),
+              (28672, 4096, 14.0, 2500.0)]
+    rows: list[dict[str, object]] = []
+    for n, k, us, gb_s in shapes:
+        rows.append({"kind": "dp4a", "type": "q8_0", "n": n, "k": k, "m": 8, "us": us, "gb_s": gb_s,
+                     "fraction": 0.0})
+        rows.append({"kind": "mmq/autoxauto/auto", "type": "q8_0", "n": n, "k": k, "m": 8, "us": 2 * us,
+                     "gb_s": gb_s / 2, "fraction": 0.0})  # slower: not the shape's kernel
+    rows.append({"kind": "dp4a", "type": "q4k", "n": 4096, "k": 4096, "m": 1, "us": 1.0, "gb_s": 2000.0,
+                 "fraction": 0.0})  # one shape only: no step figure
+    step = step_fractions(rows, 2960.0)
+    want = sum(us * gb for _, _, us, gb in shapes) / sum(us for _, _, us, _ in shapes) / 2960.0
+    assert set(step) == {("q8_0", 8)} and abs(step[("q8_0", 8)] - want) < 1e-12
+    assert step_table(step)[2] == f"| q8_0 | - | - | - | {100 * want:.1f} |"
