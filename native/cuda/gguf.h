@@ -92,9 +92,9 @@ int gguf_mmq_warps(int qtype, int M, int N, int K);
 // codes give wrong results). Same argument rules as gguf_gemv_q8 with 1 <= M <= kGgufMmqMaxM, K a multiple of 256
 // and xb 16-byte aligned. Each token's result does not depend on the other tokens of a batch of 1-8 or of 9-32 (for
 // the types gguf_mmq_warps gives 16 warps at up to 8 tokens, a batch's size class sets the f32 summation order, as
-// the dp4a GEMV's batches and the product's do for every type). For the 32-element types it
-// differs from the dp4a GEMV's by f32 rounding only (the same integer dot products, scaled and summed in another
-// order); the K-quants' activations are rounded per 256 values. row_tiles, warps and staging are launch choices for
+// the dp4a GEMV's batches and the product's do for every type). For the 32-element types it differs from the dp4a
+// GEMV's by f32 rounding only (the same integer dot products, scaled and summed in another order); the K-quants'
+// activations are rounded per 256 values. row_tiles, warps and staging are launch choices for
 // benchmarks (16-row tiles per CTA, 1 or 2; warps per CTA splitting K, 4, 8, or 16 with one row tile; 0: the default
 // rules; staging: the kernel, MmqStaging; the staged kernel takes no row_tiles): row_tiles changes only the speed,
 // warps also the f32 summation order; the staged kernel sums as the register kernel with the same warps does.

@@ -160,6 +160,9 @@ int staged_warps(int qtype, int N, int K) {
   }
 }
 
+// The warps of a launch that leaves them to the rules: the staged kernel's or the register kernel's.
+int rule_warps(int qtype, int N, int K, bool staged) { return staged ? staged_warps(qtype, N, K) : default_warps(N); }
+
 // Row tiles change only the speed (each row's sums are the same), so their rule may depend on the tokens and the
 // shape. On the K-quant product (session 13, call 8: --mmq-row-tiles 1 2 --m 2 4 8 16; us one / two tiles, narrow =
 // 6144x4096 + 4096x4096 + 4096x14336 summed, wide = 28672x4096) one tile is faster for few tokens: on wide weights
@@ -198,6 +201,7 @@ void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_
     if (warps == 4) launch_tokens<Q, kMt, 4>(y, bf16, xq, xb, w, M, N, K, rope, s);
     else if (warps == 8) launch_tokens<Q, kMt, 8>(y, bf16, xq, xb, w, M, N, K, rope, s);
     else if constexpr (kMt == 1) launch_tokens<Q, 1, 16>(y, bf16, xq, xb, w, M, N, K, rope, s);
+    else throw std::invalid_argument("gguf_mmq: 16 warps take one row tile");
   };
   if (mt == 1) by_warps(std::integral_constant<int, 1>{});
   else by_warps(std::integral_constant<int, 2>{});
@@ -215,7 +219,7 @@ int gguf_mmq_warps(int qtype, int M, int N, int K) {
   if (M < 1 || M > kGgufMmqMaxM || N < 1 || K < 1)
     throw std::invalid_argument("gguf_mmq_warps: M must be in 1.." + std::to_string(kGgufMmqMaxM) +
                                 " and N, K positive");
-  return gguf_mmq_staged_fits(qtype, M, K) ? staged_warps(qtype, N, K) : default_warps(N);
+  return rule_warps(qtype, N, K, gguf_mmq_staged_fits(qtype, M, K));  // a default launch's kernel choice
 }
 
 int gguf_mmq_x_group(int qtype) {
@@ -228,15 +232,15 @@ int gguf_mmq_x_group(int qtype) {
 void launch_gguf_mmq(void* y, bool bf16, const int8_t* xq, const gguf::XBlock* xb, const uint8_t* w, int M, int N,
                      int K, int qtype, int row_tiles, int warps, int staging, const GgufRopeCache* rope,
                      cudaStream_t stream) {
-  if (staging == kMmqStagingShared ||
-      (staging == kMmqStagingAuto && row_tiles == 0 && gguf_mmq_staged_fits(qtype, M, K))) {
-    launch_gguf_mmq_staged(y, bf16, xq, xb, w, M, N, K, qtype, warps != 0 ? warps : staged_warps(qtype, N, K), rope,
-                           stream);
+  const bool staged = staging == kMmqStagingShared ||
+                      (staging == kMmqStagingAuto && row_tiles == 0 && gguf_mmq_staged_fits(qtype, M, K));
+  const int ws = warps != 0 ? warps : rule_warps(qtype, N, K, staged);
+  if (staged) {
+    launch_gguf_mmq_staged(y, bf16, xq, xb, w, M, N, K, qtype, ws, rope, stream);
     return;
   }
   if (!mmq::dispatch(qtype, [&](auto loader) {
-        launch<decltype(loader)>(y, bf16, xq, xb, w, M, N, K, row_tiles, warps != 0 ? warps : default_warps(N), rope,
-                                 stream);
+        launch<decltype(loader)>(y, bf16, xq, xb, w, M, N, K, row_tiles, ws, rope, stream);
       }))
     throw std::invalid_argument("gguf_mmq: no tensor-core kernel for GGUF type " + std::to_string(qtype));
 }

@@ -206,8 +206,8 @@ def mmq(
     row's result does not depend on the other rows of a batch of 1-8 rows, nor of one of 9-32 (for some types the
     two sizes sum in other orders on Hopper: ``cuda_gguf_mmq_warps``). For the 32-element types it differs from the
     dp4a GEMV's by f32 rounding only (the same integer dot products, scaled and summed in another order); the
-    K-quants' activations are rounded per 256 values. A :class:`Q8Activation` whose codes the kernel cannot read (``_codes_taken``) is
-    quantized again from its dense ``x``.
+    K-quants' activations are rounded per 256 values. A :class:`Q8Activation` whose codes the kernel cannot read
+    (``_codes_taken``) is quantized again from its dense ``x``.
 
     ``row_tiles``, ``warps`` and ``staging`` exist so benchmarks can compare launches: 16-row weight tiles per CTA
     (1 or 2), warps per CTA splitting K (4, 8, or 16 with one row tile) and the kernel (1: weights in flight in

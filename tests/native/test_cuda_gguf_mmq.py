@@ -115,9 +115,11 @@ def _rule_warps(qtype: QT, n: int, k: int) -> int:
 
 @pytest.mark.parametrize("qtype", MMQ_TYPES, ids=lambda t: t.name)
 def test_the_default_warps_per_type_and_shape(qtype: QT) -> None:
-    """The warps of a default launch: gguf_mmq.cu's rule (_rule_warps) for the staged kernel's batches of up to 8
-    tokens on a Hopper GPU, the register kernel's (8 on a small grid, else 4) elsewhere; a default launch sums as
-    an explicit one with those warps, bit for bit; a type without a kernel or more than 32 tokens is refused."""
+    """The warps of a default launch (``cuda_gguf_mmq_warps``, which shares the launch's rule_warps): gguf_mmq.cu's
+    rule (_rule_warps) for the staged kernel's batches of up to 8 tokens on a Hopper GPU, the register kernel's (8 on
+    a small grid, else 4) elsewhere; an explicit launch with those warps gives the default launch's bits (bf16 outputs
+    of other warp orders mostly round alike too, so this pins the kernel path, not the warps); a type without a
+    kernel or more than 32 tokens is refused."""
     g = torch.Generator().manual_seed(9)
     for n, k in ((1000, 4096), (4352, 4096), (1000, 8448), (16400, 4096)):
         few = (n + 31) // 32 < torch.cuda.get_device_properties(DEV).multi_processor_count
