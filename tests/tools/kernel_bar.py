@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.tools.compare_kernels import BAR_SHAPE_ORDER, BAR_SHAPES, BAR_TOKENS, NOT_GGUF
@@ -28,15 +29,19 @@ BENCH_CEILING_GBS = 4260.0
 Best = dict[tuple[str, int, int, int], tuple[float, str]]  # (type, m, n, k) -> (fraction, kernel)
 
 
+def table_rows(rows: list[dict[str, object]]) -> Iterator[tuple[tuple[str, int, int, int], str, dict[str, object]]]:
+    """The GGUF kernel rows on the table's shapes at 1-8 tokens: ((type, tokens, n, k), kernel, row)."""
+    for r in rows:
+        kind, n, k, m = str(r["kind"]), int(r["n"]), int(r["k"]), int(r["m"])  # type: ignore[call-overload]
+        if kind not in NOT_GGUF and (n, k) in BAR_SHAPES and m in BAR_TOKENS:
+            yield (str(r["type"]), m, n, k), kind, r
+
+
 def best_fractions(rows: list[dict[str, object]], ceiling_gbs: float) -> Best:
     """Per (type, tokens, n, k) of the table's shapes at 1-8 tokens: the best kernel's GB/s over ``ceiling_gbs``,
     and the kernel."""
     best: Best = {}
-    for r in rows:
-        kind, n, k, m = str(r["kind"]), int(r["n"]), int(r["k"]), int(r["m"])  # type: ignore[call-overload]
-        if kind in NOT_GGUF or (n, k) not in BAR_SHAPES or m not in BAR_TOKENS:
-            continue
-        key = (str(r["type"]), m, n, k)
+    for key, kind, r in table_rows(rows):
         fraction = float(r["gb_s"]) / ceiling_gbs  # type: ignore[arg-type]
         if key not in best or fraction > best[key][0]:
             best[key] = (fraction, kind)
@@ -47,12 +52,8 @@ def step_fractions(rows: list[dict[str, object]], ceiling_gbs: float) -> dict[tu
     """Per (type, tokens) timed on all four of the table's shapes: their bytes over the summed time of each shape's
     fastest kernel, as a fraction of ``ceiling_gbs``."""
     fastest: dict[tuple[str, int, int, int], tuple[float, float]] = {}  # (type, m, n, k) -> (us, bytes)
-    for r in rows:
-        kind, n, k, m = str(r["kind"]), int(r["n"]), int(r["k"]), int(r["m"])  # type: ignore[call-overload]
-        if kind in NOT_GGUF or (n, k) not in BAR_SHAPES or m not in BAR_TOKENS:
-            continue
+    for key, _, r in table_rows(rows):
         us = float(r["us"])  # type: ignore[arg-type]
-        key = (str(r["type"]), m, n, k)
         if key not in fastest or us < fastest[key][0]:
             fastest[key] = (us, float(r["gb_s"]) * us * 1e3)  # type: ignore[arg-type]
     out: dict[tuple[str, int], float] = {}
