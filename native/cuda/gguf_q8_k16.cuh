@@ -100,7 +100,8 @@ struct Q8Dot<Q3_K> : SixteenPieces {
     uint32_t d;
   };
   uint32_t c[4][4];  // piece q: four words of 4 codes low + 4 * high (0..7; the -4 is taken from the code sums)
-  float a[4];
+  int sc[4];         // piece q's scale, -32..31
+  float d;
   GGUF_HD static void fetch(Raw& raw, const uint8_t* blk, int p) {
     const int h = p >> 1, s = p & 1;
     const uint8_t *body = grouped_body<Q3_K>(blk), *sc = grouped_field<Q3_K>(blk, kQ3KScales);
@@ -114,26 +115,26 @@ struct Q8Dot<Q3_K> : SixteenPieces {
     const int h = p >> 1;
     const uint32_t q[4] = {raw.q.x, raw.q.y, raw.q.z, raw.q.w};
     const uint32_t hm[4] = {raw.hm.x, raw.hm.y, raw.hm.z, raw.hm.w};
-    const uint32_t* sc = raw.sc;
+    const uint32_t* packed = raw.sc;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const uint32_t high = hm[k] >> (4 * h);
 #pragma unroll
       for (int j = 0; j < 4; ++j) c[j][k] = ((q[k] >> (2 * j)) & 0x03030303u) | (((high >> j) & 0x01010101u) << 2);
     }
-    const uint32_t six[2] = {((sc[0] >> (4 * h)) & kNib) | (((sc[2] >> (4 * h)) & 0x03030303u) << 4),
-                             ((sc[1] >> (4 * h)) & kNib) | (((sc[2] >> (4 * h + 2)) & 0x03030303u) << 4)};
-    const float d = f16_a2(raw.d);
+    const uint32_t six[2] = {((packed[0] >> (4 * h)) & kNib) | (((packed[2] >> (4 * h)) & 0x03030303u) << 4),
+                             ((packed[1] >> (4 * h)) & kNib) | (((packed[2] >> (4 * h + 2)) & 0x03030303u) << 4)};
+    d = f16_a2(raw.d);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) a[j] = d * static_cast<float>(static_cast<int>(scale_byte(six, j, p)) - 32);
+    for (int j = 0; j < 4; ++j) sc[j] = static_cast<int>(scale_byte(six, j, p)) - 32;
   }
+  // d * sum_q dx_q * (sc_q * dot_q), as Q2_K: |sc * dot| <= 32 * 16 * 4 * 127 < 2^24, so its float is exact, and d
+  // is applied once.
   GGUF_HD float dot(const X& x) const {
     float s = 0.f;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      s += a[q] * x.d[q] * static_cast<float>(piece_dot(c[q], x.q[q], -4 * x.sum[q]));
-    }
-    return s;
+    for (int q = 0; q < 4; ++q) s += x.d[q] * static_cast<float>(sc[q] * piece_dot(c[q], x.q[q], -4 * x.sum[q]));
+    return d * s;
   }
 };
 
