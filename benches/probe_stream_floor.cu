@@ -1,5 +1,5 @@
-// How fast can one kernel stream a decode weight of 33-235 MB on the H200? (benches/probe_stream_floor.py builds and
-// drives this; benches/RESULTS.md, 2026-12-03, session 22.)
+// How fast can one kernel stream a decode weight on the H200: bf16 (33-235 MB) or GGUF (5-60 MB)?
+// (benches/probe_stream_floor.py builds and drives this; benches/RESULTS.md, 2026-12-03, session 22, and session 56.)
 // Pure streaming, no math: (a) bulk copies into a shared-memory ring, G CTAs each a contiguous equal share (the
 // stream-K layout a GEMM over all SMs would use); (b) plain 16-byte loads, many CTAs. PDL: the ring's first stages
 // are requested before griddepcontrol.wait; the trigger after the main loop.
@@ -63,17 +63,43 @@ __global__ void __launch_bounds__(32 * (kConsumers + 1), 1)
 #endif
 }
 
-__global__ void ld_stream(const uint4* __restrict__ w, int64_t n, float* out) {
+// With pdl, as the decode GEMVs launch: the next grid may start at once (the trigger at entry), and the first four
+// loads are in flight before griddepcontrol.wait (a GEMV waits there for its activations).
+__global__ void ld_stream(const uint4* __restrict__ w, int64_t n, float* out, int pdl) {
+  if (pdl) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  bool waited = pdl == 0;
   uint32_t x = 0;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   for (; i + 3 * stride < n; i += 4 * stride) {
     const uint4 a = w[i], b = w[i + stride], c = w[i + 2 * stride], d = w[i + 3 * stride];
+    if (!waited) {
+      asm volatile("griddepcontrol.wait;\n" ::: "memory");
+      waited = true;
+    }
     x ^= a.x ^ b.y ^ c.z ^ d.w;
   }
+  if (!waited) asm volatile("griddepcontrol.wait;\n" ::: "memory");
   for (; i < n; i += stride) x ^= w[i].x;
   if (x == 0x12345678u) out[0] = 1.f;
 }
+
+// A launch's configuration, a programmatic dependent launch where pdl is set.
+struct Launch {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  Launch(int grid, int threads, size_t smem, cudaStream_t stream, int pdl) {
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+  }
+  Launch(const Launch&) = delete;
+};
 
 extern "C" int probe_ring(const void* w, int64_t bytes, int grid, int chunk, int stages, int consumers, int pdl,
                           void* out, cudaStream_t stream) {
@@ -83,16 +109,8 @@ extern "C" int probe_ring(const void* w, int64_t bytes, int grid, int chunk, int
     cudaFuncSetAttribute(ring_stream<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024);
     sized = true;
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(32 * (consumers + 1));
-  cfg.dynamicSmemBytes = static_cast<size_t>(chunk) * stages;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  Launch l(grid, 32 * (consumers + 1), static_cast<size_t>(chunk) * stages, stream, pdl);
+  const cudaLaunchConfig_t& cfg = l.cfg;
   const uint8_t* wp = static_cast<const uint8_t*>(w);
   float* o = static_cast<float*>(out);
   cudaError_t e = consumers == 8 ? cudaLaunchKernelEx(&cfg, ring_stream<8>, wp, bytes, chunk, stages, o, pdl)
@@ -100,7 +118,9 @@ extern "C" int probe_ring(const void* w, int64_t bytes, int grid, int chunk, int
   return static_cast<int>(e);
 }
 
-extern "C" int probe_ld(const void* w, int64_t bytes, int grid, int threads, void* out, cudaStream_t stream) {
-  ld_stream<<<grid, threads, 0, stream>>>(static_cast<const uint4*>(w), bytes / 16, static_cast<float*>(out));
-  return static_cast<int>(cudaGetLastError());
+extern "C" int probe_ld(const void* w, int64_t bytes, int grid, int threads, int pdl, void* out,
+                        cudaStream_t stream) {
+  Launch l(grid, threads, 0, stream, pdl);
+  return static_cast<int>(cudaLaunchKernelEx(&l.cfg, ld_stream, static_cast<const uint4*>(w), bytes / 16,
+                                             static_cast<float*>(out), pdl));
 }
