@@ -12,6 +12,12 @@ own (measured in the same session, e.g. 2.96 TB/s) before the bar means the same
 
 --step adds one figure per type and token count: the four shapes' bytes over their best kernels' summed time, what
 a Llama-3-8B decode step's linears see (the wide gate/up weight weighs most).
+
+    python tests/tools/kernel_bar.py bar.json --ceiling-gbs 2960 --floor floor.json
+
+--floor reads benches/probe_stream_floor.py --gguf's --json (the same machine): each shape's fastest stream with no
+math, as a share of the ceiling (what any kernel of that weight reaches back to back), and each cell's best kernel
+as a share of that floor. It tells the cells a GEMV cannot lift to the bar from those it has not yet.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import argparse
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from tests.tools.compare_kernels import BAR_SHAPE_ORDER, BAR_SHAPES, BAR_TOKENS, NOT_GGUF
 
@@ -76,6 +83,41 @@ def step_table(step: dict[tuple[str, int], float]) -> list[str]:
     return lines
 
 
+def floor_fractions(floor: dict[str, Any], ceiling_gbs: float) -> dict[tuple[str, int, int], float]:
+    """Per (type, n, k) in a probe_stream_floor.py --gguf --json: the fastest stream's bytes over its time (any
+    variant, PDL or not), a fraction of ``ceiling_gbs``."""
+    out: dict[tuple[str, int, int], float] = {}
+    for qtype, shapes in floor["types"].items():
+        for shape, row in shapes.items():
+            n, k = (int(v) for v in shape.split("x"))
+            us = min(float(v) for key, v in row.items() if key != "bytes")
+            out[(qtype, n, k)] = float(row["bytes"]) / (us * 1e3) / ceiling_gbs
+    return out
+
+
+def floor_table(best: Best, floors: dict[tuple[str, int, int], float], bar: float) -> tuple[list[str], int]:
+    """The floor's lines: per type its four shapes' stream floors (% of the ceiling), then per token count the best
+    kernels' fractions over those floors (%); and how many timed cells have a floor below ``bar``."""
+    lines = ["| type | stream floor | " + " | ".join(f"M = {m}, of the floor" for m in sorted(BAR_TOKENS)) + " |",
+             "|---|---|" + "---|" * len(BAR_TOKENS)]
+    below = 0
+    for qtype in [t for t in TYPES if any(key[0] == t for key in best)]:
+        cells = [" / ".join(f"{100 * floors[(qtype, n, k)]:.1f}" if (qtype, n, k) in floors else "-"
+                            for n, k in BAR_SHAPE_ORDER)]
+        for m in sorted(BAR_TOKENS):
+            parts = []
+            for n, k in BAR_SHAPE_ORDER:
+                cell, floor = best.get((qtype, m, n, k)), floors.get((qtype, n, k))
+                if cell is None or floor is None:
+                    parts.append("-")
+                    continue
+                below += floor < bar
+                parts.append(f"{100 * cell[0] / floor:.0f}")
+            cells.append(" / ".join(parts))
+        lines.append(f"| {qtype} | " + " | ".join(cells) + " |")
+    return lines, below
+
+
 def table(best: Best, bar: float) -> tuple[list[str], int, int]:
     """The markdown table's lines, the cells at or above ``bar`` and the cells timed."""
     lines = ["| type | " + " | ".join(f"M = {m}" for m in sorted(BAR_TOKENS)) + " |",
@@ -105,14 +147,22 @@ def main() -> None:
     ap.add_argument("--ceiling-gbs", type=float, default=BENCH_CEILING_GBS, help="the machine's copy rate, GB/s")
     ap.add_argument("--bar", type=float, default=0.75, help="issue 6's bar, a fraction of the copy ceiling")
     ap.add_argument("--step", action="store_true", help="also the four shapes together per type and token count")
+    ap.add_argument("--floor", type=Path, help="a probe_stream_floor.py --gguf --json file from the same machine")
     args = ap.parse_args()
     rows = json.loads(args.run.read_text())
-    lines, met, timed = table(best_fractions(rows, args.ceiling_gbs), args.bar)
+    best = best_fractions(rows, args.ceiling_gbs)
+    lines, met, timed = table(best, args.bar)
     print("\n".join(lines))
     print(f"{met} of {timed} cells at >= {100 * args.bar:.0f} % of {args.ceiling_gbs:.0f} GB/s")
     if args.step:
         print("\nThe four shapes together (bytes over the summed time of each shape's fastest kernel), %:")
         print("\n".join(step_table(step_fractions(rows, args.ceiling_gbs))))
+    if args.floor:
+        floor_lines, below = floor_table(best, floor_fractions(json.loads(args.floor.read_text()), args.ceiling_gbs),
+                                         args.bar)
+        print("\nThe stream floor (% of the ceiling) and each cell's best kernel over it (%):")
+        print("\n".join(floor_lines))
+        print(f"{below} of {timed} cells have a floor below {100 * args.bar:.0f} %")
 
 
 if __name__ == "__main__":

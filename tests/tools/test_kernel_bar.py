@@ -7,7 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.tools.kernel_bar import best_fractions, step_fractions, step_table, table
+from tests.tools.kernel_bar import (
+    best_fractions,
+    floor_fractions,
+    floor_table,
+    step_fractions,
+    step_table,
+    table,
+)
 
 
 def _row(kind: str, qtype: str, n: int, k: int, m: int, gb_s: float) -> dict[str, object]:
@@ -68,3 +75,26 @@ def test_step_takes_the_four_shapes_fastest_kernels_bytes_over_their_time() -> N
     want = sum(us * gb for _, _, us, gb in shapes) / sum(us for _, _, us, _ in shapes) / 2960.0
     assert set(step) == {("q8_0", 8)} and abs(step[("q8_0", 8)] - want) < 1e-12
     assert step_table(step)[2] == f"| q8_0 | - | - | - | {100 * want:.1f} |"
+
+
+def test_floor_reads_the_fastest_stream_and_sets_each_cell_against_it(tmp_path: Path) -> None:
+    floor = {"sms": 132, "ceiling": 2.96e12, "types": {
+        "q4k": {"4096x4096": {"bytes": 9437184, "ld g528 t512 pdl0": 4.0, "ring g132 16Kx12 pdl1": 3.6},
+                "28672x4096": {"bytes": 66060288, "ld g528 t512 pdl0": 24.0}},
+        "q2k": {"4096x14336": {"bytes": 19267584, "ld g528 t512 pdl1": 9.0}}}}
+    floors = floor_fractions(floor, 2960.0)
+    assert floors[("q4k", 4096, 4096)] == 9437184 / 3.6e3 / 2960.0  # the faster variant, PDL or not
+    lines, below = floor_table(best_fractions(ROWS, 2960.0), floors, 0.75)
+    q2k, q4k = lines[2], lines[3]
+    assert q2k.startswith(f"| q2k | - / - / {100 * floors[('q2k', 4096, 14336)]:.1f} / - | - / - / - / - | - / - / ")
+    assert q2k.split(" | ")[3] == f"- / - / {100 * (1000.0 / 2960.0) / floors[('q2k', 4096, 14336)]:.0f} / -"
+    assert q4k.split(" | ")[2] == f"{100 * (2400.0 / 2960.0) / floors[('q4k', 4096, 4096)]:.0f} / - / - / -"
+    assert below == sum(floors[key] < 0.75 for key in [("q4k", 4096, 4096), ("q4k", 28672, 4096),
+                                                        ("q2k", 4096, 14336)])
+    run, probe = tmp_path / "bar.json", tmp_path / "floor.json"
+    run.write_text(json.dumps(ROWS))
+    probe.write_text(json.dumps(floor))
+    tool = Path(__file__).with_name("kernel_bar.py")
+    out = subprocess.run([sys.executable, str(tool), str(run), "--ceiling-gbs", "2960", "--floor", str(probe)],
+                         check=True, capture_output=True, text=True).stdout.splitlines()
+    assert out[-1] == f"{below} of 3 cells have a floor below 75 %"
