@@ -129,7 +129,9 @@ struct Q8Dot<Q3_K> : SixteenPieces {
     for (int j = 0; j < 4; ++j) sc[j] = static_cast<int>(scale_byte(six, j, p)) - 32;
   }
   // d * sum_q dx_q * (sc_q * dot_q), as Q2_K: |sc * dot| <= 32 * 16 * 4 * 127 < 2^24, so its float is exact, and d
-  // is applied once.
+  // is applied once. One-token loop (sm_90a SASS, 4 rows) 729 -> 697 instructions; H100, session 56, against d * sc
+  // per piece in floats: one-token kernels -0.5..-5.3 % (4096x14336 13.23 -> 12.52 us), q3k decode at 4k context
+  // batch 1 417.1 against 414.0 tok/s, batch 2 777.3 against 772.0.
   GGUF_HD float dot(const X& x) const {
     float s = 0.f;
 #pragma unroll
