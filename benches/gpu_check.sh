@@ -24,6 +24,9 @@
 #              written beforehand (bar.json), then each behind the RMSNorm that writes its activations (--behind-norm,
 #              as in decode: a staged product fills its ring while the norm runs; behind.json). Read each with
 #              tests/tools/kernel_bar.py, the pair with compare_kernels.py bar.json behind.json
+#   floor      the stream floor under issue 6's bar (benches/probe_stream_floor.py --gguf: each type's bytes of the four
+#              shapes streamed with no math, % of this GPU's copy ceiling, floor.json); with `behind` first, read the
+#              pair with tests/tools/kernel_bar.py bar.json --ceiling-gbs <ceiling> --floor floor.json
 #   mmq        the K-quants' tensor-core launch choices (one / two row tiles at 2-32 tokens: gguf_mmq.cu
 #              default_row_tiles), and every type's dp4a GEMV against the product at 2-8 (ops/quant.py MMQ_MIN_ROWS)
 #   warps      the staged product's warps (session 55: gguf_mmq.cu staged_warps): every type at 2-8 tokens with the
@@ -84,6 +87,12 @@ for stage in "$@"; do
            --m 1 2 4 8 --m8-types --no-dequant --no-dense)
       run_stage bar "${BAR[@]}" --codes --json "$OUT/bar.json"
       run_stage behind "${BAR[@]}" --behind-norm --json "$OUT/behind.json" ;;
+    floor)
+      ceiling=4260; grep -q H100 "$OUT/gpu.txt" && ceiling=2960  # the copy ceilings benches/RESULTS.md uses
+      nvcc -std=c++17 -O3 -shared -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a -I native \
+        benches/probe_stream_floor.cu -o /tmp/probe_stream_floor.so > "$OUT/floor_build.log" 2>&1
+      run_stage floor python3 benches/probe_stream_floor.py /tmp/probe_stream_floor.so --gguf --ceiling-gbs "$ceiling" \
+        --json "$OUT/floor.json" ;;
     mmq)
       run_stage mmq_tiles python3 benches/bench_quant_cuda.py --types q2k q3k q4k q5k q6k --kernels mmq \
         --m 2 4 8 16 32 --codes --no-dequant --no-dense --mmq-row-tiles 1 2 --json "$OUT/mmq_tiles.json"
@@ -115,7 +124,7 @@ for stage in "$@"; do
         run_stage "decode_$isq" "${DECODE[@]}" --isq "$isq" --output-len 128 --batch 16 --batch-context 1024 \
           --batch-output-len 32 --ttft-repeats 0
       done ;;
-    *) say "unknown stage $stage (tests, memcheck, racecheck, kernels, behind, mmq, warps, rows, prefetch, decode)" ;;
+    *) say "unknown stage $stage (tests, memcheck, racecheck, kernels, behind, floor, mmq, warps, rows, prefetch, decode)" ;;
   esac
 done
 # The device tool brings back only a few files per call: everything in one archive.
