@@ -63,23 +63,20 @@ __global__ void __launch_bounds__(32 * (kConsumers + 1), 1)
 #endif
 }
 
-// With pdl, as the decode GEMVs launch: the next grid may start at once (the trigger at entry), and the first four
-// loads are in flight before griddepcontrol.wait (a GEMV waits there for its activations).
+// With pdl, as the decode GEMVs launch: the next grid may start at once (the trigger at entry), and each thread's
+// first load is in flight before griddepcontrol.wait (a GEMV waits there for its activations). One load, not the
+// unrolled four: on the 5-20 MB GGUF weights the bigger grids give a thread fewer than four.
 __global__ void ld_stream(const uint4* __restrict__ w, int64_t n, float* out, int pdl) {
   if (pdl) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  bool waited = pdl == 0;
-  uint32_t x = 0;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  for (; i + 3 * stride < n; i += 4 * stride) {
+  const uint4 first = i < n ? w[i] : uint4{};
+  if (pdl) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  uint32_t x = first.x;
+  for (i += stride; i + 3 * stride < n; i += 4 * stride) {
     const uint4 a = w[i], b = w[i + stride], c = w[i + 2 * stride], d = w[i + 3 * stride];
-    if (!waited) {
-      asm volatile("griddepcontrol.wait;\n" ::: "memory");
-      waited = true;
-    }
     x ^= a.x ^ b.y ^ c.z ^ d.w;
   }
-  if (!waited) asm volatile("griddepcontrol.wait;\n" ::: "memory");
   for (; i < n; i += stride) x ^= w[i].x;
   if (x == 0x12345678u) out[0] = 1.f;
 }
