@@ -88,16 +88,20 @@ def streams(lib: ctypes.CDLL, nbytes: int, sms: int, out: torch.Tensor,
     return variants
 
 
+def copy_count(nbytes: int) -> int:
+    """How many copies of an ``nbytes`` weight rotate over >= 640 MB (at least 3), so each launch reads HBM."""
+    return max(3, -(-640 * 2**20 // nbytes))
+
+
 def weight_copies(nbytes: int) -> list[torch.Tensor]:
-    """Enough copies of an ``nbytes`` weight (random bytes) to rotate over >= 640 MB, at least 3."""
-    count = max(3, -(-640 * 2**20 // nbytes))
-    return [torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=DEV) for _ in range(count)]
+    """copy_count(nbytes) copies of an ``nbytes`` weight of random bytes."""
+    return [torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=DEV) for _ in range(copy_count(nbytes))]
 
 
 def shape_rows(lib: ctypes.CDLL, n: int, k: int, sms: int) -> dict[str, float]:
     """us per launch of cuBLASLt (M = 64, 32) and of each streaming variant on an [n, k] bf16 weight."""
     nbytes = n * k * 2
-    copies = [torch.randn(n, k, device=DEV).to(torch.bfloat16) for _ in range(max(3, -(-640 * 2**20 // nbytes)))]
+    copies = [torch.randn(n, k, device=DEV).to(torch.bfloat16) for _ in range(copy_count(nbytes))]
     x = torch.randn(64, k, device=DEV).to(torch.bfloat16)
     out = torch.zeros(4096, device=DEV)
     rows = {"cublas64": timed(lambda w: torch.mm(x, w.t()), copies),
@@ -118,18 +122,16 @@ def bf16_floor(lib: ctypes.CDLL, sms: int) -> None:
 def gguf_floor(lib: ctypes.CDLL, sms: int, ceiling: float, json_path: str | None) -> None:
     """Each GGUF type's bytes of the four shapes streamed by every variant; per type the fastest stream's share of
     ``ceiling`` (bytes/s) per shape, with and without PDL (types of equal size share their weights' timings)."""
+    from bench_quant_cuda import TYPES  # benches/ is on the path when this runs as a script
     from gguf import GGML_QUANT_SIZES
-    from gguf import GGMLQuantizationType as QT
 
-    types = {"q4_0": QT.Q4_0, "q4_1": QT.Q4_1, "q5_0": QT.Q5_0, "q5_1": QT.Q5_1, "q8_0": QT.Q8_0, "q2k": QT.Q2_K,
-             "q3k": QT.Q3_K, "q4k": QT.Q4_K, "q5k": QT.Q5_K, "q6k": QT.Q6_K}
     shapes = [SHAPES["o"], SHAPES["qkv"], SHAPES["down"], SHAPES["gate_up"]]
     out = torch.zeros(4096, device=DEV)
     by_bytes: dict[int, dict[str, float]] = {}
     result: dict[str, dict[str, dict[str, float]]] = {}
     print(f"SMs {sms}, ceiling {ceiling / 1e9:.0f} GB/s; best stream with PDL / without, % of the ceiling "
           f"(shapes {' / '.join(f'{n}x{k}' for n, k in shapes)})")
-    for name, qtype in types.items():
+    for name, qtype in TYPES.items():
         elems, block = GGML_QUANT_SIZES[qtype]
         cells = []
         result[name] = {}

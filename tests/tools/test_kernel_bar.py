@@ -83,14 +83,19 @@ def test_floor_reads_the_fastest_stream_and_sets_each_cell_against_it(tmp_path: 
                 "28672x4096": {"bytes": 66060288, "ld g528 t512 pdl0": 24.0}},
         "q2k": {"4096x14336": {"bytes": 19267584, "ld g528 t512 pdl1": 9.0}}}}
     floors = floor_fractions(floor, 2960.0)
-    assert floors[("q4k", 4096, 4096)] == 9437184 / 3.6e3 / 2960.0  # the faster variant, PDL or not
+    q4k_floor = 9437184 / 3.6e3 / 2960.0  # the faster variant, PDL or not
+    q2k_floor = 19267584 / 9.0e3 / 2960.0
+    assert floors == {("q4k", 4096, 4096): q4k_floor, ("q4k", 28672, 4096): 66060288 / 24.0e3 / 2960.0,
+                      ("q2k", 4096, 14336): q2k_floor}
     lines, below = floor_table(best_fractions(ROWS, 2960.0), floors, 0.75)
-    q2k, q4k = lines[2], lines[3]
-    assert q2k.startswith(f"| q2k | - / - / {100 * floors[('q2k', 4096, 14336)]:.1f} / - | - / - / - / - | - / - / ")
-    assert q2k.split(" | ")[3] == f"- / - / {100 * (1000.0 / 2960.0) / floors[('q2k', 4096, 14336)]:.0f} / -"
-    assert q4k.split(" | ")[2] == f"{100 * (2400.0 / 2960.0) / floors[('q4k', 4096, 4096)]:.0f} / - / - / -"
-    assert below == sum(floors[key] < 0.75 for key in [("q4k", 4096, 4096), ("q4k", 28672, 4096),
-                                                        ("q2k", 4096, 14336)])
+    q2k, q4k = lines[2].split(" | "), lines[3].split(" | ")
+    # The floor column (shapes 4096x4096 / 6144x4096 / 4096x14336 / 28672x4096), then the cells over their floors.
+    assert q2k[1] == f"- / - / {100 * q2k_floor:.1f} / -"
+    assert q2k[3] == f"- / - / {100 * (1000.0 / 2960.0) / q2k_floor:.0f} / -"  # ROWS' q2k cell is at two tokens
+    assert q4k[2] == f"{100 * (2400.0 / 2960.0) / q4k_floor:.0f} / - / - / -"
+    assert q4k[5].startswith(f"- / - / - / {100 * (2300.0 / 2960.0) / (66060288 / 24.0e3 / 2960.0):.0f}")
+    # Timed cells on shapes with a floor: q4k 4096x4096 (floor 88.6 %), q4k 28672x4096 (93.0 %), q2k (72.3 %).
+    assert below == 1
     run, probe = tmp_path / "bar.json", tmp_path / "floor.json"
     run.write_text(json.dumps(ROWS))
     probe.write_text(json.dumps(floor))
