@@ -192,7 +192,8 @@ MMQ_FN void multiply_unit(const Q (&q)[MT][2], int t, const X (&x)[T],
 // sub-block whose A holds the row's min, each half's with kHalfMins, in every byte) except in the 2-tile x 4-token
 // kernels, where that form spills registers (session 13, call 1: q4k batch-32 decode 4,746 against 4,993 tok/s);
 // those take the XBlocks' int16 half sums by dp2a (kHalfMins: by IMAD). Bounds per unit: |dot| <= 8 sub-blocks * 63 *
-// 32 * 31 * 127 (Q5_K), 8 halves * 128 * 16 * 32 * 127 (Q6_K); |low| <= 8 * 63 * 32 * 127: all far below 2^31.
+// 32 * 31 * 127 (Q5_K), 8 halves * 128 * 16 * 128 * 127 (Q6_K, its codes centered at the top of the lanes: 4 x
+// code - 32); |low| <= 8 * 63 * 32 * 127: all below 2^31.
 template <class Q, int MT, int T, class X, bool kSplitLow = false>
 MMQ_FN void multiply_unit_k(const Q (&q)[MT][2], int t, const X (&x)[T],
                                                 float (&acc)[MT][T][4]) {

@@ -36,14 +36,14 @@ struct MmqQ8_0 {
   }
 };
 
-// Codes w = d * (code - 2^(kBits-1)) of a unit's two blocks: lo and hi centered to int8 lanes, a = the blocks' d's,
-// no min term (Q4_0, Q5_0).
+// Codes w = d * (code - 2^(kBits-1)) of a unit's two blocks: lo and hi centered to int8 lanes, a = the blocks' d's
+// scaled back by kCenteredScale, no min term (Q4_0, Q5_0).
 template <int kBits>
 GGUF_HD void centered_blocks(uint32_t (&lo)[2], uint32_t (&hi)[2], float d0, float d1, float (&a)[2],
                              float (&b)[2]) {
 #pragma unroll
   for (int k = 0; k < 2; ++k) lo[k] = centered<kBits>(lo[k]), hi[k] = centered<kBits>(hi[k]);
-  a[0] = d0, a[1] = d1;
+  a[0] = d0 * kCenteredScale<kBits>, a[1] = d1 * kCenteredScale<kBits>;
   b[0] = b[1] = 0.f;
 }
 

@@ -145,7 +145,9 @@ struct MmqQ3K {
       hi[k] = centered<3>(plane2(q, 2 * j + 1) | (((high >> (2 * j + 1)) & 0x01010101u) << 2));
     }
   }
-  GGUF_HD void unit_scales(float& d, float& dmin) const { d = gguf::f16_a2(dw), dmin = 0.f; }
+  GGUF_HD void unit_scales(float& d, float& dmin) const {
+    d = gguf::f16_a2(dw) * kCenteredScale<3>, dmin = 0.f;
+  }
   GGUF_HD void half_scales(int j, int (&s)[2][2]) const {
     const uint32_t six = ((sc[j] >> (4 * n)) & gguf::kNib) | (((sc[2] >> (4 * n + 2 * j)) & 0x03030303u) << 4);
 #pragma unroll
@@ -188,7 +190,9 @@ struct MmqQ6K {
       hi[k] = centered<6>(((l1 >> (4 * j)) & gguf::kNib) | (((h >> (4 * j + 2)) & 0x03030303u) << 4));
     }
   }
-  GGUF_HD void unit_scales(float& d, float& dmin) const { d = gguf::f16_a2(dw), dmin = 0.f; }
+  GGUF_HD void unit_scales(float& d, float& dmin) const {
+    d = gguf::f16_a2(dw) * kCenteredScale<6>, dmin = 0.f;
+  }
   // sc[i][h]: the scale of half h of sub-block 2j + i (bytes 4j..4j+3 of the unit's 8 scales).
   GGUF_HD void half_scales(int j, int (&s)[2][2]) const {
     const uint32_t w = j == 0 ? sc.x : sc.y;

@@ -38,14 +38,19 @@ GGUF_HD void nibble_codes(uint32_t q, uint32_t (&out)[2]) {
   out[0] = q & gguf::kNib, out[1] = (q >> 4) & gguf::kNib;
 }
 
-// Codes of kBits bits (one per byte) minus 2^(kBits - 1) as int8 lanes: the offset types' (Q4_0, Q5_0, Q6_K) w = a *
-// centered code, with no min term. The sign bit flipped, then copied into the bits above it.
+// Codes of kBits bits (one per byte) minus 2^(kBits - 1), at the top of each int8 lane: 2^(8 - kBits) * (code -
+// 2^(kBits - 1)), the offset types' (Q4_0, Q5_0, Q3_K, Q6_K) centered code, with no min term; their loaders fold
+// kCenteredScale<kBits> = 2^-(8 - kBits) into the scale (a or d). One shift and one XOR of the sign bit, where
+// sign-extending each code in place took four integer ops a word (the narrow weights' product at 4-8 tokens waits on
+// its integer pipe). The mma's sums grow by the same power of two and stay exact (32-element types: |16 * 8 * 127 *
+// 32| < 2^24, so their f32 conversion too; K-quant units: < 2^31), and a power of two commutes with f32 rounding, so
+// every f32 the kernels compute equals the unscaled form's bit for bit.
 template <int kBits>
 GGUF_HD uint32_t centered(uint32_t codes) {
-  constexpr uint32_t kSign = 0x01010101u << (kBits - 1);
-  const uint32_t x = codes ^ kSign;
-  return x | (x & kSign) * ((0x100u >> (kBits - 1)) - 2);
+  return (codes << (8 - kBits)) ^ 0x80808080u;
 }
+template <int kBits>
+inline constexpr float kCenteredScale = 1.f / static_cast<float>(1 << (8 - kBits));
 
 // The fifth bits of those codes from the block's 32-bit qh (bit e = element e), into bit 4 of each byte.
 GGUF_HD void add_fifth_bits(uint32_t qh, int t, uint32_t (&codes)[2]) {
