@@ -95,6 +95,7 @@ __global__ void __launch_bounds__(W * 32) gguf_mmq_kernel(void* __restrict__ y, 
   }
   pdl_launch_dependents();
 
+  scale_output<Q>(acc);
   store_rows<MT, T, W, W * 32, kRope>(acc, y, bf16, row0, M, N, rope);
 }
 

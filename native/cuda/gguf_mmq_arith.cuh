@@ -293,6 +293,18 @@ MMQ_FN void multiply_unit_k(const Q (&q)[MT][2], int t, const X (&x)[T],
     }
 }
 
+// The sums times the factor the loader left to the output (mmq::kOutputScale), once before they are stored.
+template <class Q, int MT, int T>
+MMQ_FN void scale_output(float (&acc)[MT][T][4]) {
+  if constexpr (mmq::kOutputScale<Q> != 1.f)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int i = 0; i < T; ++i)
+#pragma unroll
+        for (int o = 0; o < 4; ++o) acc[mt][i][o] *= mmq::kOutputScale<Q>;
+}
+
 // One unit times the T token tiles by the loader's arithmetic: multiply_unit_k for a K-quant, else multiply_unit.
 template <class Q, int MT, int T, bool kSplitLow, class X>
 MMQ_FN void multiply_any(const Q (&q)[MT][2], int t, const X (&x)[T], float (&acc)[MT][T][4]) {

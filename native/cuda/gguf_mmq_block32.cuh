@@ -37,13 +37,13 @@ struct MmqQ8_0 {
 };
 
 // Codes w = d * (code - 2^(kBits-1)) of a unit's two blocks: lo and hi centered to int8 lanes, a = the blocks' d's
-// scaled back by kCenteredScale, no min term (Q4_0, Q5_0).
+// (their kCenteredScale left to the output: kOutputScale), no min term (Q5_0).
 template <int kBits>
 GGUF_HD void centered_blocks(uint32_t (&lo)[2], uint32_t (&hi)[2], float d0, float d1, float (&a)[2],
                              float (&b)[2]) {
 #pragma unroll
   for (int k = 0; k < 2; ++k) lo[k] = centered<kBits>(lo[k]), hi[k] = centered<kBits>(hi[k]);
-  a[0] = d0 * kCenteredScale<kBits>, a[1] = d1 * kCenteredScale<kBits>;
+  a[0] = d0, a[1] = d1;
   b[0] = b[1] = 0.f;
 }
 
@@ -57,6 +57,7 @@ struct MmqQ4_0 {
   static constexpr int kType = gguf::Q4_0;
   static constexpr int kBlockElems = 64, kBlockBytes = 36, kPairs = 1, kDepth = 4;
   static constexpr bool kUnitScales = false, kMins = false, kSplitLanes = true;
+  static constexpr float kOutputScale = kCenteredScale<4>;
   uint32_t e[2], o, d0, d1;
   template <class P>
   GGUF_HD void fetch(P row, int u, int t) {
@@ -65,9 +66,10 @@ struct MmqQ4_0 {
     d0 = word(unit, 0), d1 = word(unit, 4);
   }
   GGUF_HD void pair(int, int, uint32_t (&lo)[2], uint32_t (&hi)[2], float (&a)[2], float (&b)[2]) const {
-    nibble_codes(gguf::mid16(e[0], e[1]), lo);
-    nibble_codes(o, hi);
-    centered_blocks<4>(lo, hi, gguf::half_lo(d0), gguf::half_hi(d1), a, b);
+    centered_nibbles(gguf::mid16(e[0], e[1]), lo);
+    centered_nibbles(o, hi);
+    a[0] = gguf::half_lo(d0), a[1] = gguf::half_hi(d1);
+    b[0] = b[1] = 0.f;
   }
 };
 
@@ -99,6 +101,7 @@ struct MmqQ5_0 {
   static constexpr int kType = gguf::Q5_0;
   static constexpr int kBlockElems = 64, kBlockBytes = 44, kPairs = 1, kDepth = 4;
   static constexpr bool kUnitScales = false, kMins = false, kSplitLanes = true;
+  static constexpr float kOutputScale = kCenteredScale<5>;
   uint32_t e, o, ds;
   uint2 qh;
   template <class P>

@@ -141,9 +141,14 @@ struct MmqQ3K {
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       const uint32_t q = ql[k], high = hm[k] >> (4 * n);
-      lo[k] = centered<3>(plane2(q, 2 * j) | (((high >> (2 * j)) & 0x01010101u) << 2));
-      hi[k] = centered<3>(plane2(q, 2 * j + 1) | (((high >> (2 * j + 1)) & 0x01010101u) << 2));
+      lo[k] = centered_code(q, high, 2 * j);
+      hi[k] = centered_code(q, high, 2 * j + 1);
     }
+  }
+  // centered<3> of plane p's two bits plus the high bit p: the plane to bits 5..6 with bit 7 set, masked and set in
+  // one op, then the high bit flipping bit 7.
+  GGUF_HD static uint32_t centered_code(uint32_t q, uint32_t high, int p) {
+    return and_xor(shift_by(q, 5 - 2 * p), 0x60606060u, 0x80808080u) ^ (shift_by(high, 7 - p) & 0x80808080u);
   }
   GGUF_HD void unit_scales(float& d, float& dmin) const {
     d = gguf::f16_a2(dw) * kCenteredScale<3>, dmin = 0.f;
@@ -186,8 +191,10 @@ struct MmqQ6K {
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       const uint32_t l0 = ql[0][k], l1 = ql[1][k], h = qh[k];
-      lo[k] = centered<6>(((l0 >> (4 * j)) & gguf::kNib) | (((h >> (4 * j)) & 0x03030303u) << 4));
-      hi[k] = centered<6>(((l1 >> (4 * j)) & gguf::kNib) | (((h >> (4 * j + 2)) & 0x03030303u) << 4));
+      // centered<6> of nibble j plus two high bits: the nibble to bits 2..5 with bit 7 set (one op), then the high
+      // bits into 6..7, flipping 7.
+      lo[k] = and_xor(shift_by(l0, 2 - 4 * j), 0x3C3C3C3Cu, 0x80808080u) ^ (shift_by(h, 6 - 4 * j) & 0xC0C0C0C0u);
+      hi[k] = and_xor(shift_by(l1, 2 - 4 * j), 0x3C3C3C3Cu, 0x80808080u) ^ (shift_by(h, 4 - 4 * j) & 0xC0C0C0C0u);
     }
   }
   GGUF_HD void unit_scales(float& d, float& dmin) const {

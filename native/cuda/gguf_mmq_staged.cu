@@ -202,6 +202,7 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
     }
   }
   pdl_launch_dependents();
+  scale_output<Q>(acc);
   store_rows<MT, 1, W, S::kThreads, kRope>(acc, y, bf16, row0, M, N, rope);
 #else
   __trap();  // compiled for a GPU without bulk copies: staged_kernels_run() keeps launches away

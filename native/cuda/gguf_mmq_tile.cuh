@@ -28,6 +28,8 @@
 // start 4-byte aligned, and its loader reads words; Q3_K, Q6_K, Q8_0 and Q5_0 are stored in 16-byte aligned groups
 // (gguf_block.cuh), which their loaders find from the unit's index.
 #pragma once
+#include <type_traits>
+
 #include "cuda/gguf_q8_words.cuh"
 
 namespace candle_vllm::cuda::mmq {
@@ -39,18 +41,50 @@ GGUF_HD void nibble_codes(uint32_t q, uint32_t (&out)[2]) {
 }
 
 // Codes of kBits bits (one per byte) minus 2^(kBits - 1), at the top of each int8 lane: 2^(8 - kBits) * (code -
-// 2^(kBits - 1)), the offset types' (Q4_0, Q5_0, Q3_K, Q6_K) centered code, with no min term; their loaders fold
-// kCenteredScale<kBits> = 2^-(8 - kBits) into the scale (a or d). One shift and one XOR of the sign bit, where
-// sign-extending each code in place took four integer ops a word (the narrow weights' product at 4-8 tokens waits on
-// its integer pipe). The mma's sums grow by the same power of two and stay exact (32-element types: |16 * 8 * 127 *
-// 32| < 2^24, so their f32 conversion too; K-quant units: < 2^31), and a power of two commutes with f32 rounding, so
-// every f32 the kernels compute equals the unscaled form's bit for bit.
+// 2^(kBits - 1)), the offset types' (Q4_0, Q5_0, Q3_K, Q6_K) centered code, with no min term; Q3_K and Q6_K fold
+// kCenteredScale<kBits> = 2^-(8 - kBits) into their unit's d, Q4_0 and Q5_0 leave it to the output (kOutputScale).
+// One shift and one XOR of the sign bit, where sign-extending each code in place took four integer ops a word (the
+// narrow weights' product at 4-8 tokens waits on its integer pipe). The mma's sums grow by the same power of two and
+// stay exact (32-element types: |16 * 8 * 127 * 32| < 2^24, so their f32 conversion too; K-quant units: < 2^31), and
+// a power of two commutes with f32 rounding, so every f32 the kernels compute equals the unscaled form's bit for bit.
 template <int kBits>
 GGUF_HD uint32_t centered(uint32_t codes) {
   return (codes << (8 - kBits)) ^ 0x80808080u;
 }
 template <int kBits>
 inline constexpr float kCenteredScale = 1.f / static_cast<float>(1 << (8 - kBits));
+
+// The factor a loader leaves to the output: Q::kOutputScale where it has one, else 1. Q4_0 and Q5_0 hand the mma their
+// centered codes (times 2^(8 - b)) with their block scales as stored, so every sum comes out 2^(8 - b) times too
+// large, exactly, and the kernels scale it once at the end (gguf_mmq_arith.cuh scale_output) instead of each block's
+// scale once a unit: the same bits, since a power of two commutes with f32 rounding.
+template <class Q, class = void>
+inline constexpr float kOutputScale = 1.f;
+template <class Q>
+inline constexpr float kOutputScale<Q, std::void_t<decltype(Q::kOutputScale)>> = Q::kOutputScale;
+
+// (a & mask) ^ flip as one LOP3: the compiler splits it in two, since a LOP3 takes one immediate, so the PTX names
+// the three-input function (0x6A: a & b ^ c) and ptxas keeps one constant in a register.
+GGUF_HD uint32_t and_xor(uint32_t a, uint32_t mask, uint32_t flip) {
+#ifdef __CUDA_ARCH__
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(d) : "r"(a), "r"(mask), "r"(flip));
+  return d;
+#else
+  return (a & mask) ^ flip;
+#endif
+}
+
+// x shifted left by s bits, or right by -s: s is a constant wherever the loaders' unrolled loops call it.
+GGUF_HD uint32_t shift_by(uint32_t x, int s) {
+  return s >= 0 ? x << s : x >> -s;
+}
+
+// Q4_0's lane codes (nibble_codes' elements) centered at the top of the lanes, as centered<4>: each byte's nibble
+// moved to its high half, the sign bit flipped; masking and flipping in one op.
+GGUF_HD void centered_nibbles(uint32_t q, uint32_t (&out)[2]) {
+  out[0] = and_xor(q << 4, 0xF0F0F0F0u, 0x80808080u), out[1] = and_xor(q, 0xF0F0F0F0u, 0x80808080u);
+}
 
 // The fifth bits of those codes from the block's 32-bit qh (bit e = element e), into bit 4 of each byte.
 GGUF_HD void add_fifth_bits(uint32_t qh, int t, uint32_t (&codes)[2]) {

@@ -148,7 +148,7 @@ void row_tile(const Problem& p, int row0, double* y) {
         for (int i = 0; i < T; ++i)
           for (int o = 0; o < 4; ++o) {
             const int row = row0 + 16 * mt + g + 8 * (o >> 1), token = 8 * i + 2 * t + (o & 1);
-            if (row < p.rows && token < p.m) y[token * p.rows + row] = acc[mt][i][o];
+            if (row < p.rows && token < p.m) y[token * p.rows + row] = acc[mt][i][o] * mmq::kOutputScale<Q>;
           }
     });
   for (std::thread& lane : lanes) lane.join();

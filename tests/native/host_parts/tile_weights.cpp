@@ -51,7 +51,7 @@ void pair_weights(const Q& q, int j, int t, uint32_t (&lo)[2], uint32_t (&hi)[2]
     float a[2], b[2];
     q.pair(j, t, lo, hi, a, b);
     for (int h = 0; h < 2; ++h)
-      for (int half = 0; half < 2; ++half) scale[h][half] = a[h], offset[h][half] = b[h];
+      for (int half = 0; half < 2; ++half) scale[h][half] = a[h] * mmq::kOutputScale<Q>, offset[h][half] = b[h];
   }
 }
 
