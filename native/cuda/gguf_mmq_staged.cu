@@ -39,6 +39,13 @@ namespace {
 
 constexpr int kMaxStages = 8;
 
+// benches/probe_mmq_parts.cu builds the kernel with one part left out to time the others: 1 no multiplying, 2 no
+// token loads, 4 no store (nor the trigger before it).
+#ifndef MMQ_STAGED_PROBE
+#define MMQ_STAGED_PROBE 0
+#endif
+constexpr int kProbe = MMQ_STAGED_PROBE;
+
 // How the multiplying warps of a layout that reads its tokens from global memory (not staged) take them: through
 // pointers as they multiply, or loaded into registers (UnitTokens) before waiting for the chunk's weights.
 enum class TokenLoad { kPointers, kPrefetched };
@@ -151,9 +158,11 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
     // kPrefetch: ahead[i] holds the tokens of the warp's unit i of the chunk being multiplied (UnitTokens), loaded
     // before the wait for its weights. next_x points at the next chunk to load.
     UnitTokens<Q> ahead[kPrefetch ? S::kUnitsPerWarp : 1];
+    if constexpr (kProbe == 2)
+      for (UnitTokens<Q>& a : ahead) a = {};
     TokenRows next_x = xg[0];
     auto prefetch = [&](int c, int i) {
-      if (warp + W * i < units_in(c)) ahead[i].load(next_x.shifted(W * i * Q::kBlockElems));
+      if (kProbe != 2 && warp + W * i < units_in(c)) ahead[i].load(next_x.shifted(W * i * Q::kBlockElems));
     };
     auto prefetch_chunk = [&](int c) {
 #pragma unroll
@@ -164,7 +173,7 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
       if constexpr (kPrefetch) prefetch_chunk(c);
       const int s = c % S::kStages;
       mbar_wait(smem_addr(&full[s]), (c / S::kStages) & 1);
-      const int in_chunk = units_in(c);
+      const int in_chunk = kProbe == 1 ? 0 : units_in(c);
       const uint8_t* stage = stage_at(c);
       const int lane_off = (Q::kSplitLanes ? 4 : 8) * t;
       const uint8_t* codes = stage + S::kWeightBytes + min(g, M - 1) * S::kTokenStride + lane_off;
@@ -200,6 +209,10 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
       __syncwarp();
       if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
     }
+  }
+  if constexpr (kProbe == 4) {  // every thread leaves here, before store_rows' barrier
+    if (acc[0][0][0] == 1.25e-30f) static_cast<float*>(y)[threadIdx.x] = acc[MT - 1][0][3];
+    return;
   }
   pdl_launch_dependents();
   scale_output<Q>(acc);

@@ -69,7 +69,7 @@ constexpr int kLongRowsK = 8192;
 enum class Shape { kNarrow, kNarrowLong, kWide };
 
 template <class Q>
-constexpr Layout layout(Shape shape) {
+constexpr Layout rule_layout(Shape shape) {
   if (shape == Shape::kWide)
     return std::is_same_v<Q, mmq::MmqQ6K> ? Layout{1, 512, 16384, false, false} : Layout{2, 512, 32768, false, false};
   constexpr Layout kDeepRing{2, 512, 98304, false, false};
@@ -85,6 +85,17 @@ constexpr Layout layout(Shape shape) {
   if (std::is_same_v<Q, mmq::MmqQ2K> || std::is_same_v<Q, mmq::MmqQ3K>) return kDeepRing;
   return Layout{1, 512, 16384, std::is_same_v<Q, mmq::MmqQ6K>,
                 std::is_same_v<Q, mmq::MmqQ4K> || std::is_same_v<Q, mmq::MmqQ5K>};
+}
+
+// The layout a launch takes: the rule's, or with every chunk MMQ_STAGED_PROBE_CHUNK bytes a row in
+// benches/probe_mmq_parts.cu's builds.
+template <class Q>
+constexpr Layout layout(Shape shape) {
+  Layout l = rule_layout<Q>(shape);
+#ifdef MMQ_STAGED_PROBE_CHUNK
+  l.chunk = MMQ_STAGED_PROBE_CHUNK;
+#endif
+  return l;
 }
 
 // Whether a layout of loader Q that reads its tokens from global memory (not staged) loads each chunk's into

@@ -1,0 +1,16 @@
+// The staged GGUF product (native/cuda/gguf_mmq_staged.cu) built on its own with one part of its work left out
+// (MMQ_STAGED_PROBE: 0 none, 1 the multiplying, 2 the token loads, 4 the store and the trigger before it) or another
+// chunk (MMQ_STAGED_PROBE_CHUNK: bytes a row a stage), so benches/probe_mmq_parts.py can time each build's launches
+// back to back and place the kernel's time by differences. One shared library per build:
+//     nvcc -std=c++17 -O3 --expt-relaxed-constexpr --use_fast_math -shared -Xcompiler -fPIC \
+//         -gencode=arch=compute_90a,code=sm_90a -I native -DMMQ_STAGED_PROBE=<part> \
+//         benches/probe_mmq_parts.cu -o /tmp/probe_mmq_<part>.so
+#include "cuda/gguf_mmq_staged.cu"
+
+extern "C" int probe_mmq(void* y, const void* xq, const void* xb, const void* w, int M, int N, int K, int qtype,
+                         int warps, cudaStream_t stream) {
+  candle_vllm::cuda::launch_gguf_mmq_staged(y, true, static_cast<const int8_t*>(xq),
+                                            static_cast<const candle_vllm::gguf::XBlock*>(xb),
+                                            static_cast<const uint8_t*>(w), M, N, K, qtype, warps, nullptr, stream);
+  return static_cast<int>(cudaGetLastError());
+}
