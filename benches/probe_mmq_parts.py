@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 
 import torch
 from gguf import GGML_QUANT_SIZES
@@ -54,7 +55,7 @@ def cell(libs: list[ctypes.CDLL], name: str, n: int, k: int, m: int, warps: int)
                            stream)
         assert rc == 0, f"probe launch failed: CUDA error {rc}"
 
-    return [timed(lambda w, lib=lib: launch(lib, w), copies) for lib in libs]
+    return [timed(functools.partial(launch, lib), copies) for lib in libs]
 
 
 def main() -> None:
