@@ -2,7 +2,9 @@
 benches/probe_mmq_parts.cu that each leave one part out (the multiplying, the token loads, the store and the trigger
 of the next grid before it) or take another chunk size. The difference from the whole kernel is what that part
 costs on the critical path; a part whose removal saves nothing is hidden behind another. Needs only torch and gguf
-(no module build): random weight bytes rotated over >= 640 MB, random codes and XBlocks.
+(no module build): random weight bytes rotated over >= 640 MB, random codes and XBlocks. The builds that leave
+nothing out must give the same bits (the last column), so a build that changes how the weights reach the warps is
+checked as it is timed.
 
     for p in 0 1; do nvcc ... -DMMQ_STAGED_PROBE=$p benches/probe_mmq_parts.cu -o /tmp/probe_mmq_$p.so & done
     python3 benches/probe_mmq_parts.py whole=/tmp/probe_mmq_0.so "no multiply=/tmp/probe_mmq_1.so" \\
@@ -30,6 +32,7 @@ def probe(path: str) -> ctypes.CDLL:
     lib = ctypes.CDLL(path)
     ptr, i32 = ctypes.c_void_p, ctypes.c_int
     lib.probe_mmq.argtypes = (ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, ptr)
+    lib.probe_part.restype = i32
     return lib
 
 
@@ -41,8 +44,10 @@ def tokens(m: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return xq, xb
 
 
-def cell(libs: list[ctypes.CDLL], name: str, n: int, k: int, m: int, warps: int) -> list[float]:
-    """us per launch of each probe build with ``warps`` warps on the same weights and codes."""
+def cell(libs: list[ctypes.CDLL], name: str, n: int, k: int, m: int, warps: int) -> tuple[list[float], bool]:
+    """us per launch of each probe build with ``warps`` warps on the same weights and codes, and whether the builds
+    that leave nothing out (chunk sizes, copies and warp groups may differ) give the first one's bits: each warp
+    takes the same units in the same order in all of them."""
     qtype = TYPES[name]
     elems, block = GGML_QUANT_SIZES[qtype]
     copies = weight_copies(n * k // elems * block)
@@ -55,7 +60,13 @@ def cell(libs: list[ctypes.CDLL], name: str, n: int, k: int, m: int, warps: int)
                            stream)
         assert rc == 0, f"probe launch failed: CUDA error {rc}"
 
-    return [timed(functools.partial(launch, lib), copies) for lib in libs]
+    times = [timed(functools.partial(launch, lib), copies) for lib in libs]
+    outputs = []
+    for lib in (lib for lib in libs if lib.probe_part() == 0):
+        y.view(torch.int16).fill_(-1)  # a NaN no launch writes: rows a build leaves unwritten differ
+        launch(lib, copies[0])
+        outputs.append(y.view(torch.int16).clone())
+    return times, all(torch.equal(out, outputs[0]) for out in outputs)
 
 
 def main() -> None:
@@ -69,16 +80,17 @@ def main() -> None:
     args = ap.parse_args()
     names = [spec.split("=", 1)[0] for spec in args.libraries]
     libs = [probe(spec.split("=", 1)[1]) for spec in args.libraries]
-    print("| type | shape | M | warps | " + " | ".join(names) + " |")
-    print("|---" * (4 + len(libs)) + "|")
+    print("| type | shape | M | warps | " + " | ".join(names) + " | whole builds' bits |")
+    print("|---" * (5 + len(libs)) + "|")
     for name in args.types:
         for shape in args.shapes:
             n, k = SHAPES[shape]
             for m in args.m:
                 for warps in args.warps:
-                    us = cell(libs, name, n, k, m, warps)
-                    print(f"| {name} | {n}x{k} | {m} | {warps} | " + " | ".join(f"{u:.2f}" for u in us) + " |",
-                          flush=True)
+                    us, same = cell(libs, name, n, k, m, warps)
+                    bits = "same" if same else "DIFFER"
+                    print(f"| {name} | {n}x{k} | {m} | {warps} | " + " | ".join(f"{u:.2f}" for u in us) +
+                          f" | {bits} |", flush=True)
         torch.cuda.empty_cache()
 
 
