@@ -17,3 +17,17 @@ extern "C" int probe_mmq(void* y, const void* xq, const void* xb, const void* w,
 
 // The part this build leaves out (0: none), so the probe compares the outputs of the whole builds.
 extern "C" int probe_part() { return candle_vllm::cuda::kProbe; }
+
+#ifdef MMQ_STAGED_PROBE_TIMELINE
+// The timeline of the launches since the last read (gguf_mmq_staged.cu g_timeline: SM clocks per CTA at its start,
+// chunk arrivals, end; each launch overwrites the last's), then cleared.
+extern "C" int probe_timeline(long long* out, int ctas) {
+  namespace cv = candle_vllm::cuda;
+  const size_t rows = ctas < cv::kTimelineCtas ? ctas : cv::kTimelineCtas;
+  cudaError_t err = cudaMemcpyFromSymbol(out, cv::g_timeline, sizeof(long long) * cv::kTimelineSlots * rows);
+  void* slots = nullptr;  // cleared, so the next read holds only later launches' marks
+  if (err == cudaSuccess) err = cudaGetSymbolAddress(&slots, cv::g_timeline);
+  if (err == cudaSuccess) err = cudaMemset(slots, 0, sizeof(cv::g_timeline));
+  return static_cast<int>(err);
+}
+#endif

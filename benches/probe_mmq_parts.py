@@ -4,7 +4,8 @@ of the next grid before it) or take another chunk size. The difference from the 
 costs on the critical path; a part whose removal saves nothing is hidden behind another. Needs only torch and gguf
 (no module build): random weight bytes rotated over >= 640 MB, random codes and XBlocks. The builds that leave
 nothing out must give the same bits (the last column), so a build that changes how the weights reach the warps is
-checked as it is timed.
+checked as it is timed. A build with -DMMQ_STAGED_PROBE_TIMELINE also prints, per cell, when its CTAs saw each chunk
+land and finished multiplying (SM cycles from their start): how much multiplying is left after the last bytes.
 
     for p in 0 1; do nvcc ... -DMMQ_STAGED_PROBE=$p benches/probe_mmq_parts.cu -o /tmp/probe_mmq_$p.so & done
     python3 benches/probe_mmq_parts.py whole=/tmp/probe_mmq_0.so "no multiply=/tmp/probe_mmq_1.so" \\
@@ -24,6 +25,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 from probe_stream_floor import SHAPES, timed, weight_copies
 
+TIMELINE_CTAS, TIMELINE_SLOTS = 1024, 34  # gguf_mmq_staged.cu kTimelineCtas, kTimelineSlots
 TYPES = {"q4_0": QT.Q4_0, "q4_1": QT.Q4_1, "q5_0": QT.Q5_0, "q5_1": QT.Q5_1, "q8_0": QT.Q8_0, "q2k": QT.Q2_K,
          "q3k": QT.Q3_K, "q4k": QT.Q4_K, "q5k": QT.Q5_K, "q6k": QT.Q6_K}
 
@@ -36,6 +38,28 @@ def probe(path: str) -> ctypes.CDLL:
     return lib
 
 
+def timeline(lib: ctypes.CDLL) -> str | None:
+    """A timeline build's (MMQ_STAGED_PROBE_TIMELINE) marks of its last launches, summed up: per chunk, thousands of
+    SM cycles from a CTA's start until its warp 0 saw the chunk's weights landed (median over the CTAs that waited
+    on it), and until warp 0's last multiply; None for other builds."""
+    if not hasattr(lib, "probe_timeline"):
+        return None
+    marks = torch.zeros(TIMELINE_CTAS, TIMELINE_SLOTS, dtype=torch.int64)
+    rc = lib.probe_timeline(ctypes.c_void_p(marks.data_ptr()), TIMELINE_CTAS)
+    assert rc == 0, f"probe_timeline failed: CUDA error {rc}"
+    marks = marks[marks[:, 0] != 0]
+    since = (marks - marks[:, :1]).double() / 1e3
+
+    def median(slot: int) -> float | None:
+        seen = since[marks[:, slot] != 0, slot]
+        return float(seen.median()) if len(seen) else None
+
+    arrivals = [a for a in (median(slot) for slot in range(1, TIMELINE_SLOTS - 1)) if a is not None]
+    end = median(TIMELINE_SLOTS - 1)
+    return (f"chunks landed at {' '.join(f'{a:.1f}' for a in arrivals)} k cycles, last multiply done at "
+            f"{end:.1f}" if end is not None else "no marks")
+
+
 def tokens(m: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Random int8 codes [m, k] and their XBlocks (f32 scale, two int16 half sums) [m, k / 32]."""
     xq = torch.randint(-127, 128, (m, k), dtype=torch.int8, device="cuda")
@@ -44,10 +68,11 @@ def tokens(m: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return xq, xb
 
 
-def cell(libs: list[ctypes.CDLL], name: str, n: int, k: int, m: int, warps: int) -> tuple[list[float], bool]:
-    """us per launch of each probe build with ``warps`` warps on the same weights and codes, and whether the builds
-    that leave nothing out (chunk sizes, copies and warp groups may differ) give the first one's bits: each warp
-    takes the same units in the same order in all of them."""
+def cell(libs: list[ctypes.CDLL], name: str, n: int, k: int, m: int,
+         warps: int) -> tuple[list[float], bool, list[str | None]]:
+    """us per launch of each probe build with ``warps`` warps on the same weights and codes; whether the builds that
+    leave nothing out (chunk sizes, copies and warp groups may differ) give the first one's bits: each warp takes the
+    same units in the same order in all of them; and each timeline build's summary of its last timed launch."""
     qtype = TYPES[name]
     elems, block = GGML_QUANT_SIZES[qtype]
     copies = weight_copies(n * k // elems * block)
@@ -60,13 +85,16 @@ def cell(libs: list[ctypes.CDLL], name: str, n: int, k: int, m: int, warps: int)
                            stream)
         assert rc == 0, f"probe launch failed: CUDA error {rc}"
 
-    times = [timed(functools.partial(launch, lib), copies) for lib in libs]
+    times, timelines = [], []
+    for lib in libs:
+        times.append(timed(functools.partial(launch, lib), copies))
+        timelines.append(timeline(lib))
     outputs = []
     for lib in (lib for lib in libs if lib.probe_part() == 0):
         y.view(torch.int16).fill_(-1)  # a NaN no launch writes: rows a build leaves unwritten differ
         launch(lib, copies[0])
         outputs.append(y.view(torch.int16).clone())
-    return times, all(torch.equal(out, outputs[0]) for out in outputs)
+    return times, all(torch.equal(out, outputs[0]) for out in outputs), timelines
 
 
 def main() -> None:
@@ -87,10 +115,13 @@ def main() -> None:
             n, k = SHAPES[shape]
             for m in args.m:
                 for warps in args.warps:
-                    us, same = cell(libs, name, n, k, m, warps)
+                    us, same, timelines = cell(libs, name, n, k, m, warps)
                     bits = "same" if same else "DIFFER"
                     print(f"| {name} | {n}x{k} | {m} | {warps} | " + " | ".join(f"{u:.2f}" for u in us) +
                           f" | {bits} |", flush=True)
+                    for lib_name, summary in zip(names, timelines, strict=True):
+                        if summary is not None:
+                            print(f"    timeline {lib_name}: {summary}", flush=True)
         torch.cuda.empty_cache()
 
 

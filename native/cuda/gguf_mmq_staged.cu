@@ -46,6 +46,20 @@ constexpr int kMaxStages = 8;
 #endif
 constexpr int kProbe = MMQ_STAGED_PROBE;
 
+// Its timeline builds (MMQ_STAGED_PROBE_TIMELINE) record, in lane 0 of warp 0 of the first kTimelineCtas CTAs, the
+// SM clock at the CTA's start, as each of its first 32 chunks' weights are seen landed, and after its last multiply,
+// for probe_timeline() to read back: when the stages arrive and how much multiplying is left after the last one.
+// Slots: 0 the start, 1 + c chunk c (c < 32), 33 the end.
+#ifdef MMQ_STAGED_PROBE_TIMELINE
+constexpr int kTimelineCtas = 1024, kTimelineSlots = 34;
+__device__ long long g_timeline[kTimelineCtas][kTimelineSlots];
+#endif
+__device__ __forceinline__ void timeline_mark([[maybe_unused]] int slot) {
+#ifdef MMQ_STAGED_PROBE_TIMELINE
+  if (threadIdx.x == 0 && blockIdx.x < kTimelineCtas && slot < kTimelineSlots) g_timeline[blockIdx.x][slot] = clock64();
+#endif
+}
+
 // How the multiplying warps of a layout that reads its tokens from global memory (not staged) take them: through
 // pointers as they multiply, or loaded into registers (UnitTokens) before waiting for the chunk's weights.
 enum class TokenLoad { kPointers, kPrefetched };
@@ -108,6 +122,7 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
     mbar_fence_init();
   }
   __syncthreads();
+  timeline_mark(0);
 
   float acc[MT][1][4] = {};
   auto units_in = [&](int c) { return min(S::kChunkUnits, units - c * S::kChunkUnits); };
@@ -173,6 +188,7 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
       if constexpr (kPrefetch) prefetch_chunk(c);
       const int s = c % S::kStages;
       mbar_wait(smem_addr(&full[s]), (c / S::kStages) & 1);
+      timeline_mark(c < 32 ? 1 + c : 34);
       const int in_chunk = kProbe == 1 ? 0 : units_in(c);
       const uint8_t* stage = stage_at(c);
       const int lane_off = (Q::kSplitLanes ? 4 : 8) * t;
@@ -210,6 +226,7 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
       if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
     }
   }
+  timeline_mark(33);
   if constexpr (kProbe == 4) {  // every thread leaves here, before store_rows' barrier
     if (acc[0][0][0] == 1.25e-30f) static_cast<float*>(y)[threadIdx.x] = acc[MT - 1][0][3];
     return;
