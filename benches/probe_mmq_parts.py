@@ -91,7 +91,7 @@ def cell(libs: list[ctypes.CDLL], name: str, n: int, k: int, m: int,
         timelines.append(timeline(lib))
     outputs = []
     for lib in (lib for lib in libs if lib.probe_part() == 0):
-        y.view(torch.int16).fill_(-1)  # a NaN no launch writes: rows a build leaves unwritten differ
+        y.view(torch.int16).fill_(-1)  # a NaN pattern, so rows a build leaves unwritten (almost surely) differ
         launch(lib, copies[0])
         outputs.append(y.view(torch.int16).clone())
     return times, all(torch.equal(out, outputs[0]) for out in outputs), timelines
