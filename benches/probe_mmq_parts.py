@@ -25,7 +25,8 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 from probe_stream_floor import SHAPES, timed, weight_copies
 
-TIMELINE_CTAS, TIMELINE_SLOTS = 1024, 34  # gguf_mmq_staged.cu kTimelineCtas, kTimelineSlots
+TIMELINE_CTAS, TIMELINE_SLOTS = 1024, 35  # gguf_mmq_staged.cu kTimelineCtas, kTimelineSlots
+CHUNK_SLOTS, END_SLOT, WAITED_SLOT = range(1, 33), 33, 34
 TYPES = {"q4_0": QT.Q4_0, "q4_1": QT.Q4_1, "q5_0": QT.Q5_0, "q5_1": QT.Q5_1, "q8_0": QT.Q8_0, "q2k": QT.Q2_K,
          "q3k": QT.Q3_K, "q4k": QT.Q4_K, "q5k": QT.Q5_K, "q6k": QT.Q6_K}
 
@@ -39,9 +40,9 @@ def probe(path: str) -> ctypes.CDLL:
 
 
 def timeline(lib: ctypes.CDLL) -> str | None:
-    """A timeline build's (MMQ_STAGED_PROBE_TIMELINE) marks of its last launches, summed up: per chunk, thousands of
-    SM cycles from a CTA's start until its warp 0 saw the chunk's weights landed (median over the CTAs that waited
-    on it), and until warp 0's last multiply; None for other builds."""
+    """A timeline build's (MMQ_STAGED_PROBE_TIMELINE) marks of its launches since the last call, summed up: thousands
+    of SM cycles from a CTA's start until its warp 0's wait for the kernel before ended, until it saw each chunk's
+    weights landed (median over the CTAs that waited on it), and until its last multiply; None for other builds."""
     if not hasattr(lib, "probe_timeline"):
         return None
     marks = torch.zeros(TIMELINE_CTAS, TIMELINE_SLOTS, dtype=torch.int64)
@@ -54,10 +55,12 @@ def timeline(lib: ctypes.CDLL) -> str | None:
         seen = since[marks[:, slot] != 0, slot]
         return float(seen.median()) if len(seen) else None
 
-    arrivals = [a for a in (median(slot) for slot in range(1, TIMELINE_SLOTS - 1)) if a is not None]
-    end = median(TIMELINE_SLOTS - 1)
-    return (f"chunks landed at {' '.join(f'{a:.1f}' for a in arrivals)} k cycles, last multiply done at "
-            f"{end:.1f}" if end is not None else "no marks")
+    arrivals = [a for a in (median(slot) for slot in CHUNK_SLOTS) if a is not None]
+    end, waited = median(END_SLOT), median(WAITED_SLOT)
+    if end is None or waited is None:
+        return "no marks"
+    return (f"waited until {waited:.1f}, chunks landed at {' '.join(f'{a:.1f}' for a in arrivals)} k cycles, last "
+            f"multiply done at {end:.1f}")
 
 
 def tokens(m: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,6 +90,7 @@ def cell(libs: list[ctypes.CDLL], name: str, n: int, k: int, m: int,
 
     times, timelines = [], []
     for lib in libs:
+        timeline(lib)  # clears the marks of earlier cells' launches (the bits checks below launch too)
         times.append(timed(functools.partial(launch, lib), copies))
         timelines.append(timeline(lib))
     outputs = []

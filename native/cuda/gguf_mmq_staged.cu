@@ -47,11 +47,11 @@ constexpr int kMaxStages = 8;
 constexpr int kProbe = MMQ_STAGED_PROBE;
 
 // Its timeline builds (MMQ_STAGED_PROBE_TIMELINE) record, in lane 0 of warp 0 of the first kTimelineCtas CTAs, the
-// SM clock at the CTA's start, as each of its first 32 chunks' weights are seen landed, and after its last multiply,
-// for probe_timeline() to read back: when the stages arrive and how much multiplying is left after the last one.
-// Slots: 0 the start, 1 + c chunk c (c < 32), 33 the end.
+// SM clock at the CTA's start, as each of its first 32 chunks' weights are seen landed, after its last multiply and
+// when its wait for the kernel before ended, for probe_timeline() to read back: when the stages arrive and how much
+// multiplying is left after the last one. Slots: 0 the start, 1 + c chunk c (c < 32), 33 the end, 34 the wait's end.
 #ifdef MMQ_STAGED_PROBE_TIMELINE
-constexpr int kTimelineCtas = 1024, kTimelineSlots = 34;
+constexpr int kTimelineCtas = 1024, kTimelineSlots = 35;
 __device__ long long g_timeline[kTimelineCtas][kTimelineSlots];
 #endif
 __device__ __forceinline__ void timeline_mark([[maybe_unused]] int slot) {
@@ -59,6 +59,16 @@ __device__ __forceinline__ void timeline_mark([[maybe_unused]] int slot) {
   if (threadIdx.x == 0 && blockIdx.x < kTimelineCtas && slot < kTimelineSlots) g_timeline[blockIdx.x][slot] = clock64();
 #endif
 }
+
+// The probe's MMQ_STAGED_PROBE_PREFILL=n builds (layouts that read their tokens from global memory): the copying warp
+// starts only n stages before the wait for the kernel before, and the rest of the first ring once the multiplying
+// warps have issued their first token loads, which so queue ahead of those weights (0: the whole first ring first).
+#ifdef MMQ_STAGED_PROBE_PREFILL
+constexpr int kPrefill = MMQ_STAGED_PROBE_PREFILL;
+#else
+constexpr int kPrefill = 0;
+#endif
+constexpr int kTokensIssuedBarrier = 1;  // named barrier: the multiplying warps' first token loads are issued
 
 // How the multiplying warps of a layout that reads its tokens from global memory (not staged) take them: through
 // pointers as they multiply, or loaded into registers (UnitTokens) before waiting for the chunk's weights.
@@ -108,6 +118,7 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
   using S = Staging<Q, W, MT, kChunk, kRing, kStagedTokens>;
   constexpr bool kPrefetch = kLoad == TokenLoad::kPrefetched;
   static_assert(!kPrefetch || !kStagedTokens, "only tokens read from global memory are prefetched");
+  constexpr bool kHeldBack = kPrefill > 0 && !kStagedTokens;
   constexpr int kRows = S::kRows;
   extern __shared__ __align__(16) uint8_t ring[];
   __shared__ alignas(8) uint64_t full[S::kStages], empty[S::kStages];
@@ -153,10 +164,16 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
                   xb + static_cast<int64_t>(m) * (K / 32) + e0 / 32, elems / 4, bar);
     };
     const int first = min(S::kStages, chunks);
-    for (int c = 0; c < first; ++c) weights(c);
+    const int early = kHeldBack ? min(kPrefill, first) : first;
+    for (int c = 0; c < early; ++c) weights(c);
     if constexpr (kStagedTokens) {
       pdl_wait();  // the codes are the kernel before's output, and y may still be read by it
       for (int c = 0; c < first; ++c) tokens(c);
+    }
+    if constexpr (kHeldBack) {
+      pdl_wait();
+      named_barrier_sync(kTokensIssuedBarrier, S::kThreads);
+      for (int c = early; c < first; ++c) weights(c);
     }
     for (int c = first; c < chunks; ++c) {
       mbar_wait(smem_addr(&empty[c % S::kStages]), (c / S::kStages - 1) & 1);
@@ -170,6 +187,8 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
     TokenRows xg[1] = {};
     if constexpr (!kStagedTokens) token_rows<Q>(xg, xq, xb, M, K, warp * Q::kBlockElems, g, t);
     pdl_wait();  // xq/xb are the kernel before's; y may still be read by it
+    timeline_mark(34);
+    if constexpr (kHeldBack && !kPrefetch) named_barrier_arrive(kTokensIssuedBarrier, S::kThreads);
     // kPrefetch: ahead[i] holds the tokens of the warp's unit i of the chunk being multiplied (UnitTokens), loaded
     // before the wait for its weights. next_x points at the next chunk to load.
     UnitTokens<Q> ahead[kPrefetch ? S::kUnitsPerWarp : 1];
@@ -186,9 +205,11 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
     };
     for (int c = 0; c < chunks; ++c) {
       if constexpr (kPrefetch) prefetch_chunk(c);
+      if constexpr (kHeldBack && kPrefetch)
+        if (c == 0) named_barrier_arrive(kTokensIssuedBarrier, S::kThreads);
       const int s = c % S::kStages;
       mbar_wait(smem_addr(&full[s]), (c / S::kStages) & 1);
-      timeline_mark(c < 32 ? 1 + c : 34);
+      if (c < 32) timeline_mark(1 + c);
       const int in_chunk = kProbe == 1 ? 0 : units_in(c);
       const uint8_t* stage = stage_at(c);
       const int lane_off = (Q::kSplitLanes ? 4 : 8) * t;
