@@ -1,7 +1,8 @@
 // The staged GGUF product (native/cuda/gguf_mmq_staged.cu) built on its own with one part of its work left out
-// (MMQ_STAGED_PROBE: 0 none, 1 the multiplying, 2 the token loads, 4 the store and the trigger before it) or another
-// chunk (MMQ_STAGED_PROBE_CHUNK: bytes a row a stage), so benches/probe_mmq_parts.py can time each build's launches
-// back to back and place the kernel's time by differences. One shared library per build:
+// (MMQ_STAGED_PROBE: 0 none, 1 the multiplying, 2 the token loads, 4 the store and the trigger before it), another
+// chunk (MMQ_STAGED_PROBE_CHUNK: bytes a row a stage) or every ring held back (MMQ_STAGED_PROBE_HELD: stages issued
+// before the wait for the kernel before, gguf_mmq_staged_layout.cuh), so benches/probe_mmq_parts.py can time each
+// build's launches back to back and place the kernel's time by differences. One shared library per build:
 //     nvcc -std=c++17 -O3 --expt-relaxed-constexpr --use_fast_math -shared -Xcompiler -fPIC \
 //         -gencode=arch=compute_90a,code=sm_90a -I native -DMMQ_STAGED_PROBE=<part> \
 //         benches/probe_mmq_parts.cu -o /tmp/probe_mmq_<part>.so

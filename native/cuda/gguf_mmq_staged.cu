@@ -60,15 +60,7 @@ __device__ __forceinline__ void timeline_mark([[maybe_unused]] int slot) {
 #endif
 }
 
-// The probe's MMQ_STAGED_PROBE_PREFILL=n builds (layouts that read their tokens from global memory): the copying warp
-// starts only n stages before the wait for the kernel before, and the rest of the first ring once the multiplying
-// warps have issued their first token loads, which so queue ahead of those weights (0: the whole first ring first).
-#ifdef MMQ_STAGED_PROBE_PREFILL
-constexpr int kPrefill = MMQ_STAGED_PROBE_PREFILL;
-#else
-constexpr int kPrefill = 0;
-#endif
-constexpr int kTokensIssuedBarrier = 1;  // named barrier: the multiplying warps' first token loads are issued
+constexpr int kTokensIssuedBarrier = 1;  // named barrier: the multiplying warps' first token loads are issued (kHeld)
 
 // How the multiplying warps of a layout that reads its tokens from global memory (not staged) take them: through
 // pointers as they multiply, or loaded into registers (UnitTokens) before waiting for the chunk's weights.
@@ -108,7 +100,10 @@ struct Staging {
   static constexpr int kSmemBytes = kStages * kStageBytes;
 };
 
-template <class Q, int W, int MT, int kChunk, int kRing, bool kStagedTokens, bool kSplitLow, bool kRope,
+// kHeld (Layout::held_stages, layouts that read their tokens from global memory): the copying warp issues only that
+// many stages before the wait for the kernel before, and the rest of the first ring once the multiplying warps have
+// issued their first token loads (0: the whole first ring first).
+template <class Q, int W, int MT, int kChunk, int kRing, bool kStagedTokens, int kHeld, bool kSplitLow, bool kRope,
           TokenLoad kLoad>
 __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens>::kThreads)
     gguf_mmq_staged_kernel(void* __restrict__ y, bool bf16, const int8_t* xq, const XBlock* xb,
@@ -118,7 +113,8 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
   using S = Staging<Q, W, MT, kChunk, kRing, kStagedTokens>;
   constexpr bool kPrefetch = kLoad == TokenLoad::kPrefetched;
   static_assert(!kPrefetch || !kStagedTokens, "only tokens read from global memory are prefetched");
-  constexpr bool kHeldBack = kPrefill > 0 && !kStagedTokens;
+  static_assert(kHeld == 0 || !kStagedTokens, "only a ring whose tokens the multiplying warps load is held back");
+  constexpr bool kHeldBack = kHeld > 0;
   constexpr int kRows = S::kRows;
   extern __shared__ __align__(16) uint8_t ring[];
   __shared__ alignas(8) uint64_t full[S::kStages], empty[S::kStages];
@@ -164,7 +160,7 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
                   xb + static_cast<int64_t>(m) * (K / 32) + e0 / 32, elems / 4, bar);
     };
     const int first = min(S::kStages, chunks);
-    const int early = kHeldBack ? min(kPrefill, first) : first;
+    const int early = kHeldBack ? min(kHeld, first) : first;
     for (int c = 0; c < early; ++c) weights(c);
     if constexpr (kStagedTokens) {
       pdl_wait();  // the codes are the kernel before's output, and y may still be read by it
@@ -270,18 +266,18 @@ bool staged_kernels_run() {
            check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "gguf_mmq_staged");
            cudaFuncAttributes attr{};
            auto probe =
-               gguf_mmq_staged_kernel<mmq::MmqQ4K, 4, 1, 512, 16384, false, false, false, TokenLoad::kPointers>;
+               gguf_mmq_staged_kernel<mmq::MmqQ4K, 4, 1, 512, 16384, false, 0, false, false, TokenLoad::kPointers>;
            check_cuda(cudaFuncGetAttributes(&attr, probe), "gguf_mmq_staged");
            return major == 9 && attr.binaryVersion == 90 ? 1 : 2;
          }) == 1;
 }
 
-template <class Q, int W, int MT, int kChunk, int kRing, bool kStagedTokens, bool kSplitLow, bool kRope,
+template <class Q, int W, int MT, int kChunk, int kRing, bool kStagedTokens, int kHeld, bool kSplitLow, bool kRope,
           TokenLoad kLoad>
 void launch(void* y, bool bf16, const int8_t* xq, const XBlock* xb, const uint8_t* w, int M, int N, int K,
             const GgufRopeCache& rope, cudaStream_t s) {
   using S = Staging<Q, W, MT, kChunk, kRing, kStagedTokens>;
-  auto kernel = gguf_mmq_staged_kernel<Q, W, MT, kChunk, kRing, kStagedTokens, kSplitLow, kRope, kLoad>;
+  auto kernel = gguf_mmq_staged_kernel<Q, W, MT, kChunk, kRing, kStagedTokens, kHeld, kSplitLow, kRope, kLoad>;
   static_assert(S::kSmemBytes <= 227 * 1024, "more shared memory than a Hopper CTA can have");
   static std::atomic<int> sized[kMaxDevices];  // more than 48 KB of dynamic shared memory, once per device
   per_device(sized, "gguf_mmq_staged", [&](int) {
@@ -324,8 +320,8 @@ void launch_gguf_mmq_staged(void* y, bool bf16, const int8_t* xq, const gguf::XB
       constexpr Shape kShape = decltype(shape_tag)::value;
       constexpr Layout L = layout<Q>(kShape);
       auto with = [&](auto rope_tag, auto load_tag) {
-        launch<Q, kW, L.m_tiles, L.chunk, L.ring, L.staged_tokens, L.split_low, decltype(rope_tag)::value,
-               decltype(load_tag)::value>(y, bf16, xq, xb, w, M, N, K, r, stream);
+        launch<Q, kW, L.m_tiles, L.chunk, L.ring, L.staged_tokens, L.held_stages, L.split_low,
+               decltype(rope_tag)::value, decltype(load_tag)::value>(y, bf16, xq, xb, w, M, N, K, r, stream);
       };
       auto loaded = [&](auto rope_tag) {
         constexpr bool kPrefetch = !L.staged_tokens && prefetches_tokens<Q>(kShape);

@@ -63,13 +63,14 @@ namespace {
 struct Layout {
   int m_tiles, chunk, ring;
   bool staged_tokens, split_low;
+  int held_stages = 0;  // stages issued before the wait for the kernel before (0: the whole first ring; kernel's kHeld)
 };
 constexpr int kStagedWideRows = 16384;
 constexpr int kLongRowsK = 8192;
 enum class Shape { kNarrow, kNarrowLong, kWide };
 
 template <class Q>
-constexpr Layout rule_layout(Shape shape) {
+constexpr Layout ring_layout(Shape shape) {
   if (shape == Shape::kWide)
     return std::is_same_v<Q, mmq::MmqQ6K> ? Layout{1, 512, 16384, false, false} : Layout{2, 512, 32768, false, false};
   constexpr Layout kDeepRing{2, 512, 98304, false, false};
@@ -87,13 +88,31 @@ constexpr Layout rule_layout(Shape shape) {
                 std::is_same_v<Q, mmq::MmqQ4K> || std::is_same_v<Q, mmq::MmqQ5K>};
 }
 
-// The layout a launch takes: the rule's, or with every chunk MMQ_STAGED_PROBE_CHUNK bytes a row in
-// benches/probe_mmq_parts.cu's builds.
+// Q2_K's short narrow rows take held_stages = 2 (the kernel's kHeld). Their ring is two stages, each a 2048-element
+// chunk of the row, so on 4096-element rows nothing is held back: what changes is that the copying warp, its copies
+// issued, waits for the kernel before and for the multiplying warps to pass their own wait (a named barrier) before
+// it goes on. Why that saves a quarter of the launch is not understood. Measured (H100, session 60,
+// benches/RESULTS.md): in the parts probe, at the rule's 16 warps on 4096x4096, 7.00 -> 5.23 us at 2 tokens and
+// 8.36 -> 5.97 at 8; at its 4 warps on 6144x4096 -3.1 / -1.3 %. Every other layout was even or slower with held_stages
+// = 2 (most within 2 %, Q6_K's 4096x4096 +5..+8 %, Q2_K's long rows +9 % at 2 tokens).
+template <class Q>
+constexpr Layout rule_layout(Shape shape) {
+  Layout l = ring_layout<Q>(shape);
+  if (std::is_same_v<Q, mmq::MmqQ2K> && shape == Shape::kNarrow) l.held_stages = 2;
+  return l;
+}
+
+// The layout a launch takes: the rule's, or in benches/probe_mmq_parts.cu's builds with every chunk
+// MMQ_STAGED_PROBE_CHUNK bytes a row, or every ring whose tokens are loaded by the multiplying warps held back to
+// MMQ_STAGED_PROBE_HELD stages.
 template <class Q>
 constexpr Layout layout(Shape shape) {
   Layout l = rule_layout<Q>(shape);
 #ifdef MMQ_STAGED_PROBE_CHUNK
   l.chunk = MMQ_STAGED_PROBE_CHUNK;
+#endif
+#ifdef MMQ_STAGED_PROBE_HELD
+  if (!l.staged_tokens) l.held_stages = MMQ_STAGED_PROBE_HELD;
 #endif
   return l;
 }
