@@ -102,7 +102,7 @@ struct Staging {
 
 // kHeld (Layout::held_stages, layouts that read their tokens from global memory): the copying warp issues only that
 // many stages before the wait for the kernel before, and the rest of the first ring once the multiplying warps have
-// issued their first token loads (0: the whole first ring first).
+// passed their own wait (and, where they prefetch tokens, issued their first loads); 0: the whole first ring first.
 template <class Q, int W, int MT, int kChunk, int kRing, bool kStagedTokens, int kHeld, bool kSplitLow, bool kRope,
           TokenLoad kLoad>
 __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens>::kThreads)
@@ -176,7 +176,8 @@ __global__ void __launch_bounds__(Staging<Q, W, MT, kChunk, kRing, kStagedTokens
       weights(c);
       if constexpr (kStagedTokens) tokens(c);
     }
-    // With no tokens to copy: wait before the store below writes y, which the kernel before may read.
+    // With no tokens to copy: wait before the store below writes y, which the kernel before may read (a held-back
+    // ring has waited already; the second wait returns at once).
     if constexpr (!kStagedTokens) pdl_wait();
   } else {
     const int g = lane >> 2, t = lane & 3;
